@@ -1,0 +1,1 @@
+"""Hearth: the household's shared local LLM server."""
