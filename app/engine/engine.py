@@ -1,0 +1,396 @@
+"""The engine thread: one per model, one batch and one llama_decode per iteration."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol
+
+from app.engine.request import (
+    ContextOverflow,
+    Delta,
+    Finished,
+    Request,
+    RequestStats,
+    RequestStatus,
+    SamplingParams,
+)
+from app.engine.scheduler import Chunk, Mode, Scheduler, SchedulerConfig
+from app.engine.text import StopMatcher, Utf8Stream
+
+log = logging.getLogger(__name__)
+
+DECODE_OK = 0
+DECODE_NO_KV_SLOT = 1
+
+
+class ModelBackend(Protocol):
+    """What the engine needs from a model; LlamaModel is the real one, tests bring fakes."""
+
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+
+    def decode(self, chunks: list[Chunk]) -> tuple[int, list[int]]: ...
+    def clear_seq(self, slot: int) -> None: ...
+    def make_sampler(self, params: SamplingParams, prompt_tokens: list[int]): ...
+    def sample(self, sampler, params: SamplingParams, batch_index: int) -> int: ...
+    def free_sampler(self, sampler) -> None: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """One engine iteration, as measured."""
+
+    start_s: float
+    num_seqs: int  # sequences with tokens in the batch
+    num_prompt_tokens: int
+    num_decode_tokens: int
+    kv_used: int
+    kv_total: int
+    num_running: int
+    num_waiting: int
+    iteration_ms: float
+    decode_ms: float
+    num_preemptions: int
+
+    @property
+    def outside_decode_ms(self) -> float:
+        """Time of the iteration spent outside llama_decode (scheduling, sampling, streaming)."""
+        return max(0.0, self.iteration_ms - self.decode_ms)
+
+
+@dataclass
+class EngineCounters:
+    """Monotonic totals since start, for /metrics."""
+
+    prompt_tokens_total: int = 0
+    prompt_seconds_total: float = 0.0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    decode_calls_total: int = 0
+    busy_slots_total: int = 0
+    iterations_total: int = 0
+    preemptions_total: int = 0
+    requests_total: int = 0
+    requests_finished: collections.Counter = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        self.requests_finished = collections.Counter()
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """A consistent view of the engine for /health, /slots and /metrics."""
+
+    mode: str
+    num_running: int
+    num_waiting: int
+    kv_used: int
+    kv_total: int
+    n_seq_max: int
+    token_budget: int
+    slots: list[dict]
+    last_iteration: IterationStats | None
+
+
+class Engine:
+    """Owns the scheduler and the model; callers submit requests and read their events.
+
+    The loop, once per iteration:
+      1. apply cancellations (their KV is freed now);
+      2. admit waiting requests in policy order (priority, then arrival) while slots and KV allow;
+      3. build one batch: a decode token per generating sequence, then prompt chunks up to the budget;
+      4. llama_decode once; on "no KV slot" preempt the lowest-priority, most recent sequence and retry;
+      5. sample per sequence, stream UTF-8-safe text, stop on EOS / stop string / max_tokens;
+      6. release finished sequences at once.
+    """
+
+    def __init__(
+        self,
+        model: ModelBackend,
+        mode: Mode | str = Mode.CONTINUOUS,
+        token_budget: int | None = None,
+        max_waiting: int = 256,
+        iteration_history: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.model = model
+        self.clock = clock
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_seqs=model.n_seq_max,
+                kv_cells=model.n_ctx,
+                max_batch_tokens=model.n_batch,
+                token_budget=token_budget or model.n_batch,
+                mode=Mode(mode),
+                max_waiting=max_waiting,
+            )
+        )
+        self.counters = EngineCounters()
+        self.iterations: collections.deque[IterationStats] = collections.deque(maxlen=iteration_history)
+        self.finished_listeners: list[Callable[[RequestStats], None]] = []
+        self._cv = threading.Condition()
+        self._cancels: set[Request] = set()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> "Engine":
+        """Start the engine thread."""
+        self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; requests still in the engine finish as cancelled."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # -- callers' side ----------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        class_name: str = "default",
+        arrival_s: float | None = None,
+    ) -> Request:
+        """Queue a request; raises ContextOverflow or QueueFull at once instead of failing later."""
+        params = params or SamplingParams()
+        if not prompt_tokens:
+            raise ValueError("the prompt is empty")
+        request = Request(
+            prompt_tokens=list(prompt_tokens),
+            params=params,
+            priority=priority,
+            class_name=class_name,
+            arrival_s=self.clock() if arrival_s is None else arrival_s,
+        )
+        if len(request.prompt_tokens) >= self.model.n_ctx:
+            raise ContextOverflow(len(request.prompt_tokens), self.model.n_ctx)
+        request.text_state = (Utf8Stream(), StopMatcher(list(params.stop)))
+        request.sampler = self.model.make_sampler(params, request.prompt_tokens)
+        with self._cv:
+            try:
+                self.scheduler.add_request(request)
+            except Exception:
+                self.model.free_sampler(request.sampler)
+                raise
+            self.counters.requests_total += 1
+            self._cv.notify_all()
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """Ask the engine to drop a request; its KV is freed at the start of the next iteration."""
+        with self._cv:
+            if not request.status.finished:
+                self._cancels.add(request)
+                self._cv.notify_all()
+
+    def events(self, request: Request, poll_s: float = 0.25) -> Iterator[Delta | Finished | None]:
+        """Yield a request's events; yields None every poll_s while nothing arrives (to check the client)."""
+        while True:
+            try:
+                ev = request.events.get(timeout=poll_s)
+            except queue.Empty:
+                yield None
+                continue
+            yield ev
+            if isinstance(ev, Finished):
+                return
+
+    def snapshot(self) -> EngineSnapshot:
+        """Current state for health, slots and metrics endpoints."""
+        with self._cv:
+            s = self.scheduler
+            slots = []
+            by_slot = {r.slot: r for r in s.running}
+            for slot in range(s.config.max_seqs):
+                r = by_slot.get(slot)
+                slots.append(
+                    {
+                        "id": slot,
+                        "is_processing": r is not None,
+                        "request_id": r.request_id if r else None,
+                        "class": r.class_name if r else None,
+                        "priority": r.priority if r else None,
+                        "n_prompt_tokens": len(r.prompt_tokens) if r else 0,
+                        "n_decoded": len(r.output_tokens) if r else 0,
+                        "n_ctx_used": r.num_computed if r else 0,
+                        "prefilling": bool(r and not r.is_decoding),
+                        "preemptions": r.num_preemptions if r else 0,
+                    }
+                )
+            return EngineSnapshot(
+                mode=s.config.mode.value,
+                num_running=len(s.running),
+                num_waiting=len(s.waiting),
+                kv_used=s.kv_used,
+                kv_total=s.config.kv_cells,
+                n_seq_max=s.config.max_seqs,
+                token_budget=s.config.token_budget,
+                slots=slots,
+                last_iteration=self.iterations[-1] if self.iterations else None,
+            )
+
+    # -- engine thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not self._cancels and not self.scheduler.has_work:
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                self._apply_cancels()
+            try:
+                self._iterate()
+            except Exception as exc:  # the engine must outlive one bad iteration
+                log.exception("engine iteration failed")
+                self._fail_running(f"engine error: {exc}")
+        with self._cv:
+            for r in list(self.scheduler.running) + list(self.scheduler.waiting):
+                self._finish(r, RequestStatus.FINISHED_CANCELLED, error="the runner is shutting down")
+
+    def _apply_cancels(self) -> None:
+        for r in self._cancels:
+            if not r.status.finished:
+                self._finish(r, RequestStatus.FINISHED_CANCELLED)
+        self._cancels.clear()
+
+    def _iterate(self) -> None:
+        t0 = self.clock()
+        with self._cv:
+            schedule = self.scheduler.schedule(now=t0)
+        decode_s = 0.0
+        num_preempted = 0
+        logit_idx: list[int] = []
+        while schedule.chunks:
+            td = time.perf_counter()
+            rc, logit_idx = self.model.decode(schedule.chunks)
+            decode_s += time.perf_counter() - td
+            self.counters.decode_calls_total += 1
+            if rc == DECODE_OK:
+                break
+            with self._cv:
+                victim = self.scheduler.choose_victim()
+                if len(self.scheduler.running) <= 1:
+                    # Alone and still no room: it cannot fit this context at all.
+                    self._finish(
+                        victim,
+                        RequestStatus.FINISHED_ERROR,
+                        error=f"the KV cache ({self.model.n_ctx} cells) cannot hold this request "
+                        f"({victim.num_tokens} tokens) even alone",
+                    )
+                else:
+                    slot = self.scheduler.preempt(victim)
+                    self.model.clear_seq(slot)
+                    num_preempted += 1
+                    self.counters.preemptions_total += 1
+                schedule = self.scheduler.schedule(admit=False)
+        if not schedule.chunks:
+            return
+        with self._cv:
+            self.scheduler.commit(schedule)
+        now = self.clock()
+        num_sampled = 0
+        for chunk, idx in zip(schedule.chunks, logit_idx):
+            if idx < 0:
+                continue
+            num_sampled += 1
+            self._sample_one(chunk.request, idx, now)
+        t1 = self.clock()
+        iteration_s = t1 - t0
+        c = self.counters
+        c.iterations_total += 1
+        c.busy_slots_total += len(schedule.chunks)
+        c.prompt_tokens_total += schedule.num_prompt_tokens
+        c.tokens_predicted_total += num_sampled
+        if schedule.num_tokens:
+            share = schedule.num_prompt_tokens / schedule.num_tokens
+            c.prompt_seconds_total += iteration_s * share
+            c.tokens_predicted_seconds_total += iteration_s * (1 - share)
+        with self._cv:
+            self.iterations.append(
+                IterationStats(
+                    start_s=t0,
+                    num_seqs=len(schedule.chunks),
+                    num_prompt_tokens=schedule.num_prompt_tokens,
+                    num_decode_tokens=schedule.num_decode_tokens,
+                    kv_used=self.scheduler.kv_used,
+                    kv_total=self.scheduler.config.kv_cells,
+                    num_running=len(self.scheduler.running),
+                    num_waiting=len(self.scheduler.waiting),
+                    iteration_ms=iteration_s * 1000,
+                    decode_ms=decode_s * 1000,
+                    num_preemptions=num_preempted,
+                )
+            )
+
+    def _sample_one(self, r: Request, batch_index: int, now: float) -> None:
+        if r.status is not RequestStatus.RUNNING:
+            return
+        token = self.model.sample(r.sampler, r.params, batch_index)
+        if r.first_token_s is None:
+            r.first_token_s = now
+        utf8, stops = r.text_state
+        if not r.params.ignore_eos and self.model.is_eog(token):
+            self._emit_tail(r)
+            with self._cv:
+                self._finish(r, RequestStatus.FINISHED_STOP)
+            return
+        r.output_tokens.append(token)
+        text, hit = stops.push(utf8.push(self.model.token_bytes(token)))
+        # One Delta per token keeps streamed token counts honest even when text is held back
+        # (a partial UTF-8 character or a possible stop-string prefix).
+        r.events.put(Delta(text, 1))
+        if hit:
+            with self._cv:
+                self._finish(r, RequestStatus.FINISHED_STOP)
+            return
+        if len(r.output_tokens) >= r.params.max_tokens or r.num_tokens >= self.model.n_ctx:
+            self._emit_tail(r)
+            with self._cv:
+                self._finish(r, RequestStatus.FINISHED_LENGTH)
+
+    def _emit_tail(self, r: Request) -> None:
+        utf8, stops = r.text_state
+        text, hit = stops.push(utf8.flush())
+        if not hit:
+            text += stops.flush()
+        if text:
+            r.events.put(Delta(text, 0))
+
+    def _finish(self, r: Request, status: RequestStatus, error: str | None = None) -> None:
+        """Release a request from the engine and send its last event; caller holds the lock."""
+        slot = self.scheduler.finish(r, status, now=self.clock())
+        if slot is not None:
+            self.model.clear_seq(slot)
+        self.model.free_sampler(r.sampler)
+        r.sampler = None
+        r.error = error
+        stats = r.make_stats()
+        self.counters.requests_finished[stats.finish_reason] += 1
+        r.events.put(Finished(stats.finish_reason, stats, error))
+        for listener in self.finished_listeners:
+            try:
+                listener(stats)
+            except Exception:
+                log.exception("finished-request listener failed")
+
+    def _fail_running(self, message: str) -> None:
+        with self._cv:
+            for r in list(self.scheduler.running):
+                self._finish(r, RequestStatus.FINISHED_ERROR, error=message)

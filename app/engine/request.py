@@ -1,0 +1,208 @@
+"""A request as the engine sees it: tokens, sampling settings, status and timings."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EngineError(Exception):
+    """Base of the errors the engine reports to a caller."""
+
+
+class QueueFull(EngineError):
+    """The waiting queue is at its limit; the caller should retry later."""
+
+    def __init__(self, max_waiting: int, retry_after_s: int = 1):
+        super().__init__(f"the engine's queue is full ({max_waiting} requests waiting); retry shortly")
+        self.max_waiting = max_waiting
+        self.retry_after_s = retry_after_s
+
+
+class ContextOverflow(EngineError):
+    """A prompt that cannot fit the context even when it runs alone."""
+
+    def __init__(self, num_prompt_tokens: int, n_ctx: int):
+        super().__init__(
+            f"the prompt has {num_prompt_tokens} tokens but the context holds {n_ctx} tokens "
+            f"(prompt plus at least one generated token must fit); shorten the prompt"
+        )
+        self.num_prompt_tokens = num_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a request's tokens are chosen and when generation stops."""
+
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        """True when the most likely token is always taken."""
+        return self.temperature <= 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """True when any repetition penalty is active."""
+        return (
+            self.repeat_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle of a request; every status at or above FINISHED_STOP is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_STOP = 2
+    FINISHED_LENGTH = 3
+    FINISHED_CANCELLED = 4
+    FINISHED_ERROR = 5
+
+    @property
+    def finished(self) -> bool:
+        """True for the final states."""
+        return self >= RequestStatus.FINISHED_STOP
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI's finish_reason for a final state."""
+        return {
+            RequestStatus.FINISHED_STOP: "stop",
+            RequestStatus.FINISHED_LENGTH: "length",
+            RequestStatus.FINISHED_CANCELLED: "cancelled",
+            RequestStatus.FINISHED_ERROR: "error",
+        }.get(self)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of generated text (complete UTF-8 characters only)."""
+
+    text: str
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a request."""
+
+    finish_reason: str
+    stats: "RequestStats"
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """Per-request timings and counts, in milliseconds from arrival at the engine."""
+
+    request_id: int
+    class_name: str
+    priority: int
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    num_preemptions: int
+    queue_ms: float
+    ttft_ms: float | None
+    tpot_ms: float | None
+    total_ms: float
+    finish_reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON responses."""
+        return dict(self.__dict__)
+
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation: prompt tokens in, output tokens out, owned by the engine thread once submitted."""
+
+    prompt_tokens: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0
+    class_name: str = "default"
+    request_id: int = field(default_factory=lambda: next(_ids))
+    arrival_s: float = field(default_factory=time.monotonic)
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_tokens: list[int] = field(default_factory=list)
+    # Tokens of prompt+output already in the KV cache; reset to 0 on preemption (recompute).
+    num_computed: int = 0
+    slot: int | None = None
+    num_preemptions: int = 0
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    error: str | None = None
+    # Engine-side state owned by the backend (sampler) and the text pipeline.
+    sampler: Any = None
+    text_state: Any = None
+    events: "queue.SimpleQueue[Delta | Finished]" = field(default_factory=queue.SimpleQueue)
+
+    @property
+    def all_tokens(self) -> list[int]:
+        """Prompt followed by what has been generated so far."""
+        return self.prompt_tokens + self.output_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.prompt_tokens) + len(self.output_tokens)
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens that still have to go through the model before the next sample."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """True when exactly one token stands between this sequence and its next sample."""
+        return bool(self.output_tokens) and self.num_pending == 1
+
+    def sort_key(self) -> tuple[int, float, int]:
+        """Admission order: priority (lower first), then arrival, then id as a tie-break."""
+        return (self.priority, self.arrival_s, self.request_id)
+
+    def make_stats(self) -> RequestStats:
+        """Freeze this request's timings; call once it has finished."""
+        end = self.finished_s if self.finished_s is not None else time.monotonic()
+        start_run = self.first_scheduled_s if self.first_scheduled_s is not None else end
+        n_out = len(self.output_tokens)
+        ttft_ms = None if self.first_token_s is None else (self.first_token_s - self.arrival_s) * 1000
+        tpot_ms = None
+        if self.first_token_s is not None and n_out > 1:
+            tpot_ms = (end - self.first_token_s) * 1000 / (n_out - 1)
+        return RequestStats(
+            request_id=self.request_id,
+            class_name=self.class_name,
+            priority=self.priority,
+            num_prompt_tokens=len(self.prompt_tokens),
+            num_completion_tokens=n_out,
+            num_preemptions=self.num_preemptions,
+            queue_ms=(start_run - self.arrival_s) * 1000,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+            total_ms=(end - self.arrival_s) * 1000,
+            finish_reason=self.status.finish_reason or "unknown",
+        )

@@ -1,0 +1,224 @@
+"""Iteration-level scheduling: who is admitted, what goes into the next batch, who is preempted.
+
+Pure Python: no llama.cpp here, so tests drive it with a fake model.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import time
+from dataclasses import dataclass
+
+from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
+
+
+class Mode(str, enum.Enum):
+    """How requests share the model's execution."""
+
+    CONTINUOUS = "continuous"  # admit whenever a slot and KV room are free (iteration-level)
+    SERIAL = "serial"  # one request at a time: batching off
+    STATIC = "static"  # a fixed batch, admitted only when the engine is empty
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits the scheduler works within."""
+
+    max_seqs: int  # sequence slots in the context (n_seq_max)
+    kv_cells: int  # KV cache cells shared by all sequences (unified cache)
+    max_batch_tokens: int  # n_batch: llama.cpp aborts on more tokens than this in one decode
+    token_budget: int  # tokens per iteration (decode tokens first, then prompt chunks)
+    mode: Mode = Mode.CONTINUOUS
+    max_waiting: int = 256
+    # Admission keeps this many cells free per running sequence, so newcomers don't
+    # immediately push the others into preemption.
+    decode_reserve_cells: int = 16
+
+    def __post_init__(self):
+        if self.max_seqs < 1:
+            raise ValueError("max_seqs must be at least 1")
+        if self.token_budget < self.max_seqs:
+            raise ValueError(
+                f"token_budget ({self.token_budget}) must be at least max_seqs ({self.max_seqs}): "
+                "every running sequence needs one decode token per iteration"
+            )
+        if self.token_budget > self.max_batch_tokens:
+            raise ValueError(
+                f"token_budget ({self.token_budget}) cannot exceed max_batch_tokens ({self.max_batch_tokens})"
+            )
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Tokens of one sequence in this iteration's batch."""
+
+    request: Request
+    tokens: list[int]
+    start_pos: int
+    want_logits: bool  # true when the chunk ends at the sequence's last token: a sample follows
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One iteration's batch: decode chunks first, then prompt chunks."""
+
+    chunks: list[Chunk]
+    num_decode_tokens: int
+    num_prompt_tokens: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the batch."""
+        return self.num_decode_tokens + self.num_prompt_tokens
+
+
+class Scheduler:
+    """Keeps the waiting queue and the running set; builds one batch per iteration.
+
+    Invariants: a request is in exactly one of waiting (sorted by sort_key) or running;
+    a running request holds one slot; kv_used is the sum of running requests' num_computed.
+    """
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.free_slots: list[int] = list(range(config.max_seqs))
+        self.num_preemptions_total = 0
+        # STATIC mode: once a batch is admitted, nothing more joins until it is empty.
+        self._static_closed = False
+
+    # -- queue -------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request in admission order; refuse when it can never fit or the queue is full."""
+        max_tokens = self.config.kv_cells
+        if len(request.prompt_tokens) >= max_tokens:
+            raise ContextOverflow(len(request.prompt_tokens), max_tokens)
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFull(self.config.max_waiting)
+        request.status = RequestStatus.WAITING
+        self._enqueue(request)
+
+    def _enqueue(self, request: Request) -> None:
+        keys = [r.sort_key() for r in self.waiting]
+        self.waiting.insert(bisect.bisect_right(keys, request.sort_key()), request)
+
+    @property
+    def kv_used(self) -> int:
+        """KV cells the running sequences hold."""
+        return sum(r.num_computed for r in self.running)
+
+    @property
+    def has_work(self) -> bool:
+        """True while anything is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _may_admit(self) -> bool:
+        mode = self.config.mode
+        if mode is Mode.SERIAL:
+            return not self.running
+        if mode is Mode.STATIC:
+            if not self.running:
+                self._static_closed = False
+            return not self._static_closed
+        return True
+
+    def _admit(self, now: float) -> None:
+        if not self._may_admit():
+            return
+        while self.waiting and self.free_slots:
+            candidate = self.waiting[0]
+            free = self.config.kv_cells - self.kv_used
+            reserve = self.config.decode_reserve_cells * len(self.running)
+            # The first sequence of an empty engine always gets in: alone it fits by add_request's check.
+            if self.running and candidate.num_tokens + reserve > free:
+                break
+            self.waiting.pop(0)
+            candidate.slot = self.free_slots.pop(0)
+            candidate.status = RequestStatus.RUNNING
+            if candidate.first_scheduled_s is None:
+                candidate.first_scheduled_s = now
+            self.running.append(candidate)
+        if self.config.mode is Mode.STATIC and self.running:
+            self._static_closed = True
+
+    # -- batch ----------------------------------------------------------------------------
+
+    def schedule(self, admit: bool = True, now: float | None = None) -> Schedule:
+        """Admit in policy order, then build one batch: decode tokens first, then prompt chunks."""
+        if admit:
+            self._admit(time.monotonic() if now is None else now)
+        budget = self.config.token_budget
+        chunks: list[Chunk] = []
+        num_decode = 0
+        for r in self.running:
+            if r.is_decoding:
+                chunks.append(Chunk(r, [r.all_tokens[-1]], r.num_computed, True))
+                num_decode += 1
+        budget -= num_decode
+        num_prompt = 0
+        # Prompt chunks in admission order, so the oldest prefill finishes first.
+        for r in sorted(self.running, key=Request.sort_key):
+            if budget <= 0:
+                break
+            if r.is_decoding or r.num_pending <= 0:
+                continue
+            n = min(r.num_pending, budget)
+            tokens = r.all_tokens[r.num_computed : r.num_computed + n]
+            chunks.append(Chunk(r, tokens, r.num_computed, n == r.num_pending))
+            budget -= n
+            num_prompt += n
+        return Schedule(chunks, num_decode, num_prompt)
+
+    def commit(self, schedule: Schedule) -> None:
+        """Record that the batch went through the model: its tokens are now in the KV cache."""
+        for c in schedule.chunks:
+            c.request.num_computed += len(c.tokens)
+
+    # -- preemption and release ---------------------------------------------------------
+
+    def choose_victim(self) -> Request | None:
+        """The lowest-priority, most recently arrived running sequence."""
+        if not self.running:
+            return None
+        return max(self.running, key=lambda r: (r.priority, r.arrival_s, r.request_id))
+
+    def preempt(self, victim: Request) -> int:
+        """Drop a running sequence's KV and requeue it for recompute; returns the slot it held."""
+        slot = self._release(victim)
+        victim.num_computed = 0
+        victim.num_preemptions += 1
+        victim.status = RequestStatus.WAITING
+        self.num_preemptions_total += 1
+        self._enqueue(victim)
+        return slot
+
+    def finish(self, request: Request, status: RequestStatus, now: float | None = None) -> int | None:
+        """Take a request out of the engine (finished, cancelled or failed); returns its freed slot."""
+        slot = None
+        if request in self.running:
+            slot = self._release(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        request.finished_s = time.monotonic() if now is None else now
+        return slot
+
+    def _release(self, request: Request) -> int:
+        self.running.remove(request)
+        slot = request.slot
+        assert slot is not None
+        request.slot = None
+        bisect.insort(self.free_slots, slot)
+        return slot
+
+    def find(self, request_id: int) -> Request | None:
+        """The waiting or running request with this id."""
+        for r in self.running + self.waiting:
+            if r.request_id == request_id:
+                return r
+        return None
