@@ -157,6 +157,22 @@ class LlamaModel:
             "repack": self.config.repack_enabled,
         }
 
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
+        return buf.value.decode() if n >= 0 else None
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the f16 KV cache for n_ctx cells over every layer (sliding-window layers at full size)."""
+        arch = self._meta("general.architecture") or ""
+        n_layer = int(self._meta(f"{arch}.block_count") or 0)
+        n_head_kv = int(self._meta(f"{arch}.attention.head_count_kv") or 0)
+        n_head = int(self._meta(f"{arch}.attention.head_count") or 1)
+        n_embd = int(self._meta(f"{arch}.embedding_length") or 0)
+        k_len = int(self._meta(f"{arch}.attention.key_length") or n_embd // n_head)
+        v_len = int(self._meta(f"{arch}.attention.value_length") or n_embd // n_head)
+        return n_layer * self.n_ctx * n_head_kv * (k_len + v_len) * 2
+
     # -- text ------------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:

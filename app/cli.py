@@ -1,0 +1,138 @@
+"""The `hearth` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from app.engine.scheduler import Mode
+
+
+def _default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def resolve_model(path: str | None) -> str:
+    """The given GGUF path, or the embedded default model assembled into the data folder."""
+    if path:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise SystemExit(f"hearth: model file not found: {p}")
+        return str(p)
+    from app.residency.default_model import data_dir, ensure_default_model
+
+    return str(ensure_default_model(data_dir(), progress=True))
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("levels must be positive integers")
+    return levels
+
+
+def _modes(text: str) -> list[str]:
+    modes = [x.strip() for x in text.split(",") if x.strip()]
+    valid = {m.value for m in Mode}
+    bad = [m for m in modes if m not in valid]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {bad}; choose from {sorted(valid)}")
+    return modes
+
+
+def _add_model_args(p: argparse.ArgumentParser, ctx: int, parallel: int) -> None:
+    p.add_argument("--model", help="GGUF file (default: the embedded Gemma 3 270M Q4_K_M)")
+    p.add_argument("--ctx", type=int, default=ctx, help="KV cache cells shared by all sequences (default %(default)s)")
+    p.add_argument("--parallel", type=int, default=parallel, help="sequence slots (default %(default)s)")
+    p.add_argument("--batch", type=int, default=512, help="n_batch: max tokens per llama_decode (default %(default)s)")
+    p.add_argument("--budget", type=int, default=None, help="tokens per iteration (default: --batch)")
+    p.add_argument("--threads", type=int, default=_default_threads(), help="CPU threads (default %(default)s)")
+    p.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (default %(default)s)")
+    p.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
+                   help="llama.cpp weight repacking (default: off on CPUs with AMX, on elsewhere)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(prog="hearth", description="The household's shared local LLM server.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="more logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    runner = sub.add_parser("runner", help="serve one model over loopback HTTP (llama-server's protocol)")
+    _add_model_args(runner, ctx=4096, parallel=4)
+    runner.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.CONTINUOUS.value)
+    runner.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s: loopback)")
+    runner.add_argument("--port", type=int, default=8081)
+    runner.add_argument("--max-waiting", type=int, default=64, help="queue length before 503 (default %(default)s)")
+    runner.add_argument("--alias", help="model name reported to clients (default: file name)")
+
+    bench = sub.add_parser("bench", help="benchmarks that print figures and write JSON")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    eng = bench_sub.add_parser("engine", help="drive the engine in-process: modes × overlap levels")
+    _add_model_args(eng, ctx=4096, parallel=8)
+    eng.add_argument("--levels", type=_levels, default=[1, 2, 4, 8])
+    eng.add_argument("--modes", type=_modes, default=["continuous", "serial", "static"])
+    eng.add_argument("--reference", help="path to llama.cpp's llama-batched-bench (see scripts/build_llama_tools.sh)")
+    eng.add_argument("--json", dest="json_path", help="write every figure and the constants to this file")
+    eng.add_argument("--repeats", type=int, default=1, help="repetitions per cell; medians are reported")
+    eng.add_argument("--pressure-ctx", type=int, default=1024,
+                     help="KV cells for the preemption scenario (8 long requests); 0 to skip")
+
+    models = sub.add_parser("models", help="model files")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `hearth` console command."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "runner":
+        return _runner(args)
+    if args.command == "bench" and args.bench_command == "engine":
+        from app.bench.engine_bench import run_from_args
+
+        return run_from_args(args, resolve_model(args.model))
+    if args.command == "models" and args.models_command == "default":
+        print(resolve_model(None))
+        return 0
+    return 2
+
+
+def _runner(args) -> int:
+    from app.engine.runner import serve
+    from app.engine.server import RunnerConfig
+
+    if args.parallel < 1 or args.ctx < 16 or args.batch < args.parallel:
+        raise SystemExit("hearth runner: need --parallel ≥ 1, --ctx ≥ 16 and --batch ≥ --parallel")
+    config = RunnerConfig(
+        model_path=resolve_model(args.model),
+        n_ctx=args.ctx,
+        parallel=args.parallel,
+        n_batch=args.batch,
+        threads=args.threads,
+        gpu_layers=args.gpu_layers,
+        mode=args.mode,
+        token_budget=args.budget,
+        max_waiting=args.max_waiting,
+        alias=args.alias,
+        repack=args.repack,
+    )
+    print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
+          f"(mode {config.mode}, ctx {config.n_ctx}, parallel {config.parallel})", file=sys.stderr, flush=True)
+    serve(config, host=args.host, port=args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

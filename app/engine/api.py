@@ -1,0 +1,149 @@
+"""Request bodies of the runner's OpenAI-style endpoints, validated with pydantic."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app.engine.request import SamplingParams
+
+MAX_STOP_STRINGS = 8
+
+NonNegInt = Annotated[int, Field(ge=0)]
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        err_type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.err_type = err_type
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        """The JSON body of the error response."""
+        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code}}
+
+
+class _Body(BaseModel):
+    # Unknown fields are ignored: OpenAI clients send extras (user, logit_bias, ...) that a stock
+    # llama-server ignores too.
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=0.8, ge=0.0, le=2.0)
+    top_k: NonNegInt = 40
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
+    seed: int | None = None
+    repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    repeat_last_n: int = Field(default=64, ge=-1)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1, description="only one choice per request is supported")
+    ignore_eos: bool = False
+    # Hearth's extras: a stock llama-server ignores them.
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    hearth_class: str = Field(default="default", min_length=1, max_length=64)
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        return v
+
+    def stops(self) -> tuple[str, ...]:
+        """Stop strings as a tuple."""
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def sampling(self, default_max_tokens: int) -> SamplingParams:
+        """Engine sampling settings from this body."""
+        return SamplingParams(
+            max_tokens=self.max_tokens or default_max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            seed=self.seed,
+            repeat_penalty=self.repeat_penalty,
+            repeat_last_n=self.repeat_last_n,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            stop=self.stops(),
+            ignore_eos=self.ignore_eos,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk (OpenAI's stream_options)."""
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionBody(_Body):
+    """POST /v1/completions."""
+
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class TextPart(BaseModel):
+    """A text part of a message's content."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """One chat message."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+
+class ChatBody(_Body):
+    """POST /v1/chat/completions."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def sampling(self, default_max_tokens: int) -> SamplingParams:
+        """As for completions; max_completion_tokens wins over max_tokens, as in OpenAI's API."""
+        params = super().sampling(default_max_tokens)
+        if self.max_completion_tokens is not None:
+            params = SamplingParams(**{**params.__dict__, "max_tokens": self.max_completion_tokens})
+        return params
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    """A 400 naming the first offending field and what is wrong with it."""
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("str", "list[", "function-")))
+    msg = first["msg"]
+    if first["type"] == "missing":
+        message = f"'{loc}' is required"
+    elif first["type"] == "literal_error" and loc.endswith("role"):
+        message = f"'{loc}': unknown role; use one of system, developer, user, assistant, tool"
+    else:
+        message = f"'{loc}': {msg}"
+    return ApiError(400, message, param=loc or None)

@@ -1,0 +1,113 @@
+"""Prometheus exposition for a runner: llama-server's `llamacpp:` names plus Hearth's own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from app.engine.engine import Engine
+from app.engine.request import RequestStats
+
+# llama-server exports no *_created series; neither do we.
+disable_created_metrics()
+
+# Buckets in seconds: voice wants a first token within a few hundred ms; documents may take many seconds.
+TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+class _EngineCollector:
+    """Reads the engine's counters and snapshot at scrape time; never drives the engine."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def collect(self):
+        e = self.engine
+        c = e.counters
+        snap = e.snapshot()
+
+        def counter(name, doc, value):
+            m = CounterMetricFamily(name, doc)
+            m.add_metric([], value)
+            return m
+
+        def gauge(name, doc, value):
+            return GaugeMetricFamily(name, doc, value=value)
+
+        yield counter("llamacpp:prompt_tokens", "Number of prompt tokens processed", c.prompt_tokens_total)
+        yield counter("llamacpp:prompt_seconds", "Total time spent processing prompts", c.prompt_seconds_total)
+        yield counter("llamacpp:tokens_predicted", "Number of generation tokens processed", c.tokens_predicted_total)
+        yield counter(
+            "llamacpp:tokens_predicted_seconds", "Total time spent generating tokens", c.tokens_predicted_seconds_total
+        )
+        yield counter("llamacpp:n_decode", "Total number of llama_decode() calls", c.decode_calls_total)
+        yield gauge(
+            "llamacpp:prompt_tokens_seconds",
+            "Average prompt throughput in tokens/s",
+            c.prompt_tokens_total / c.prompt_seconds_total if c.prompt_seconds_total else 0.0,
+        )
+        yield gauge(
+            "llamacpp:predicted_tokens_seconds",
+            "Average generation throughput in tokens/s",
+            c.tokens_predicted_total / c.tokens_predicted_seconds_total if c.tokens_predicted_seconds_total else 0.0,
+        )
+        yield gauge("llamacpp:requests_processing", "Number of requests processing", snap.num_running)
+        yield gauge("llamacpp:requests_deferred", "Number of requests deferred", snap.num_waiting)
+        yield gauge(
+            "llamacpp:n_busy_slots_per_decode",
+            "Average number of busy slots per llama_decode() call",
+            c.busy_slots_total / max(c.iterations_total, 1),
+        )
+        yield gauge("llamacpp:kv_cache_tokens", "KV cache tokens in use", snap.kv_used)
+        yield gauge(
+            "llamacpp:kv_cache_usage_ratio",
+            "KV cache usage (1 = full)",
+            snap.kv_used / snap.kv_total if snap.kv_total else 0.0,
+        )
+
+        yield gauge("hearth:kv_cells_used", "KV cache cells held by running sequences", snap.kv_used)
+        yield gauge("hearth:kv_cells_total", "KV cache cells in the unified cache", snap.kv_total)
+        yield counter("hearth:preemptions", "Sequences evicted from the KV cache for recompute", c.preemptions_total)
+        yield gauge("hearth:requests_running", "Requests holding a sequence slot", snap.num_running)
+        yield gauge("hearth:requests_waiting", "Requests waiting for admission", snap.num_waiting)
+        yield gauge("hearth:slots_total", "Sequence slots (parallel)", snap.n_seq_max)
+        yield gauge("hearth:token_budget", "Tokens per iteration (chunked prefill budget)", snap.token_budget)
+        finished = CounterMetricFamily("hearth:requests_finished", "Requests finished, by reason", labels=["reason"])
+        for reason, n in sorted(c.requests_finished.items()):
+            finished.add_metric([reason], n)
+        yield finished
+        yield counter("hearth:iterations", "Engine iterations", c.iterations_total)
+        last = snap.last_iteration
+        yield gauge(
+            "hearth:last_iteration_outside_decode_ratio",
+            "Share of the last iteration spent outside llama_decode",
+            last.outside_decode_ms / last.iteration_ms if last and last.iteration_ms else 0.0,
+        )
+
+
+class RunnerMetrics:
+    """A registry per runner: engine gauges/counters plus TTFT and TPOT histograms per class."""
+
+    def __init__(self, engine: Engine):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_EngineCollector(engine))
+        self.ttft = Histogram(
+            "hearth:ttft_seconds", "Time to first token", ["class"], buckets=TTFT_BUCKETS_S, registry=self.registry
+        )
+        self.tpot = Histogram(
+            "hearth:tpot_seconds", "Time per output token after the first", ["class"],
+            buckets=TPOT_BUCKETS_S, registry=self.registry,
+        )
+        engine.finished_listeners.append(self.observe)
+
+    def observe(self, stats: RequestStats) -> None:
+        """Record a finished request's TTFT and TPOT."""
+        if stats.ttft_ms is not None:
+            self.ttft.labels(stats.class_name).observe(stats.ttft_ms / 1000)
+        if stats.tpot_ms is not None:
+            self.tpot.labels(stats.class_name).observe(stats.tpot_ms / 1000)
+
+    def render(self) -> bytes:
+        """Prometheus text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,396 @@
+"""The runner's HTTP surface (llama-server's protocol) as a plain WSGI app on werkzeug.
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /health, /slots, /metrics,
+/props, /v1/models. Errors use OpenAI's shape. No Flask here: the engine package stays free
+of the web app.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from pydantic import BaseModel, ValidationError
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.routing import Map, Rule
+from werkzeug.wrappers import Request as HttpRequest
+from werkzeug.wrappers import Response
+
+from app.engine.api import ApiError, ChatBody, CompletionBody, validation_error
+from app.engine.chat import ChatTemplate, ChatTemplateError, load_chat_template, strip_leading_bos
+from app.engine.engine import Engine
+from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request
+from app.engine.scheduler import Mode
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Everything `hearth runner` was started with."""
+
+    model_path: str
+    n_ctx: int = 4096
+    parallel: int = 4
+    n_batch: int = 512
+    threads: int = max(1, os.cpu_count() or 1)
+    gpu_layers: int = 0
+    mode: str = Mode.CONTINUOUS.value
+    token_budget: int | None = None
+    max_waiting: int = 64
+    default_max_tokens: int = 512
+    alias: str | None = None
+    repack: bool | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The name clients see in responses."""
+        return self.alias or Path(self.model_path).name
+
+
+class RunnerState:
+    """The model and engine behind the HTTP app; loads in the background so /health answers at once."""
+
+    def __init__(self, config: RunnerConfig):
+        self.config = config
+        self.status = "loading"
+        self.error: str | None = None
+        self.model = None
+        self.engine: Engine | None = None
+        self.metrics = None
+        self.template: ChatTemplate | None = None
+        self.load_s: float | None = None
+
+    def load(self) -> None:
+        """Load the model, create the engine and start its thread; records any failure for /health."""
+        from app.engine.llama_model import LlamaModel, ModelConfig
+        from app.engine.metrics import RunnerMetrics
+
+        t0 = time.monotonic()
+        cfg = self.config
+        try:
+            self.model = LlamaModel(
+                ModelConfig(
+                    path=cfg.model_path,
+                    n_ctx=cfg.n_ctx,
+                    n_seq_max=cfg.parallel,
+                    n_batch=cfg.n_batch,
+                    n_threads=cfg.threads,
+                    n_gpu_layers=cfg.gpu_layers,
+                    repack=cfg.repack,
+                )
+            )
+            # The GGUF's own template; else a built-in one for its architecture; else ChatML.
+            self.template = load_chat_template(cfg.model_path)
+            self.engine = Engine(
+                self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting
+            ).start()
+            self.metrics = RunnerMetrics(self.engine)
+            self.load_s = time.monotonic() - t0
+            self.status = "ok"
+            log.info("model %s loaded in %.2f s", cfg.model_path, self.load_s)
+        except Exception as exc:
+            log.exception("loading %s failed", cfg.model_path)
+            self.error = str(exc)
+            self.status = "error"
+
+    def start_loading(self) -> threading.Thread:
+        """Load in a background thread."""
+        t = threading.Thread(target=self.load, name="hearth-load", daemon=True)
+        t.start()
+        return t
+
+
+def _client_gone(environ) -> bool:
+    """True when the client closed its connection (checked without consuming data)."""
+    sock = environ.get("gunicorn.socket")
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def _json(data, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(json.dumps(data, ensure_ascii=False), status=status, headers=headers, mimetype="application/json")
+
+
+def _error(err: ApiError) -> Response:
+    return _json(err.body(), err.status, err.headers)
+
+
+class RunnerApp:
+    """WSGI callable for one runner."""
+
+    def __init__(self, state: RunnerState):
+        self.state = state
+        self.url_map = Map(
+            [
+                Rule("/health", endpoint="health", methods=["GET"]),
+                Rule("/slots", endpoint="slots", methods=["GET"]),
+                Rule("/metrics", endpoint="metrics", methods=["GET"]),
+                Rule("/props", endpoint="props", methods=["GET"]),
+                Rule("/v1/models", endpoint="models", methods=["GET"]),
+                Rule("/v1/completions", endpoint="completions", methods=["POST"]),
+                Rule("/completions", endpoint="completions", methods=["POST"]),
+                Rule("/v1/chat/completions", endpoint="chat", methods=["POST"]),
+                Rule("/chat/completions", endpoint="chat", methods=["POST"]),
+            ]
+        )
+
+    def __call__(self, environ, start_response):
+        req = HttpRequest(environ)
+        req.max_content_length = MAX_BODY_BYTES
+        try:
+            endpoint, _ = self.url_map.bind_to_environ(environ).match()
+            resp = getattr(self, f"on_{endpoint}")(req)
+        except ApiError as err:
+            resp = _error(err)
+        except HTTPException as exc:
+            resp = _error(ApiError(exc.code or 500, exc.description or exc.name, err_type="invalid_request_error"))
+        except Exception as exc:  # one bad request must never take the runner down
+            log.exception("unhandled error on %s", req.path)
+            resp = _error(ApiError(500, f"internal error: {exc}", err_type="server_error"))
+        return resp(environ, start_response)
+
+    # -- state endpoints -----------------------------------------------------------------------
+
+    def _ready(self) -> Engine:
+        s = self.state
+        if s.status == "loading":
+            raise ApiError(503, "the model is still loading; retry shortly", code="loading",
+                           err_type="unavailable_error", headers={"Retry-After": "1"})
+        if s.status == "error":
+            raise ApiError(500, f"the model failed to load: {s.error}", code="load_failed", err_type="server_error")
+        assert s.engine is not None
+        return s.engine
+
+    def on_health(self, req):
+        s = self.state
+        if s.status == "ok":
+            snap = s.engine.snapshot()
+            return _json({"status": "ok", "slots_idle": snap.n_seq_max - snap.num_running,
+                          "slots_processing": snap.num_running, "requests_waiting": snap.num_waiting})
+        if s.status == "loading":
+            return _json({"status": "loading", "error": {"code": 503, "message": "Loading model"}}, 503)
+        return _json({"status": "error", "error": {"code": 500, "message": s.error}}, 500)
+
+    def on_slots(self, req):
+        return _json(self._ready().snapshot().slots)
+
+    def on_metrics(self, req):
+        self._ready()
+        return Response(self.state.metrics.render(), mimetype="text/plain; version=0.0.4")
+
+    def on_props(self, req):
+        engine = self._ready()
+        snap = engine.snapshot()
+        return _json({
+            "model_path": self.state.config.model_path,
+            "model_alias": self.state.config.model_name,
+            "total_slots": snap.n_seq_max,
+            "mode": snap.mode,
+            "token_budget": snap.token_budget,
+            "load_s": self.state.load_s,
+            "model": self.state.model.describe(),
+            "chat_template": self.state.template.source if self.state.template else None,
+        })
+
+    def on_models(self, req):
+        return _json({"object": "list", "data": [
+            {"id": self.state.config.model_name, "object": "model", "owned_by": "hearth", "created": 0}
+        ]})
+
+    # -- generation --------------------------------------------------------------------------------
+
+    def _parse(self, req: HttpRequest, schema: type[BaseModel]):
+        try:
+            raw = req.get_data(cache=False)
+        except RequestEntityTooLarge:
+            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError(400, f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_utf8")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                           code="invalid_json")
+        if not isinstance(data, dict):
+            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+        try:
+            return schema.model_validate(data)
+        except ValidationError as exc:
+            raise validation_error(exc)
+
+    def on_completions(self, req):
+        body = self._parse(req, CompletionBody)
+        engine = self._ready()
+        model = self.state.model
+        if isinstance(body.prompt, str):
+            tokens = model.tokenize(body.prompt, add_special=True, parse_special=True)
+        else:
+            bad = next((t for t in body.prompt if t >= model.n_vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"'prompt': token id {bad} is outside the vocabulary (0..{model.n_vocab - 1})",
+                               param="prompt")
+            tokens = list(body.prompt)
+        return self._generate(req, engine, body, tokens, chat=False)
+
+    def on_chat(self, req):
+        body = self._parse(req, ChatBody)
+        engine = self._ready()
+        messages = [m.model_dump(exclude_none=False) for m in body.messages]
+        try:
+            text = self.state.template.render(messages, add_generation_prompt=True)
+        except ChatTemplateError as exc:
+            raise ApiError(400, f"'messages': {exc}", param="messages", code="chat_template")
+        text, _ = strip_leading_bos(text, self.state.template.bos_token)
+        tokens = self.state.model.tokenize(text, add_special=True, parse_special=True)
+        return self._generate(req, engine, body, tokens, chat=True)
+
+    def _generate(self, req: HttpRequest, engine: Engine, body, tokens: list[int], chat: bool):
+        arrival_s = time.monotonic()
+        try:
+            request = engine.submit(
+                tokens,
+                body.sampling(self.state.config.default_max_tokens),
+                priority=body.priority,
+                class_name=body.hearth_class,
+                arrival_s=arrival_s,
+            )
+        except ContextOverflow as exc:
+            raise ApiError(400, str(exc), param="messages" if chat else "prompt", code="context_length_exceeded")
+        except QueueFull as exc:
+            raise ApiError(503, str(exc), code="queue_full", err_type="unavailable_error",
+                           headers={"Retry-After": str(exc.retry_after_s)})
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if body.stream:
+            return Response(
+                self._stream(req.environ, engine, request, body, rid, chat),
+                mimetype="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return self._complete(req.environ, engine, request, rid, chat)
+
+    def _events(self, environ, engine: Engine, request: Request) -> Iterator[Delta | Finished]:
+        """The request's events; cancels it when the client goes away."""
+        done = False
+        try:
+            for ev in engine.events(request):
+                if ev is None:
+                    if _client_gone(environ):
+                        log.info("client went away; cancelling request %s", request.request_id)
+                        return
+                    continue
+                if isinstance(ev, Finished):
+                    done = True
+                yield ev
+        finally:
+            if not done:
+                engine.cancel(request)
+
+    def _usage(self, fin: Finished) -> dict:
+        s = fin.stats
+        return {
+            "prompt_tokens": s.num_prompt_tokens,
+            "completion_tokens": s.num_completion_tokens,
+            "total_tokens": s.num_prompt_tokens + s.num_completion_tokens,
+        }
+
+    def _timings(self, fin: Finished) -> dict:
+        return fin.stats.as_dict()
+
+    def _complete(self, environ, engine, request, rid, chat) -> Response:
+        parts: list[str] = []
+        fin: Finished | None = None
+        for ev in self._events(environ, engine, request):
+            if isinstance(ev, Delta):
+                parts.append(ev.text)
+            else:
+                fin = ev
+        if fin is None:  # client gone: nobody reads this, but answer sanely
+            return _error(ApiError(499, "client closed the connection", code="client_closed"))
+        if fin.error:
+            status = 503 if fin.finish_reason == "cancelled" else 500
+            return _error(ApiError(status, fin.error, code="generation_failed", err_type="server_error"))
+        text = "".join(parts)
+        created = int(time.time())
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": fin.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": fin.finish_reason}
+            obj = "text_completion"
+        return _json({
+            "id": rid, "object": obj, "created": created, "model": self.state.config.model_name,
+            "choices": [choice], "usage": self._usage(fin), "timings": self._timings(fin),
+        })
+
+    def _stream(self, environ, engine, request, body, rid, chat) -> Iterator[bytes]:
+        created = int(time.time())
+        model_name = self.state.config.model_name
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(delta_text: str | None, finish: str | None, role: bool = False, extra: dict | None = None) -> bytes:
+            if chat:
+                delta = {}
+                if role:
+                    delta["role"] = "assistant"
+                if delta_text is not None:
+                    delta["content"] = delta_text
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
+            payload = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
+            if extra:
+                payload.update(extra)
+            return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+        if chat:
+            yield chunk("", None, role=True)
+        for ev in self._events(environ, engine, request):
+            if isinstance(ev, Delta):
+                if ev.text:
+                    yield chunk(ev.text, None)
+                continue
+            if ev.error:
+                err = ApiError(503 if ev.finish_reason == "cancelled" else 500, ev.error,
+                               code="generation_failed", err_type="server_error")
+                yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+            else:
+                usage = self._usage(ev)
+                yield chunk(None if chat else "", ev.finish_reason,
+                            extra={"usage": usage, "timings": self._timings(ev)})
+                if body.include_usage:
+                    payload = {"id": rid, "object": obj, "created": created, "model": model_name,
+                               "choices": [], "usage": usage}
+                    yield b"data: " + json.dumps(payload).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+
+def create_app(config: RunnerConfig, load: bool = True) -> RunnerApp:
+    """The WSGI app for one runner; starts loading the model in the background."""
+    state = RunnerState(config)
+    if load:
+        state.start_loading()
+    return RunnerApp(state)
