@@ -135,10 +135,35 @@ class ChatBody(_Body):
         return params
 
 
+class TokenizeBody(BaseModel):
+    """POST /tokenize (llama-server's shape)."""
+
+    model_config = ConfigDict(extra="ignore")
+    content: str
+    add_special: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    """POST /detokenize."""
+
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_field(part) -> bool:
+    """True for the parts of a pydantic error location that name a field or an index (not union tags)."""
+    if isinstance(part, int):
+        return True
+    return part.isidentifier() and part.islower() and part not in _UNION_TAGS
+
+
 def validation_error(exc: ValidationError) -> ApiError:
     """A 400 naming the first offending field and what is wrong with it."""
     first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("str", "list[", "function-")))
+    loc = ".".join(str(p) for p in first["loc"] if _is_field(p))
     msg = first["msg"]
     if first["type"] == "missing":
         message = f"'{loc}' is required"

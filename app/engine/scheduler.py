@@ -131,8 +131,12 @@ class Scheduler:
         if not self._may_admit():
             return
         while self.waiting and self.free_slots:
+            if self.config.mode is Mode.SERIAL and self.running:
+                break
             candidate = self.waiting[0]
-            free = self.config.kv_cells - self.kv_used
+            # Cells the running sequences will hold once their pending tokens (the prompts of
+            # sequences admitted in this very loop included) are computed, not just kv_used.
+            free = self.config.kv_cells - sum(r.num_tokens for r in self.running)
             reserve = self.config.decode_reserve_cells * len(self.running)
             # The first sequence of an empty engine always gets in: alone it fits by add_request's check.
             if self.running and candidate.num_tokens + reserve > free:

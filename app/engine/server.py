@@ -25,7 +25,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
-from app.engine.api import ApiError, ChatBody, CompletionBody, validation_error
+from app.engine.api import ApiError, ChatBody, CompletionBody, DetokenizeBody, TokenizeBody, validation_error
 from app.engine.chat import ChatTemplate, ChatTemplateError, load_chat_template, strip_leading_bos
 from app.engine.engine import Engine
 from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request
@@ -34,6 +34,7 @@ from app.engine.scheduler import Mode
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+CLIENT_CHECK_S = 0.2  # how often a waiting request looks whether its client is still there
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,8 @@ class RunnerApp:
                 Rule("/metrics", endpoint="metrics", methods=["GET"]),
                 Rule("/props", endpoint="props", methods=["GET"]),
                 Rule("/v1/models", endpoint="models", methods=["GET"]),
+                Rule("/tokenize", endpoint="tokenize", methods=["POST"]),
+                Rule("/detokenize", endpoint="detokenize", methods=["POST"]),
                 Rule("/v1/completions", endpoint="completions", methods=["POST"]),
                 Rule("/completions", endpoint="completions", methods=["POST"]),
                 Rule("/v1/chat/completions", endpoint="chat", methods=["POST"]),
@@ -217,6 +220,23 @@ class RunnerApp:
         return _json({"object": "list", "data": [
             {"id": self.state.config.model_name, "object": "model", "owned_by": "hearth", "created": 0}
         ]})
+
+    def on_tokenize(self, req):
+        body = self._parse(req, TokenizeBody)
+        self._ready()
+        tokens = self.state.model.tokenize(body.content, add_special=body.add_special, parse_special=True)
+        return _json({"tokens": tokens})
+
+    def on_detokenize(self, req):
+        body = self._parse(req, DetokenizeBody)
+        self._ready()
+        model = self.state.model
+        bad = next((t for t in body.tokens if t >= model.n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"'tokens': token id {bad} is outside the vocabulary (0..{model.n_vocab - 1})",
+                           param="tokens")
+        raw = b"".join(model.token_bytes(t) for t in body.tokens)
+        return _json({"content": raw.decode("utf-8", "replace")})
 
     # -- generation --------------------------------------------------------------------------------
 
@@ -294,12 +314,16 @@ class RunnerApp:
     def _events(self, environ, engine: Engine, request: Request) -> Iterator[Delta | Finished]:
         """The request's events; cancels it when the client goes away."""
         done = False
+        next_check_s = time.monotonic() + CLIENT_CHECK_S
         try:
-            for ev in engine.events(request):
-                if ev is None:
+            for ev in engine.events(request, poll_s=CLIENT_CHECK_S):
+                # Tokens may arrive faster than the poll interval, so check by the clock, not on idle.
+                if time.monotonic() >= next_check_s:
+                    next_check_s = time.monotonic() + CLIENT_CHECK_S
                     if _client_gone(environ):
                         log.info("client went away; cancelling request %s", request.request_id)
                         return
+                if ev is None:
                     continue
                 if isinstance(ev, Finished):
                     done = True
