@@ -352,6 +352,7 @@ class Engine:
                 self._finish(r, RequestStatus.FINISHED_STOP)
             return
         r.output_tokens.append(token)
+        r.last_token_s = now
         text, hit = stops.push(utf8.push(self.model.token_bytes(token)))
         # One Delta per token keeps streamed token counts honest even when text is held back
         # (a partial UTF-8 character or a possible stop-string prefix).

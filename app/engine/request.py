@@ -153,6 +153,7 @@ class Request:
     num_preemptions: int = 0
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
+    last_token_s: float | None = None
     finished_s: float | None = None
     error: str | None = None
     # Engine-side state owned by the backend (sampler) and the text pipeline.
@@ -191,8 +192,9 @@ class Request:
         n_out = len(self.output_tokens)
         ttft_ms = None if self.first_token_s is None else (self.first_token_s - self.arrival_s) * 1000
         tpot_ms = None
-        if self.first_token_s is not None and n_out > 1:
-            tpot_ms = (end - self.first_token_s) * 1000 / (n_out - 1)
+        if self.first_token_s is not None and self.last_token_s is not None and n_out > 1:
+            # Between output tokens: an EOS sampled one decode later is not an output token.
+            tpot_ms = (self.last_token_s - self.first_token_s) * 1000 / (n_out - 1)
         return RequestStats(
             request_id=self.request_id,
             class_name=self.class_name,

@@ -118,21 +118,21 @@ class Scheduler:
     # -- admission ------------------------------------------------------------------------
 
     def _may_admit(self) -> bool:
-        mode = self.config.mode
-        if mode is Mode.SERIAL:
-            return not self.running
-        if mode is Mode.STATIC:
+        if self.config.mode is Mode.STATIC:
             if not self.running:
                 self._static_closed = False
             return not self._static_closed
         return True
 
+    @property
+    def max_running(self) -> int:
+        """Sequences allowed to run at once: one in SERIAL mode, every slot otherwise."""
+        return 1 if self.config.mode is Mode.SERIAL else self.config.max_seqs
+
     def _admit(self, now: float) -> None:
         if not self._may_admit():
             return
-        while self.waiting and self.free_slots:
-            if self.config.mode is Mode.SERIAL and self.running:
-                break
+        while self.waiting and self.free_slots and len(self.running) < self.max_running:
             candidate = self.waiting[0]
             # Cells the running sequences will hold once their pending tokens (the prompts of
             # sequences admitted in this very loop included) are computed, not just kv_used.

@@ -1,0 +1,238 @@
+"""A fake ModelBackend: exact unified-KV accounting, recorded batches, deterministic tokens, no llama.cpp.
+
+The fake checks what llama.cpp would refuse or silently get wrong (a sequence's positions not
+continuing its cells, two chunks of one sequence in a batch, logits read for the wrong sequence,
+a sampler used after it was freed) and records each problem in `violations`, so a test can
+assert that the engine never did any of it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from app.engine.request import SamplingParams
+from app.engine.scheduler import Chunk
+
+DECODE_OK = 0
+DECODE_NO_KV_SLOT = 1
+
+
+class FakeClock:
+    """A clock that moves only when told to; the fake model moves it once per accepted decode."""
+
+    def __init__(self, start_s: float = 100.0):
+        self._now_s = start_s
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now_s
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward."""
+        with self._lock:
+            self._now_s += seconds
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One chunk of a batch as the fake model received it."""
+
+    request_id: int
+    slot: int
+    start_pos: int
+    tokens: tuple[int, ...]
+    want_logits: bool
+
+
+@dataclass
+class FakeSampler:
+    """Remembers the prompt, so sample() can check it reads the logits of the right sequence."""
+
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    freed: bool = False
+
+
+def default_next_token(history: tuple[int, ...]) -> int:
+    """A deterministic function of a sequence's tokens, in 10..99 (never EOS)."""
+    weighted = sum((i + 1) * t for i, t in enumerate(history))
+    return 10 + (weighted * 7919 + len(history)) % 90
+
+
+class FakeModel:
+    """Stands in for LlamaModel: n_ctx cells shared by n_seq_max sequences, one decode at a time."""
+
+    def __init__(
+        self,
+        n_ctx: int = 256,
+        n_batch: int = 64,
+        n_seq_max: int = 4,
+        eos_token: int = 2,
+        ignore_eos_token: int = 3,
+        pieces: dict[int, bytes] | None = None,
+        scripts: dict[tuple[int, ...], list[int]] | None = None,
+        kv_capacity: int | None = None,
+        decode_step_s: float = 0.010,
+        decode_delay_s: float = 0.0,
+        clock: FakeClock | None = None,
+        on_decode: Callable[[int, list[Chunk]], None] | None = None,
+    ):
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.eos_token = eos_token
+        # What the real sampler picks instead of EOS when ignore_eos biases EOS to -inf.
+        self.ignore_eos_token = ignore_eos_token
+        self.pieces = dict(pieces or {})
+        # A script is the answer to one exact prompt; after it ends the model says EOS.
+        self.scripts = {tuple(k): list(v) for k, v in (scripts or {}).items()}
+        # Cells that really exist; less than n_ctx simulates a cache that cannot hold n_ctx tokens.
+        self.kv_capacity = n_ctx if kv_capacity is None else kv_capacity
+        self.decode_step_s = decode_step_s
+        self.decode_delay_s = decode_delay_s
+        self.clock = clock or FakeClock()
+        self.on_decode = on_decode
+
+        self.cells: dict[int, list[int]] = {slot: [] for slot in range(n_seq_max)}
+        self.batches: list[list[BatchEntry]] = []  # accepted decodes, in order
+        self.rejected: list[list[BatchEntry]] = []  # decodes answered with "no KV slot"
+        self.cleared: list[int] = []  # clear_seq calls, by slot
+        self.violations: list[str] = []
+        self.num_decode_calls = 0
+        self.live_samplers = 0
+        self._rows: dict[int, tuple[int, tuple[int, ...]]] = {}
+
+    # -- KV cache and decode ----------------------------------------------------------------
+
+    @property
+    def kv_used(self) -> int:
+        """Cells held by all sequences."""
+        return sum(len(c) for c in self.cells.values())
+
+    def decode(self, chunks: list[Chunk]) -> tuple[int, list[int]]:
+        """Accept the whole batch if its tokens fit the free cells, else return 1 and change nothing."""
+        self.num_decode_calls += 1
+        if self.on_decode is not None:
+            self.on_decode(self.num_decode_calls, chunks)
+        entries = [
+            BatchEntry(c.request.request_id, c.request.slot, c.start_pos, tuple(c.tokens), c.want_logits)
+            for c in chunks
+        ]
+        n = sum(len(e.tokens) for e in entries)
+        if n == 0:
+            self.violations.append(f"decode #{self.num_decode_calls}: empty batch")
+        if n > self.n_batch:
+            # The real backend refuses too: llama.cpp would abort the process.
+            self.violations.append(f"decode #{self.num_decode_calls}: {n} tokens > n_batch {self.n_batch}")
+            raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
+        slots = [e.slot for e in entries]
+        if len(set(slots)) != len(slots):
+            self.violations.append(f"decode #{self.num_decode_calls}: a slot appears twice: {slots}")
+        for e in entries:
+            if e.slot not in self.cells:
+                self.violations.append(f"decode #{self.num_decode_calls}: bad slot {e.slot}")
+            elif e.start_pos != len(self.cells[e.slot]):
+                self.violations.append(
+                    f"decode #{self.num_decode_calls}: slot {e.slot} holds {len(self.cells[e.slot])} cells "
+                    f"but the chunk starts at {e.start_pos}"
+                )
+            if not e.tokens:
+                self.violations.append(f"decode #{self.num_decode_calls}: empty chunk for slot {e.slot}")
+        logit_idx: list[int] = []
+        pos = 0
+        for e in entries:
+            pos += len(e.tokens)
+            logit_idx.append(pos - 1 if e.want_logits else -1)
+        if self.kv_used + n > self.kv_capacity:
+            self.rejected.append(entries)
+            return DECODE_NO_KV_SLOT, logit_idx
+        self._rows = {}
+        for e, idx in zip(entries, logit_idx):
+            cells = self.cells.setdefault(e.slot, [])
+            cells.extend(e.tokens)
+            if idx >= 0:
+                self._rows[idx] = (e.slot, tuple(cells))
+        self.batches.append(entries)
+        self.clock.advance(self.decode_step_s)
+        if self.decode_delay_s:
+            time.sleep(self.decode_delay_s)
+        return DECODE_OK, logit_idx
+
+    def clear_seq(self, slot: int) -> None:
+        """Free every cell of one sequence."""
+        self.cleared.append(slot)
+        self.cells[slot] = []
+
+    # -- sampling ---------------------------------------------------------------------------
+
+    def make_sampler(self, params: SamplingParams, prompt_tokens: list[int]) -> FakeSampler:
+        """A sampler that knows its prompt (the real one returns None for plain greedy)."""
+        self.live_samplers += 1
+        return FakeSampler(tuple(prompt_tokens), params)
+
+    def free_sampler(self, sampler: FakeSampler | None) -> None:
+        """Release a sampler; freeing one twice is a violation."""
+        if sampler is None:
+            return
+        if sampler.freed:
+            self.violations.append(f"sampler for prompt {sampler.prompt[:4]}... freed twice")
+            return
+        sampler.freed = True
+        self.live_samplers -= 1
+
+    def sample(self, sampler: FakeSampler, params: SamplingParams, batch_index: int) -> int:
+        """The next token of the sequence whose logits sit at batch_index in the last accepted decode."""
+        if sampler is None or sampler.freed:
+            self.violations.append("sample() with a missing or freed sampler")
+        row = self._rows.get(batch_index)
+        if row is None:
+            self.violations.append(f"sample() at batch index {batch_index}, which has no logits")
+            return self.eos_token
+        _slot, history = row
+        prompt = sampler.prompt if sampler is not None else ()
+        if history[: len(prompt)] != prompt:
+            self.violations.append(f"sample() read the logits of another sequence at index {batch_index}")
+        token = self.next_token(prompt, history)
+        if params.ignore_eos and self.is_eog(token):
+            token = self.ignore_eos_token
+        return token
+
+    def next_token(self, prompt: tuple[int, ...], history: tuple[int, ...]) -> int:
+        """The token that follows history: the prompt's script if it has one, else default_next_token."""
+        script = self.scripts.get(tuple(prompt))
+        if script is None:
+            return default_next_token(history)
+        n_generated = len(history) - len(prompt)
+        return script[n_generated] if n_generated < len(script) else self.eos_token
+
+    def expected_tokens(self, prompt: list[int], n: int) -> list[int]:
+        """What an ideal unbatched run generates for this prompt with ignore_eos (the reference)."""
+        history = tuple(prompt)
+        out: list[int] = []
+        for _ in range(n):
+            token = self.next_token(tuple(prompt), history)
+            if self.is_eog(token):
+                token = self.ignore_eos_token
+            out.append(token)
+            history += (token,)
+        return out
+
+    # -- vocabulary ---------------------------------------------------------------------------
+
+    def token_bytes(self, token: int) -> bytes:
+        """The token's piece: from `pieces`, else "<id>"."""
+        return self.pieces.get(token, f"<{token}>".encode())
+
+    def is_eog(self, token: int) -> bool:
+        """Only eos_token ends generation."""
+        return token == self.eos_token
+
+    # -- assertions helpers -------------------------------------------------------------------
+
+    def batches_of(self, request_id: int) -> list[int]:
+        """Indexes of the accepted batches that carried this request."""
+        return [i for i, b in enumerate(self.batches) if any(e.request_id == request_id for e in b)]

@@ -1,0 +1,490 @@
+"""Tests for app.engine.scheduler: admission, token budget, modes, preemption, driven without llama.cpp."""
+
+import random
+
+import pytest
+from fake_model import DECODE_OK, FakeModel
+
+from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus, SamplingParams
+from app.engine.scheduler import Mode, Scheduler, SchedulerConfig
+
+NEXT_TOKEN = 7
+
+
+def make_config(**overrides) -> SchedulerConfig:
+    """A roomy configuration; tests override what they exercise."""
+    values = dict(max_seqs=4, kv_cells=256, max_batch_tokens=64, token_budget=64, decode_reserve_cells=0)
+    values.update(overrides)
+    return SchedulerConfig(**values)
+
+
+def make_request(n_prompt: int = 4, priority: int = 0, arrival_s: float = 0.0, max_tokens: int = 4, tag: int = 1):
+    """A request whose prompt starts with tag, so its tokens are recognisable in a batch."""
+    return Request(
+        prompt_tokens=[tag] + [100 + i for i in range(n_prompt - 1)],
+        params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        priority=priority,
+        arrival_s=arrival_s,
+    )
+
+
+def step(sched: Scheduler, admit: bool = True, now: float = 0.0):
+    """One iteration as the engine does it with unlimited KV: schedule, commit, one token per logits row."""
+    schedule = sched.schedule(admit=admit, now=now)
+    sched.commit(schedule)
+    for c in schedule.chunks:
+        if c.want_logits:
+            c.request.output_tokens.append(NEXT_TOKEN)
+    return schedule
+
+
+def layout(schedule) -> list[tuple[int, int, int, bool]]:
+    """A batch as (request id, start position, number of tokens, wants logits)."""
+    return [(c.request.request_id, c.start_pos, len(c.tokens), c.want_logits) for c in schedule.chunks]
+
+
+def simulate(sched: Scheduler, model: FakeModel, max_iterations: int = 10_000):
+    """The engine loop on the fake model: decode, preempt on "no KV slot", sample, release at max_tokens."""
+    finished: list[Request] = []
+    batches = []
+    for _ in range(max_iterations):
+        if not sched.has_work:
+            return finished, batches
+        schedule = sched.schedule()
+        while schedule.chunks:
+            rc, _ = model.decode(schedule.chunks)
+            if rc == DECODE_OK:
+                break
+            assert len(sched.running) > 1, "a lone sequence that fits the context was refused"
+            model.clear_seq(sched.preempt(sched.choose_victim()))
+            schedule = sched.schedule(admit=False)
+        sched.commit(schedule)
+        batches.append(schedule)
+        assert sched.kv_used == model.kv_used
+        for c in schedule.chunks:
+            r = c.request
+            if c.want_logits:
+                r.output_tokens.append(model.next_token(tuple(r.prompt_tokens), tuple(r.all_tokens)))
+                if len(r.output_tokens) >= r.params.max_tokens:
+                    slot = sched.finish(r, RequestStatus.FINISHED_LENGTH)
+                    model.clear_seq(slot)
+                    finished.append(r)
+    raise AssertionError("the simulation did not finish")
+
+
+# -- configuration and queue --------------------------------------------------------------------
+
+
+def test_config_rejects_a_budget_below_one_token_per_sequence():
+    with pytest.raises(ValueError, match="at least max_seqs"):
+        make_config(max_seqs=8, token_budget=4)
+
+
+def test_config_rejects_a_budget_above_n_batch():
+    with pytest.raises(ValueError, match="cannot exceed"):
+        make_config(token_budget=128, max_batch_tokens=64)
+
+
+def test_config_rejects_zero_slots():
+    with pytest.raises(ValueError, match="max_seqs"):
+        make_config(max_seqs=0)
+
+
+def test_prompt_that_fills_the_context_is_refused():
+    sched = Scheduler(make_config(kv_cells=32))
+    with pytest.raises(ContextOverflow) as info:
+        sched.add_request(make_request(32))
+    assert (info.value.num_prompt_tokens, info.value.n_ctx) == (32, 32)
+    assert sched.waiting == []
+    sched.add_request(make_request(31))  # one cell left for the first generated token
+    assert len(sched.waiting) == 1
+
+
+def test_queue_full_when_max_waiting_reached():
+    sched = Scheduler(make_config(max_waiting=3))
+    for _ in range(3):
+        sched.add_request(make_request())
+    with pytest.raises(QueueFull) as info:
+        sched.add_request(make_request())
+    assert info.value.max_waiting == 3
+    assert len(sched.waiting) == 3
+    # Running requests don't count against the waiting limit.
+    sched.schedule()
+    sched.add_request(make_request())
+    assert len(sched.waiting) == 1
+
+
+def test_waiting_queue_is_in_priority_then_arrival_then_id_order():
+    sched = Scheduler(make_config())
+    a = make_request(priority=1, arrival_s=1.0)
+    b = make_request(priority=0, arrival_s=3.0)
+    c = make_request(priority=0, arrival_s=2.0)
+    d = make_request(priority=1, arrival_s=0.5)
+    e = make_request(priority=0, arrival_s=2.0)  # same arrival as c, later id
+    for r in (a, b, c, d, e):
+        sched.add_request(r)
+    assert sched.waiting == [c, e, b, d, a]
+    assert all(r.status is RequestStatus.WAITING for r in sched.waiting)
+
+
+def test_find_looks_in_waiting_and_running():
+    sched = Scheduler(make_config(max_seqs=1))
+    a, b = make_request(arrival_s=0), make_request(arrival_s=1)
+    sched.add_request(a)
+    sched.add_request(b)
+    sched.schedule()
+    assert sched.find(a.request_id) is a
+    assert sched.find(b.request_id) is b
+    assert sched.find(-1) is None
+
+
+# -- admission ----------------------------------------------------------------------------------
+
+
+def test_admission_takes_policy_order_up_to_the_slot_limit():
+    sched = Scheduler(make_config(max_seqs=2))
+    low_early = make_request(priority=2, arrival_s=0.0)
+    high_late = make_request(priority=0, arrival_s=5.0)
+    mid = make_request(priority=1, arrival_s=1.0)
+    high_early = make_request(priority=0, arrival_s=4.0)
+    for r in (low_early, high_late, mid, high_early):
+        sched.add_request(r)
+    sched.schedule(now=10.0)
+    assert sched.running == [high_early, high_late]
+    assert [r.slot for r in sched.running] == [0, 1]
+    assert sched.waiting == [mid, low_early]
+    assert sched.free_slots == []
+    assert high_early.status is RequestStatus.RUNNING and mid.status is RequestStatus.WAITING
+    assert high_early.first_scheduled_s == 10.0 and mid.first_scheduled_s is None
+
+
+def test_a_freed_slot_goes_to_the_next_in_policy_order():
+    sched = Scheduler(make_config(max_seqs=2))
+    a, b = make_request(arrival_s=0.0), make_request(arrival_s=1.0)
+    c = make_request(priority=1, arrival_s=2.0)
+    for r in (a, b, c):
+        sched.add_request(r)
+    sched.schedule()
+    urgent = make_request(priority=0, arrival_s=9.0)  # a latecomer of a more urgent class
+    sched.add_request(urgent)
+    slot_a = sched.finish(a, RequestStatus.FINISHED_STOP)
+    assert slot_a == 0 and a.slot is None and a.status is RequestStatus.FINISHED_STOP
+    sched.schedule()
+    assert sched.running == [b, urgent]
+    assert urgent.slot == 0
+    assert sched.waiting == [c]
+
+
+def test_admission_keeps_a_decode_reserve_per_running_sequence():
+    sched = Scheduler(make_config(kv_cells=100, decode_reserve_cells=10))
+    a = make_request(40, arrival_s=0)
+    b = make_request(30, arrival_s=1)  # 40 running + 30 + 1 * 10 reserve = 80 <= 100: admitted
+    c = make_request(11, arrival_s=2)  # 70 running + 11 + 2 * 10 reserve = 101 > 100: waits
+    d = make_request(1, arrival_s=3)  # would fit, but admission never skips the head of the queue
+    for r in (a, b, c, d):
+        sched.add_request(r)
+    sched.schedule()
+    assert sched.running == [a, b]
+    assert sched.waiting == [c, d]
+
+
+def test_admission_counts_the_prompts_of_sequences_admitted_in_the_same_iteration():
+    # Three 30-token prompts cannot share 64 cells; admitting them together only pushes one
+    # of them straight into preemption.
+    sched = Scheduler(make_config(kv_cells=64, decode_reserve_cells=0))
+    reqs = [make_request(30, arrival_s=t) for t in range(3)]
+    for r in reqs:
+        sched.add_request(r)
+    sched.schedule()
+    assert sched.running == reqs[:2]
+    assert sched.waiting == reqs[2:]
+
+
+def test_the_first_sequence_of_an_empty_engine_is_always_admitted():
+    sched = Scheduler(make_config(kv_cells=64, decode_reserve_cells=16))
+    big = make_request(63)
+    sched.add_request(big)
+    sched.schedule()
+    assert sched.running == [big]
+
+
+def test_no_sequence_fits_a_full_cache_until_one_finishes():
+    sched = Scheduler(make_config(kv_cells=40, max_seqs=4))
+    a, b = make_request(30, arrival_s=0), make_request(20, arrival_s=1)
+    sched.add_request(a)
+    sched.add_request(b)
+    step(sched)
+    assert sched.running == [a]
+    for _ in range(3):
+        step(sched)
+        assert sched.running == [a]
+    sched.finish(a, RequestStatus.FINISHED_LENGTH)
+    step(sched)
+    assert sched.running == [b]
+
+
+# -- token budget -------------------------------------------------------------------------------
+
+
+def test_a_long_prompt_is_split_into_chunks_across_iterations():
+    sched = Scheduler(make_config(token_budget=16, max_batch_tokens=16))
+    r = make_request(50)
+    sched.add_request(r)
+    got = [layout(step(sched)) for _ in range(5)]
+    rid = r.request_id
+    assert got == [
+        [(rid, 0, 16, False)],
+        [(rid, 16, 16, False)],
+        [(rid, 32, 16, False)],
+        [(rid, 48, 2, True)],
+        [(rid, 50, 1, True)],
+    ]
+    assert r.output_tokens == [NEXT_TOKEN, NEXT_TOKEN]
+    assert r.num_computed == 51
+
+
+def test_chunk_tokens_are_the_sequence_tokens_in_order():
+    sched = Scheduler(make_config(token_budget=5, max_batch_tokens=8))
+    r = make_request(12)
+    sched.add_request(r)
+    seen: list[int] = []
+    for _ in range(3):
+        seen += step(sched).chunks[0].tokens
+    assert seen == r.prompt_tokens
+    assert step(sched).chunks[0].tokens == [NEXT_TOKEN]
+
+
+def test_decode_tokens_come_first_then_prompt_chunks_in_policy_order():
+    sched = Scheduler(make_config(max_seqs=4, token_budget=8, max_batch_tokens=8))
+    a = make_request(2, arrival_s=0)
+    b = make_request(12, arrival_s=1)
+    c = make_request(12, arrival_s=2)
+    for r in (a, b, c):
+        sched.add_request(r)
+    ia, ib, ic = a.request_id, b.request_id, c.request_id
+    got = [step(sched) for _ in range(5)]
+    assert [layout(s) for s in got] == [
+        [(ia, 0, 2, True), (ib, 0, 6, False)],
+        [(ia, 2, 1, True), (ib, 6, 6, True), (ic, 0, 1, False)],
+        [(ia, 3, 1, True), (ib, 12, 1, True), (ic, 1, 6, False)],
+        [(ia, 4, 1, True), (ib, 13, 1, True), (ic, 7, 5, True)],
+        [(ia, 5, 1, True), (ib, 14, 1, True), (ic, 12, 1, True)],
+    ]
+    assert [(s.num_decode_tokens, s.num_prompt_tokens) for s in got] == [(0, 8), (1, 7), (2, 6), (2, 5), (3, 0)]
+    assert all(s.num_tokens <= 8 for s in got)
+
+
+def test_a_more_urgent_prefill_gets_the_budget_first():
+    sched = Scheduler(make_config(max_seqs=2, token_budget=8, max_batch_tokens=8))
+    low = make_request(20, priority=1, arrival_s=0)
+    sched.add_request(low)
+    step(sched)
+    high = make_request(20, priority=0, arrival_s=5)
+    sched.add_request(high)
+    s = step(sched)
+    assert sched.running == [low, high]  # running order is admission order ...
+    assert layout(s) == [(high.request_id, 0, 8, False)]  # ... but the budget goes by policy order
+    assert low.num_computed == 8
+
+
+def test_batches_never_exceed_the_budget_and_every_request_completes():
+    rng = random.Random(1234)
+    config = make_config(max_seqs=6, kv_cells=4096, token_budget=24, max_batch_tokens=32)
+    sched = Scheduler(config)
+    model = FakeModel(n_ctx=4096, n_batch=32, n_seq_max=6)
+    reqs = []
+    for i in range(30):
+        r = make_request(rng.randint(1, 70), priority=rng.randint(0, 2), arrival_s=i, max_tokens=rng.randint(1, 12))
+        reqs.append(r)
+        sched.add_request(r)
+    finished, batches = simulate(sched, model)
+    assert sorted(r.request_id for r in finished) == sorted(r.request_id for r in reqs)
+    assert all(len(r.output_tokens) == r.params.max_tokens for r in reqs)
+    assert model.violations == []
+    for s in batches:
+        assert s.num_tokens <= config.token_budget
+        # Without preemption a decode chunk is the one that starts past the prompt.
+        is_decode = [c.start_pos >= len(c.request.prompt_tokens) for c in s.chunks]
+        assert is_decode == sorted(is_decode, reverse=True), "decode chunks must come first"
+        assert sum(is_decode) == s.num_decode_tokens
+        # Only the last prompt chunk can be cut short by the budget.
+        assert [c.want_logits for c in s.chunks[:-1]] == [True] * (len(s.chunks) - 1)
+    assert model.kv_used == 0
+    assert sched.free_slots == list(range(6))
+
+
+# -- modes --------------------------------------------------------------------------------------
+
+
+def test_serial_mode_runs_one_request_at_a_time():
+    sched = Scheduler(make_config(mode=Mode.SERIAL, max_seqs=4))
+    model = FakeModel(n_seq_max=4)
+    reqs = [make_request(5, priority=p, arrival_s=i, max_tokens=3) for i, p in enumerate((1, 0, 1, 0))]
+    for r in reqs:
+        sched.add_request(r)
+    finished, batches = simulate(sched, model)
+    assert all(len(s.chunks) == 1 for s in batches)
+    assert finished == [reqs[1], reqs[3], reqs[0], reqs[2]]
+    assert len(batches) == 4 * 3
+
+
+def test_serial_mode_admits_nothing_while_one_runs():
+    sched = Scheduler(make_config(mode=Mode.SERIAL, max_seqs=4))
+    a, b = make_request(arrival_s=0), make_request(arrival_s=1)
+    sched.add_request(a)
+    sched.add_request(b)
+    for _ in range(3):
+        step(sched)
+        assert sched.running == [a]
+    sched.finish(a, RequestStatus.FINISHED_STOP)
+    step(sched)
+    assert sched.running == [b]
+
+
+def test_static_mode_admits_a_new_batch_only_when_the_engine_is_empty():
+    sched = Scheduler(make_config(mode=Mode.STATIC, max_seqs=2))
+    model = FakeModel(n_seq_max=2)
+    short = make_request(3, arrival_s=0, max_tokens=2)
+    long = make_request(3, arrival_s=1, max_tokens=6)
+    nxt = make_request(3, arrival_s=2, max_tokens=2)
+    for r in (short, long, nxt):
+        sched.add_request(r)
+    finished, batches = simulate(sched, model)
+    ids = [[c.request.request_id for c in s.chunks] for s in batches]
+    assert ids == [
+        [short.request_id, long.request_id],
+        [short.request_id, long.request_id],
+        [long.request_id],
+        [long.request_id],
+        [long.request_id],
+        [long.request_id],
+        [nxt.request_id],
+        [nxt.request_id],
+    ]
+    assert finished == [short, long, nxt]
+
+
+def test_static_mode_does_not_fill_a_slot_freed_mid_batch():
+    sched = Scheduler(make_config(mode=Mode.STATIC, max_seqs=2))
+    a, b, c = (make_request(arrival_s=t) for t in range(3))
+    for r in (a, b, c):
+        sched.add_request(r)
+    step(sched)
+    sched.finish(a, RequestStatus.FINISHED_STOP)
+    for _ in range(3):
+        step(sched)
+        assert sched.running == [b] and sched.waiting == [c]
+    sched.finish(b, RequestStatus.FINISHED_STOP)
+    step(sched)
+    assert sched.running == [c]
+
+
+def test_continuous_mode_admits_while_others_generate():
+    sched = Scheduler(make_config(mode=Mode.CONTINUOUS, max_seqs=4))
+    a = make_request(3, arrival_s=0)
+    sched.add_request(a)
+    step(sched)
+    step(sched)
+    b = make_request(5, arrival_s=1)
+    sched.add_request(b)
+    s = step(sched)
+    assert layout(s) == [(a.request_id, 4, 1, True), (b.request_id, 0, 5, True)]
+    assert sched.running == [a, b]
+
+
+def test_continuous_mode_fills_a_freed_slot_at_the_next_iteration():
+    sched = Scheduler(make_config(mode=Mode.CONTINUOUS, max_seqs=2))
+    a, b, c = (make_request(arrival_s=t) for t in range(3))
+    for r in (a, b, c):
+        sched.add_request(r)
+    step(sched)
+    sched.finish(a, RequestStatus.FINISHED_STOP)
+    s = step(sched)
+    assert sched.running == [b, c]
+    assert layout(s) == [(b.request_id, 4, 1, True), (c.request_id, 0, 4, True)]
+
+
+# -- preemption ---------------------------------------------------------------------------------
+
+
+def test_victim_is_the_lowest_priority_then_the_most_recent():
+    sched = Scheduler(make_config(max_seqs=5))
+    reqs = {
+        "p0_old": make_request(priority=0, arrival_s=0),
+        "p1_old": make_request(priority=1, arrival_s=1),
+        "p1_new": make_request(priority=1, arrival_s=3),
+        "p0_new": make_request(priority=0, arrival_s=4),
+        "p1_mid": make_request(priority=1, arrival_s=2),
+    }
+    for r in reqs.values():
+        sched.add_request(r)
+    sched.schedule()
+    order = []
+    while (victim := sched.choose_victim()) is not None:
+        order.append(next(k for k, v in reqs.items() if v is victim))
+        sched.preempt(victim)
+    assert order == ["p1_new", "p1_mid", "p1_old", "p0_new", "p0_old"]
+    assert Scheduler(make_config()).choose_victim() is None
+
+
+def test_preempt_requeues_for_recompute_ahead_of_later_arrivals():
+    sched = Scheduler(make_config(max_seqs=2))
+    a, b = make_request(5, arrival_s=0, tag=11), make_request(5, arrival_s=1, tag=22)
+    sched.add_request(a)
+    sched.add_request(b)
+    for _ in range(3):
+        step(sched, now=1.0)
+    later = make_request(5, arrival_s=2)
+    sched.add_request(later)
+    assert b.output_tokens == [NEXT_TOKEN] * 3 and b.num_computed == 7
+    slot = sched.preempt(b)
+    assert slot == 1
+    assert b.slot is None and b.num_computed == 0 and b.status is RequestStatus.WAITING
+    assert b.num_preemptions == 1 and sched.num_preemptions_total == 1
+    assert sched.running == [a] and sched.waiting == [b, later]
+    assert sched.free_slots == [1]
+    assert sched.kv_used == a.num_computed
+    # Readmitted, it recomputes prompt and generated tokens in one chunk, then samples.
+    s = step(sched, now=5.0)
+    assert sched.running == [a, b] and b.slot == 1
+    recompute = [c for c in s.chunks if c.request is b]
+    assert len(recompute) == 1
+    assert recompute[0].tokens == b.prompt_tokens + [NEXT_TOKEN] * 3
+    assert recompute[0].start_pos == 0 and recompute[0].want_logits
+    assert len(b.output_tokens) == 4
+    assert b.first_scheduled_s == 1.0  # queue time is measured to the first admission only
+
+
+def test_preemption_with_a_tiny_cache_loses_nothing_and_matches_an_unpreempted_run():
+    model = FakeModel(n_ctx=64, n_batch=32, n_seq_max=8)
+    config = make_config(max_seqs=8, kv_cells=64, token_budget=32, max_batch_tokens=32, decode_reserve_cells=4)
+    sched = Scheduler(config)
+    reqs = [make_request(6, priority=i % 2, arrival_s=i, max_tokens=24, tag=20 + i) for i in range(8)]
+    for r in reqs:
+        sched.add_request(r)
+    finished, _ = simulate(sched, model)
+    assert sorted(r.request_id for r in finished) == sorted(r.request_id for r in reqs)
+    assert len(finished) == len(set(map(id, finished)))
+    assert sched.num_preemptions_total > 0
+    assert sum(r.num_preemptions for r in reqs) == sched.num_preemptions_total
+    for r in reqs:
+        assert r.output_tokens == model.expected_tokens(r.prompt_tokens, 24)
+    assert model.violations == []
+    assert model.kv_used == 0 and sched.kv_used == 0
+
+
+# -- finishing ----------------------------------------------------------------------------------
+
+
+def test_finish_releases_a_running_request_and_drops_a_waiting_one():
+    sched = Scheduler(make_config(max_seqs=1))
+    a, b = make_request(arrival_s=0), make_request(arrival_s=1)
+    sched.add_request(a)
+    sched.add_request(b)
+    step(sched)
+    assert sched.finish(b, RequestStatus.FINISHED_CANCELLED, now=3.0) is None
+    assert b.status is RequestStatus.FINISHED_CANCELLED and b.finished_s == 3.0
+    assert sched.waiting == []
+    assert sched.finish(a, RequestStatus.FINISHED_CANCELLED, now=4.0) == 0
+    assert sched.running == [] and sched.free_slots == [0] and not sched.has_work
+    assert sched.kv_used == 0
