@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--modes", type=_modes, default=["continuous", "serial", "static"])
     eng.add_argument("--reference", help="path to llama.cpp's llama-batched-bench (see scripts/build_llama_tools.sh)")
     eng.add_argument("--json", dest="json_path", help="write every figure and the constants to this file")
+    eng.add_argument("--stagger-ms", type=float, default=0.0,
+                     help="gap between arrivals in the mixed workload (default %(default)s ms)")
     eng.add_argument("--repeats", type=int, default=1, help="repetitions per cell; medians are reported")
     eng.add_argument("--pressure-ctx", type=int, default=1024,
                      help="KV cells for the preemption scenario (8 long requests); 0 to skip")

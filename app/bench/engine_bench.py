@@ -1,7 +1,7 @@
 """`hearth bench engine`: the engine in-process (no HTTP), modes × overlap levels, optional C++ reference.
 
 Three workloads, one model, held constant:
-  mixed     L overlapping requests of mixed prompt and output lengths, all arriving at once, per mode;
+  mixed     L overlapping requests of mixed prompt and output lengths, arriving --stagger-ms apart, per mode;
   uniform   L identical requests (16-token prompts, 64 generated) in continuous mode, to compare the
             pure batched-decode rate with llama.cpp's own llama-batched-bench on the same settings;
   pressure  8 long requests into a KV cache too small to hold them together: preemption must keep
@@ -108,16 +108,19 @@ def _cut(tokens: list[int], n: int, offset: int) -> list[int]:
 
 
 def run_workload(model, mode: str, specs: list[tuple[list[int], int]], token_budget: int | None,
-                 workload: str, timeout_s: float = 1800) -> RunResult:
-    """Submit every request at once to a fresh engine on the model and wait for all of them."""
+                 workload: str, stagger_s: float = 0.0, timeout_s: float = 1800) -> RunResult:
+    """Submit the requests to a fresh engine on the model (request i at i × stagger_s) and wait for all."""
     engine = Engine(model, mode=mode, token_budget=token_budget, max_waiting=max(64, len(specs))).start()
     try:
         t0 = time.monotonic()
-        handles = [
-            engine.submit(prompt, SamplingParams(max_tokens=n_out, temperature=0.0, ignore_eos=True),
-                          class_name=workload, arrival_s=t0)
-            for prompt, n_out in specs
-        ]
+        handles = []
+        for i, (prompt, n_out) in enumerate(specs):
+            arrival_s = t0 + i * stagger_s
+            time.sleep(max(0.0, arrival_s - time.monotonic()))
+            handles.append(
+                engine.submit(prompt, SamplingParams(max_tokens=n_out, temperature=0.0, ignore_eos=True),
+                              class_name=workload, arrival_s=arrival_s)
+            )
         results: list[RequestStats] = []
         deadline = t0 + timeout_s
         for h in handles:
@@ -235,6 +238,10 @@ def run_from_args(args, model_path: str) -> int:
         "kv_unified": True,
         "sampling": "greedy, ignore_eos (fixed output lengths)",
         "levels": levels,
+        "mixed_arrivals": f"request i arrives at i × {args.stagger_ms} ms",
+        "mixed_prompt_tokens": MIXED_PROMPT_TOKENS,
+        "mixed_output_tokens": MIXED_OUTPUT_TOKENS,
+        "uniform": f"{UNIFORM_PROMPT_TOKENS}-token prompts, {UNIFORM_GEN_TOKENS} generated, all at once",
         "modes": args.modes,
         "repeats": args.repeats,
         "machine": machine(),
@@ -246,8 +253,8 @@ def run_from_args(args, model_path: str) -> int:
     runs: list[RunResult] = []
     all_runs: list[RunResult] = []
 
-    def measure(workload: str, mode: str, level: int, specs) -> RunResult:
-        reps = [run_workload(model, mode, specs, args.budget, workload) for _ in range(args.repeats)]
+    def measure(workload: str, mode: str, level: int, specs, stagger_s: float = 0.0) -> RunResult:
+        reps = [run_workload(model, mode, specs, args.budget, workload, stagger_s) for _ in range(args.repeats)]
         all_runs.extend(reps)
         best = median_run(reps)
         print(f"  {workload} {mode} L={level}: {best.summary['gen_tok_s']:.1f} gen tok/s", file=sys.stderr, flush=True)
@@ -256,7 +263,7 @@ def run_from_args(args, model_path: str) -> int:
     # Interleave modes inside each level, so drift on a shared machine hits all modes alike.
     for level in levels:
         for mode in args.modes:
-            runs.append(measure("mixed", mode, level, mixed_specs(tokens, level)))
+            runs.append(measure("mixed", mode, level, mixed_specs(tokens, level), args.stagger_ms / 1000))
     uniform = {level: measure("uniform", "continuous", level, uniform_specs(tokens, level)) for level in levels}
     runs.extend(uniform.values())
     rss_after = proc.memory_info().rss

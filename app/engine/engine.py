@@ -138,6 +138,7 @@ class Engine:
         self.finished_listeners: list[Callable[[RequestStats], None]] = []
         self._cv = threading.Condition()
         self._cancels: set[Request] = set()
+        self._held: list[Request] = []  # STATIC mode: finished, answered when their batch ends
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -375,16 +376,34 @@ class Engine:
             r.events.put(Delta(text, 0))
 
     def _finish(self, r: Request, status: RequestStatus, error: str | None = None) -> None:
-        """Release a request from the engine and send its last event; caller holds the lock."""
+        """Release a request from the engine and send its last event; caller holds the lock.
+
+        In STATIC mode a member that ends before the rest of its batch frees its KV at once but
+        is answered only when the whole batch has ended, as request-level batching servers do
+        (Orca, §2.2): that wait is what iteration-level scheduling removes.
+        """
         slot = self.scheduler.finish(r, status, now=self.clock())
         if slot is not None:
             self.model.clear_seq(slot)
         self.model.free_sampler(r.sampler)
         r.sampler = None
         r.error = error
+        batch_still_running = self.scheduler.config.mode is Mode.STATIC and self.scheduler.running
+        if batch_still_running and slot is not None and error is None:
+            self._held.append(r)
+            return
+        self._deliver(r)
+        if not self.scheduler.running:
+            now = self.clock()
+            for held in self._held:
+                held.finished_s = now
+                self._deliver(held)
+            self._held.clear()
+
+    def _deliver(self, r: Request) -> None:
         stats = r.make_stats()
         self.counters.requests_finished[stats.finish_reason] += 1
-        r.events.put(Finished(stats.finish_reason, stats, error))
+        r.events.put(Finished(stats.finish_reason, stats, r.error))
         for listener in self.finished_listeners:
             try:
                 listener(stats)

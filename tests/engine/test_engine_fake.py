@@ -356,7 +356,11 @@ def test_static_mode_makes_the_next_batch_wait_for_the_longest_answer(make_engin
     assert model.batches_of(long.request_id) == [0, 1, 2, 3, 4, 5]
     assert model.batches_of(nxt.request_id) == [6, 7]
     assert [len(b) for b in model.batches] == [2, 2, 1, 1, 1, 1, 1, 1]
-    assert finished_at == {short.request_id: 2, long.request_id: 6, nxt.request_id: 8}
+    # The short answer is computed by batch 2 but answered with its batch, when the longest ends.
+    assert finished_at == {short.request_id: 6, long.request_id: 6, nxt.request_id: 8}
+    assert short.finished_s == long.finished_s
+    # Its KV was freed when it ended (before batch 2), not held until the batch ended.
+    assert [len(b) for b in model.batches[2:6]] == [1, 1, 1, 1] and model.cleared[0] == 0
     # The next request queued behind a free slot until the longest answer ended.
     assert [it.num_waiting for it in engine.iterations] == [1, 1, 1, 1, 1, 1, 0, 0]
 
