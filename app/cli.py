@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--pressure-ctx", type=int, default=1024,
                      help="KV cells for the preemption scenario (8 long requests); 0 to skip")
 
+    mem = bench_sub.add_parser("memory", help="resident memory of a real runner under concurrent load")
+    _add_model_args(mem, ctx=4096, parallel=8)
+    mem.add_argument("--requests", type=int, default=8, help="concurrent requests (default %(default)s)")
+    mem.add_argument("--tokens", type=int, default=128, help="tokens generated per request (default %(default)s)")
+
     models = sub.add_parser("models", help="model files")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
@@ -105,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.bench.engine_bench import run_from_args
 
         return run_from_args(args, resolve_model(args.model))
+    if args.command == "bench" and args.bench_command == "memory":
+        from app.bench.memory_bench import run_from_args as run_memory
+
+        return run_memory(args, resolve_model(args.model))
     if args.command == "models" and args.models_command == "default":
         print(resolve_model(None))
         return 0

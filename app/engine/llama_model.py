@@ -97,6 +97,9 @@ class LlamaModel:
         # Same micro-batch as llama.cpp's tools default (512), so the reference is comparable.
         cparams.n_ubatch = min(config.n_batch, 512)
         cparams.n_seq_max = config.n_seq_max
+        # The engine asks for at most one row of logits per sequence per batch; without this the
+        # compute buffer is reserved for n_batch rows × the vocabulary (512 MiB for Gemma's 262k).
+        cparams.n_outputs_max = config.n_seq_max
         cparams.kv_unified = True
         cparams.n_threads = config.n_threads
         cparams.n_threads_batch = config.n_threads

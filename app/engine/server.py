@@ -212,6 +212,7 @@ class RunnerApp:
             "mode": snap.mode,
             "token_budget": snap.token_budget,
             "load_s": self.state.load_s,
+            "kv_cache_bytes": self.state.model.kv_cache_bytes(),
             "model": self.state.model.describe(),
             "chat_template": self.state.template.source if self.state.template else None,
         })

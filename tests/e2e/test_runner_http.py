@@ -261,3 +261,28 @@ def test_queue_full_is_503_with_retry_after(start_runner):
         t.join()
     assert held == [200, 200]
     assert_serving(tight)
+
+
+def test_a_file_that_is_not_a_model_is_reported_by_health(tmp_path):
+    from conftest import Runner
+
+    junk = tmp_path / "notes.gguf"
+    junk.write_bytes(b"this is not a GGUF file" * 100)
+    runner = Runner(junk, tmp_path / "runner.log")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                h = runner.client.get("/health")
+                if h.status_code != 503:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert h.status_code == 500
+        assert "could not load" in h.json()["error"]["message"]
+        r = runner.client.post("/v1/completions", json={"prompt": "hi"})
+        assert r.status_code == 500 and "failed to load" in r.json()["error"]["message"]
+    finally:
+        runner.stop()
