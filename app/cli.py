@@ -58,6 +58,24 @@ def _add_model_args(p: argparse.ArgumentParser, ctx: int, parallel: int) -> None
                    help="llama.cpp weight repacking (default: off on CPUs with AMX, on elsewhere)")
 
 
+def model_config(args, path: str, **overrides):
+    """The llama.cpp settings given by the shared model arguments."""
+    from app.engine.model_config import ModelConfig
+
+    return ModelConfig(
+        **{
+            "path": path,
+            "n_ctx": args.ctx,
+            "n_seq_max": args.parallel,
+            "n_batch": args.batch,
+            "n_threads": args.threads,
+            "n_gpu_layers": args.gpu_layers,
+            "repack": args.repack,
+            **overrides,
+        }
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(prog="hearth", description="The household's shared local LLM server.")
@@ -127,20 +145,14 @@ def _runner(args) -> int:
     if args.parallel < 1 or args.ctx < 16 or args.batch < args.parallel:
         raise SystemExit("hearth runner: need --parallel ≥ 1, --ctx ≥ 16 and --batch ≥ --parallel")
     config = RunnerConfig(
-        model_path=resolve_model(args.model),
-        n_ctx=args.ctx,
-        parallel=args.parallel,
-        n_batch=args.batch,
-        threads=args.threads,
-        gpu_layers=args.gpu_layers,
+        model=model_config(args, resolve_model(args.model)),
         mode=args.mode,
         token_budget=args.budget,
         max_waiting=args.max_waiting,
         alias=args.alias,
-        repack=args.repack,
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
-          f"(mode {config.mode}, ctx {config.n_ctx}, parallel {config.parallel})", file=sys.stderr, flush=True)
+          f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)
     serve(config, host=args.host, port=args.port)
     return 0
 

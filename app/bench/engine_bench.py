@@ -10,6 +10,7 @@ Three workloads, one model, held constant:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -212,12 +213,11 @@ def median_run(runs: list[RunResult]) -> RunResult:
 
 def run_from_args(args, model_path: str) -> int:
     """Run the whole benchmark as `hearth bench engine` asked, print tables, write JSON."""
-    from app.engine.llama_model import LlamaModel, ModelConfig
+    from app.cli import model_config
+    from app.engine.llama_model import LlamaModel
 
     levels = args.levels
-    parallel = max(max(levels), args.parallel)
-    cfg = ModelConfig(path=model_path, n_ctx=args.ctx, n_seq_max=parallel, n_batch=args.batch,
-                      n_threads=args.threads, n_gpu_layers=args.gpu_layers, repack=args.repack)
+    cfg = model_config(args, model_path, n_seq_max=max(max(levels), args.parallel))
     proc = psutil.Process()
     rss_before_load = proc.memory_info().rss
     model = LlamaModel(cfg)
@@ -334,9 +334,9 @@ def run_from_args(args, model_path: str) -> int:
 
 def run_pressure(cfg, n_ctx: int, tokens_source: str) -> dict:
     """8 long requests into a small KV cache: all must finish whole, with preemptions counted."""
-    from app.engine.llama_model import LlamaModel, ModelConfig
+    from app.engine.llama_model import LlamaModel
 
-    model = LlamaModel(ModelConfig(**{**asdict(cfg), "n_ctx": n_ctx, "n_seq_max": PRESSURE_REQUESTS}))
+    model = LlamaModel(dataclasses.replace(cfg, n_ctx=n_ctx, n_seq_max=PRESSURE_REQUESTS))
     try:
         tokens = model.tokenize(tokens_source, add_special=False)
         specs = [(_cut(tokens, PRESSURE_PROMPT_TOKENS, i), PRESSURE_GEN_TOKENS) for i in range(PRESSURE_REQUESTS)]

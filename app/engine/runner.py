@@ -47,5 +47,5 @@ class RunnerServer(BaseApplication):
 def serve(config: RunnerConfig, host: str = "127.0.0.1", port: int = 8081, http_threads: int | None = None) -> None:
     """Serve until interrupted."""
     # Enough HTTP threads that every slot plus the whole queue can hold a connection open.
-    threads = http_threads or (config.parallel + config.max_waiting + 4)
+    threads = http_threads or (config.model.n_seq_max + config.max_waiting + 4)
     RunnerServer(config, host, port, threads).run()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import select
 import socket
 import threading
@@ -28,6 +27,7 @@ from werkzeug.wrappers import Response
 from app.engine.api import ApiError, ChatBody, CompletionBody, DetokenizeBody, TokenizeBody, validation_error
 from app.engine.chat import ChatTemplate, ChatTemplateError, load_chat_template, strip_leading_bos
 from app.engine.engine import Engine
+from app.engine.model_config import ModelConfig
 from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request
 from app.engine.scheduler import Mode
 
@@ -41,23 +41,17 @@ CLIENT_CHECK_S = 0.2  # how often a waiting request looks whether its client is 
 class RunnerConfig:
     """Everything `hearth runner` was started with."""
 
-    model_path: str
-    n_ctx: int = 4096
-    parallel: int = 4
-    n_batch: int = 512
-    threads: int = max(1, os.cpu_count() or 1)
-    gpu_layers: int = 0
+    model: ModelConfig
     mode: str = Mode.CONTINUOUS.value
     token_budget: int | None = None
     max_waiting: int = 64
     default_max_tokens: int = 512
     alias: str | None = None
-    repack: bool | None = None
 
     @property
     def model_name(self) -> str:
         """The name clients see in responses."""
-        return self.alias or Path(self.model_path).name
+        return self.alias or Path(self.model.path).name
 
 
 class RunnerState:
@@ -75,34 +69,24 @@ class RunnerState:
 
     def load(self) -> None:
         """Load the model, create the engine and start its thread; records any failure for /health."""
-        from app.engine.llama_model import LlamaModel, ModelConfig
+        from app.engine.llama_model import LlamaModel
         from app.engine.metrics import RunnerMetrics
 
         t0 = time.monotonic()
         cfg = self.config
         try:
-            self.model = LlamaModel(
-                ModelConfig(
-                    path=cfg.model_path,
-                    n_ctx=cfg.n_ctx,
-                    n_seq_max=cfg.parallel,
-                    n_batch=cfg.n_batch,
-                    n_threads=cfg.threads,
-                    n_gpu_layers=cfg.gpu_layers,
-                    repack=cfg.repack,
-                )
-            )
+            self.model = LlamaModel(cfg.model)
             # The GGUF's own template; else a built-in one for its architecture; else ChatML.
-            self.template = load_chat_template(cfg.model_path)
+            self.template = load_chat_template(cfg.model.path)
             self.engine = Engine(
                 self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting
             ).start()
             self.metrics = RunnerMetrics(self.engine)
             self.load_s = time.monotonic() - t0
             self.status = "ok"
-            log.info("model %s loaded in %.2f s", cfg.model_path, self.load_s)
+            log.info("model %s loaded in %.2f s", cfg.model.path, self.load_s)
         except Exception as exc:
-            log.exception("loading %s failed", cfg.model_path)
+            log.exception("loading %s failed", cfg.model.path)
             self.error = str(exc)
             self.status = "error"
 
@@ -206,7 +190,7 @@ class RunnerApp:
         engine = self._ready()
         snap = engine.snapshot()
         return _json({
-            "model_path": self.state.config.model_path,
+            "model_path": self.state.config.model.path,
             "model_alias": self.state.config.model_name,
             "total_slots": snap.n_seq_max,
             "mode": snap.mode,

@@ -4,7 +4,8 @@ import llama_cpp
 import pytest
 
 from app.engine.engine import Engine
-from app.engine.llama_model import LlamaModel, ModelConfig
+from app.engine.llama_model import LlamaModel
+from app.engine.model_config import ModelConfig
 from app.engine.request import Delta, Finished, SamplingParams
 
 PROMPTS = [

@@ -2,11 +2,12 @@
 
 from werkzeug.test import Client
 
+from app.engine.model_config import ModelConfig
 from app.engine.server import RunnerConfig, create_app
 
 
 def make_client(status: str, error: str | None = None) -> Client:
-    app = create_app(RunnerConfig(model_path="/nowhere/model.gguf"), load=False)
+    app = create_app(RunnerConfig(ModelConfig(path="/nowhere/model.gguf")), load=False)
     app.state.status = status
     app.state.error = error
     return Client(app)

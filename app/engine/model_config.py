@@ -1,0 +1,36 @@
+"""What a runner loads and how: the llama.cpp model and context settings (no llama.cpp import here)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the runner was asked to load, and how."""
+
+    path: str
+    n_ctx: int = 4096
+    n_seq_max: int = 4
+    n_batch: int = 512
+    n_threads: int = max(1, os.cpu_count() or 1)
+    n_gpu_layers: int = 0
+    # Weight repacking (llama.cpp's "extra buffer types"). None = automatic: off on CPUs with AMX,
+    # where the pinned build's AMX path crashes inside llama_decode (seen on Xeon with amx_int8).
+    repack: bool | None = None
+    verbose: bool = False
+
+    @property
+    def repack_enabled(self) -> bool:
+        """Whether weight repacking is used; the benchmark passes the same choice to llama.cpp's tools."""
+        return self.repack if self.repack is not None else not cpu_has_amx()
+
+
+def cpu_has_amx() -> bool:
+    """True when /proc/cpuinfo lists AMX (int8 tiles)."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
