@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's `llama-batched-bench` and `llama-server` from the llama.cpp tree vendored in
+# the pinned llama-cpp-python sdist, so the C++ reference runs the very code the engine links.
+#
+# Usage: scripts/build_llama_tools.sh
+#   HEARTH_TOOLS_CACHE  cache root (default: ~/.cache/hearth/llama-tools); binaries land in
+#                       <root>/<version>/bin
+#   CMAKE_ARGS          extra cmake arguments, e.g. "-DGGML_CUDA=ON" for a CUDA build
+#   PYTHON              interpreter whose pip fetches the sdist (default: python3)
+# A second run with the same version and CMAKE_ARGS only prints the two binary paths.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python_bin="${PYTHON:-python3}"
+
+# The pin is the single source of truth: the reference must match the bindings' llama.cpp.
+version="$(sed -n 's/^[[:space:]]*"llama-cpp-python==\([^"]*\)".*$/\1/p' "$repo_root/pyproject.toml" \
+    | head -n 1)"
+if [[ -z "$version" ]]; then
+    echo "error: no exact 'llama-cpp-python==X' pin found in $repo_root/pyproject.toml" >&2
+    exit 1
+fi
+
+cache_root="${HEARTH_TOOLS_CACHE:-$HOME/.cache/hearth/llama-tools}"
+dest="$cache_root/$version"
+bin_dir="$dest/bin"
+src_dir="$dest/src/llama_cpp_python-$version"
+build_dir="$dest/build"
+stamp="$dest/build.stamp"
+targets=(llama-batched-bench llama-server)
+extra_cmake_args="${CMAKE_ARGS:-}"
+
+mkdir -p "$dest"
+
+# Two concurrent runs would fight over one build tree; the second waits and then hits the cache.
+exec 9>"$dest/.lock"
+flock 9
+
+print_paths() {
+    for target in "${targets[@]}"; do
+        echo "$bin_dir/$target"
+    done
+}
+
+# Why each option:
+# - LLAMA_CURL is deprecated and ignored in this llama.cpp; its HTTP client is cpp-httplib, and
+#   LLAMA_OPENSSL=OFF keeps it from linking TLS: these tools never fetch models.
+# - LLAMA_USE_PREBUILT_UI=OFF / LLAMA_BUILD_UI=OFF: otherwise llama-server's web UI is downloaded
+#   from Hugging Face (or built with npm) at build time; the server then runs without a UI.
+# - FETCHCONTENT_FULLY_DISCONNECTED=ON: an option pulled in through CMAKE_ARGS that would fetch
+#   sources from git (BoringSSL, CCCL, KleidiAI) fails loudly instead of downloading.
+# - BUILD_SHARED_LIBS=OFF: self-contained binaries that don't depend on the build tree's rpath.
+# - GGML_NATIVE stays at its default (ON), as in the pip build of llama-cpp-python on this machine,
+#   so both sides run the same CPU kernels.
+fixed_args=(
+    -DCMAKE_BUILD_TYPE=Release
+    -DBUILD_SHARED_LIBS=OFF
+    -DLLAMA_BUILD_COMMON=ON
+    -DLLAMA_BUILD_TOOLS=ON
+    -DLLAMA_BUILD_SERVER=ON
+    -DLLAMA_BUILD_TESTS=OFF
+    -DLLAMA_BUILD_EXAMPLES=OFF
+    -DLLAMA_BUILD_APP=OFF
+    -DLLAMA_BUILD_UI=OFF
+    -DLLAMA_USE_PREBUILT_UI=OFF
+    -DLLAMA_OPENSSL=OFF
+    -DFETCHCONTENT_FULLY_DISCONNECTED=ON
+)
+
+# The stamp records what the binaries were built from, so changing the options rebuilds them.
+stamp_text="version=$version
+cmake_args=${fixed_args[*]}
+extra_cmake_args=$extra_cmake_args"
+
+binaries_present() {
+    for target in "${targets[@]}"; do
+        [[ -x "$bin_dir/$target" ]] || return 1
+    done
+}
+
+if binaries_present && [[ -f "$stamp" ]] && [[ "$(cat "$stamp")" == "$stamp_text" ]]; then
+    print_paths
+    exit 0
+fi
+
+start_s=$(date +%s)
+
+if [[ ! -f "$src_dir/vendor/llama.cpp/CMakeLists.txt" ]]; then
+    sdist_dir="$dest/sdist"
+    mkdir -p "$sdist_dir"
+    sdist="$sdist_dir/llama_cpp_python-$version.tar.gz"
+    if [[ ! -f "$sdist" ]]; then
+        echo "fetching llama-cpp-python==$version sdist from the package index" >&2
+        "$python_bin" -m pip download --no-deps --no-binary :all: \
+            "llama-cpp-python==$version" -d "$sdist_dir" >&2
+    fi
+    # Unpack beside the target and rename, so an interrupted extraction never looks complete.
+    unpack_dir="$(mktemp -d "$dest/src.XXXXXX")"
+    tar -xzf "$sdist" -C "$unpack_dir"
+    mkdir -p "$dest/src"
+    rm -rf "$src_dir"
+    mv "$unpack_dir/llama_cpp_python-$version" "$src_dir"
+    rmdir "$unpack_dir"
+fi
+
+# A build tree configured with other CMAKE_ARGS (say CPU, now CUDA) keeps stale cache entries,
+# so it starts afresh; the fixed options are passed every time and need no such care.
+configured="$dest/configured-extra-args"
+if [[ -d "$build_dir" ]] \
+    && { [[ ! -f "$configured" ]] || [[ "$(cat "$configured")" != "$extra_cmake_args" ]]; }; then
+    rm -rf "$build_dir"
+fi
+rm -f "$stamp"
+printf '%s' "$extra_cmake_args" > "$configured"
+
+generator=()
+if command -v ninja >/dev/null 2>&1; then
+    generator=(-G Ninja)
+fi
+
+# Word-split on purpose, as llama-cpp-python's own build does with CMAKE_ARGS.
+read -r -a extra_args <<< "$extra_cmake_args"
+
+cmake -S "$src_dir/vendor/llama.cpp" -B "$build_dir" "${generator[@]}" "${fixed_args[@]}" \
+    "${extra_args[@]}" >&2
+
+cmake --build "$build_dir" --config Release --target "${targets[@]}" -j "$(nproc)" >&2
+
+mkdir -p "$bin_dir"
+for target in "${targets[@]}"; do
+    built="$build_dir/bin/$target"
+    if [[ ! -x "$built" ]]; then
+        echo "error: build finished but $built is missing" >&2
+        exit 1
+    fi
+    # Copy then rename: a reader never sees a half-written binary.
+    cp "$built" "$bin_dir/.$target.tmp"
+    mv -f "$bin_dir/.$target.tmp" "$bin_dir/$target"
+done
+printf '%s' "$stamp_text" > "$stamp"
+
+echo "built llama.cpp tools for llama-cpp-python $version in $(( $(date +%s) - start_s )) s" >&2
+print_paths
