@@ -17,6 +17,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -112,6 +113,11 @@ def run_workload(model, mode: str, specs: list[tuple[list[int], int]], token_bud
                  workload: str, stagger_s: float = 0.0, timeout_s: float = 1800) -> RunResult:
     """Submit the requests to a fresh engine on the model (request i at i × stagger_s) and wait for all."""
     engine = Engine(model, mode=mode, token_budget=token_budget, max_waiting=max(64, len(specs))).start()
+    # The bench waits for completions without reading each token as it comes: a consumer thread
+    # woken per token would compete with llama.cpp's threads for the cores, and that cost belongs
+    # to the client (measured by the HTTP benchmarks), not to the engine.
+    done = threading.Semaphore(0)
+    engine.finished_listeners.append(lambda stats: done.release())
     try:
         t0 = time.monotonic()
         handles = []
@@ -122,17 +128,18 @@ def run_workload(model, mode: str, specs: list[tuple[list[int], int]], token_bud
                 engine.submit(prompt, SamplingParams(max_tokens=n_out, temperature=0.0, ignore_eos=True),
                               class_name=workload, arrival_s=arrival_s)
             )
+        for _ in handles:
+            if not done.acquire(timeout=max(0.0, t0 + timeout_s - time.monotonic())):
+                raise RuntimeError(f"requests did not finish within {timeout_s} s (lost?)")
+        finished_s = time.monotonic()
         results: list[RequestStats] = []
-        deadline = t0 + timeout_s
         for h in handles:
             for ev in engine.events(h):
-                if ev is None and time.monotonic() > deadline:
-                    raise RuntimeError(f"request {h.request_id} did not finish within {timeout_s} s (lost?)")
                 if isinstance(ev, Finished):
                     if ev.error:
                         raise RuntimeError(f"request {h.request_id} failed: {ev.error}")
                     results.append(ev.stats)
-        wall_s = time.monotonic() - t0
+        wall_s = finished_s - t0
         # Anything left in a queue after its Finished event would be a duplicated answer.
         extra_events = sum(h.events.qsize() for h in handles)
         iterations = [dict(asdict(i), start_s=i.start_s - t0) for i in engine.iterations if i.start_s >= t0]
@@ -260,27 +267,41 @@ def run_from_args(args, model_path: str) -> int:
         print(f"  {workload} {mode} L={level}: {best.summary['gen_tok_s']:.1f} gen tok/s", file=sys.stderr, flush=True)
         return best
 
+    # Warm-up, discarded: the first run in a process pays for cold caches and page faults.
+    run_workload(model, "continuous", uniform_specs(tokens, 1), args.budget, "warmup")
     # Interleave modes inside each level, so drift on a shared machine hits all modes alike.
     for level in levels:
         for mode in args.modes:
             runs.append(measure("mixed", mode, level, mixed_specs(tokens, level), args.stagger_ms / 1000))
-    uniform = {level: measure("uniform", "continuous", level, uniform_specs(tokens, level)) for level in levels}
-    runs.extend(uniform.values())
-    rss_after = proc.memory_info().rss
-    kv_bytes = model.kv_cache_bytes()
-    model.close()
-
-    reference = None
+    # Uniform runs and the C++ reference alternate per repetition (A, B, A, B, ...): a ratio is
+    # taken within one repetition, then the median over repetitions is reported with its spread.
+    binary = None
     if args.reference:
         from app.bench.reference import find_batched_bench, run_batched_bench
 
         binary = find_batched_bench(args.reference)
-        rows = run_batched_bench(
-            binary, model_path, model.n_ctx, model.n_batch, cfg.n_threads, levels,
-            UNIFORM_PROMPT_TOKENS, UNIFORM_GEN_TOKENS, timeout_s=1800,
-            gpu_layers=cfg.n_gpu_layers, repack=cfg.repack_enabled,
-        )
-        reference = [asdict(r) for r in rows]
+    uniform_reps: dict[int, list[RunResult]] = {level: [] for level in levels}
+    reference_reps: list[dict[int, dict]] = []
+    for _ in range(args.repeats):
+        for level in levels:
+            uniform_reps[level].append(
+                run_workload(model, "continuous", uniform_specs(tokens, level), args.budget, "uniform")
+            )
+        if binary is not None:
+            rows = run_batched_bench(
+                binary, model_path, model.n_ctx, model.n_batch, cfg.n_threads, levels,
+                UNIFORM_PROMPT_TOKENS, UNIFORM_GEN_TOKENS, timeout_s=1800,
+                gpu_layers=cfg.n_gpu_layers, repack=cfg.repack_enabled,
+            )
+            reference_reps.append({r.n_parallel: asdict(r) for r in rows})
+    for reps in uniform_reps.values():
+        all_runs.extend(reps)
+    uniform = {level: median_run(reps) for level, reps in uniform_reps.items()}
+    runs.extend(uniform.values())
+    rss_after = proc.memory_info().rss
+    kv_bytes = model.kv_cache_bytes()
+    model.close()
+    reference = reference_reps or None
 
     pressure = None
     if args.pressure_ctx:
@@ -289,15 +310,22 @@ def run_from_args(args, model_path: str) -> int:
     print_table(runs)
     summary = {"ratios": {}}
     if reference:
-        print("\ndecode tok/s, engine vs llama-batched-bench (same model, ctx, batch, threads, unified KV):")
-        print(f"{'L':>3}{'engine':>10}{'reference':>11}{'ratio':>8}{'outside':>9}")
-        for row in reference:
-            lvl = row["n_parallel"]
-            ours = uniform[lvl].summary["decode_tok_s"]
-            ratio = ours / row["decode_tokens_per_s"] if ours and row["decode_tokens_per_s"] else None
-            summary["ratios"][str(lvl)] = ratio
-            outside = uniform[lvl].summary["outside_decode_share_decode_phase"]
-            print(f"{lvl:>3}{_fmt(ours):>10}{row['decode_tokens_per_s']:>11.1f}{_fmt(ratio, '.3f'):>8}"
+        print("\ndecode tok/s, engine vs llama-batched-bench (same model, ctx, batch, threads, unified KV), "
+              f"alternating, median of {len(reference)}:")
+        print(f"{'L':>3}{'engine':>10}{'reference':>11}{'ratio':>8}{'ratio range':>15}{'outside':>9}")
+        for lvl in levels:
+            pairs = [
+                (u.summary["decode_tok_s"], ref[lvl]["decode_tokens_per_s"])
+                for u, ref in zip(uniform_reps[lvl], reference)
+                if u.summary["decode_tok_s"] and ref[lvl]["decode_tokens_per_s"]
+            ]
+            ratios = [ours / theirs for ours, theirs in pairs]
+            ratio = _median(ratios)
+            summary["ratios"][str(lvl)] = {"median": ratio, "all": ratios}
+            outside = _median([u.summary["outside_decode_share_decode_phase"] for u in uniform_reps[lvl]])
+            spread = f"{min(ratios):.3f}–{max(ratios):.3f}" if ratios else "-"
+            print(f"{lvl:>3}{_fmt(_median([p[0] for p in pairs])):>10}{_fmt(_median([p[1] for p in pairs])):>11}"
+                  f"{_fmt(ratio, '.3f'):>8}{spread:>15}"
                   f"{_fmt(None if outside is None else outside * 100, '.1f') + '%':>9}")
     by = {(r.workload, r.mode, r.level): r for r in runs}
     top = max(levels)
