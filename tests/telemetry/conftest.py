@@ -1,0 +1,34 @@
+"""A fresh SQLite store per test, in the test's temporary folder."""
+
+import pytest
+
+from app.telemetry.db import database_path, make_engine, session_factory, upgrade
+
+
+@pytest.fixture
+def make_store(tmp_path):
+    """Factory: an engine on the test's database file, migrated to `revision` (None: left as is)."""
+    engines = []
+
+    def make(revision="head", **engine_options):
+        engine = make_engine(database_path(tmp_path), **engine_options)
+        engines.append(engine)
+        if revision is not None:
+            upgrade(engine, revision)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.dispose()
+
+
+@pytest.fixture
+def engine(make_store):
+    """An engine on a store migrated to head."""
+    return make_store()
+
+
+@pytest.fixture
+def sessions(engine):
+    """Sessions on the `engine` store."""
+    return session_factory(engine)
