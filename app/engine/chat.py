@@ -7,8 +7,6 @@ for a known architecture Hearth supplies that family's format, otherwise a ChatM
 """
 
 import json
-import mmap
-import struct
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from os import PathLike
@@ -16,8 +14,9 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from gguf.constants import GGUF_MAGIC, GGUFValueType
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from app.residency.gguf_meta import GgufError, GgufMetadata, read_metadata
 
 # Gemma 3 has no system role: a leading system message is folded into the first user turn,
 # followed by a blank line. Turn contents are trimmed, as Google's reference template does.
@@ -71,8 +70,6 @@ _ROLES = frozenset({"system", "user", "assistant", "tool"})
 _ROLE_ALIASES = {"developer": "system"}
 
 _KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
-_KEY_ARCHITECTURE = "general.architecture"
-_KEY_TOKENS = "tokenizer.ggml.tokens"
 _KEY_BOS_ID = "tokenizer.ggml.bos_token_id"
 _KEY_EOS_ID = "tokenizer.ggml.eos_token_id"
 
@@ -183,10 +180,10 @@ def template_from_gguf(path: str | PathLike[str]) -> ChatTemplate | None:
     """Reads a GGUF's chat template (or its architecture's built-in one); None if neither."""
     metadata = _read_gguf_chat_metadata(path)
     bos_token, eos_token = _special_tokens(metadata)
-    source = metadata.get(_KEY_CHAT_TEMPLATE)
+    source = metadata.fields.get(_KEY_CHAT_TEMPLATE)
     if isinstance(source, str) and source.strip():
         return ChatTemplate(source, bos_token, eos_token, origin="gguf")
-    architecture = metadata.get(_KEY_ARCHITECTURE)
+    architecture = metadata.architecture
     builtin = BUILTIN_TEMPLATES_BY_ARCHITECTURE.get(architecture)
     if builtin is not None:
         return ChatTemplate(builtin, bos_token, eos_token, origin=f"builtin:{architecture}")
@@ -254,150 +251,18 @@ def _content_text(content: Any, index: int) -> str:
     return "\n".join(texts)
 
 
-def _special_tokens(metadata: dict[str, Any]) -> tuple[str, str]:
+def _special_tokens(metadata: GgufMetadata) -> tuple[str, str]:
     """Returns the (BOS, EOS) token strings, "" for any the GGUF does not define."""
-    tokens: list[str] = metadata.get(_KEY_TOKENS, [])
-
-    def text_of(token_id: Any) -> str:
-        if not isinstance(token_id, int) or not 0 <= token_id < len(tokens):
-            return ""
-        return tokens[token_id]
-
-    return text_of(metadata.get(_KEY_BOS_ID)), text_of(metadata.get(_KEY_EOS_ID))
+    fields = metadata.fields
+    return (
+        metadata.token_text(fields.get(_KEY_BOS_ID)) or "",
+        metadata.token_text(fields.get(_KEY_EOS_ID)) or "",
+    )
 
 
-def _read_gguf_chat_metadata(path: str | PathLike[str]) -> dict[str, Any]:
-    """Reads only the metadata chat templating needs from a GGUF header."""
-    # gguf.GGUFReader wraps every vocabulary entry and every tensor in numpy views: about
-    # 8 s for Gemma 3's 262k-token vocabulary. Walking the header with struct reads only
-    # the few keys needed here, skips the rest, and never touches the weights.
-    with open(path, "rb") as file, _map_readonly(file, path) as view:
-        return _GgufHeaderWalker(view, str(path)).chat_metadata()
-
-
-def _map_readonly(file: Any, path: str | PathLike[str]) -> mmap.mmap:
-    """Memory-maps a file read-only; pages of the header are the only ones touched."""
+def _read_gguf_chat_metadata(path: str | PathLike[str]) -> GgufMetadata:
+    """Reads a GGUF's header, reporting an unreadable file as a ChatTemplateError."""
     try:
-        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    except ValueError as exc:
-        raise ChatTemplateError(f"{path} is empty, not a GGUF file") from exc
-
-
-_SCALAR_FORMATS = {
-    GGUFValueType.UINT8: "B",
-    GGUFValueType.INT8: "b",
-    GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I",
-    GGUFValueType.INT32: "i",
-    GGUFValueType.FLOAT32: "f",
-    GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "Q",
-    GGUFValueType.INT64: "q",
-    GGUFValueType.FLOAT64: "d",
-}
-
-
-class _GgufHeaderWalker:
-    """Sequential reader over a GGUF header's key/value section."""
-
-    def __init__(self, view: mmap.mmap, name: str) -> None:
-        self._view = view
-        self._name = name
-        self._offset = 0
-        self._byte_order = "<"
-
-    def chat_metadata(self) -> dict[str, Any]:
-        """Returns architecture, chat template, BOS/EOS ids and the needed vocabulary."""
-        try:
-            return self._chat_metadata()
-        except (struct.error, ValueError, IndexError) as exc:
-            raise ChatTemplateError(f"{self._name} is not a readable GGUF file: {exc}") from exc
-
-    def _chat_metadata(self) -> dict[str, Any]:
-        """Walks every key, keeping scalars of interest and the vocabulary's position."""
-        (magic,) = struct.unpack_from("<I", self._view, 0)
-        if magic != GGUF_MAGIC:
-            raise ValueError("bad magic number")
-        (version,) = struct.unpack_from("<I", self._view, 4)
-        # A big-endian GGUF reads as a huge version number on a little-endian host.
-        if version & 0xFFFF == 0:
-            self._byte_order = ">"
-        self._offset = 8
-        self._read("Q")  # tensor count: tensors are never read here
-        key_count = self._read("Q")
-        wanted_scalars = {_KEY_CHAT_TEMPLATE, _KEY_ARCHITECTURE, _KEY_BOS_ID, _KEY_EOS_ID}
-        metadata: dict[str, Any] = {}
-        tokens_at: tuple[int, int] | None = None
-        for _ in range(key_count):
-            key = self._read_string()
-            value_type = GGUFValueType(self._read("I"))
-            if key == _KEY_TOKENS and value_type == GGUFValueType.ARRAY:
-                item_type = GGUFValueType(self._read("I"))
-                count = self._read("Q")
-                if item_type != GGUFValueType.STRING:
-                    raise ValueError(f"{_KEY_TOKENS} is not an array of strings")
-                tokens_at = (self._offset, count)
-                self._skip_strings(count)
-            elif key in wanted_scalars and value_type != GGUFValueType.ARRAY:
-                metadata[key] = self._read_value(value_type)
-            else:
-                self._skip_value(value_type)
-        if tokens_at is not None:
-            metadata[_KEY_TOKENS] = self._tokens_up_to(tokens_at, metadata)
-        return metadata
-
-    def _tokens_up_to(self, tokens_at: tuple[int, int], metadata: dict[str, Any]) -> list[str]:
-        """Decodes vocabulary entries up to the highest BOS/EOS id (usually a handful)."""
-        ids = [metadata.get(key) for key in (_KEY_BOS_ID, _KEY_EOS_ID)]
-        start, count = tokens_at
-        needed = min(count, max((i + 1 for i in ids if isinstance(i, int) and i >= 0), default=0))
-        self._offset = start
-        return [self._read_string() for _ in range(needed)]
-
-    def _read(self, code: str) -> Any:
-        """Reads one scalar in the file's byte order."""
-        (value,) = struct.unpack_from(self._byte_order + code, self._view, self._offset)
-        self._offset += struct.calcsize(code)
-        return value
-
-    def _read_string(self) -> str:
-        """Reads a length-prefixed string; invalid UTF-8 is replaced, never fatal."""
-        length = self._read("Q")
-        end = self._offset + length
-        if end > len(self._view):
-            raise ValueError("string runs past the end of the file")
-        text = self._view[self._offset:end].decode("utf-8", errors="replace")
-        self._offset = end
-        return text
-
-    def _read_value(self, value_type: GGUFValueType) -> Any:
-        """Reads a scalar or string value."""
-        if value_type == GGUFValueType.STRING:
-            return self._read_string()
-        return self._read(_SCALAR_FORMATS[value_type])
-
-    def _skip_strings(self, count: int) -> None:
-        """Skips `count` length-prefixed strings without decoding them."""
-        unpack = struct.Struct(self._byte_order + "Q").unpack_from
-        offset = self._offset
-        for _ in range(count):
-            offset += 8 + unpack(self._view, offset)[0]
-        self._offset = offset
-
-    def _skip_value(self, value_type: GGUFValueType) -> None:
-        """Skips one value of any type, arrays included."""
-        if value_type == GGUFValueType.STRING:
-            self._skip_strings(1)
-        elif value_type == GGUFValueType.ARRAY:
-            item_type = GGUFValueType(self._read("I"))
-            count = self._read("Q")
-            if item_type == GGUFValueType.STRING:
-                self._skip_strings(count)
-            elif item_type == GGUFValueType.ARRAY:
-                for _ in range(count):
-                    self._skip_value(item_type)
-            else:
-                self._offset += count * struct.calcsize(_SCALAR_FORMATS[item_type])
-        else:
-            self._offset += struct.calcsize(_SCALAR_FORMATS[value_type])
+        return read_metadata(path)
+    except GgufError as exc:
+        raise ChatTemplateError(f"{path} is not a readable GGUF file: {exc}") from exc

@@ -1,0 +1,118 @@
+"""Memory a runner needs for a model: weights + KV cache + compute buffers + process overhead.
+
+The model mirrors how the pinned llama.cpp (llama-cpp-python 0.3.36) sizes a context the way
+app.engine.llama_model creates it: one unified KV cache of n_ctx cells shared by all slots,
+n_ubatch = min(n_batch, 512), n_outputs_max = parallel, flash attention on wherever the backend
+supports it (llama.cpp's "auto", which includes the CPU), and full-size sliding-window caches.
+
+Calibration (Gemma 3 270M Q4_K_M, n_ctx 4096, parallel 8, n_batch 512, CPU, 2 threads):
+llama.cpp logged KV 72 MiB, compute buffer 25.77 MiB, output buffer 8 MiB; `hearth bench memory`
+measured the runner worker at 415 MiB RSS idle and 472 MiB at its peak under 8 concurrent
+requests, for 235 MiB of weights. With n_outputs_max = n_batch the compute buffer was 514 MiB
+(commit ca9c986), which pins down the logits term below.
+"""
+
+from dataclasses import dataclass
+
+from app.residency.catalog import CatalogEntry
+
+MIB = 1024 * 1024
+
+# llama.cpp pads the context to a multiple of 256 cells (llama-context.cpp, GGML_PAD(n_ctx, 256)).
+KV_CELL_PADDING = 256
+# Micro-batch cap the engine sets (app/engine/llama_model.py: n_ubatch = min(n_batch, 512)).
+MAX_UBATCH = 512
+FLOAT32_BYTES = 4
+# Flash attention takes an f16 mask of n_kv × n_ubatch per attention kind (llama-graph.cpp).
+MASK_BYTES = 2
+# Feed-forward size assumed when a GGUF omits it: 4 × n_embd, the classic transformer ratio.
+DEFAULT_FF_RATIO = 4
+# A layer's live float32 activations per token, in units of n_ff and n_embd (fitted, see below).
+LAYER_FF_ACTIVATIONS = 4
+LAYER_EMBD_ACTIVATIONS = 2
+
+# RSS of a Python process that has imported the runner (llama_cpp, numpy, jinja2, werkzeug,
+# gunicorn, pydantic, app.engine.server): 63 MiB, measured with psutil on this project's venv.
+RUNNER_BASELINE_BYTES = 64 * MIB
+# Peak minus idle RSS of the calibration run, less the compute and output buffers that are
+# first touched when decoding starts: 472 − 415 − 25.77 − 8 ≈ 23 MiB of request state, HTTP
+# threads and allocator arenas while 8 requests are served.
+SERVING_HEADROOM_BYTES = 24 * MIB
+# The rest of the idle RSS, 415 − 235 (weights) − 72 (KV, cleared hence resident at load) − 63
+# (Python) = 45 MiB, is llama.cpp's vocabulary (per-token text, score and attributes plus the
+# text→id map) and small model state; over Gemma's 262,144 tokens that is ~180 bytes a token.
+VOCAB_BYTES_PER_TOKEN = 180
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated resident bytes of a runner, by part; total_bytes is what a budget reserves."""
+
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    overhead_bytes: int
+    total_bytes: int
+
+
+def bytes_per_token(entry: CatalogEntry, kv_type_bytes: float = 2.0) -> int:
+    """Returns KV-cache bytes per cell: layers × KV heads × (K + V head sizes) × element size."""
+    # Sliding-window layers count at full size: llama.cpp's default swa_full=True with a
+    # unified cache gives the SWA cache as many cells as the base one (llama-kv-cache-iswa.cpp).
+    # Models without attention KV (recurrent ones) come out as 0; their per-sequence state is
+    # small and not counted. MLA models (deepseek2) cache less than this, so it over-estimates.
+    if not entry.n_layers or not entry.n_head_kv or not entry.head_dim_k:
+        return 0
+    head_dims = entry.head_dim_k + (entry.head_dim_v or entry.head_dim_k)
+    return round(entry.n_layers * entry.n_head_kv * head_dims * kv_type_bytes)
+
+
+def estimate_memory(
+    entry: CatalogEntry,
+    n_ctx: int,
+    parallel: int,
+    n_batch: int = 512,
+    kv_type_bytes: float = 2.0,
+) -> MemoryEstimate:
+    """Estimates a runner's footprint for n_ctx cells shared by `parallel` slots."""
+    if not entry.usable or entry.weights_bytes is None:
+        reason = entry.unusable_reason or "no header facts"
+        raise ValueError(f"cannot estimate {entry.name}: {reason}")
+    if n_ctx < 1 or parallel < 1 or n_batch < 1:
+        raise ValueError(
+            f"n_ctx, parallel and n_batch must be positive (got {n_ctx}, {parallel}, {n_batch})"
+        )
+    cells = -(-n_ctx // KV_CELL_PADDING) * KV_CELL_PADDING
+    kv_bytes = bytes_per_token(entry, kv_type_bytes) * cells
+    compute_bytes = _compute_bytes(entry, cells, parallel, min(n_batch, MAX_UBATCH))
+    vocab_bytes = VOCAB_BYTES_PER_TOKEN * (entry.n_vocab or 0)
+    overhead_bytes = RUNNER_BASELINE_BYTES + SERVING_HEADROOM_BYTES + vocab_bytes
+    return MemoryEstimate(
+        weights_bytes=entry.weights_bytes,
+        kv_bytes=kv_bytes,
+        compute_bytes=compute_bytes,
+        overhead_bytes=overhead_bytes,
+        total_bytes=entry.weights_bytes + kv_bytes + compute_bytes + overhead_bytes,
+    )
+
+
+def _compute_bytes(entry: CatalogEntry, cells: int, n_outputs: int, n_ubatch: int) -> int:
+    """Estimates llama.cpp's compute buffer plus its host output buffer."""
+    n_embd = entry.n_embd or 0
+    n_ff = entry.n_ff or DEFAULT_FF_RATIO * n_embd
+    n_vocab = entry.n_vocab or 0
+    # ggml's allocator reuses memory between graph nodes, so the buffer is the larger of two
+    # phases rather than their sum. Inside a layer: the attention masks (base, plus SWA when the
+    # model has it) and a layer's live float32 activations, fitted as 4 × n_ff + 2 × n_embd per
+    # token: 26.5 MiB for the calibration run against the 25.77 MiB llama.cpp logged.
+    n_masks = 2 if entry.n_swa else 1
+    layer_phase = (
+        n_masks * cells * n_ubatch * MASK_BYTES
+        + n_ubatch * FLOAT32_BYTES * (LAYER_FF_ACTIVATIONS * n_ff + LAYER_EMBD_ACTIVATIONS * n_embd)
+    )
+    # At the end: the logits of n_outputs rows over the vocabulary, plus the normed hidden state
+    # feeding them; 513 MiB against the 514 MiB logged with n_outputs_max = 512.
+    logits_phase = n_outputs * n_vocab * FLOAT32_BYTES + n_ubatch * n_embd * FLOAT32_BYTES
+    # The output buffer is separate host memory that receives the logits of every sequence.
+    output_bytes = n_outputs * n_vocab * FLOAT32_BYTES
+    return max(layer_phase, logits_phase) + output_bytes

@@ -1,0 +1,153 @@
+"""Tests for app.residency.budget: VRAM via a fake NVML, RAM via psutil and cgroup limits."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from app.residency.budget import MemoryBudget, detect_budget
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+class FakeNvmlError(Exception):
+    """Stands in for pynvml.NVMLError."""
+
+
+def fake_nvml(gpus=(), init_error=None, query_error=None):
+    """A stand-in for the pynvml module with the given (name, total, free) GPUs."""
+    state = {"initialised": False, "shut_down": False}
+
+    def init():
+        if init_error:
+            raise FakeNvmlError(init_error)
+        state["initialised"] = True
+
+    def shutdown():
+        state["shut_down"] = True
+
+    def memory_info(handle):
+        if query_error:
+            raise FakeNvmlError(query_error)
+        _, total, free = gpus[handle]
+        return SimpleNamespace(total=total, free=free, used=total - free)
+
+    return SimpleNamespace(
+        NVMLError=FakeNvmlError,
+        nvmlInit=init,
+        nvmlShutdown=shutdown,
+        nvmlDeviceGetCount=lambda: len(gpus),
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetName=lambda handle: gpus[handle][0],
+        nvmlDeviceGetMemoryInfo=memory_info,
+        state=state,
+    )
+
+
+def fake_ram(total, available):
+    """A stand-in for psutil.virtual_memory."""
+    return lambda: SimpleNamespace(total=total, available=available)
+
+
+@pytest.fixture
+def no_cgroup(tmp_path):
+    """A cgroup root with no limit files at all."""
+    return tmp_path / "cgroup"
+
+
+def test_nvidia_gpus_give_a_vram_budget(no_cgroup):
+    nvml = fake_nvml([("NVIDIA H200", 140 * GIB, 139 * GIB), (b"NVIDIA L4", 24 * GIB, 20 * GIB)])
+    budget = detect_budget(nvml=nvml, cgroup_root=no_cgroup)
+    assert budget.kind == "vram"
+    assert budget.devices == ("NVIDIA H200", "NVIDIA L4")
+    assert budget.total_bytes == 164 * GIB
+    assert budget.available_bytes == 159 * GIB
+    assert budget.reserve_bytes == int(164 * GIB * 0.10)
+    assert budget.usable_bytes == budget.total_bytes - budget.reserve_bytes
+    assert "2 NVIDIA GPU(s)" in budget.detail
+    assert nvml.state["shut_down"]
+
+
+@pytest.mark.parametrize(("nvml", "detail"), [
+    (fake_nvml(init_error="NVML Shared Library Not Found"), "no NVIDIA driver"),
+    (fake_nvml(init_error="Driver Not Loaded"), "no NVIDIA driver"),
+    (fake_nvml([]), "reports no GPU"),
+    (fake_nvml([("GPU", GIB, GIB)], query_error="GPU is lost"), "could not read the GPUs"),
+])
+def test_no_usable_nvidia_gpu_is_a_normal_ram_budget(nvml, detail, no_cgroup):
+    budget = detect_budget(nvml=nvml, virtual_memory=fake_ram(16 * GIB, 12 * GIB),
+                           cgroup_root=no_cgroup)
+    assert budget.kind == "ram"
+    assert budget.devices == ()
+    assert (budget.total_bytes, budget.available_bytes) == (16 * GIB, 12 * GIB)
+    assert detail in budget.detail
+
+
+def test_gpu_can_be_declined(no_cgroup):
+    nvml = fake_nvml([("NVIDIA H200", 140 * GIB, 139 * GIB)])
+    budget = detect_budget(nvml=nvml, use_gpu=False, virtual_memory=fake_ram(8 * GIB, 6 * GIB),
+                           cgroup_root=no_cgroup)
+    assert budget.kind == "ram"
+    assert not nvml.state["initialised"]
+
+
+def test_ram_reserve_is_ten_percent_but_at_least_512_mib(no_cgroup):
+    big = detect_budget(nvml=fake_nvml([]), virtual_memory=fake_ram(32 * GIB, 30 * GIB),
+                        cgroup_root=no_cgroup)
+    assert big.reserve_bytes == int(32 * GIB * 0.10)
+    small = detect_budget(nvml=fake_nvml([]), virtual_memory=fake_ram(2 * GIB, GIB),
+                          cgroup_root=no_cgroup)
+    assert small.reserve_bytes == 512 * MIB
+    assert small.usable_bytes == 2 * GIB - 512 * MIB
+
+
+def test_reserve_and_limit_can_be_configured(no_cgroup):
+    budget = detect_budget(reserve_bytes=GIB, limit_bytes=4 * GIB, nvml=fake_nvml([]),
+                           virtual_memory=fake_ram(16 * GIB, 10 * GIB), cgroup_root=no_cgroup)
+    assert budget.reserve_bytes == GIB
+    assert budget.configured_limit_bytes == 4 * GIB
+    assert budget.usable_bytes == 4 * GIB
+    with pytest.raises(ValueError, match="reserve_bytes"):
+        detect_budget(reserve_bytes=-1, nvml=fake_nvml([]))
+    with pytest.raises(ValueError, match="limit_bytes"):
+        detect_budget(limit_bytes=0, nvml=fake_nvml([]))
+
+
+def test_container_memory_limit_caps_ram(tmp_path):
+    # cgroup v2 at the root of the container's namespace, as Docker mounts it.
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "memory.max").write_text(f"{3 * GIB}\n")
+    (root / "memory.current").write_text(f"{GIB}\n")
+    budget = detect_budget(nvml=fake_nvml([]), virtual_memory=fake_ram(64 * GIB, 60 * GIB),
+                           cgroup_root=root)
+    assert budget.total_bytes == 3 * GIB
+    assert budget.available_bytes == 2 * GIB
+    assert budget.reserve_bytes == 512 * MIB
+    assert "cgroup" in budget.detail
+
+
+def test_unlimited_cgroups_are_ignored(tmp_path):
+    root = tmp_path / "cgroup"
+    (root / "memory").mkdir(parents=True)
+    (root / "memory.max").write_text("max\n")
+    (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    budget = detect_budget(nvml=fake_nvml([]), virtual_memory=fake_ram(8 * GIB, 7 * GIB),
+                           cgroup_root=root)
+    assert (budget.total_bytes, budget.available_bytes) == (8 * GIB, 7 * GIB)
+
+
+def test_headroom_respects_the_budget_and_what_is_free_now():
+    budget = MemoryBudget(kind="ram", total_bytes=16 * GIB, available_bytes=6 * GIB,
+                          reserve_bytes=GIB, usable_bytes=12 * GIB)
+    # Other processes took memory: only 6 − 1 GiB may be loaded now, though the budget has 12.
+    assert budget.headroom_bytes(0) == 5 * GIB
+    assert budget.headroom_bytes(10 * GIB) == 2 * GIB
+    assert budget.headroom_bytes(13 * GIB) == 0
+
+
+def test_real_machine_never_raises():
+    budget = detect_budget()
+    assert budget.kind in {"ram", "vram"}
+    assert 0 < budget.usable_bytes <= budget.total_bytes
+    assert budget.detail
