@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--port", type=int, default=8081)
     runner.add_argument("--max-waiting", type=int, default=64, help="queue length before 503 (default %(default)s)")
     runner.add_argument("--alias", help="model name reported to clients (default: file name)")
+    runner.add_argument("--parent-pid", type=int, default=None,
+                        help="exit when this process is gone (set by `hearth serve` for its runners)")
 
     bench = sub.add_parser("bench", help="benchmarks that print figures and write JSON")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -108,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(mem, ctx=4096, parallel=8)
     mem.add_argument("--requests", type=int, default=8, help="concurrent requests (default %(default)s)")
     mem.add_argument("--tokens", type=int, default=128, help="tokens generated per request (default %(default)s)")
+
+    serve = sub.add_parser("serve", help="the household server: gateway, residency, store (gunicorn, one worker)")
+    serve.add_argument("--bind", default=None, help="host:port (default $HEARTH_BIND or 127.0.0.1:8080)")
+    serve.add_argument("--threads", type=int, default=32, help="gunicorn threads (default %(default)s)")
+
+    token = sub.add_parser("token", help="API tokens of family members and apps")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    create = token_sub.add_parser("create", help="create a token (shown once)")
+    create.add_argument("--member", required=True, help="family member or app the token belongs to")
+    create.add_argument("--class", dest="default_class", required=True, help="its default request class")
+    create.add_argument("--allow", default="", help="comma-separated further classes it may ask for")
+    token_sub.add_parser("list", help="list tokens (never the tokens themselves)")
+    revoke = token_sub.add_parser("revoke", help="revoke a token by id or prefix")
+    revoke.add_argument("token", help="token id or prefix as `hearth token list` shows it")
 
     models = sub.add_parser("models", help="model files")
     models_sub = models.add_subparsers(dest="models_command", required=True)
@@ -135,7 +151,45 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "models" and args.models_command == "default":
         print(resolve_model(None))
         return 0
+    if args.command == "serve":
+        from app.serve import serve as run_serve
+
+        run_serve(args.bind, args.threads)
+        return 0
+    if args.command == "token":
+        return _token(args)
     return 2
+
+
+def _token(args) -> int:
+    from app.gateway.tokens import TokenError, create_token, list_tokens, revoke_token
+    from app.residency.default_model import data_dir
+    from app.telemetry.store import open_store
+
+    engine, sessions = open_store(data_dir())
+    try:
+        with sessions() as session:
+            if args.token_command == "create":
+                allow = [c for c in args.allow.split(",") if c.strip()]
+                token, info = create_token(session, args.member, args.default_class, allow)
+                print(token)
+                print(f"token {info.id} for {info.member}: default class {info.default_class}, may use "
+                      f"{', '.join(info.allowed_classes)}. Store it now: it is not shown again.", file=sys.stderr)
+            elif args.token_command == "list":
+                rows = list_tokens(session)
+                print(f"{'id':>4}  {'prefix':<13} {'member':<16} {'class':<11} {'allowed':<30} {'created':<20} state")
+                for t in rows:
+                    print(f"{t.id:>4}  {t.prefix:<13} {t.member:<16} {t.default_class:<11} "
+                          f"{','.join(t.allowed_classes):<30} {t.created_at:<20} {'revoked' if t.revoked else 'active'}")
+            elif args.token_command == "revoke":
+                info = revoke_token(session, args.token)
+                print(f"revoked token {info.id} ({info.prefix}…) of {info.member}")
+    except TokenError as exc:
+        print(f"hearth token: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
+    return 0
 
 
 def _runner(args) -> int:
@@ -153,7 +207,7 @@ def _runner(args) -> int:
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)
-    serve(config, host=args.host, port=args.port)
+    serve(config, host=args.host, port=args.port, parent_pid=args.parent_pid)
     return 0
 
 

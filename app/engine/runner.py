@@ -3,21 +3,60 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+import time
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.errors import HaltServer
 
 from app.engine.server import RunnerConfig, create_app
 
 log = logging.getLogger(__name__)
 
+# Exit status of a supervised runner whose worker died (EX_SOFTWARE): the supervisor reports a crash.
+WORKER_DIED_EXIT = 70
+
+
+def parent_alive(parent_pid: int, original_ppid: int) -> bool:
+    """Whether `parent_pid` still exists and this process has not been re-parented since the start."""
+    # A dead parent that nobody has reaped yet still answers kill(0); the re-parenting does not lie.
+    if os.getppid() != original_ppid:
+        return False
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def watch_parent(parent_pid: int, interval_s: float = 0.5) -> threading.Thread:
+    """Start a daemon thread that sends SIGTERM to this process once `parent_pid` is gone."""
+    original_ppid = os.getppid()
+
+    def loop() -> None:
+        while parent_alive(parent_pid, original_ppid):
+            time.sleep(interval_s)
+        log.warning("parent process %d is gone: shutting down", parent_pid)
+        # In the arbiter SIGTERM is a graceful stop: the worker finishes and every byte is returned.
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    t = threading.Thread(target=loop, name="hearth-parent-watch", daemon=True)
+    t.start()
+    return t
+
 
 class RunnerServer(BaseApplication):
     """Gunicorn with exactly one gthread worker: the engine and its KV cache live in that one process."""
 
-    def __init__(self, config: RunnerConfig, host: str, port: int, http_threads: int):
+    def __init__(self, config: RunnerConfig, host: str, port: int, http_threads: int, parent_pid: int | None = None):
         self.config = config
         self.bind = f"{host}:{port}"
         self.http_threads = http_threads
+        self.parent_pid = parent_pid
         super().__init__()
 
     def load_config(self):
@@ -36,16 +75,33 @@ class RunnerServer(BaseApplication):
             "preload_app": False,
             "proc_name": "hearth-runner",
         }
+        if self.parent_pid is not None:
+            settings["when_ready"] = self._when_ready
+            settings["child_exit"] = _worker_exited
         for key, value in settings.items():
             self.cfg.set(key, value)
+
+    def _when_ready(self, arbiter) -> None:
+        # Runs in the arbiter, before the worker is forked, so the watcher lives in the arbiter only.
+        watch_parent(self.parent_pid)
 
     def load(self):
         # Runs in the worker after fork: the model and the engine thread belong to the worker.
         return create_app(self.config)
 
 
-def serve(config: RunnerConfig, host: str = "127.0.0.1", port: int = 8081, http_threads: int | None = None) -> None:
-    """Serve until interrupted."""
+def _worker_exited(arbiter, worker) -> None:
+    """Supervised: a worker that dies while the arbiter still listens ends the runner as a crash."""
+    # Gunicorn would fork a new worker and reload the model unseen; the supervisor must see the crash
+    # instead, to record it, fail in-flight requests and restart under its memory budget. During a
+    # stop the arbiter has already closed its listeners, so a normal shutdown never lands here.
+    if arbiter.LISTENERS:
+        raise HaltServer(f"worker (pid {worker.pid}) exited unexpectedly", WORKER_DIED_EXIT)
+
+
+def serve(config: RunnerConfig, host: str = "127.0.0.1", port: int = 8081, http_threads: int | None = None,
+          parent_pid: int | None = None) -> None:
+    """Serve until interrupted, or until `parent_pid` (when given) is gone."""
     # Enough HTTP threads that every slot plus the whole queue can hold a connection open.
     threads = http_threads or (config.model.n_seq_max + config.max_waiting + 4)
-    RunnerServer(config, host, port, threads).run()
+    RunnerServer(config, host, port, threads, parent_pid=parent_pid).run()

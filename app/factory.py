@@ -1,0 +1,82 @@
+"""The Flask application factory of `hearth serve`."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+from pathlib import Path
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
+
+from app.engine.api import ApiError
+
+log = logging.getLogger(__name__)
+
+
+def _json_error(exc: HTTPException) -> Response:
+    err = ApiError(exc.code or 500, exc.description or exc.name)
+    return Response(json.dumps(err.body()), status=err.status, mimetype="application/json")
+
+
+def create_app(test_config: dict | None = None) -> Flask:
+    """Build the app: store (migrated), catalog, residency, gateway, jobs."""
+    from app.gateway.api import bp as gateway_bp
+    from app.residency.default_model import data_dir, ensure_default_model
+    from app.services import Hearth
+    from app.settings import get_setting
+    from app.telemetry.store import open_store
+
+    app = Flask(__name__, instance_relative_config=False)
+    app.config.update(
+        HEARTH_DATA=os.environ.get("HEARTH_DATA"),
+        HEARTH_MODELS_DIR=os.environ.get("HEARTH_MODELS_DIR"),
+        # A GGUF to use as the embedded default instead of assembling it (tests share one copy).
+        HEARTH_DEFAULT_MODEL=os.environ.get("HEARTH_DEFAULT_MODEL"),
+        MAX_CONTENT_LENGTH=4 * 1024 * 1024,
+        SCHEDULER=True,
+    )
+    if test_config:
+        app.config.update(test_config)
+    data = Path(app.config["HEARTH_DATA"]).expanduser() if app.config["HEARTH_DATA"] else data_dir()
+    data.mkdir(parents=True, exist_ok=True)
+    models_dir = Path(app.config["HEARTH_MODELS_DIR"]).expanduser() if app.config["HEARTH_MODELS_DIR"] else data / "models"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    default_model = (Path(app.config["HEARTH_DEFAULT_MODEL"]) if app.config["HEARTH_DEFAULT_MODEL"]
+                     else ensure_default_model(data, progress=False))
+    engine, sessions = open_store(data)
+    hearth = Hearth(data, models_dir, default_model, engine, sessions)
+    app.extensions["hearth"] = hearth
+    app.register_blueprint(gateway_bp)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        if request.path.startswith("/v1/") or request.path == "/healthz":
+            return _json_error(exc)
+        return exc
+
+    if app.config["SCHEDULER"]:
+        with sessions() as s:
+            rescan_s = int(get_setting(s, "rescan_interval_s"))
+        scheduler = BackgroundScheduler(daemon=True, job_defaults={"coalesce": True, "max_instances": 1})
+        scheduler.add_job(hearth.residency.expire_idle, "interval", seconds=5, id="expire_models")
+        scheduler.add_job(hearth.residency.check_nodes, "interval", seconds=5, id="check_nodes")
+        scheduler.add_job(hearth.rescan, "interval", seconds=rescan_s, id="rescan_catalog")
+        scheduler.start()
+        app.extensions["scheduler"] = scheduler
+    started = hearth.residency.start_pinned()
+    if started:
+        log.info("pinned models: %s", started)
+
+    def shutdown():
+        sched = app.extensions.pop("scheduler", None)
+        if sched is not None:
+            sched.shutdown(wait=False)
+        hearth.shutdown()
+
+    app.extensions["hearth_shutdown"] = shutdown
+    atexit.register(shutdown)
+    return app

@@ -1,0 +1,1 @@
+"""OpenAI-compatible gateway: auth, classes, admission, routing, relay."""

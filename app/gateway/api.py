@@ -1,0 +1,238 @@
+"""The OpenAI-compatible gateway: token → member → class → admission → model → runner → relay."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime, timezone
+
+from flask import Blueprint, Response, current_app, request, stream_with_context
+from pydantic import BaseModel, ValidationError
+
+from app.engine.api import ApiError, ChatBody, CompletionBody, validation_error
+from app.gateway import relay
+from app.gateway.admission import AdmissionError, QueueFull, QueueTimeout, Ticket
+from app.gateway.auth import Principal, bearer_token
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("gateway", __name__)
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def hearth():
+    """The services of this app (store, residency, admission, classes, tokens)."""
+    return current_app.extensions["hearth"]
+
+
+def _error_response(err: ApiError) -> Response:
+    return Response(json.dumps(err.body()), status=err.status, headers=err.headers, mimetype="application/json")
+
+
+@bp.errorhandler(ApiError)
+def _api_error(err: ApiError):
+    return _error_response(err)
+
+
+@bp.get("/healthz")
+def healthz():
+    """Cheap liveness for container health checks: no model, no database query."""
+    return {"status": "ok"}
+
+
+def _authenticate() -> Principal:
+    token = bearer_token(request.headers.get("Authorization"))
+    if token is None:
+        raise ApiError(401, "missing API token: send 'Authorization: Bearer <token>' (create one with "
+                            "`hearth token create --member NAME --class chat`)", code="missing_token",
+                       err_type="authentication_error")
+    principal = hearth().tokens.lookup(token)
+    if principal is None:
+        raise ApiError(401, "invalid or revoked API token", code="invalid_token", err_type="authentication_error")
+    return principal
+
+
+def _parse(schema: type[BaseModel]):
+    length = request.content_length
+    if length is not None and length > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+    raw = request.get_data(cache=False)
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_utf8")
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                       code="invalid_json")
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return schema.model_validate(data), data
+    except ValidationError as exc:
+        raise validation_error(exc)
+
+
+def _choose_class(principal: Principal, body_class: str | None):
+    wanted = request.headers.get("X-Hearth-Class") or body_class or principal.default_class
+    policy = hearth().classes.get(wanted)
+    if policy is None:
+        raise ApiError(400, f"unknown class '{wanted}'; known classes: {', '.join(hearth().classes.names())}",
+                       param="X-Hearth-Class", code="unknown_class")
+    if not principal.may_use(wanted):
+        allowed = ", ".join(sorted({principal.default_class, *principal.allowed_classes}))
+        raise ApiError(403, f"this token may not use class '{wanted}' (allowed: {allowed})",
+                       code="class_not_allowed", err_type="permission_error")
+    return policy
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions():
+    """OpenAI chat completions through the household's classes."""
+    return _serve(ChatBody, "/v1/chat/completions")
+
+
+@bp.post("/v1/completions")
+def completions():
+    """OpenAI text completions through the household's classes."""
+    return _serve(CompletionBody, "/v1/completions")
+
+
+@bp.get("/v1/models")
+def models():
+    """Usable models (resident or loadable) and their aliases."""
+    _authenticate()
+    return {"object": "list", "data": hearth().model_list()}
+
+
+def _serve(schema, path: str):
+    arrival_s = time.monotonic()
+    arrival_at = datetime.now(timezone.utc)
+    principal = _authenticate()
+    body, raw = _parse(schema)
+    policy = _choose_class(principal, raw.get("hearth_class"))
+    h = hearth()
+    model_name = h.resolve_model(body.model, policy)
+    requested = body.max_completion_tokens if isinstance(body, ChatBody) and body.max_completion_tokens else body.max_tokens
+    if requested is not None and requested > policy.max_output_tokens:
+        raise ApiError(400, f"'max_tokens': {requested} is above class '{policy.name}''s cap of "
+                            f"{policy.max_output_tokens}", param="max_tokens", code="max_tokens_above_cap")
+    forward = dict(raw)
+    forward["max_tokens"] = requested or policy.default_max_tokens
+    forward.pop("max_completion_tokens", None)
+    forward["priority"] = policy.priority
+    forward["hearth_class"] = policy.name
+    forward["model"] = model_name
+    record = {
+        "arrival_at": arrival_at, "member_name": principal.member, "token_id": principal.token_id,
+        "class_name": policy.name, "model": model_name, "stream": bool(body.stream),
+    }
+    try:
+        ticket = h.admission.admit(policy)
+    except QueueFull as exc:
+        h.record_request(record, status="rejected", http_status=429, error=str(exc))
+        raise ApiError(429, str(exc), code="queue_full", err_type="rate_limit_error",
+                       headers={"Retry-After": str(exc.retry_after_s)})
+    except QueueTimeout as exc:
+        h.record_request(record, status="timeout", http_status=503, error=str(exc),
+                         queue_ms=(time.monotonic() - arrival_s) * 1000)
+        raise ApiError(503, str(exc), code="queue_timeout", err_type="unavailable_error")
+    record["queue_ms"] = ticket.queue_ms
+    record["queue_position"] = ticket.queue_position
+    try:
+        lease = h.acquire_model(model_name)
+    except ApiError as err:
+        h.admission.release(ticket)
+        h.record_request(record, status="error", http_status=err.status, error=err.message)
+        raise
+    record["runner"] = lease.url
+    headers = {"X-Hearth-Class": policy.name, "X-Hearth-Model": model_name, "X-Hearth-Node": lease.node_label}
+    if ticket.queue_position:
+        headers["X-Hearth-Queue-Position"] = str(ticket.queue_position)
+    url = lease.url.rstrip("/") + path
+    if body.stream:
+        return _stream(h, url, forward, ticket, lease, record, arrival_s, headers)
+    return _complete(h, url, forward, ticket, lease, record, arrival_s, headers)
+
+
+def _finish(h, ticket: Ticket, lease, record: dict, outcome: relay.RelayOutcome, arrival_s: float,
+            cancelled: bool = False) -> None:
+    lease.release()
+    h.admission.release(ticket)
+    t = outcome.timings or {}
+    usage = outcome.usage or {}
+    status = "ok" if outcome.status == 200 and not outcome.error else "error"
+    if cancelled:
+        status = "cancelled"
+    h.record_request(
+        record,
+        status=status,
+        http_status=outcome.status or 502,
+        error=outcome.error,
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+        ttft_ms=None if outcome.first_byte_s is None or not record["stream"] else (outcome.first_byte_s - arrival_s) * 1000,
+        tpot_ms=t.get("tpot_ms"),
+        total_ms=(time.monotonic() - arrival_s) * 1000,
+        num_preemptions=t.get("num_preemptions"),
+    )
+
+
+def _runner_failed(h, lease, exc: Exception) -> ApiError:
+    h.residency.report_failure(lease, str(exc))
+    return ApiError(502, f"the runner for '{lease.model_name}' failed ({exc}); it will be restarted on the next "
+                         "request", code="runner_failed", err_type="server_error")
+
+
+def _complete(h, url, forward, ticket, lease, record, arrival_s, headers):
+    try:
+        resp, outcome = relay.post(url, forward)
+    except relay.RunnerUnreachable as exc:
+        outcome = relay.RelayOutcome(status=502, error=str(exc))
+        _finish(h, ticket, lease, record, outcome, arrival_s)
+        raise _runner_failed(h, lease, exc)
+    _finish(h, ticket, lease, record, outcome, arrival_s)
+    if resp.status_code >= 500 and "generation_failed" not in resp.text:
+        h.residency.report_failure(lease, outcome.error or f"HTTP {resp.status_code}")
+    out_headers = dict(headers)
+    if "retry-after" in resp.headers:
+        out_headers["Retry-After"] = resp.headers["retry-after"]
+    return Response(resp.content, status=resp.status_code, headers=out_headers, mimetype="application/json")
+
+
+def _stream(h, url, forward, ticket, lease, record, arrival_s, headers):
+    try:
+        resp, outcome = relay.open_stream(url, forward)
+    except relay.RunnerUnreachable as exc:
+        outcome = relay.RelayOutcome(status=502, error=str(exc))
+        _finish(h, ticket, lease, record, outcome, arrival_s)
+        raise _runner_failed(h, lease, exc)
+    if resp.status_code != 200:
+        content = resp.read()
+        resp.close()
+        try:
+            relay._read_summary(json.loads(content), outcome)
+        except ValueError:
+            outcome.error = content[:500].decode(errors="replace")
+        _finish(h, ticket, lease, record, outcome, arrival_s)
+        return Response(content, status=resp.status_code, headers=headers, mimetype="application/json")
+
+    def generate():
+        completed = False
+        try:
+            for chunk in relay.stream_chunks(resp, outcome):
+                yield chunk
+            completed = True
+        finally:
+            # Runs on normal end and when the client goes away (the generator is closed):
+            # closing the upstream response makes the runner cancel the sequence.
+            resp.close()
+            if outcome.error and "mid-stream" in outcome.error:
+                h.residency.report_failure(lease, outcome.error)
+            _finish(h, ticket, lease, record, outcome, arrival_s, cancelled=not completed)
+
+    return Response(stream_with_context(generate()), status=200, headers={**headers, "Cache-Control": "no-cache"},
+                    mimetype="text/event-stream")

@@ -1,0 +1,616 @@
+"""Which models are resident, on which nodes, and who is using them: loads, leases, eviction, expiry."""
+
+# One lock guards all state; HTTP, process starts and stops happen outside it, and events are
+# emitted outside it, in order, so an on_event callback may call back into the manager.
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Literal
+
+from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, RunnerStartFailed
+
+log = logging.getLogger(__name__)
+
+Policy = Literal["pinned", "keep_alive", "on_demand"]
+POLICIES = ("pinned", "keep_alive", "on_demand")
+LOCAL = "local"
+STATUS_LOG_LINES = 50
+ERROR_LOG_LINES = 20
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A servable model: its local runner (None = remote-only), remote nodes and residency policy."""
+
+    name: str
+    path: str | None
+    estimate_bytes: int
+    policy: Policy = "keep_alive"
+    keep_alive_s: float = 300.0
+    runner: RunnerSpec | None = None
+    remote: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICIES}")
+        object.__setattr__(self, "remote", tuple((url, label) for url, label in self.remote))
+
+
+@dataclass(frozen=True)
+class ResidencyEvent:
+    """One load, unload, eviction, crash or failed load, for the store and the dashboard."""
+
+    model_name: str
+    event: Literal["load", "unload", "evict", "crash", "load_failed"]
+    reason: str
+    node: str | None = None
+    cold_start_ms: float | None = None
+    estimate_bytes: int | None = None
+    measured_bytes: int | None = None
+    pid: int | None = None
+    at: float = field(default_factory=time.time)
+
+
+class ResidencyError(Exception):
+    """Base of the errors acquire() raises."""
+
+
+class UnknownModel(ResidencyError):
+    """No model of that name in the catalog."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"unknown model {name!r}")
+
+
+class ModelLoadFailed(ResidencyError):
+    """The model's runner could not be started, and no other node can serve it."""
+
+    def __init__(self, name: str, reason: str):
+        self.name = name
+        self.reason = reason
+        super().__init__(f"model {name!r} could not be loaded: {reason}")
+
+
+class NotEnoughMemory(ResidencyError):
+    """The model does not fit the budget even after evicting every evictable model."""
+
+    def __init__(self, message: str, *, needed_bytes: int = 0, budget_bytes: int = 0,
+                 resident: dict[str, int] | None = None, blocked: dict[str, str] | None = None):
+        self.needed_bytes = needed_bytes
+        self.budget_bytes = budget_bytes
+        self.resident = resident or {}
+        self.blocked = blocked or {}
+        super().__init__(message)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+class _Node:
+    """A place a model is served: its local runner or one remote server."""
+
+    def __init__(self, label: str, url: str, probe: RemoteNode, runner: RunnerProcess | None = None):
+        self.label = label
+        self.url = url
+        self.probe = probe
+        self.runner = runner
+        self.in_flight = 0
+        self.healthy = True
+        # Remote nodes are checked once before first use, then after each cool-down.
+        self.checked = runner is not None
+        self.retry_at = 0.0
+        self.load: float | None = None
+        self.error: str | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.runner is not None
+
+
+class _Model:
+    """The manager's state for one model."""
+
+    def __init__(self, spec: ModelSpec):
+        self.name = spec.name
+        self.spec = spec
+        self.state = "unloaded"
+        self.runner: RunnerProcess | None = None
+        self.local: _Node | None = None
+        self.remotes: dict[str, _Node] = {}
+        self.loading: Future | None = None
+        self.starting: RunnerProcess | None = None
+        self.last_runner: RunnerProcess | None = None
+        self.resident_bytes = 0
+        self.in_flight = 0
+        self.last_used: float | None = None
+        self.cold_start_ms: float | None = None
+        self.measured_bytes: int | None = None
+        self.error: str | None = None
+        self.error_log: list[str] = []
+        self.returncode: int | None = None
+
+    @property
+    def resident(self) -> bool:
+        return self.state in ("loading", "ready")
+
+    def nodes(self) -> list[_Node]:
+        return ([self.local] if self.local else []) + list(self.remotes.values())
+
+
+class Lease:
+    """The right to send one request to one node; release() when the response is done."""
+
+    def __init__(self, manager: "ResidencyManager", model: _Model, node: _Node, queued_at: float,
+                 acquired_at: float):
+        self._manager = manager
+        self._model = model
+        self._node = node
+        self.url = node.url
+        self.node_label = node.label
+        self.model_name = model.name
+        self.local = node.local
+        self.pid = node.runner.pid if node.runner else None
+        self.queued_at = queued_at
+        self.acquired_at = acquired_at
+        self.released = False
+
+    def __repr__(self) -> str:
+        return f"<Lease {self.model_name} on {self.node_label} {self.url}>"
+
+    @property
+    def wait_ms(self) -> float:
+        """Time acquire() took, loading included."""
+        return (self.acquired_at - self.queued_at) * 1000
+
+    def release(self) -> None:
+        """End the lease (idempotent)."""
+        self._manager._release(self)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class ResidencyManager:
+    """Starts, shares, evicts and restarts model runners under a memory budget."""
+
+    def __init__(self, models: Callable[[], dict[str, ModelSpec]], budget_bytes: Callable[[], int],
+                 on_event: Callable[[ResidencyEvent], None], clock: Callable[[], float] = time.monotonic,
+                 start_timeout_s: float = 120, node_cooldown_s: float = 10.0):
+        # models() is called on every acquire: it must be cheap (a cached catalog).
+        self._models_fn = models
+        self._budget_fn = budget_bytes
+        self._on_event = on_event
+        self._clock = clock
+        self.start_timeout_s = start_timeout_s
+        self.node_cooldown_s = node_cooldown_s
+        self._lock = threading.Lock()
+        self._emit_lock = threading.Lock()
+        self._models: dict[str, _Model] = {}
+        self._closed = False
+
+    # --- acquiring ---------------------------------------------------------------------------
+
+    def acquire(self, name: str) -> Lease:
+        """A lease on the least loaded healthy node serving `name`, loading its runner if needed."""
+        queued_at = self._clock()
+        lease = self._serve(name, queued_at, want_lease=True)
+        assert lease is not None
+        return lease
+
+    def _serve(self, name: str, queued_at: float, want_lease: bool) -> Lease | None:
+        catalog = self._models_fn()
+        # Each turn of the loop, until a lease is handed out (or, for want_lease=False, until ready):
+        #   1. the local runner is ready (or there is none) → choose a node and lease it;
+        #   2. another request is loading it → wait for that one load, then look again;
+        #   3. otherwise plan room under the budget (evict least recently used idle unpinned
+        #      models, or refuse without evicting anything), stop the victims, start the runner.
+        # Choosing a node: healthy nodes only (local runner + remotes); with more than one, each
+        # node's reported load (running + waiting from /metrics), never below the leases we hold
+        # on it; the local runner wins ties.
+        # Set once this call has seen a load fail: it then serves from remotes or raises, never retries.
+        failure: ResidencyError | None = None
+        while True:
+            events: list[ResidencyEvent] = []
+            victims: list[RunnerProcess] = []
+            wait_for: Future | None = None
+            owner = False
+            with self._lock:
+                if self._closed:
+                    raise ModelLoadFailed(name, "Hearth is shutting down")
+                spec = catalog.get(name)
+                if spec is None:
+                    raise UnknownModel(name)
+                m = self._sync(spec)
+                if m.state == "ready" or spec.runner is None or failure is not None:
+                    if not want_lease:
+                        if failure is not None:
+                            raise failure
+                        return None
+                    nodes = [n for n in m.nodes() if n.healthy or self._clock() >= n.retry_at]
+                    if not nodes:
+                        raise failure or ModelLoadFailed(name, self._no_node_reason(m))
+                elif m.state == "loading":
+                    wait_for = m.loading
+                else:
+                    try:
+                        evict = self._plan_room(m)
+                    except NotEnoughMemory as exc:
+                        failure = exc
+                        continue
+                    for victim in evict:
+                        runner, event = self._detach(victim, "evict", f"evicted to make room for {name}")
+                        victims.append(runner)
+                        events.append(event)
+                    reason = {"crashed": "restart after a crash", "failed": "retry after a failed load"}.get(
+                        m.state, "first request" if want_lease else "pinned")
+                    m.state = "loading"
+                    m.loading = wait_for = Future()
+                    m.resident_bytes = spec.estimate_bytes
+                    owner = True
+            if owner:
+                self._emit(events)
+                self._stop_all(victims)
+                self._load(m, spec, wait_for, reason)
+            if wait_for is not None:
+                try:
+                    wait_for.result()
+                except ModelLoadFailed as exc:
+                    failure = exc
+                continue
+            lease = self._choose(m, nodes, queued_at, failure)
+            if lease is not None:
+                return lease
+
+    def _sync(self, spec: ModelSpec) -> _Model:
+        """The state for `spec`'s model, with its remote nodes brought in line with the spec."""
+        m = self._models.get(spec.name)
+        if m is None:
+            m = self._models[spec.name] = _Model(spec)
+        m.spec = spec
+        wanted = dict(spec.remote)
+        for url in list(m.remotes):
+            if url not in wanted:
+                del m.remotes[url]
+        for url, label in wanted.items():
+            if url not in m.remotes:
+                m.remotes[url] = _Node(label, url, RemoteNode(url, label))
+        return m
+
+    def _no_node_reason(self, m: _Model) -> str:
+        if not m.remotes:
+            return "no runner configured and no remote node"
+        down = ", ".join(f"{n.label} ({n.error or 'unhealthy'})" for n in m.remotes.values())
+        return f"no healthy node: {down}"
+
+    def _plan_room(self, m: _Model) -> list[_Model]:
+        """The models to evict so `m` fits the budget; raises NotEnoughMemory and evicts nothing."""
+        budget = self._budget_fn()
+        need = m.spec.estimate_bytes
+        resident = [x for x in self._models.values() if x is not m and x.resident]
+        used = sum(x.resident_bytes for x in resident)
+        if used + need <= budget:
+            return []
+        blocked: dict[str, str] = {}
+        evictable = []
+        for x in resident:
+            if x.state == "loading":
+                blocked[x.name] = "loading"
+            elif x.spec.policy == "pinned":
+                blocked[x.name] = "pinned"
+            elif x.in_flight:
+                blocked[x.name] = f"busy: {x.in_flight} in flight"
+            else:
+                evictable.append(x)
+        evictable.sort(key=lambda x: x.last_used if x.last_used is not None else float("-inf"))
+        victims, freed = [], 0
+        for x in evictable:
+            victims.append(x)
+            freed += x.resident_bytes
+            if used - freed + need <= budget:
+                return victims
+        sizes = ", ".join(f"{x.name} {_mib(x.resident_bytes)}" + (f" ({blocked[x.name]})" if x.name in blocked else "")
+                          for x in resident) or "none"
+        message = (f"not enough memory for {m.name}: needs {_mib(need)}, budget {_mib(budget)}, "
+                   f"resident {_mib(used)} [{sizes}]")
+        if blocked:
+            message += "; cannot evict " + ", ".join(f"{k} ({v})" for k, v in blocked.items())
+        raise NotEnoughMemory(message, needed_bytes=need, budget_bytes=budget,
+                              resident={x.name: x.resident_bytes for x in resident}, blocked=blocked)
+
+    def _load(self, m: _Model, spec: ModelSpec, done: Future, reason: str) -> None:
+        """Start `m`'s runner (the caller owns the load) and settle `done` for everyone waiting."""
+        runner = RunnerProcess(spec.runner, on_exit=self._runner_exited)
+        with self._lock:
+            m.starting = runner
+        try:
+            runner.start(self.start_timeout_s)
+        except RunnerStartFailed as exc:
+            tail = exc.log_tail[-ERROR_LOG_LINES:]
+            with self._lock:
+                closed = self._closed
+                if closed:
+                    m.state, m.loading, m.starting, m.resident_bytes = "unloaded", None, None, 0
+            if closed:
+                done.set_exception(ModelLoadFailed(m.name, "Hearth is shutting down"))
+                return
+            with self._lock:
+                m.state, m.loading, m.starting = "failed", None, None
+                m.last_runner, m.resident_bytes = runner, 0
+                m.error, m.error_log, m.returncode = exc.reason, tail, runner.returncode
+            event = ResidencyEvent(m.name, "load_failed", "\n".join([exc.reason, *tail]), node=LOCAL,
+                                   estimate_bytes=spec.estimate_bytes, pid=runner.pid)
+            self._emit([event])
+            done.set_exception(ModelLoadFailed(m.name, str(exc)))
+            return
+        measured = runner.rss_bytes()
+        events = []
+        with self._lock:
+            m.starting = None
+            m.loading = None
+            if self._closed:
+                m.state = "unloaded"
+                closed = True
+            else:
+                closed = False
+                m.state, m.runner, m.last_runner = "ready", runner, runner
+                m.local = _Node(LOCAL, runner.url, RemoteNode(runner.url, LOCAL), runner=runner)
+                m.cold_start_ms, m.measured_bytes = runner.cold_start_ms, measured
+                m.error, m.error_log, m.returncode = None, [], None
+                m.last_used = self._clock()
+                events.append(ResidencyEvent(m.name, "load", reason, node=LOCAL, cold_start_ms=runner.cold_start_ms,
+                                             estimate_bytes=spec.estimate_bytes, measured_bytes=measured,
+                                             pid=runner.pid))
+                # It may have died before it was ours to watch: its exit report found nobody.
+                if not runner.alive:
+                    events.append(self._mark_crashed(m, runner))
+        self._emit(events)
+        if closed:
+            runner.stop()
+            done.set_exception(ModelLoadFailed(m.name, "Hearth is shutting down"))
+        else:
+            done.set_result(None)
+
+    def _choose(self, m: _Model, nodes: list[_Node], queued_at: float,
+                failure: ResidencyError | None) -> Lease | None:
+        """Lease the best of `nodes`, probing outside the lock; None if the model's nodes changed meanwhile."""
+        for n in nodes:
+            if not n.local and (not n.checked or not n.healthy):
+                self._probe(n)
+        live = [n for n in nodes if n.healthy]
+        if len(live) > 1:
+            for n in live:
+                n.load = n.probe.load()
+        with self._lock:
+            current = m.nodes()
+            if any(n not in current for n in nodes) or (m.local is not None and m.local not in nodes):
+                return None
+            live = [n for n in nodes if n.healthy]
+            if not live:
+                raise failure or ModelLoadFailed(m.name, self._no_node_reason(m))
+            # Reported load lags behind the leases just handed out: never count fewer than ours.
+            best = min(live, key=lambda n: (n.in_flight if n.load is None else max(n.load, n.in_flight),
+                                            0 if n.local else 1, n.label))
+            best.in_flight += 1
+            m.in_flight += 1
+            now = self._clock()
+            m.last_used = now
+            return Lease(self, m, best, queued_at, now)
+
+    def _probe(self, n: _Node) -> None:
+        """Health-check one remote node (outside the lock)."""
+        ok = n.probe.healthy()
+        with self._lock:
+            n.checked = True
+            self._set_health(n, ok, None if ok else "health check failed")
+
+    def _set_health(self, n: _Node, ok: bool, error: str | None) -> None:
+        if ok and not n.healthy:
+            log.info("node %s (%s) is healthy again", n.label, n.url)
+        if not ok and n.healthy:
+            log.warning("node %s (%s) is unhealthy: %s", n.label, n.url, error)
+        n.healthy = ok
+        n.error = error
+        if not ok:
+            n.retry_at = self._clock() + self.node_cooldown_s
+
+    def _release(self, lease: Lease) -> None:
+        m = lease._model
+        runner = event = None
+        with self._lock:
+            if lease.released:
+                return
+            lease.released = True
+            lease._node.in_flight -= 1
+            m.in_flight -= 1
+            m.last_used = self._clock()
+            if m.in_flight == 0 and m.state == "ready" and m.spec.policy == "on_demand":
+                runner, event = self._detach(m, "unload", "on demand: the last request finished")
+        if runner is not None:
+            self._emit([event])
+            runner.stop()
+
+    # --- failures ----------------------------------------------------------------------------
+
+    def report_failure(self, lease: Lease, error: BaseException | str) -> None:
+        """The gateway could not talk to the lease's node: mark a dead runner crashed, a remote unhealthy."""
+        m, node = lease._model, lease._node
+        event = None
+        with self._lock:
+            if node.local:
+                # A live runner failed one request: not ours to judge. A dead one is a crash.
+                if not node.runner.alive and m.runner is node.runner:
+                    event = self._mark_crashed(m, node.runner)
+            elif node in m.remotes.values():
+                self._set_health(node, False, str(error) or type(error).__name__)
+        if event is not None:
+            self._emit([event])
+
+    def _runner_exited(self, runner: RunnerProcess, returncode: int, expected: bool) -> None:
+        if expected:
+            return
+        event = None
+        with self._lock:
+            for m in self._models.values():
+                if m.runner is runner:
+                    event = self._mark_crashed(m, runner)
+                    break
+        if event is not None:
+            self._emit([event])
+
+    def _mark_crashed(self, m: _Model, runner: RunnerProcess) -> ResidencyEvent:
+        """Under the lock: the runner died; the next acquire restarts it."""
+        tail = runner.log_tail(ERROR_LOG_LINES)
+        m.state, m.runner, m.local, m.last_runner = "crashed", None, None, runner
+        m.resident_bytes = 0
+        m.returncode = runner.poll()
+        m.error = f"runner exited with code {m.returncode}"
+        m.error_log = tail
+        return ResidencyEvent(m.name, "crash", "\n".join([m.error, *tail]), node=LOCAL,
+                              estimate_bytes=m.spec.estimate_bytes, measured_bytes=m.measured_bytes,
+                              pid=runner.pid)
+
+    def check_nodes(self) -> None:
+        """Re-check remote nodes past their cool-down and refresh every node's reported load."""
+        with self._lock:
+            now = self._clock()
+            nodes = [n for m in self._models.values() for n in m.nodes() if n.local or n.healthy or now >= n.retry_at]
+        for n in nodes:
+            ok = True if n.local else n.probe.healthy()
+            load = n.probe.load() if ok else None
+            with self._lock:
+                n.load = load
+                if not n.local:
+                    n.checked = True
+                    self._set_health(n, ok, None if ok else "health check failed")
+
+    # --- unloading ---------------------------------------------------------------------------
+
+    def _detach(self, m: _Model, event: str, reason: str) -> tuple[RunnerProcess, ResidencyEvent]:
+        """Under the lock: take `m`'s runner out of service; the caller stops it outside the lock."""
+        runner = m.runner
+        ev = ResidencyEvent(m.name, event, reason, node=LOCAL, estimate_bytes=m.spec.estimate_bytes,
+                            measured_bytes=runner.rss_bytes(), pid=runner.pid)
+        m.state, m.runner, m.local, m.resident_bytes = "unloaded", None, None, 0
+        return runner, ev
+
+    def expire_idle(self) -> list[str]:
+        """Unload keep-alive models idle past keep_alive_s, idle on-demand ones, and ones gone from the catalog."""
+        catalog = self._models_fn()
+        stops: list[RunnerProcess] = []
+        events: list[ResidencyEvent] = []
+        with self._lock:
+            now = self._clock()
+            for m in self._models.values():
+                if m.state != "ready" or m.in_flight:
+                    continue
+                spec = catalog.get(m.name)
+                idle_s = now - (m.last_used if m.last_used is not None else now)
+                if spec is None:
+                    reason = "removed from the catalog"
+                elif spec.policy == "keep_alive" and idle_s >= spec.keep_alive_s:
+                    reason = f"idle {idle_s:.0f} s, keep-alive {spec.keep_alive_s:g} s"
+                elif spec.policy == "on_demand":
+                    reason = "on demand: idle"
+                else:
+                    continue
+                runner, event = self._detach(m, "unload", reason)
+                stops.append(runner)
+                events.append(event)
+        self._emit(events)
+        self._stop_all(stops)
+        return [e.model_name for e in events]
+
+    def start_pinned(self) -> dict[str, str | None]:
+        """Load every pinned model with a local runner; name → None, or the reason it failed."""
+        results: dict[str, str | None] = {}
+        for name, spec in self._models_fn().items():
+            if spec.policy != "pinned" or spec.runner is None:
+                continue
+            try:
+                self._serve(name, self._clock(), want_lease=False)
+                results[name] = None
+            except ResidencyError as exc:
+                log.error("pinned model %s not loaded: %s", name, exc)
+                results[name] = str(exc)
+        return results
+
+    def shutdown(self) -> None:
+        """Stop every runner, loading ones included; later acquires fail."""
+        stops: list[RunnerProcess] = []
+        events: list[ResidencyEvent] = []
+        with self._lock:
+            self._closed = True
+            for m in self._models.values():
+                if m.state == "ready":
+                    runner, event = self._detach(m, "unload", "shutdown")
+                    stops.append(runner)
+                    events.append(event)
+                if m.starting is not None:
+                    stops.append(m.starting)
+        self._emit(events)
+        self._stop_all(stops)
+
+    @staticmethod
+    def _stop_all(runners: Iterable[RunnerProcess]) -> None:
+        threads = [threading.Thread(target=r.stop, name=f"stop-{r.spec.model_name}") for r in runners]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def _emit(self, events: list[ResidencyEvent]) -> None:
+        # A separate lock keeps events in order without holding the state lock while recording.
+        with self._emit_lock:
+            for event in events:
+                log.info("residency %s %s: %s", event.event, event.model_name, event.reason.splitlines()[0])
+                try:
+                    self._on_event(event)
+                except Exception:
+                    log.exception("recording residency event %s failed", event)
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def status(self) -> list[dict]:
+        """Every model in the catalog or resident: state, policy, nodes, memory, in-flight, log tail."""
+        catalog = self._models_fn()
+        with self._lock:
+            for spec in catalog.values():
+                self._sync(spec)
+            models = [m for m in self._models.values() if m.name in catalog or m.resident]
+            now = self._clock()
+            rows = []
+            for m in sorted(models, key=lambda m: m.name):
+                runner = m.runner or m.starting or m.last_runner
+                state = m.state
+                if m.spec.runner is None:
+                    state = "ready" if any(n.healthy for n in m.remotes.values()) else "failed"
+                rows.append({
+                    "name": m.name,
+                    "state": state,
+                    "policy": m.spec.policy,
+                    "keep_alive_s": m.spec.keep_alive_s,
+                    "estimate_bytes": m.spec.estimate_bytes,
+                    "measured_bytes": m.measured_bytes,
+                    "rss_bytes": m.runner.rss_bytes() if m.runner else None,
+                    "pid": runner.pid if runner is not None and m.state in ("loading", "ready") else None,
+                    "in_flight": m.in_flight,
+                    "last_used": m.last_used,
+                    "idle_s": now - m.last_used if m.last_used is not None else None,
+                    "cold_start_ms": m.cold_start_ms,
+                    "error": m.error,
+                    "returncode": m.returncode,
+                    "nodes": [{"label": n.label, "url": n.url, "local": n.local, "healthy": n.healthy,
+                               "load": n.load, "in_flight": n.in_flight, "error": n.error} for n in m.nodes()],
+                    "log_tail": runner.log_tail(STATUS_LOG_LINES) if runner is not None else list(m.error_log),
+                })
+        return rows

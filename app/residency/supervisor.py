@@ -1,0 +1,472 @@
+"""Runner processes on loopback (hearth runner or a stock llama-server) and remote nodes over HTTP."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import httpx
+import psutil
+
+from app.engine.model_config import cpu_has_amx
+
+log = logging.getLogger(__name__)
+
+RunnerKind = Literal["hearth", "llama-server"]
+LOG_LINES = 500
+# A port picked free can be taken before the runner binds it; a new one is tried that many times.
+MAX_PORT_TRIES = 3
+
+
+def _default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """How to run one model locally."""
+
+    model_name: str
+    model_path: str
+    kind: RunnerKind = "hearth"
+    binary_path: str | None = None
+    n_ctx: int = 4096
+    parallel: int = 4
+    n_batch: int = 512
+    threads: int = _default_threads()
+    gpu_layers: int = 0
+    mode: str = "continuous"
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.kind not in ("hearth", "llama-server"):
+            raise ValueError(f"unknown runner kind {self.kind!r}")
+        if self.kind == "llama-server" and not self.binary_path:
+            raise ValueError("a llama-server runner needs binary_path")
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+    def command(self, port: int, parent_pid: int | None = None) -> list[str]:
+        """The command line that serves this model on 127.0.0.1:`port`."""
+        if self.kind == "llama-server":
+            cmd = [
+                self.binary_path, "--model", self.model_path, "--host", "127.0.0.1", "--port", str(port),
+                "--ctx-size", str(self.n_ctx), "--parallel", str(self.parallel),
+                "--batch-size", str(self.n_batch), "--threads", str(self.threads),
+                "--n-gpu-layers", str(self.gpu_layers), "--alias", self.model_name,
+                # One KV pool shared by every slot, as the hearth runner has; /metrics is off by default.
+                "--kv-unified", "--metrics", "--no-webui",
+            ]
+            # The same choice the hearth runner makes: the pinned build's AMX repack path crashes.
+            if cpu_has_amx():
+                cmd.append("--no-repack")
+            # `mode` is the hearth engine's scheduler; llama-server always batches continuously.
+            return cmd + list(self.extra_args)
+        cmd = [
+            sys.executable, "-m", "app.cli", "runner", "--model", self.model_path,
+            "--host", "127.0.0.1", "--port", str(port), "--ctx", str(self.n_ctx),
+            "--parallel", str(self.parallel), "--batch", str(self.n_batch), "--threads", str(self.threads),
+            "--gpu-layers", str(self.gpu_layers), "--mode", self.mode, "--alias", self.model_name,
+        ]
+        if parent_pid is not None:
+            cmd += ["--parent-pid", str(parent_pid)]
+        return cmd + list(self.extra_args)
+
+
+class RunnerStartFailed(Exception):
+    """The runner exited, reported a failed load, or was not ready in time."""
+
+    def __init__(self, reason: str, log_tail: list[str]):
+        self.reason = reason
+        self.log_tail = log_tail
+        tail = "\n".join(log_tail[-20:])
+        super().__init__(f"{reason}\n--- runner log ---\n{tail}" if tail else reason)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- parent-death signal ---------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _prctl = _libc.prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A preexec_fn that asks the kernel to SIGTERM the child when its parent thread exits."""
+    if _prctl is None:
+        return None
+    sigterm = int(signal.SIGTERM)
+
+    def preexec() -> None:
+        # Runs between fork and exec, so it does as little as it can: prctl was looked up beforehand.
+        _prctl(_PR_SET_PDEATHSIG, sigterm)
+        # The parent may have died between fork and prctl, in which case no signal will ever come.
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), sigterm)
+
+    return preexec
+
+
+# PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process: spawning
+# from short-lived request threads would kill runners when those threads end. This thread lives as
+# long as the process, so the signal means exactly "the supervisor process is gone".
+class _Spawner:
+    """One long-lived daemon thread that forks every runner."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def popen(self, args: list[str], **kwargs) -> subprocess.Popen:
+        """subprocess.Popen(args, **kwargs), run on the spawner thread."""
+        with self._lock:
+            # After a fork (gunicorn preloading, say) the thread exists only in the parent.
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._queue = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._run, args=(self._queue,), name="hearth-spawner",
+                                                daemon=True)
+                self._thread.start()
+            q = self._queue
+        fut: Future = Future()
+        q.put((args, kwargs, fut))
+        return fut.result()
+
+    @staticmethod
+    def _run(q: queue.SimpleQueue) -> None:
+        while True:
+            args, kwargs, fut = q.get()
+            try:
+                fut.set_result(subprocess.Popen(args, **kwargs))
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+
+_spawner = _Spawner()
+
+
+# --- local runner ----------------------------------------------------------------------------
+
+# A runner's life: pick a free port → spawn it in its own session (process group) → keep its log
+# lines in a ring buffer → poll /health until 200 (fail fast on exit or 500) → serve → stop with
+# SIGTERM to the whole group, then SIGKILL. A watcher thread waits for the group leader, kills what
+# is left of the group and reports every exit after a successful start, expected or not.
+class RunnerProcess:
+    """One runner process (and its children) serving one model on a loopback port."""
+
+    def __init__(self, spec: RunnerSpec,
+                 on_exit: Callable[["RunnerProcess", int, bool], None] | None = None,
+                 parent_pid: int | None = None):
+        self.spec = spec
+        self.on_exit = on_exit
+        self.parent_pid = parent_pid if parent_pid is not None else os.getpid()
+        self.port: int | None = None
+        self.cold_start_ms: float | None = None
+        self.returncode: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._log: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
+        self._lock = threading.Lock()
+        # Guards the hand-over between start() and the watcher: exactly one of them reports an exit.
+        self._ready = False
+        self._stopping = False
+        self._exited = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"<RunnerProcess {self.spec.model_name} pid={self.pid} url={self.url}>"
+
+    @property
+    def url(self) -> str | None:
+        """Base URL, once a port is chosen."""
+        return f"http://127.0.0.1:{self.port}" if self.port else None
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the process we started (gunicorn's arbiter, or llama-server)."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process we started is still running."""
+        return self._proc is not None and self.poll() is None
+
+    def poll(self) -> int | None:
+        """The exit code once the process has exited, asking the kernel if the watcher has not yet."""
+        if self._proc is None or self._exited.is_set():
+            return self.returncode
+        try:
+            # WNOWAIT: look without reaping; the watcher stays the only one that reaps.
+            info = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self.returncode
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def log_tail(self, n: int = 50) -> list[str]:
+        """The last `n` lines the runner wrote to stdout or stderr."""
+        with self._lock:
+            lines = list(self._log)
+        return lines[-n:] if n > 0 else []
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the whole process tree (arbiter + worker); 0 when not running."""
+        if not self.alive:
+            return 0
+        total = 0
+        for p in self._tree():
+            try:
+                total += p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return total
+
+    def pids(self) -> list[int]:
+        """PIDs of the process tree right now."""
+        return [p.pid for p in self._tree()]
+
+    def _tree(self) -> list[psutil.Process]:
+        if not self.alive:
+            return []
+        try:
+            root = psutil.Process(self._proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def start(self, timeout_s: float = 120) -> "RunnerProcess":
+        """Spawn the runner and wait for /health 200; raises RunnerStartFailed with the log tail."""
+        for attempt in range(MAX_PORT_TRIES):
+            try:
+                return self._start_once(timeout_s)
+            except RunnerStartFailed as exc:
+                in_use = any("address already in use" in line.lower() for line in exc.log_tail)
+                if not in_use or attempt == MAX_PORT_TRIES - 1 or self._stopping:
+                    raise
+                log.info("port %s was taken before %s could bind it; trying another", self.port, self.spec.model_name)
+                self._reset()
+        raise AssertionError("unreachable")
+
+    def _reset(self) -> None:
+        self._proc = None
+        self.port = None
+        self.returncode = None
+        self._exited = threading.Event()
+        with self._lock:
+            self._log.clear()
+
+    def _start_once(self, timeout_s: float) -> "RunnerProcess":
+        if self._stopping:
+            raise RunnerStartFailed("stopped before it started", [])
+        self.port = free_port()
+        args = self.spec.command(self.port, parent_pid=self.parent_pid if self.spec.kind == "hearth" else None)
+        t0 = time.monotonic()
+        try:
+            self._proc = _spawner.popen(
+                args,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                # Its own process group: stop() and crash clean-up reach the worker even once the
+                # arbiter is gone, and a Ctrl-C meant for `hearth serve` is not delivered twice.
+                start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise RunnerStartFailed(f"could not start {args[0]}: {exc}", [])
+        self._reader = threading.Thread(target=self._read_log, args=(self._proc,), daemon=True,
+                                        name=f"runner-log-{self._proc.pid}")
+        self._reader.start()
+        self._watcher = threading.Thread(target=self._watch, args=(self._proc, self._exited, self._reader), daemon=True,
+                                         name=f"runner-watch-{self._proc.pid}")
+        self._watcher.start()
+        try:
+            self._wait_healthy(t0 + timeout_s, timeout_s)
+        except RunnerStartFailed:
+            self._terminate(10)
+            raise
+        self.cold_start_ms = (time.monotonic() - t0) * 1000
+        log.info("runner %s ready on %s (pid %d) in %.0f ms", self.spec.model_name, self.url, self.pid,
+                 self.cold_start_ms)
+        return self
+
+    def _wait_healthy(self, deadline: float, timeout_s: float) -> None:
+        with httpx.Client(base_url=self.url, timeout=2.0) as client:
+            while True:
+                if self._exited.wait(0.1):
+                    # Let the reader drain the last lines: they hold the reason.
+                    self._reader.join(2)
+                    raise RunnerStartFailed(f"runner exited with code {self._proc.returncode} while loading",
+                                            self.log_tail(LOG_LINES))
+                if self._stopping:
+                    raise RunnerStartFailed("stopped while loading", self.log_tail(LOG_LINES))
+                try:
+                    r = client.get("/health")
+                except httpx.TransportError:
+                    r = None
+                if r is not None and r.status_code == 200:
+                    with self._lock:
+                        # The watcher checks the flag under the same lock: one of us reports an exit.
+                        if not self._exited.is_set() and not self._stopping:
+                            self._ready = True
+                            return
+                    continue
+                if r is not None and r.status_code == 500:
+                    raise RunnerStartFailed(f"model failed to load: {_error_message(r)}", self.log_tail(LOG_LINES))
+                if time.monotonic() >= deadline:
+                    raise RunnerStartFailed(f"not ready within {timeout_s:g} s", self.log_tail(LOG_LINES))
+
+    def _read_log(self, proc: subprocess.Popen) -> None:
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            with self._lock:
+                self._log.append(line)
+        proc.stdout.close()
+
+    def _watch(self, proc: subprocess.Popen, exited: threading.Event, reader: threading.Thread) -> None:
+        try:
+            # Wait without reaping: while the leader is a zombie its PID, our group id, cannot be reused.
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+            self._signal_group(proc.pid, signal.SIGKILL)
+        except ChildProcessError:
+            pass
+        rc = proc.wait()
+        self.returncode = rc
+        exited.set()
+        reader.join(2)
+        with self._lock:
+            report = self._ready
+            expected = self._stopping
+        if not expected:
+            log.warning("runner %s (pid %d) exited with code %s", self.spec.model_name, proc.pid, rc)
+        if report and self.on_exit is not None:
+            try:
+                self.on_exit(self, rc, expected)
+            except Exception:
+                log.exception("on_exit callback of %s failed", self.spec.model_name)
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, timeout_s: float = 10) -> int | None:
+        """SIGTERM the process group, SIGKILL what is left after `timeout_s`; returns the exit code."""
+        with self._lock:
+            self._stopping = True
+        if self._proc is None:
+            return None
+        self._terminate(timeout_s)
+        return self.returncode
+
+    def _terminate(self, timeout_s: float) -> None:
+        tree = self._tree()
+        if self.alive:
+            self._signal_group(self._proc.pid, signal.SIGTERM)
+        if not self._exited.wait(timeout_s):
+            log.warning("runner %s (pid %d) ignored SIGTERM for %g s: killing it", self.spec.model_name,
+                        self._proc.pid, timeout_s)
+            self._signal_group(self._proc.pid, signal.SIGKILL)
+            self._exited.wait()
+        # Anything of the tree that left the group still goes: no runner outlives its stop().
+        for p in tree[1:]:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(5)
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        err = r.json().get("error")
+        return err.get("message") if isinstance(err, dict) else str(err)
+    except (ValueError, AttributeError):
+        return r.text[:500]
+
+
+# --- remote node -----------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+# Requests running + waiting, by the names each server family exports.
+LOAD_METRICS = (
+    ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+)
+
+
+def parse_load(metrics_text: str) -> float | None:
+    """Running + waiting requests from Prometheus text (llama-server or vLLM names); None if absent."""
+    values: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            try:
+                # Labelled series (vLLM labels by model) add up.
+                values[m.group(1)] = values.get(m.group(1), 0.0) + float(m.group(2))
+            except ValueError:
+                continue
+    for names in LOAD_METRICS:
+        if any(n in values for n in names):
+            return sum(values.get(n, 0.0) for n in names)
+    return None
+
+
+class RemoteNode:
+    """An OpenAI-compatible server elsewhere (llama-server, vLLM, another Hearth runner): no process."""
+
+    def __init__(self, url: str, label: str | None = None, timeout_s: float = 2.0):
+        self.url = url.rstrip("/")
+        self.label = label or self.url
+        self.timeout_s = timeout_s
+
+    def __repr__(self) -> str:
+        return f"<RemoteNode {self.label} {self.url}>"
+
+    def healthy(self) -> bool:
+        """GET /health is 200; servers without /health (404) count when /v1/models answers 200."""
+        try:
+            r = httpx.get(f"{self.url}/health", timeout=self.timeout_s)
+            if r.status_code == 404:
+                r = httpx.get(f"{self.url}/v1/models", timeout=self.timeout_s)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    def load(self) -> float | None:
+        """Requests running + waiting from /metrics; None when unknown."""
+        try:
+            r = httpx.get(f"{self.url}/metrics", timeout=self.timeout_s)
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        return parse_load(r.text)

@@ -1,0 +1,71 @@
+"""`hearth serve`: the Flask app under gunicorn with exactly ONE worker and threads.
+
+APScheduler jobs and the runner supervisor live inside the app, so a second worker would
+run every job twice and start a second copy of every model: the config refuses it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gunicorn.app.base import BaseApplication
+
+DEFAULT_BIND = "127.0.0.1:8080"
+DEFAULT_THREADS = 32
+
+
+class ConfigError(ValueError):
+    """A gunicorn setting Hearth cannot run with."""
+
+
+def gunicorn_settings(bind: str, threads: int = DEFAULT_THREADS, workers: int = 1) -> dict:
+    """The gunicorn settings for `hearth serve`; refuses more than one worker."""
+    if workers != 1:
+        raise ConfigError(
+            f"hearth serve must run exactly one gunicorn worker (got {workers}): the scheduler and the "
+            "model runners live in the worker; use --threads for concurrency"
+        )
+    if threads < 4:
+        raise ConfigError(f"hearth serve needs at least 4 threads (got {threads})")
+    return {
+        "bind": bind,
+        "workers": 1,
+        "worker_class": "gthread",
+        "threads": threads,
+        "timeout": 120,
+        # Long enough for runners to stop cleanly on SIGTERM.
+        "graceful_timeout": 20,
+        "keepalive": 5,
+        "accesslog": None,
+        "errorlog": "-",
+        "loglevel": "warning",
+        "preload_app": False,
+        "proc_name": "hearth-serve",
+    }
+
+
+class HearthServer(BaseApplication):
+    """Gunicorn running create_app() in its single worker."""
+
+    def __init__(self, settings: dict, app_factory):
+        self.settings = settings
+        self.app_factory = app_factory
+        super().__init__()
+
+    def load_config(self):
+        for key, value in self.settings.items():
+            self.cfg.set(key, value)
+        # Gunicorn reads WEB_CONCURRENCY and GUNICORN_CMD_ARGS too: check what it finally got.
+        if self.cfg.workers != 1:
+            raise ConfigError(f"hearth serve must run exactly one gunicorn worker, not {self.cfg.workers}")
+
+    def load(self):
+        return self.app_factory()
+
+
+def serve(bind: str | None = None, threads: int = DEFAULT_THREADS) -> None:
+    """Run Hearth until interrupted."""
+    from app.factory import create_app
+
+    bind = bind or os.environ.get("HEARTH_BIND") or DEFAULT_BIND
+    HearthServer(gunicorn_settings(bind, threads), create_app).run()

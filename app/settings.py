@@ -1,0 +1,68 @@
+"""Settings stored in the database: a registry of (name, default, help), editable by the admin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.telemetry.models import Setting, utcnow
+
+
+@dataclass(frozen=True)
+class SettingDef:
+    """One setting: its name, default value and what it does."""
+
+    name: str
+    default: Any
+    help: str
+
+
+REGISTRY = {
+    s.name: s
+    for s in [
+        SettingDef("default_model", None, "model used when a request and its class name none (default: the embedded model)"),
+        SettingDef("memory_limit_mb", None, "memory resident models may use, in MiB (default: detected RAM/VRAM minus a reserve)"),
+        SettingDef("memory_reserve_mb", None, "memory kept free for everything else, in MiB (default: 10 %, at least 512)"),
+        SettingDef("max_in_flight_total", 64, "requests the gateway relays at once, all classes together"),
+        SettingDef("runner_ctx", 4096, "default KV cells per local runner"),
+        SettingDef("runner_parallel", 4, "default sequence slots per local runner"),
+        SettingDef("runner_batch", 512, "default n_batch per local runner"),
+        SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)"),
+        SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned"),
+    ]
+}
+
+
+class UnknownSetting(KeyError):
+    """A setting name that is not in the registry."""
+
+
+def get_setting(session: Session, name: str) -> Any:
+    """The stored value, or the registry default."""
+    if name not in REGISTRY:
+        raise UnknownSetting(name)
+    row = session.get(Setting, name)
+    return REGISTRY[name].default if row is None else row.value
+
+
+def set_setting(session: Session, name: str, value: Any) -> None:
+    """Store a value (None restores the default); the caller commits."""
+    if name not in REGISTRY:
+        raise UnknownSetting(name)
+    row = session.get(Setting, name)
+    if value is None:
+        if row is not None:
+            session.delete(row)
+        return
+    if row is None:
+        session.add(Setting(key=name, value=value, updated_at=utcnow()))
+    else:
+        row.value = value
+        row.updated_at = utcnow()
+
+
+def all_settings(session: Session) -> dict[str, Any]:
+    """Every registered setting with its current value."""
+    return {name: get_setting(session, name) for name in REGISTRY}

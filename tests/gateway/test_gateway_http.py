@@ -1,0 +1,179 @@
+"""`hearth serve` over real HTTP: auth, classes, admission, routing, relay, records, crashes."""
+
+import json
+import sqlite3
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+DEFAULT = "gemma-3-270m-q4_k_m"
+
+
+def auth(serve, member="alice", **extra):
+    return {"Authorization": f"Bearer {serve.tokens[member]}", **extra}
+
+
+def chat(serve, member="alice", headers=None, **body):
+    payload = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 6, "temperature": 0, **body}
+    return serve.client.post("/v1/chat/completions", json=payload, headers={**auth(serve, member), **(headers or {})})
+
+
+def rows(serve, sql, *args):
+    """Rows from the store, once the writer has caught up."""
+    time.sleep(0.3)
+    with sqlite3.connect(serve.data / "hearth.db") as db:
+        return db.execute(sql, args).fetchall()
+
+
+def test_healthz_needs_no_token_and_no_model(serve):
+    r = serve.client.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+def test_missing_and_invalid_tokens_are_401(serve):
+    r = serve.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "missing_token"
+    r = serve.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                          headers={"Authorization": "Bearer hth_nope"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_token"
+
+
+def test_class_not_allowed_is_403_and_unknown_class_400(serve):
+    r = chat(serve, "kid", headers={"X-Hearth-Class": "coding"})
+    assert r.status_code == 403
+    assert "may not use class 'coding'" in r.json()["error"]["message"]
+    r = chat(serve, headers={"X-Hearth-Class": "poetry"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Hearth-Class"
+
+
+def test_chat_through_the_gateway_names_class_model_and_node(serve):
+    r = chat(serve, headers={"X-Hearth-Class": "voice"})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Hearth-Class"] == "voice"
+    assert r.headers["X-Hearth-Model"] == DEFAULT
+    assert r.headers["X-Hearth-Node"]
+    body = r.json()
+    assert body["usage"]["completion_tokens"] == 6
+    assert body["timings"]["class_name"] == "voice" and body["timings"]["priority"] == 0
+
+
+def test_streaming_is_relayed_chunk_by_chunk_with_usage(serve):
+    with serve.client.stream("POST", "/v1/completions", headers=auth(serve),
+                             json={"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0,
+                                   "stream": True}) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) >= 10
+    assert chunks[-1]["usage"]["completion_tokens"] == 10
+
+
+def test_models_lists_servable_models_not_broken_files(serve):
+    r = serve.client.get("/v1/models", headers=auth(serve))
+    ids = [m["id"] for m in r.json()["data"]]
+    assert DEFAULT in ids and "gemma-b" in ids
+    assert "notes" not in ids
+
+
+def test_unknown_and_unusable_models_are_404(serve):
+    r = chat(serve, model="no-such-model")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = chat(serve, model="notes")
+    assert r.status_code == 404 and "cannot be served" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes please"}, "stream"),
+])
+def test_validation_errors_name_the_field(serve, body, param):
+    r = serve.client.post("/v1/chat/completions", json=body, headers=auth(serve))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_malformed_json_is_400_and_serving_goes_on(serve):
+    r = serve.client.post("/v1/chat/completions", content=b"{nope", headers={**auth(serve),
+                                                                             "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    assert chat(serve).status_code == 200
+
+
+def _occupy(serve, klass, tokens=300):
+    """Start a long request of a class in a thread; returns (thread, result holder)."""
+    out = {}
+
+    def run():
+        with httpx.Client(base_url=serve.url, timeout=300) as c:
+            out["r"] = c.post("/v1/completions", headers=auth(serve, **{"X-Hearth-Class": klass}),
+                              json={"prompt": "Tell a story.", "max_tokens": tokens, "ignore_eos": True})
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_full_class_queue_is_429_with_retry_after(serve):
+    # coding: 1 at a time, 1 waiting.
+    t1, o1 = _occupy(serve, "coding")
+    time.sleep(0.5)
+    t2, o2 = _occupy(serve, "coding", tokens=4)
+    time.sleep(0.5)
+    r = chat(serve, headers={"X-Hearth-Class": "coding"})
+    assert r.status_code == 429, r.text
+    assert r.headers["Retry-After"] == "1"
+    assert r.json()["error"]["code"] == "queue_full"
+    t1.join()
+    t2.join()
+    assert o1["r"].status_code == 200 and o2["r"].status_code == 200
+    assert o2["r"].headers["X-Hearth-Queue-Position"] == "1"
+    assert ("rejected", 429) in rows(serve, "select status, http_status from requests where class_name='coding'")
+
+
+def test_waiting_past_the_class_timeout_is_503(serve):
+    # documents: 1 at a time, 0.5 s queue timeout.
+    t1, o1 = _occupy(serve, "documents", tokens=200)
+    time.sleep(0.5)
+    r = chat(serve, headers={"X-Hearth-Class": "documents"})
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "queue_timeout"
+    t1.join()
+    assert o1["r"].status_code == 200
+
+
+def test_every_request_is_recorded_with_its_timings(serve):
+    chat(serve, headers={"X-Hearth-Class": "voice"})
+    got = rows(serve, "select member_name, class_name, model, status, http_status, prompt_tokens, "
+                      "completion_tokens, total_ms, queue_ms from requests where class_name='voice' "
+                      "order by id desc limit 1")
+    member, klass, model, status, http_status, p, c, total_ms, queue_ms = got[0]
+    assert (member, klass, model, status, http_status, c) == ("alice", "voice", DEFAULT, "ok", 200, 6)
+    assert p > 0 and total_ms > 0 and queue_ms >= 0
+
+
+def test_runner_killed_mid_stream_fails_clearly_and_restarts_on_the_next_request(serve):
+    assert chat(serve).status_code == 200  # the default model's runner is up
+    with serve.client.stream("POST", "/v1/completions", headers=auth(serve),
+                             json={"prompt": "Tell a story.", "max_tokens": 400, "ignore_eos": True,
+                                   "stream": True}) as r:
+        it = r.iter_lines()
+        seen = [next(it) for _ in range(6)]
+        assert any(s.startswith("data: ") for s in seen)
+        for p in serve.runner_processes():
+            if DEFAULT in " ".join(p.cmdline()):
+                p.kill()
+        rest = list(it)
+    error_events = [json.loads(line[6:]) for line in rest if line.startswith("data: {") and '"error"' in line]
+    assert error_events and error_events[0]["error"]["code"] == "runner_failed"
+    r = chat(serve)
+    assert r.status_code == 200, r.text
+    events = rows(serve, "select event from residency_events where model_name=? order by id", DEFAULT)
+    assert ("crash",) in events and events.count(("load",)) >= 2
