@@ -60,6 +60,12 @@ class Serve:
             return []
         return [p for p in kids if "runner" in " ".join(p.cmdline())]
 
+    def runner_arbiters(self) -> list[psutil.Process]:
+        """One process per running runner (its gunicorn arbiter, not the worker forked from it)."""
+        runners = self.runner_processes()
+        pids = {p.pid for p in runners}
+        return [p for p in runners if p.ppid() not in pids]
+
     def stop(self) -> None:
         """SIGTERM and wait; the runners go with it."""
         self.client.close()
