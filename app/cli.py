@@ -125,6 +125,17 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = token_sub.add_parser("revoke", help="revoke a token by id or prefix")
     revoke.add_argument("token", help="token id or prefix as `hearth token list` shows it")
 
+    gw = bench_sub.add_parser("gateway", help="added latency and streaming ratio of hearth serve vs its runner")
+    _add_model_args(gw, ctx=4096, parallel=8)
+    gw.add_argument("--samples", type=int, default=30, help="alternating latency samples (default %(default)s)")
+    gw.add_argument("--streams", type=int, default=8, help="concurrent streams (default %(default)s)")
+    gw.add_argument("--tokens", type=int, default=64, help="tokens per stream (default %(default)s)")
+    gw.add_argument("--repeats", type=int, default=3, help="stream repetitions (default %(default)s)")
+    gw.add_argument("--json", dest="json_path", help="write the raw samples here")
+    res = bench_sub.add_parser("residency", help="load/unload cycles through hearth serve")
+    _add_model_args(res, ctx=1024, parallel=2)
+    res.add_argument("--cycles", type=int, default=20, help="load/unload cycles (default %(default)s)")
+
     models = sub.add_parser("models", help="model files")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
@@ -148,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         from app.bench.memory_bench import run_from_args as run_memory
 
         return run_memory(args, resolve_model(args.model))
+    if args.command == "bench" and args.bench_command in ("gateway", "residency"):
+        from app.bench import gateway_bench
+
+        run = gateway_bench.run_gateway if args.bench_command == "gateway" else gateway_bench.run_residency
+        return run(args, resolve_model(args.model))
     if args.command == "models" and args.models_command == "default":
         print(resolve_model(None))
         return 0

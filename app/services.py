@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from app.telemetry.writer import StoreWriter
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+SETTINGS_TTL_S = 5.0
 
 
 class Hearth:
@@ -54,6 +56,7 @@ class Hearth:
         self.tokens = TokenCache(principal_loader(sessions))
         with sessions() as s:
             self.admission = Admission(max_in_flight_total=int(get_setting(s, "max_in_flight_total")))
+        self._settings_cache: dict[str, tuple[float, object]] = {}
         self._catalog_lock = threading.Lock()
         self.catalog: list[CatalogEntry] = []
         self._specs: dict[str, ModelSpec] = {}
@@ -118,11 +121,21 @@ class Hearth:
         """Servable models by name (cheap: rebuilt only on rescan)."""
         return self._specs
 
+    def setting(self, name: str):
+        """A stored setting, cached for SETTINGS_TTL_S so the request path never waits on SQLite."""
+        now = time.monotonic()
+        hit = self._settings_cache.get(name)
+        if hit is not None and now - hit[0] < SETTINGS_TTL_S:
+            return hit[1]
+        with self.sessions() as s:
+            value = get_setting(s, name)
+        self._settings_cache[name] = (now, value)
+        return value
+
     def budget_bytes(self) -> int:
         """Memory resident models may use."""
-        with self.sessions() as s:
-            limit = get_setting(s, "memory_limit_mb")
-            reserve = get_setting(s, "memory_reserve_mb")
+        limit = self.setting("memory_limit_mb")
+        reserve = self.setting("memory_reserve_mb")
         budget = detect_budget(
             reserve_bytes=None if reserve is None else int(reserve) * MIB,
             limit_bytes=None if limit is None else int(limit) * MIB,
@@ -131,8 +144,7 @@ class Hearth:
 
     def default_model_name(self) -> str | None:
         """The model a request gets when neither it nor its class names one."""
-        with self.sessions() as s:
-            configured = get_setting(s, "default_model")
+        configured = self.setting("default_model")
         if configured:
             return configured
         defaults = [e.name for e in self.catalog if e.source == "default" and e.usable]

@@ -112,20 +112,28 @@ except (OSError, AttributeError):
     _prctl = None
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    """A preexec_fn that asks the kernel to SIGTERM the child when its parent thread exits."""
+def _die_with_parent(parent_pid: int, sig: int) -> Callable[[], None] | None:
+    """A preexec_fn that asks the kernel to send `sig` to the child when its parent thread exits."""
     if _prctl is None:
         return None
-    sigterm = int(signal.SIGTERM)
 
     def preexec() -> None:
         # Runs between fork and exec, so it does as little as it can: prctl was looked up beforehand.
-        _prctl(_PR_SET_PDEATHSIG, sigterm)
+        _prctl(_PR_SET_PDEATHSIG, sig)
         # The parent may have died between fork and prctl, in which case no signal will ever come.
         if os.getppid() != parent_pid:
-            os.kill(os.getpid(), sigterm)
+            os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def death_signal(kind: RunnerKind) -> int:
+    """The signal a runner gets when the process that started it dies."""
+    # llama-server's SIGTERM handler takes mutexes (the task queue's): landing while its main thread
+    # holds one, it deadlocks with SIGTERM masked, for good (seen in this project's tests). With the
+    # supervisor gone there is nobody left to serve, so the kernel's SIGKILL is the safe choice.
+    # Gunicorn's handler only queues the signal: the hearth runner stops gracefully.
+    return int(signal.SIGKILL if kind == "llama-server" else signal.SIGTERM)
 
 
 # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process: spawning
@@ -292,7 +300,7 @@ class RunnerProcess:
                 # Its own process group: stop() and crash clean-up reach the worker even once the
                 # arbiter is gone, and a Ctrl-C meant for `hearth serve` is not delivered twice.
                 start_new_session=True,
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=_die_with_parent(os.getpid(), death_signal(self.spec.kind)),
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 close_fds=True,
             )
