@@ -230,10 +230,23 @@ class RunnerProcess:
             # WNOWAIT: look without reaping; the watcher stays the only one that reaps.
             info = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
+            # Already reaped, so dead: the watcher is between reaping and recording the code.
+            self._exited.wait(1)
+            return self.returncode if self.returncode is not None else self._proc.returncode
+        if info is not None:
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        # A killed multithreaded process is waitable only once all its threads are gone; meanwhile
+        # its leader already shows as a zombie. A client refused by it must not be told it lives.
+        if self._leader_exiting():
+            self._exited.wait(1)
             return self.returncode
-        if info is None:
-            return None
-        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        return None
+
+    def _leader_exiting(self) -> bool:
+        try:
+            return psutil.Process(self._proc.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
 
     def log_tail(self, n: int = 50) -> list[str]:
         """The last `n` lines the runner wrote to stdout or stderr."""
