@@ -83,6 +83,12 @@ def start_runner(gemma_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def runner_class():
+    """The Runner wrapper, for tests that start a runner their own way."""
+    return Runner
+
+
+@pytest.fixture(scope="session")
 def runner(start_runner):
     """The shared runner: continuous mode, 4 slots, 2048 cells."""
     return start_runner("--ctx", "2048", "--parallel", "4")

@@ -263,12 +263,10 @@ def test_queue_full_is_503_with_retry_after(start_runner):
     assert_serving(tight)
 
 
-def test_a_file_that_is_not_a_model_is_reported_by_health(tmp_path):
-    from conftest import Runner
-
+def test_a_file_that_is_not_a_model_is_reported_by_health(tmp_path, runner_class):
     junk = tmp_path / "notes.gguf"
     junk.write_bytes(b"this is not a GGUF file" * 100)
-    runner = Runner(junk, tmp_path / "runner.log")
+    runner = runner_class(junk, tmp_path / "runner.log")
     try:
         deadline = time.monotonic() + 60
         while True:

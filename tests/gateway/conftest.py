@@ -4,11 +4,7 @@ import shutil
 
 import pytest
 
-from app.bench.serve_process import ServeProcess, prepare_data  # noqa: F401 (prepare_data: used by tests)
-
-
-# The tests use the same child-process wrapper as the benchmarks.
-Serve = ServeProcess
+from app.bench.serve_process import ServeProcess, prepare_data
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +28,7 @@ def serve(tmp_path_factory, gemma_path, models_dir):
         settings={"runner_ctx": 1024, "runner_parallel": 4, "runner_threads": 2},
         tokens=[("alice", "chat", ["voice", "coding", "documents"]), ("kid", "voice", [])],
     )
-    s = Serve(data, models_dir, gemma_path, data / "serve.log")
+    s = ServeProcess(data, models_dir, gemma_path, data / "serve.log")
     s.tokens = tokens
     yield s
     s.stop()

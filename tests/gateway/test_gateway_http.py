@@ -123,7 +123,7 @@ def _occupy(serve, klass, tokens=300):
 
 def test_full_class_queue_is_429_with_retry_after(serve):
     # coding: 1 at a time, 1 waiting.
-    t1, o1 = _occupy(serve, "coding")
+    t1, o1 = _occupy(serve, "coding", tokens=150)
     time.sleep(0.5)
     t2, o2 = _occupy(serve, "coding", tokens=4)
     time.sleep(0.5)

@@ -3,7 +3,7 @@
 import openai
 import pytest
 
-from test_gateway_http import DEFAULT
+DEFAULT = "gemma-3-270m-q4_k_m"
 
 
 @pytest.fixture()

@@ -9,7 +9,8 @@ import psutil
 
 from app.residency.catalog import scan
 from app.residency.estimate import estimate_memory
-from conftest import Serve, prepare_data
+from app.bench.serve_process import ServeProcess as Serve
+from app.bench.serve_process import prepare_data
 
 
 def test_budget_that_fits_one_model_evicts_the_idle_one(tmp_path, gemma_path, models_dir):

@@ -46,11 +46,16 @@ def spec(name: str, path, estimate_mib: int = 300, policy: str = "keep_alive", k
 
 
 def runner_children() -> list[psutil.Process]:
-    """Runners this test process started that are still running."""
+    """Runners this test process's managers started that are still running."""
+    # Managers start runners with --parent-pid <this process>; runners of other test packages'
+    # session fixtures (e2e runners, a gateway's serve) are not theirs to count.
+    mine = ["--parent-pid", str(os.getpid())]
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.pid not in NOT_MANAGED and "runner" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
+            args = p.cmdline()
+            owned = any(args[i:i + 2] == mine for i in range(len(args) - 1))
+            if p.pid not in NOT_MANAGED and "runner" in args and owned and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
         except psutil.NoSuchProcess:
             pass
