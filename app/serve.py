@@ -10,6 +10,8 @@ import os
 
 from gunicorn.app.base import BaseApplication
 
+from app.engine.runner import no_delay
+
 DEFAULT_BIND = "127.0.0.1:8080"
 DEFAULT_THREADS = 32
 
@@ -41,6 +43,7 @@ def gunicorn_settings(bind: str, threads: int = DEFAULT_THREADS, workers: int = 
         "loglevel": "warning",
         "preload_app": False,
         "proc_name": "hearth-serve",
+        "when_ready": no_delay,
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import signal
 import threading
 import time
@@ -75,19 +76,30 @@ class RunnerServer(BaseApplication):
             "preload_app": False,
             "proc_name": "hearth-runner",
         }
+        settings["when_ready"] = self._when_ready
         if self.parent_pid is not None:
-            settings["when_ready"] = self._when_ready
             settings["child_exit"] = _worker_exited
         for key, value in settings.items():
             self.cfg.set(key, value)
 
     def _when_ready(self, arbiter) -> None:
+        no_delay(arbiter)
         # Runs in the arbiter, before the worker is forked, so the watcher lives in the arbiter only.
-        watch_parent(self.parent_pid)
+        if self.parent_pid is not None:
+            watch_parent(self.parent_pid)
 
     def load(self):
         # Runs in the worker after fork: the model and the engine thread belong to the worker.
         return create_app(self.config)
+
+
+def no_delay(arbiter) -> None:
+    """TCP_NODELAY on the listeners (accepted sockets inherit it): a streamed token is one small
+    write, and Nagle's algorithm would hold it back waiting for the previous write's ACK."""
+    for listener in arbiter.LISTENERS:
+        sock = getattr(listener, "sock", None)
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _worker_exited(arbiter, worker) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -12,7 +13,10 @@ import httpx
 # One pool for every runner: keep-alive connections save a TCP handshake per request.
 _client = httpx.Client(
     timeout=httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0),
-    limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+    transport=httpx.HTTPTransport(
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+    ),
 )
 
 
