@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -139,12 +140,44 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="model files")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
+    models_sub.add_parser("list", help="scan the models folder now: usable models, estimates, unusable files and why")
+    mset = models_sub.add_parser("set", help="residency policy and runner settings of one model")
+    mset.add_argument("name")
+    mset.add_argument("--policy", choices=["pinned", "keep_alive", "on_demand"])
+    mset.add_argument("--keep-alive-s", type=int)
+    mset.add_argument("--alias", help="another name clients may use ('' removes it)")
+    mset.add_argument("--runner", choices=["hearth", "llama-server"], help="which runner serves it locally")
+    mset.add_argument("--binary", help="llama-server binary for --runner llama-server")
+    for flag in ("ctx", "parallel", "batch", "threads", "gpu-layers"):
+        mset.add_argument(f"--{flag}", type=int)
+    mset.add_argument("--mode", choices=[m.value for m in Mode])
+    node = models_sub.add_parser("node", help="add or remove a remote node (OpenAI-compatible server) for a model")
+    node.add_argument("action", choices=["add", "remove"])
+    node.add_argument("name")
+    node.add_argument("url")
+    node.add_argument("--label")
+
+    classes = sub.add_parser("classes", help="request classes")
+    classes_sub = classes.add_subparsers(dest="classes_command", required=True)
+    classes_sub.add_parser("list", help="the classes and their policies")
+    cset = classes_sub.add_parser("set", help="edit a class: FIELD=VALUE ...")
+    cset.add_argument("name")
+    cset.add_argument("assignments", nargs="+", metavar="FIELD=VALUE")
+
+    settings = sub.add_parser("settings", help="stored settings")
+    settings_sub = settings.add_subparsers(dest="settings_command", required=True)
+    settings_sub.add_parser("list", help="every setting, its value and what it does")
+    sset = settings_sub.add_parser("set", help="set a setting (JSON value; 'null' restores the default)")
+    sset.add_argument("name")
+    sset.add_argument("value")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hearth` console command."""
     args = build_parser().parse_args(argv)
+    # `hearth ... | head` should end quietly, not with a BrokenPipeError traceback.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -174,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "token":
         return _token(args)
+    if args.command in ("models", "classes", "settings"):
+        from app.admin_cli import run as run_admin
+
+        return run_admin(args)
     return 2
 
 

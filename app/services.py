@@ -40,6 +40,25 @@ MIB = 1024 * 1024
 SETTINGS_TTL_S = 5.0
 
 
+def record_catalog(session, entries: list[CatalogEntry], now: datetime) -> list[db.Model]:
+    """Upsert one `models` row per catalog entry (the admin's policy, keep-alive and alias are kept)."""
+    rows = []
+    for e in entries:
+        row = session.scalar(select(db.Model).where(db.Model.name == e.name))
+        if row is None:
+            row = db.Model(name=e.name, first_seen_at=now)
+            session.add(row)
+        row.path, row.source, row.size_bytes = str(e.path), e.source, e.size_bytes
+        row.architecture, row.n_params, row.quantization = e.architecture, e.n_params, e.quantization
+        row.n_ctx_train, row.n_layers, row.n_head_kv = e.n_ctx_train, e.n_layers, e.n_head_kv
+        row.head_dim_k, row.head_dim_v = e.head_dim_k, e.head_dim_v
+        row.has_chat_template, row.usable, row.unusable_reason = e.has_chat_template, e.usable, e.unusable_reason
+        row.last_seen_at = now
+        rows.append(row)
+    session.flush()
+    return rows
+
+
 class Hearth:
     """Everything the gateway, the jobs and the dashboard share."""
 
@@ -75,18 +94,7 @@ class Hearth:
             aliases: dict[str, str] = {}
             with self.sessions() as s:
                 defaults = {k: get_setting(s, f"runner_{k}") for k in ("ctx", "parallel", "batch", "threads")}
-                for e in entries:
-                    row = s.scalar(select(db.Model).where(db.Model.name == e.name))
-                    if row is None:
-                        row = db.Model(name=e.name, first_seen_at=now)
-                        s.add(row)
-                    row.path, row.source, row.size_bytes = str(e.path), e.source, e.size_bytes
-                    row.architecture, row.n_params, row.quantization = e.architecture, e.n_params, e.quantization
-                    row.n_ctx_train, row.n_layers, row.n_head_kv = e.n_ctx_train, e.n_layers, e.n_head_kv
-                    row.head_dim_k, row.head_dim_v = e.head_dim_k, e.head_dim_v
-                    row.has_chat_template, row.usable, row.unusable_reason = e.has_chat_template, e.usable, e.unusable_reason
-                    row.last_seen_at = now
-                    s.flush()
+                for e, row in zip(entries, record_catalog(s, entries, now)):
                     if not e.usable:
                         continue
                     rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
