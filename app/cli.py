@@ -176,8 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hearth` console command."""
     args = build_parser().parse_args(argv)
-    # `hearth ... | head` should end quietly, not with a BrokenPipeError traceback.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if args.command in ("token", "models", "classes", "settings"):
+        # `hearth models list | head` should end quietly. Only for these printing commands: in a
+        # server, SIGPIPE's default action would kill the process whenever a client hangs up.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
