@@ -69,6 +69,11 @@ class HearthServer(BaseApplication):
 def serve(bind: str | None = None, threads: int = DEFAULT_THREADS) -> None:
     """Run Hearth until interrupted."""
     from app.factory import create_app
+    from app.residency.default_model import data_dir, ensure_default_model
 
+    if not os.environ.get("HEARTH_DEFAULT_MODEL"):
+        # Assembled here, on the admin's terminal with a progress bar, before gunicorn starts;
+        # the worker then finds it ready (a cheap size + sidecar check).
+        ensure_default_model(data_dir(), progress=True)
     bind = bind or os.environ.get("HEARTH_BIND") or DEFAULT_BIND
     HearthServer(gunicorn_settings(bind, threads), create_app).run()
