@@ -10,13 +10,14 @@ import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from os import PathLike
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.residency.gguf_meta import GgufError, GgufMetadata, read_metadata
+if TYPE_CHECKING:
+    from app.residency.gguf_meta import GgufMetadata
 
 # Gemma 3 has no system role: a leading system message is folded into the first user turn,
 # followed by a blank line. Turn contents are trimmed, as Google's reference template does.
@@ -176,18 +177,21 @@ def strip_leading_bos(text: str, bos_token: str) -> tuple[str, bool]:
     return text, False
 
 
-def template_from_gguf(path: str | PathLike[str]) -> ChatTemplate | None:
-    """Reads a GGUF's chat template (or its architecture's built-in one); None if neither."""
-    metadata = _read_gguf_chat_metadata(path)
-    bos_token, eos_token = _special_tokens(metadata)
-    source = metadata.fields.get(_KEY_CHAT_TEMPLATE)
+def template_for(source: str | None, architecture: str | None, bos_token: str, eos_token: str) -> ChatTemplate | None:
+    """The model's own template if it has one, else its architecture's built-in one; None if neither."""
     if isinstance(source, str) and source.strip():
         return ChatTemplate(source, bos_token, eos_token, origin="gguf")
-    architecture = metadata.architecture
     builtin = BUILTIN_TEMPLATES_BY_ARCHITECTURE.get(architecture)
     if builtin is not None:
         return ChatTemplate(builtin, bos_token, eos_token, origin=f"builtin:{architecture}")
     return None
+
+
+def template_from_gguf(path: str | PathLike[str]) -> ChatTemplate | None:
+    """Reads a GGUF's chat template (or its architecture's built-in one); None if neither."""
+    metadata = _read_gguf_chat_metadata(path)
+    bos_token, eos_token = _special_tokens(metadata)
+    return template_for(metadata.fields.get(_KEY_CHAT_TEMPLATE), metadata.architecture, bos_token, eos_token)
 
 
 def load_chat_template(path: str | PathLike[str]) -> ChatTemplate:
@@ -251,7 +255,7 @@ def _content_text(content: Any, index: int) -> str:
     return "\n".join(texts)
 
 
-def _special_tokens(metadata: GgufMetadata) -> tuple[str, str]:
+def _special_tokens(metadata: "GgufMetadata") -> tuple[str, str]:
     """Returns the (BOS, EOS) token strings, "" for any the GGUF does not define."""
     fields = metadata.fields
     return (
@@ -260,8 +264,12 @@ def _special_tokens(metadata: GgufMetadata) -> tuple[str, str]:
     )
 
 
-def _read_gguf_chat_metadata(path: str | PathLike[str]) -> GgufMetadata:
+def _read_gguf_chat_metadata(path: str | PathLike[str]) -> "GgufMetadata":
     """Reads a GGUF's header, reporting an unreadable file as a ChatTemplateError."""
+    # Imported here: the runner builds its template from llama.cpp's view of the model and never
+    # needs the gguf package (about 5 MiB of its resident memory).
+    from app.residency.gguf_meta import GgufError, read_metadata
+
     try:
         return read_metadata(path)
     except GgufError as exc:

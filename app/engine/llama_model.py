@@ -135,6 +135,11 @@ class LlamaModel:
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
         return buf.value.decode() if n >= 0 else None
 
+    @property
+    def architecture(self) -> str | None:
+        """general.architecture of the GGUF (e.g. "gemma3")."""
+        return self._meta("general.architecture")
+
     def kv_cache_bytes(self) -> int:
         """Bytes of the f16 KV cache for n_ctx cells over every layer (sliding-window layers at full size)."""
         arch = self._meta("general.architecture") or ""

@@ -25,7 +25,7 @@ from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
 from app.engine.api import ApiError, ChatBody, CompletionBody, DetokenizeBody, TokenizeBody, validation_error
-from app.engine.chat import ChatTemplate, ChatTemplateError, load_chat_template, strip_leading_bos
+from app.engine.chat import ChatTemplate, ChatTemplateError, fallback_template, strip_leading_bos, template_for
 from app.engine.engine import Engine
 from app.engine.model_config import ModelConfig
 from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request
@@ -77,7 +77,10 @@ class RunnerState:
         try:
             self.model = LlamaModel(cfg.model)
             # The GGUF's own template; else a built-in one for its architecture; else ChatML.
-            self.template = load_chat_template(cfg.model.path)
+            # Read through llama.cpp, which has the metadata loaded already.
+            m = self.model
+            bos, eos = m.token_text(m.bos_token), m.token_text(m.eos_token)
+            self.template = template_for(m.chat_template(), m.architecture, bos, eos) or fallback_template(bos, eos)
             self.engine = Engine(
                 self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting
             ).start()
