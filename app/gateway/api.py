@@ -214,7 +214,7 @@ def _stream(h, url, forward, ticket, lease, record, arrival_s, headers):
         content = resp.read()
         resp.close()
         try:
-            relay._read_summary(json.loads(content), outcome)
+            relay.read_summary(json.loads(content), outcome)
         except ValueError:
             outcome.error = content[:500].decode(errors="replace")
         _finish(h, ticket, lease, record, outcome, arrival_s)

@@ -1,23 +1,25 @@
-"""Relaying a validated request to a runner over loopback HTTP, chunk by chunk when streaming."""
+"""Relaying a validated request to a runner over loopback HTTP, chunk by chunk when streaming.
+
+The standard library's http.client, one keep-alive connection per gateway thread and runner:
+on this hop every request pays the client's own overhead, and http.client's is about half a
+millisecond less than a general-purpose client's (measured against a runner's /health).
+"""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
+from urllib.parse import urlsplit
 
-import httpx
+READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
+STREAM_READ_BYTES = 65536
 
-# One pool for every runner: keep-alive connections save a TCP handshake per request.
-_client = httpx.Client(
-    timeout=httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0),
-    transport=httpx.HTTPTransport(
-        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-    ),
-)
+_local = threading.local()
 
 
 class RunnerUnreachable(Exception):
@@ -36,7 +38,24 @@ class RelayOutcome:
     error: str | None = None
 
 
-def _read_summary(payload: dict, outcome: RelayOutcome) -> None:
+@dataclass
+class RunnerResponse:
+    """A runner's complete (non-streamed) answer."""
+
+    status_code: int
+    headers: dict[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        """The body as text."""
+        return self.content.decode("utf-8", "replace")
+
+
+def read_summary(payload: dict, outcome: RelayOutcome) -> None:
+    """Note usage, timings, finish reason and error from one JSON payload of the runner."""
+    if not isinstance(payload, dict):
+        return
     if payload.get("usage"):
         outcome.usage = payload["usage"]
     if payload.get("timings"):
@@ -49,39 +68,116 @@ def _read_summary(payload: dict, outcome: RelayOutcome) -> None:
         outcome.error = err.get("message") if isinstance(err, dict) else str(err)
 
 
-def post(url: str, body: dict) -> tuple[httpx.Response, RelayOutcome]:
+def _connection(host: str, port: int, fresh: bool) -> http.client.HTTPConnection:
+    pool = getattr(_local, "pool", None)
+    if pool is None:
+        pool = _local.pool = {}
+    conn = pool.get((host, port))
+    if conn is not None and not fresh:
+        return conn
+    if conn is not None:
+        conn.close()
+    conn = http.client.HTTPConnection(host, port, timeout=READ_TIMEOUT_S)
+    conn.connect()
+    # A streamed token is one small write; Nagle's algorithm would hold it for an ACK.
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    pool[(host, port)] = conn
+    return conn
+
+
+def _discard(host: str, port: int) -> None:
+    conn = getattr(_local, "pool", {}).pop((host, port), None)
+    if conn is not None:
+        conn.close()
+
+
+def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, str, int]:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    payload = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+    # A kept-alive connection may have been closed by the runner meanwhile: one retry on a fresh one.
+    for fresh in (False, True):
+        try:
+            conn = _connection(host, port, fresh)
+            conn.request("POST", parts.path, body=payload, headers=headers)
+            return conn.getresponse(), host, port
+        except (OSError, http.client.HTTPException) as exc:
+            _discard(host, port)
+            if fresh:
+                raise RunnerUnreachable(f"{type(exc).__name__}: {exc}") from exc
+    raise AssertionError("unreachable")
+
+
+def post(url: str, body: dict) -> tuple[RunnerResponse, RelayOutcome]:
     """A non-streamed request: the runner's whole answer."""
     outcome = RelayOutcome()
+    resp, host, port = _send(url, body)
     try:
-        resp = _client.post(url, json=body)
-    except httpx.TransportError as exc:
-        raise RunnerUnreachable(str(exc)) from exc
-    outcome.status = resp.status_code
+        content = resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        _discard(host, port)
+        raise RunnerUnreachable(f"the runner stopped while answering: {exc}") from exc
+    if resp.will_close:
+        _discard(host, port)
+    outcome.status = resp.status
     outcome.first_byte_s = time.monotonic()
     try:
-        _read_summary(resp.json(), outcome)
+        read_summary(json.loads(content), outcome)
     except ValueError:
-        outcome.error = resp.text[:500]
-    return resp, outcome
+        outcome.error = content[:500].decode("utf-8", "replace")
+    headers = {k.lower(): v for k, v in resp.getheaders()}
+    return RunnerResponse(resp.status, headers, content), outcome
 
 
-def open_stream(url: str, body: dict) -> tuple[httpx.Response, RelayOutcome]:
-    """Start a streamed request; the caller reads it with `stream_chunks` and must close it."""
+class RunnerStream:
+    """A streamed answer being read; close() it whether or not it was read to the end."""
+
+    def __init__(self, resp: http.client.HTTPResponse, host: str, port: int):
+        self._resp = resp
+        self._host, self._port = host, port
+        self.status_code = resp.status
+        self._done = False
+
+    def read(self) -> bytes:
+        """The whole remaining body (for error answers)."""
+        data = self._resp.read()
+        self._done = True
+        return data
+
+    def chunks(self) -> Iterator[bytes]:
+        """The body as it arrives."""
+        while True:
+            data = self._resp.read1(STREAM_READ_BYTES)
+            if not data:
+                self._done = True
+                return
+            yield data
+
+    def close(self) -> None:
+        """Release the connection: reusable after a complete body, closed otherwise (the runner
+        then sees its client gone and cancels the sequence)."""
+        if self._resp is None:
+            return
+        if not self._done or self._resp.will_close:
+            _discard(self._host, self._port)
+        self._resp.close()
+        self._resp = None
+
+
+def open_stream(url: str, body: dict) -> tuple[RunnerStream, RelayOutcome]:
+    """Start a streamed request; read it with `stream_chunks`, which closes it."""
     outcome = RelayOutcome()
-    request = _client.build_request("POST", url, json=body)
-    try:
-        resp = _client.send(request, stream=True)
-    except httpx.TransportError as exc:
-        raise RunnerUnreachable(str(exc)) from exc
-    outcome.status = resp.status_code
-    return resp, outcome
+    resp, host, port = _send(url, body)
+    outcome.status = resp.status
+    return RunnerStream(resp, host, port), outcome
 
 
-def stream_chunks(resp: httpx.Response, outcome: RelayOutcome) -> Iterator[bytes]:
+def stream_chunks(stream: RunnerStream, outcome: RelayOutcome) -> Iterator[bytes]:
     """Pass the runner's SSE bytes through as they arrive, noting usage and timings on the way."""
     tail = b""
     try:
-        for chunk in resp.iter_raw():
+        for chunk in stream.chunks():
             if outcome.first_byte_s is None:
                 outcome.first_byte_s = time.monotonic()
             yield chunk
@@ -90,14 +186,13 @@ def stream_chunks(resp: httpx.Response, outcome: RelayOutcome) -> Iterator[bytes
             *events, tail = tail.split(b"\n\n")
             for ev in events:
                 if b'"usage"' in ev or b'"error"' in ev:
-                    data = ev.partition(b"data: ")[2]
                     try:
-                        _read_summary(json.loads(data), outcome)
+                        read_summary(json.loads(ev.partition(b"data: ")[2]), outcome)
                     except ValueError:
                         pass
-    except httpx.TransportError as exc:
-        outcome.error = f"the runner stopped mid-stream: {exc}"
+    except (OSError, http.client.HTTPException) as exc:
+        outcome.error = f"the runner stopped mid-stream: {exc or type(exc).__name__}"
         err = {"error": {"message": outcome.error, "type": "server_error", "param": None, "code": "runner_failed"}}
         yield b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
     finally:
-        resp.close()
+        stream.close()
