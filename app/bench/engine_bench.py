@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from app.bench.texts import corpus
-from app.engine.engine import Engine, IterationStats
+from app.engine.engine import Engine
 from app.engine.request import Finished, RequestStats, SamplingParams
 
 # Mixed workload: prompt and output lengths cycle through these (tokens), so level L takes the first L.

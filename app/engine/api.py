@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -158,6 +159,35 @@ def _is_field(part) -> bool:
     if isinstance(part, int):
         return True
     return part.isidentifier() and part.islower() and part not in _UNION_TAGS
+
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def too_large() -> ApiError:
+    """413 for a body over MAX_BODY_BYTES."""
+    return ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+
+
+def parse_body(raw: bytes, schema: type[BaseModel]) -> tuple[BaseModel, dict]:
+    """A request body validated by schema, and the raw JSON object; every failure is a clear 400."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise too_large()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_utf8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                       code="invalid_json")
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return schema.model_validate(data), data
+    except ValidationError as exc:
+        raise validation_error(exc)
 
 
 def validation_error(exc: ValidationError) -> ApiError:

@@ -18,13 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
-from app.engine.api import ApiError, ChatBody, CompletionBody, DetokenizeBody, TokenizeBody, validation_error
+from app.engine.api import (
+    MAX_BODY_BYTES,
+    ApiError,
+    ChatBody,
+    CompletionBody,
+    DetokenizeBody,
+    TokenizeBody,
+    parse_body,
+    too_large,
+)
 from app.engine.chat import ChatTemplate, ChatTemplateError, fallback_template, strip_leading_bos, template_for
 from app.engine.engine import Engine
 from app.engine.model_config import ModelConfig
@@ -33,7 +42,6 @@ from app.engine.scheduler import Mode
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
 CLIENT_CHECK_S = 0.2  # how often a waiting request looks whether its client is still there
 
 
@@ -232,22 +240,8 @@ class RunnerApp:
         try:
             raw = req.get_data(cache=False)
         except RequestEntityTooLarge:
-            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ApiError(400, f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_utf8")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                           code="invalid_json")
-        if not isinstance(data, dict):
-            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-        try:
-            return schema.model_validate(data)
-        except ValidationError as exc:
-            raise validation_error(exc)
+            raise too_large()
+        return parse_body(raw, schema)[0]
 
     def on_completions(self, req):
         body = self._parse(req, CompletionBody)

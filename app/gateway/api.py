@@ -8,18 +8,16 @@ import time
 from datetime import datetime, timezone
 
 from flask import Blueprint, Response, current_app, request, stream_with_context
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from app.engine.api import ApiError, ChatBody, CompletionBody, validation_error
+from app.engine.api import MAX_BODY_BYTES, ApiError, ChatBody, CompletionBody, parse_body, too_large
 from app.gateway import relay
-from app.gateway.admission import AdmissionError, QueueFull, QueueTimeout, Ticket
+from app.gateway.admission import QueueFull, QueueTimeout, Ticket
 from app.gateway.auth import Principal, bearer_token
 
 log = logging.getLogger(__name__)
 
 bp = Blueprint("gateway", __name__)
-
-MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def hearth():
@@ -55,25 +53,9 @@ def _authenticate() -> Principal:
 
 
 def _parse(schema: type[BaseModel]):
-    length = request.content_length
-    if length is not None and length > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
-    raw = request.get_data(cache=False)
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ApiError(400, f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_utf8")
-    except json.JSONDecodeError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                       code="invalid_json")
-    if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-    try:
-        return schema.model_validate(data), data
-    except ValidationError as exc:
-        raise validation_error(exc)
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise too_large()
+    return parse_body(request.get_data(cache=False), schema)
 
 
 def _choose_class(principal: Principal, body_class: str | None):
@@ -187,13 +169,17 @@ def _runner_failed(h, lease, exc: Exception) -> ApiError:
                          "request", code="runner_failed", err_type="server_error")
 
 
-def _complete(h, url, forward, ticket, lease, record, arrival_s, headers):
+def _relay(h, send, url, forward, ticket, lease, record, arrival_s):
+    """Send to the runner; if it cannot be reached, end the request's bookkeeping and answer 502."""
     try:
-        resp, outcome = relay.post(url, forward)
+        return send(url, forward)
     except relay.RunnerUnreachable as exc:
-        outcome = relay.RelayOutcome(status=502, error=str(exc))
-        _finish(h, ticket, lease, record, outcome, arrival_s)
+        _finish(h, ticket, lease, record, relay.RelayOutcome(status=502, error=str(exc)), arrival_s)
         raise _runner_failed(h, lease, exc)
+
+
+def _complete(h, url, forward, ticket, lease, record, arrival_s, headers):
+    resp, outcome = _relay(h, relay.post, url, forward, ticket, lease, record, arrival_s)
     _finish(h, ticket, lease, record, outcome, arrival_s)
     if resp.status_code >= 500 and "generation_failed" not in resp.text:
         h.residency.report_failure(lease, outcome.error or f"HTTP {resp.status_code}")
@@ -204,12 +190,7 @@ def _complete(h, url, forward, ticket, lease, record, arrival_s, headers):
 
 
 def _stream(h, url, forward, ticket, lease, record, arrival_s, headers):
-    try:
-        resp, outcome = relay.open_stream(url, forward)
-    except relay.RunnerUnreachable as exc:
-        outcome = relay.RelayOutcome(status=502, error=str(exc))
-        _finish(h, ticket, lease, record, outcome, arrival_s)
-        raise _runner_failed(h, lease, exc)
+    resp, outcome = _relay(h, relay.open_stream, url, forward, ticket, lease, record, arrival_s)
     if resp.status_code != 200:
         content = resp.read()
         resp.close()

@@ -6,7 +6,6 @@ import threading
 import time
 
 import httpx
-import psutil
 import pytest
 
 DEFAULT = "gemma-3-270m-q4_k_m"
