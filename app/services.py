@@ -32,6 +32,7 @@ from app.residency.manager import (
 from app.residency.supervisor import RunnerSpec
 from app.settings import get_setting
 from app.telemetry import models as db
+from app.telemetry.metrics import GatewayMetrics
 from app.telemetry.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class Hearth:
         self._specs: dict[str, ModelSpec] = {}
         self._aliases: dict[str, str] = {}
         self.residency = ResidencyManager(self.model_specs, self.budget_bytes, self.on_residency_event)
+        self.metrics = GatewayMetrics(self)
         self.rescan()
 
     # -- catalog ---------------------------------------------------------------------------------
@@ -208,6 +210,7 @@ class Hearth:
         """Queue one finished, failed or refused request for the store (never blocks serving)."""
         values = {**record, **{k: v for k, v in fields.items() if v is not None}}
         values.setdefault("num_preemptions", 0)
+        self.metrics.observe(values)
         self.writer.add(db.RequestRecord(**values))
 
     def on_residency_event(self, ev: ResidencyEvent) -> None:

@@ -34,6 +34,12 @@ def _api_error(err: ApiError):
     return _error_response(err)
 
 
+@bp.get("/metrics")
+def metrics():
+    """Prometheus text: per-class requests, tokens, TTFT/TPOT/queue histograms, residency gauges."""
+    return Response(hearth().metrics.render(), mimetype="text/plain; version=0.0.4")
+
+
 @bp.get("/healthz")
 def healthz():
     """Cheap liveness for container health checks: no model, no database query."""

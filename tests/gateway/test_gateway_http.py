@@ -176,3 +176,23 @@ def test_runner_killed_mid_stream_fails_clearly_and_restarts_on_the_next_request
     assert r.status_code == 200, r.text
     events = rows(serve, "select event from residency_events where model_name=? order by id", DEFAULT)
     assert ("crash",) in events and events.count(("load",)) >= 2
+
+
+def test_prometheus_metrics_count_requests_per_class(serve):
+    chat(serve, headers={"X-Hearth-Class": "voice"})
+    text = serve.client.get("/metrics").text
+    assert f'hearth:gateway_requests_total{{class="voice",model="{DEFAULT}",status="ok"}}' in text
+    assert 'hearth:gateway_queue_seconds_bucket{class="voice"' in text
+    assert 'hearth:gateway_completion_tokens_total{class="voice"}' in text
+    assert f'hearth:model_resident{{model="{DEFAULT}"}} 1.0' in text
+    assert 'hearth:class_in_flight{class="voice"} 0.0' in text
+
+
+def test_runner_errors_pass_through_with_their_status(serve):
+    # The shared serve's runners hold 1024 cells: this prompt cannot fit even alone.
+    r = serve.client.post("/v1/completions", headers=auth(serve), json={"prompt": "word " * 1500, "max_tokens": 4})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and "1024 tokens" in err["message"]
+    assert ("error", 400) in rows(serve, "select status, http_status from requests where http_status = 400")
+    assert chat(serve).status_code == 200

@@ -1,0 +1,74 @@
+"""Prometheus exposition of `hearth serve`: per-class request counters and latency histograms,
+residency gauges. Readers never drive collection: gauges read state the services already hold."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from app.engine.metrics import TPOT_BUCKETS_S, TTFT_BUCKETS_S
+
+QUEUE_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+
+
+class _ResidencyCollector:
+    """Per-model gauges from the residency manager and per-class admission from the gateway."""
+
+    def __init__(self, hearth):
+        self.hearth = hearth
+
+    def collect(self):
+        state = GaugeMetricFamily("hearth:model_resident", "1 when the model's local runner is ready", labels=["model"])
+        rss = GaugeMetricFamily("hearth:model_rss_bytes", "Resident memory of the model's runner", labels=["model"])
+        estimate = GaugeMetricFamily("hearth:model_estimate_bytes", "Estimated memory of the model's runner",
+                                     labels=["model"])
+        in_flight = GaugeMetricFamily("hearth:model_in_flight", "Requests leased to the model's nodes", labels=["model"])
+        for m in self.hearth.residency.status():
+            name = m["name"]
+            state.add_metric([name], 1.0 if m["state"] == "ready" else 0.0)
+            rss.add_metric([name], float(m.get("rss_bytes") or 0))
+            estimate.add_metric([name], float(m.get("estimate_bytes") or 0))
+            in_flight.add_metric([name], float(m.get("in_flight") or 0))
+        yield from (state, rss, estimate, in_flight)
+        waiting = GaugeMetricFamily("hearth:class_waiting", "Requests waiting for admission", labels=["class"])
+        running = GaugeMetricFamily("hearth:class_in_flight", "Requests admitted and not finished", labels=["class"])
+        for name, snap in self.hearth.admission.snapshot().items():
+            waiting.add_metric([name], snap["waiting"])
+            running.add_metric([name], snap["in_flight"])
+        yield from (waiting, running)
+
+
+class GatewayMetrics:
+    """The registry behind `hearth serve`'s /metrics."""
+
+    def __init__(self, hearth):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_ResidencyCollector(hearth))
+        r = self.registry
+        self.requests = Counter("hearth:gateway_requests", "Requests by class, model and outcome",
+                                ["class", "model", "status"], registry=r)
+        self.prompt_tokens = Counter("hearth:gateway_prompt_tokens", "Prompt tokens by class", ["class"], registry=r)
+        self.completion_tokens = Counter("hearth:gateway_completion_tokens", "Generated tokens by class", ["class"],
+                                         registry=r)
+        self.ttft = Histogram("hearth:gateway_ttft_seconds", "Time to first token (streamed requests)", ["class"],
+                              buckets=TTFT_BUCKETS_S, registry=r)
+        self.tpot = Histogram("hearth:gateway_tpot_seconds", "Time per output token", ["class"],
+                              buckets=TPOT_BUCKETS_S, registry=r)
+        self.queue = Histogram("hearth:gateway_queue_seconds", "Time waiting for admission", ["class"],
+                               buckets=QUEUE_BUCKETS_S, registry=r)
+
+    def observe(self, values: dict) -> None:
+        """Count one recorded request (the same values the request log stores)."""
+        klass = values.get("class_name") or "unknown"
+        self.requests.labels(klass, values.get("model") or "unknown", values.get("status") or "unknown").inc()
+        if values.get("prompt_tokens"):
+            self.prompt_tokens.labels(klass).inc(values["prompt_tokens"])
+        if values.get("completion_tokens"):
+            self.completion_tokens.labels(klass).inc(values["completion_tokens"])
+        for hist, key in ((self.ttft, "ttft_ms"), (self.tpot, "tpot_ms"), (self.queue, "queue_ms")):
+            if values.get(key) is not None:
+                hist.labels(klass).observe(values[key] / 1000)
+
+    def render(self) -> bytes:
+        """Prometheus text exposition."""
+        return generate_latest(self.registry)
