@@ -162,11 +162,20 @@ def _finish(h, ticket: Ticket, lease, record: dict, outcome: relay.RelayOutcome,
         error=outcome.error,
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
-        ttft_ms=None if outcome.first_byte_s is None or not record["stream"] else (outcome.first_byte_s - arrival_s) * 1000,
+        ttft_ms=_ttft_ms(record, outcome, arrival_s),
         tpot_ms=t.get("tpot_ms"),
         total_ms=(time.monotonic() - arrival_s) * 1000,
         num_preemptions=t.get("num_preemptions"),
     )
+
+
+def _ttft_ms(record: dict, outcome: relay.RelayOutcome, arrival_s: float) -> float | None:
+    """Arrival at the gateway to first token: measured when streamed; for a whole answer, the
+    gateway's wait plus the runner's own time to first token (the client sees no earlier byte)."""
+    if record["stream"]:
+        return None if outcome.first_byte_s is None else (outcome.first_byte_s - arrival_s) * 1000
+    runner_ttft = (outcome.timings or {}).get("ttft_ms")
+    return None if runner_ttft is None else record.get("queue_ms", 0.0) + runner_ttft
 
 
 def _runner_failed(h, lease, exc: Exception) -> ApiError:

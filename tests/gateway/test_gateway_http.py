@@ -151,11 +151,13 @@ def test_waiting_past_the_class_timeout_is_503(serve):
 def test_every_request_is_recorded_with_its_timings(serve):
     chat(serve, headers={"X-Hearth-Class": "voice"})
     got = rows(serve, "select member_name, class_name, model, status, http_status, prompt_tokens, "
-                      "completion_tokens, total_ms, queue_ms from requests where class_name='voice' "
+                      "completion_tokens, total_ms, queue_ms, ttft_ms, tpot_ms from requests where class_name='voice' "
                       "order by id desc limit 1")
-    member, klass, model, status, http_status, p, c, total_ms, queue_ms = got[0]
+    member, klass, model, status, http_status, p, c, total_ms, queue_ms, ttft_ms, tpot_ms = got[0]
     assert (member, klass, model, status, http_status, c) == ("alice", "voice", DEFAULT, "ok", 200, 6)
     assert p > 0 and total_ms > 0 and queue_ms >= 0
+    # A whole (non-streamed) answer still has a TTFT: the gateway's wait plus the runner's.
+    assert 0 < ttft_ms < total_ms and tpot_ms > 0
 
 
 def test_runner_killed_mid_stream_fails_clearly_and_restarts_on_the_next_request(serve):
