@@ -164,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     cset.add_argument("name")
     cset.add_argument("assignments", nargs="+", metavar="FIELD=VALUE")
 
+    bk = sub.add_parser("backup", help="consistent copy of the store, safe while hearth serve runs")
+    bk.add_argument("file")
+    rs = sub.add_parser("restore", help="replace the store with a backup (stop hearth serve first)")
+    rs.add_argument("file")
+
     settings = sub.add_parser("settings", help="stored settings")
     settings_sub = settings.add_subparsers(dest="settings_command", required=True)
     settings_sub.add_parser("list", help="every setting, its value and what it does")
@@ -176,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hearth` console command."""
     args = build_parser().parse_args(argv)
-    if args.command in ("token", "models", "classes", "settings"):
+    if args.command in ("token", "models", "classes", "settings", "backup", "restore"):
         # `hearth models list | head` should end quietly. Only for these printing commands: in a
         # server, SIGPIPE's default action would kill the process whenever a client hangs up.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -209,11 +214,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "token":
         return _token(args)
+    if args.command in ("backup", "restore"):
+        return _backup(args)
     if args.command in ("models", "classes", "settings"):
         from app.admin_cli import run as run_admin
 
         return run_admin(args)
     return 2
+
+
+def _backup(args) -> int:
+    from app.residency.default_model import data_dir
+    from app.telemetry.backup import BackupError, backup, restore
+
+    try:
+        if args.command == "backup":
+            size = backup(data_dir(), Path(args.file))
+            print(f"backed up the store to {args.file} ({size / 1024 / 1024:.1f} MiB, integrity ok)")
+        else:
+            live = restore(data_dir(), Path(args.file))
+            print(f"restored {args.file} to {live}; the previous store is kept as {live.name}.before-restore")
+    except BackupError as exc:
+        print(f"hearth {args.command}: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _token(args) -> int:
