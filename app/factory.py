@@ -65,6 +65,9 @@ def create_app(test_config: dict | None = None) -> Flask:
         scheduler.add_job(hearth.residency.expire_idle, "interval", seconds=5, id="expire_models")
         scheduler.add_job(hearth.residency.check_nodes, "interval", seconds=5, id="check_nodes")
         scheduler.add_job(hearth.rescan, "interval", seconds=rescan_s, id="rescan_catalog")
+        scheduler.add_job("app.telemetry.sampler:sample_all", "interval", seconds=1, args=[hearth], id="sample_telemetry")
+        scheduler.add_job("app.telemetry.rollup:rollup_samples", "interval", seconds=60, args=[hearth], id="rollup_samples")
+        scheduler.add_job("app.telemetry.rollup:prune_samples", "interval", hours=1, args=[hearth], id="prune_samples")
         scheduler.start()
         app.extensions["scheduler"] = scheduler
     started = hearth.residency.start_pinned()

@@ -31,6 +31,7 @@ REGISTRY = {
         SettingDef("runner_batch", 512, "default n_batch per local runner"),
         SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)"),
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned"),
+        SettingDef("samples_retention_h", 48, "hours of 1-second telemetry samples kept; longer ranges read 1-minute rollups (kept 30 days) and hourly ones (365 days)"),
     ]
 }
 

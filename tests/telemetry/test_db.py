@@ -16,8 +16,9 @@ from app.telemetry.models import ApiToken, Base, Model, Node, RequestRecord, Run
 
 HEAD_TABLES = {
     "alembic_version", "models", "runner_settings", "nodes", "residency_events", "request_classes",
-    "members", "api_tokens", "requests", "settings",
+    "members", "api_tokens", "requests", "settings", "series", "samples", "rollups_1m", "rollups_1h",
 }
+HEAD = "0003"
 
 
 def test_database_path_is_in_the_data_folder(tmp_path):
@@ -43,7 +44,7 @@ def test_migrates_an_empty_database_to_head(make_store):
     engine = make_store(revision=None)
     assert db.current_revision(engine) is None
     db.upgrade(engine)
-    assert db.current_revision(engine) == db.head_revision() == "0002"
+    assert db.current_revision(engine) == db.head_revision() == HEAD
     assert set(inspect(engine).get_table_names()) == HEAD_TABLES
     # Migrations run with foreign keys off; the pooled connection must not keep that.
     with engine.connect() as connection:
@@ -52,7 +53,7 @@ def test_migrates_an_empty_database_to_head(make_store):
 
 def test_upgrade_at_head_is_a_no_op(engine):
     db.upgrade(engine)
-    assert db.current_revision(engine) == "0002"
+    assert db.current_revision(engine) == HEAD
 
 
 # Rows as a 0001-era Hearth would have left them, written as plain SQL (not through today's models).
@@ -88,7 +89,7 @@ def test_upgrades_a_0001_database_with_data_and_keeps_it(make_store):
 
     db.upgrade(engine)
 
-    assert db.current_revision(engine) == "0002"
+    assert db.current_revision(engine) == HEAD
     sessions = db.session_factory(engine)
     with sessions() as session:
         model = session.get(Model, 1)
@@ -165,12 +166,12 @@ def test_migrations_dir_honours_the_environment(tmp_path, monkeypatch):
     assert db.migrations_dir() == tmp_path
 
 
-def _migrations_with_0003(tmp_path, monkeypatch, body):
+def _migrations_with_scratch(tmp_path, monkeypatch, body):
     folder = tmp_path / "migrations"
     shutil.copytree(db.migrations_dir(), folder, ignore=shutil.ignore_patterns("__pycache__"))
-    (folder / "versions" / "0003_test.py").write_text(
+    (folder / "versions" / "9999_test.py").write_text(
         "import sqlalchemy as sa\nfrom alembic import op\n\n"
-        'revision = "0003"\ndown_revision = "0002"\nbranch_labels = None\ndepends_on = None\n\n\n'
+        f'revision = "9999"\ndown_revision = "{HEAD}"\nbranch_labels = None\ndepends_on = None\n\n\n'
         f"def upgrade():\n{textwrap.indent(textwrap.dedent(body), '    ')}\n\n"
         "def downgrade():\n    pass\n"
     )
@@ -196,9 +197,9 @@ with op.batch_alter_table("models", recreate="always") as batch:
 def test_a_table_rebuild_keeps_the_rows_that_reference_it(make_store, tmp_path, monkeypatch):
     engine = make_store()
     _add_model_with_node(engine)
-    _migrations_with_0003(tmp_path, monkeypatch, REBUILD_MODELS)
+    _migrations_with_scratch(tmp_path, monkeypatch, REBUILD_MODELS)
     db.upgrade(engine)
-    assert db.current_revision(engine) == "0003"
+    assert db.current_revision(engine) == "9999"
     assert "extra" in {c["name"] for c in inspect(engine).get_columns("models")}
     with engine.connect() as connection:
         assert connection.exec_driver_sql("SELECT url FROM nodes").scalars().all() == ["http://nas2:8080"]
@@ -208,10 +209,10 @@ def test_a_failing_upgrade_leaves_the_database_as_it_was(make_store, tmp_path, m
     engine = make_store()
     _add_model_with_node(engine)
     failing = REBUILD_MODELS + 'op.create_table("scratch", sa.Column("id", sa.Integer()))\nraise RuntimeError("boom")\n'
-    _migrations_with_0003(tmp_path, monkeypatch, failing)
+    _migrations_with_scratch(tmp_path, monkeypatch, failing)
     with pytest.raises(RuntimeError, match="boom"):
         db.upgrade(engine)
-    assert db.current_revision(engine) == "0002"
+    assert db.current_revision(engine) == HEAD
     assert set(inspect(engine).get_table_names()) == HEAD_TABLES
     assert "extra" not in {c["name"] for c in inspect(engine).get_columns("models")}
     with engine.connect() as connection:

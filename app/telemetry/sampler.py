@@ -1,0 +1,318 @@
+"""Telemetry sampling: collect readings from the host, GPUs and runners, decorate, store.
+
+Called once a second by the `sample_telemetry` job. Each step of `Sampler.sample_all`:
+
+  1. collect: host CPU/RAM (psutil), per GPU (NVML; none is a normal state), and for every
+     ready model's healthy nodes one scrape of /metrics and /slots with a short timeout;
+  2. decorate: counters become per-second rates against the previous scrape, KV cells become a
+     percentage; the metric names and units are the data in METRICS below;
+  3. store: one batch of (source, metric, value) readings goes to the store writer, and the
+     same batch becomes `latest`, which readers use instead of collecting.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from app.telemetry.models import Sample, Series
+
+log = logging.getLogger(__name__)
+
+SCRAPE_TIMEOUT_S = 0.5
+
+# A reading: (source, metric, value); sources are 'host', 'gpu:<i>' or 'runner:<model>@<node>'.
+Reading = tuple[str, str, float]
+HttpGet = Callable[[str, float], str]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a stored metric means: name, unit and a description for charts and tooltips."""
+
+    name: str
+    unit: str
+    description: str
+
+
+METRICS = {
+    m.name: m
+    for m in [
+        Metric("cpu_pct", "%", "host CPU utilisation over the last interval, all cores"),
+        Metric("ram_used_bytes", "B", "host memory in use (total minus available)"),
+        Metric("ram_total_bytes", "B", "host memory installed"),
+        Metric("gpu_util_pct", "%", "share of time a GPU kernel was running"),
+        Metric("vram_used_bytes", "B", "GPU memory in use"),
+        Metric("vram_total_bytes", "B", "GPU memory installed"),
+        Metric("gpu_temp_c", "°C", "GPU core temperature"),
+        Metric("gpu_power_w", "W", "GPU power draw"),
+        Metric("gen_tok_s", "tok/s", "tokens generated per second"),
+        Metric("prompt_tok_s", "tok/s", "prompt tokens processed per second"),
+        Metric("running", "seqs", "sequences being decoded"),
+        Metric("waiting", "seqs", "requests waiting for a slot or KV space"),
+        Metric("kv_used_pct", "%", "KV cache cells held by running sequences"),
+        Metric("preemptions_s", "1/s", "sequences evicted from the KV cache per second"),
+        Metric("slots_busy", "slots", "sequence slots processing a request"),
+    ]
+}
+
+# Runner exposition names -> stored metric. Counters are stored as per-second rates.
+RUNNER_COUNTERS = {
+    "llamacpp:tokens_predicted_total": "gen_tok_s",
+    "llamacpp:prompt_tokens_total": "prompt_tok_s",
+    "hearth:preemptions_total": "preemptions_s",
+}
+RUNNER_GAUGES = {
+    "llamacpp:requests_processing": "running",
+    "llamacpp:requests_deferred": "waiting",
+}
+
+
+# -- collect ---------------------------------------------------------------------------------------
+
+
+def sample_host(ps: Any = psutil) -> list[Reading]:
+    """Host CPU % since the previous call and RAM used/total."""
+    vm = ps.virtual_memory()
+    # total - available, not psutil's `used`: page cache the kernel can drop is not pressure.
+    return [
+        ("host", "cpu_pct", float(ps.cpu_percent(interval=None))),
+        ("host", "ram_used_bytes", float(vm.total - vm.available)),
+        ("host", "ram_total_bytes", float(vm.total)),
+    ]
+
+
+@functools.cache
+def open_nvml() -> Any | None:
+    """The initialised pynvml module, or None without the library, the driver or a GPU (tried once)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as error:  # ImportError, or NVMLError when there is no driver: both mean "no GPU"
+        log.info("no NVIDIA GPU telemetry: %s", error)
+        return None
+    return pynvml
+
+
+_GPU_PROBES = [
+    ("gpu_util_pct", lambda nvml, h: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+    ("vram_used_bytes", lambda nvml, h: nvml.nvmlDeviceGetMemoryInfo(h).used),
+    ("vram_total_bytes", lambda nvml, h: nvml.nvmlDeviceGetMemoryInfo(h).total),
+    ("gpu_temp_c", lambda nvml, h: nvml.nvmlDeviceGetTemperature(h, 0)),  # 0: NVML_TEMPERATURE_GPU
+    ("gpu_power_w", lambda nvml, h: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),  # NVML reports mW
+]
+
+
+def sample_gpus(nvml: Any = None) -> list[Reading]:
+    """Utilisation, VRAM, temperature and power per GPU; [] when there is no GPU (a normal state)."""
+    nvml = nvml if nvml is not None else open_nvml()
+    if nvml is None:
+        return []
+    try:
+        count = nvml.nvmlDeviceGetCount()
+    except Exception:
+        return []
+    readings: list[Reading] = []
+    for i in range(count):
+        source = f"gpu:{i}"
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        except Exception:
+            continue
+        # Each reading on its own: consumer GPUs refuse some (power) and the rest still count.
+        for metric, probe in _GPU_PROBES:
+            try:
+                readings.append((source, metric, float(probe(nvml, handle))))
+            except Exception:
+                continue
+    return readings
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Unlabelled samples of a Prometheus text exposition, by name (labelled ones are skipped)."""
+    values = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "{" in line:
+            continue
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        try:
+            values[parts[0]] = float(parts[1])
+        except ValueError:
+            continue
+    return values
+
+
+class RateTracker:
+    """Turns counters into per-second rates against the previous value seen for the same key."""
+
+    def __init__(self) -> None:
+        self._previous: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def rate(self, key: tuple[str, str], t: float, value: float) -> float | None:
+        """The rate since the previous value; None on the first one, a counter reset or no elapsed time."""
+        previous = self._previous.get(key)
+        self._previous[key] = (t, value)
+        if previous is None:
+            return None
+        t0, v0 = previous
+        # A counter going down means the runner restarted: one missing point beats a negative rate.
+        if t <= t0 or value < v0:
+            return None
+        return (value - v0) / (t - t0)
+
+    def forget_except(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Drop state for keys not in `keys` (runners that went away)."""
+        keep = set(keys)
+        for key in [k for k in self._previous if k not in keep]:
+            del self._previous[key]
+
+
+def _busy_slots(body: str) -> int:
+    slots = json.loads(body)
+    # llama-server and Hearth's runner say `is_processing`; older llama-server builds say `state`.
+    return sum(1 for s in slots if s.get("is_processing", s.get("state", 0) != 0))
+
+
+def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rates: RateTracker,
+                   now: float) -> list[Reading]:
+    """Scrape /metrics and /slots of every healthy node of every ready model; unreachable nodes are skipped."""
+    readings: list[Reading] = []
+    seen: list[tuple[str, str]] = []
+    for model in statuses:
+        if model.get("state") != "ready":
+            continue
+        for node in model.get("nodes") or []:
+            if not node.get("healthy") or not node.get("url"):
+                continue
+            url = node["url"].rstrip("/")
+            source = f"runner:{model['name']}@{node.get('label') or url}"
+            try:
+                values = parse_prometheus(http_get(f"{url}/metrics", SCRAPE_TIMEOUT_S))
+            except Exception as error:
+                log.debug("telemetry: %s/metrics: %s", url, error)
+                continue
+            for name, metric in RUNNER_COUNTERS.items():
+                if name in values:
+                    seen.append((source, metric))
+                    rate = rates.rate((source, metric), now, values[name])
+                    if rate is not None:
+                        readings.append((source, metric, rate))
+            for name, metric in RUNNER_GAUGES.items():
+                if name in values:
+                    readings.append((source, metric, values[name]))
+            used, total = values.get("hearth:kv_cells_used"), values.get("hearth:kv_cells_total")
+            if used is not None and total:
+                readings.append((source, "kv_used_pct", 100.0 * used / total))
+            try:
+                readings.append((source, "slots_busy", float(_busy_slots(http_get(f"{url}/slots", SCRAPE_TIMEOUT_S)))))
+            except Exception as error:  # /slots may be disabled on a plain llama-server
+                log.debug("telemetry: %s/slots: %s", url, error)
+    rates.forget_except(seen)
+    return readings
+
+
+# -- store -----------------------------------------------------------------------------------------
+
+
+def store_readings(session: Session, at: int, readings: Iterable[Reading]) -> int:
+    """Insert one second's readings, creating series rows as needed; the caller commits."""
+    rows = [r for r in readings if math.isfinite(r[2])]
+    if not rows:
+        return 0
+    # Looked up inside the write transaction every time: an id cached across transactions could
+    # name a series row that a rolled-back batch never kept.
+    ids = {(s, m): i for i, s, m in session.execute(select(Series.id, Series.source, Series.metric))}
+    missing = sorted({(s, m) for s, m, _ in rows} - ids.keys())
+    for source, metric in missing:
+        ids[(source, metric)] = session.execute(
+            insert(Series).values(source=source, metric=metric).returning(Series.id)
+        ).scalar_one()
+    # OR REPLACE: two job runs landing in the same second keep the later value instead of failing.
+    session.execute(
+        insert(Sample).prefix_with("OR REPLACE"),
+        [{"series_id": ids[(s, m)], "at": at, "value": v} for s, m, v in rows],
+    )
+    return len(rows)
+
+
+def _httpx_get() -> HttpGet:
+    import httpx
+
+    # One client, so the runners' connections are kept alive between scrapes.
+    client = httpx.Client()
+
+    def get(url: str, timeout_s: float) -> str:
+        response = client.get(url, timeout=timeout_s)
+        response.raise_for_status()
+        return response.text
+
+    return get
+
+
+class Sampler:
+    """The `sample_telemetry` job: one collected batch per call, written through the store writer."""
+
+    def __init__(self, hearth: Any, clock: Callable[[], float] = time.time, http_get: HttpGet | None = None,
+                 nvml: Any = None, ps: Any = psutil):
+        self.hearth = hearth
+        self.clock = clock
+        self.http_get = http_get or _httpx_get()
+        self.nvml = nvml
+        self.ps = ps
+        self.rates = RateTracker()
+        # Readers (status page, overview) use these; they never trigger a collection.
+        self.latest: dict[str, dict[str, float]] = {}
+        self.latest_at: float | None = None
+
+    def collect(self, now: float) -> list[Reading]:
+        """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
+        readings = sample_host(self.ps) + sample_gpus(self.nvml)
+        readings += sample_runners(self.hearth.residency.status(), self.http_get, self.rates, now)
+        return readings
+
+    def sample_all(self) -> int:
+        """Collect, keep as `latest`, and queue the batch for the store; returns the number of readings."""
+        now = self.clock()
+        readings = self.collect(now)
+        at = int(now)
+        latest: dict[str, dict[str, float]] = {}
+        for source, metric, value in readings:
+            latest.setdefault(source, {})[metric] = value
+        self.latest, self.latest_at = latest, at
+        self.hearth.writer.submit(lambda session: store_readings(session, at, readings))
+        return len(readings)
+
+
+# One Sampler per Hearth, so the job can be a plain function the scheduler names by reference.
+_samplers: weakref.WeakKeyDictionary[Any, Sampler] = weakref.WeakKeyDictionary()
+
+
+def sampler_for(hearth: Any) -> Sampler:
+    """The Hearth's sampler (created on first use); readers take `.latest` from it."""
+    sampler = _samplers.get(hearth)
+    if sampler is None:
+        sampler = _samplers[hearth] = Sampler(hearth)
+    return sampler
+
+
+def sample_all(hearth: Any, clock: Callable[[], float] | None = None) -> int:
+    """The `sample_telemetry` job: collect one batch and queue it for the store."""
+    sampler = sampler_for(hearth)
+    if clock is not None:
+        sampler.clock = clock
+    return sampler.sample_all()

@@ -1,0 +1,258 @@
+"""Sampling: host, GPUs (present or not) and runners' counters turned into rates."""
+
+from collections import namedtuple
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import select
+
+from app.telemetry import sampler as sampler_mod
+from app.telemetry.models import Sample, Series
+from app.telemetry.sampler import (
+    METRICS,
+    RateTracker,
+    Sampler,
+    parse_prometheus,
+    sample_gpus,
+    sample_host,
+    sample_runners,
+    store_readings,
+)
+from app.telemetry.writer import StoreWriter
+
+
+def metrics_text(predicted, prompt, processing=1, deferred=0, kv_used=512, kv_total=2048, preemptions=0):
+    """Prometheus text as a Hearth runner writes it."""
+    return f"""# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total {prompt}
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total {predicted}
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing {processing}
+llamacpp:requests_deferred {deferred}
+hearth:kv_cells_used {kv_used}
+hearth:kv_cells_total {kv_total}
+hearth:preemptions_total {preemptions}
+hearth:ttft_seconds_bucket{{le="0.05"}} 3
+"""
+
+
+SLOTS = '[{"id": 0, "is_processing": true}, {"id": 1, "is_processing": false}, {"id": 2, "is_processing": true}]'
+
+
+class FakeHttp:
+    """Serves queued /metrics bodies (one per scrape) and a fixed /slots; records the URLs asked."""
+
+    def __init__(self, metrics_bodies, slots=SLOTS):
+        self.metrics_bodies = list(metrics_bodies)
+        self.slots = slots
+        self.urls = []
+
+    def __call__(self, url, timeout_s):
+        self.urls.append((url, timeout_s))
+        if url.endswith("/metrics"):
+            return self.metrics_bodies.pop(0)
+        if url.endswith("/slots"):
+            return self.slots
+        raise AssertionError(url)
+
+
+def status(name="gemma", state="ready", nodes=None):
+    """One model as ResidencyManager.status() describes it."""
+    if nodes is None:
+        nodes = [{"label": "local", "url": "http://127.0.0.1:9001", "local": True, "healthy": True}]
+    return {"name": name, "state": state, "nodes": nodes, "pid": 1, "rss_bytes": 0}
+
+
+def as_dict(readings):
+    return {(s, m): v for s, m, v in readings}
+
+
+def test_counters_become_rates_against_the_previous_scrape():
+    http = FakeHttp([metrics_text(100, 1000, preemptions=1), metrics_text(150, 1400, preemptions=3, kv_used=1024)])
+    rates = RateTracker()
+    first = as_dict(sample_runners([status()], http, rates, now=1000.0))
+    src = "runner:gemma@local"
+    # No rate from a single scrape; gauges are there at once.
+    assert (src, "gen_tok_s") not in first
+    assert first[(src, "running")] == 1 and first[(src, "waiting")] == 0
+    assert first[(src, "kv_used_pct")] == 25.0
+    assert first[(src, "slots_busy")] == 2
+    second = as_dict(sample_runners([status()], http, rates, now=1002.0))
+    assert second[(src, "gen_tok_s")] == pytest.approx(25.0)
+    assert second[(src, "prompt_tok_s")] == pytest.approx(200.0)
+    assert second[(src, "preemptions_s")] == pytest.approx(1.0)
+    assert second[(src, "kv_used_pct")] == 50.0
+    assert all(timeout == sampler_mod.SCRAPE_TIMEOUT_S for _, timeout in http.urls)
+
+
+def test_a_counter_reset_gives_no_rate_instead_of_a_negative_one():
+    http = FakeHttp([metrics_text(500, 5000), metrics_text(10, 100), metrics_text(30, 100)])
+    rates = RateTracker()
+    sample_runners([status()], http, rates, now=0.0)
+    after_restart = as_dict(sample_runners([status()], http, rates, now=1.0))
+    assert ("runner:gemma@local", "gen_tok_s") not in after_restart
+    assert as_dict(sample_runners([status()], http, rates, now=2.0))[("runner:gemma@local", "gen_tok_s")] == 20.0
+
+
+def test_only_healthy_nodes_of_ready_models_are_scraped_and_failures_are_skipped():
+    def http(url, timeout_s):
+        if "9002" in url:
+            raise OSError("connection refused")
+        return metrics_text(1, 1) if url.endswith("/metrics") else "[]"
+
+    statuses = [
+        status("loading-model", state="loading"),
+        status("gemma", nodes=[
+            {"label": None, "url": "http://127.0.0.1:9001/", "healthy": True},
+            {"label": "down", "url": "http://127.0.0.1:9002", "healthy": True},
+            {"label": "sick", "url": "http://127.0.0.1:9003", "healthy": False},
+        ]),
+    ]
+    readings = sample_runners(statuses, http, RateTracker(), now=0.0)
+    # An unlabelled node is named by its URL.
+    assert {s for s, _, _ in readings} == {"runner:gemma@http://127.0.0.1:9001"}
+
+
+def test_plain_llama_server_without_hearth_metrics_or_slots():
+    def http(url, timeout_s):
+        if url.endswith("/slots"):
+            raise OSError("501 Not Implemented")
+        return "llamacpp:requests_processing 2\nllamacpp:requests_deferred 1\n"
+
+    readings = as_dict(sample_runners([status()], http, RateTracker(), now=0.0))
+    assert readings == {("runner:gemma@local", "running"): 2.0, ("runner:gemma@local", "waiting"): 1.0}
+
+
+def test_parse_prometheus_skips_comments_labels_and_junk():
+    assert parse_prometheus("# HELP a b\na 1\nb{le=\"1\"} 2\nc\nd x\ne 2.5e3\n") == {"a": 1.0, "e": 2500.0}
+
+
+def test_host_reports_cpu_and_ram_used_as_total_minus_available():
+    vm = namedtuple("vm", "total available used")(8000, 3000, 1000)
+    fake = SimpleNamespace(virtual_memory=lambda: vm, cpu_percent=lambda interval: 12.5)
+    assert as_dict(sample_host(fake)) == {
+        ("host", "cpu_pct"): 12.5, ("host", "ram_used_bytes"): 5000.0, ("host", "ram_total_bytes"): 8000.0,
+    }
+
+
+def test_real_host_sample_is_sane():
+    readings = as_dict(sample_host())
+    assert 0 < readings[("host", "ram_used_bytes")] <= readings[("host", "ram_total_bytes")]
+
+
+class FakeNvml:
+    """Two GPUs; the second refuses to report power, as consumer cards do."""
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=40 + h)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=1 << 30, total=24 << 30)
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return 61
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        if h == 1:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return 215500
+
+
+def test_gpus_are_read_one_metric_at_a_time():
+    readings = as_dict(sample_gpus(FakeNvml()))
+    assert readings[("gpu:0", "gpu_util_pct")] == 40 and readings[("gpu:1", "gpu_util_pct")] == 41
+    assert readings[("gpu:0", "gpu_power_w")] == 215.5
+    assert ("gpu:1", "gpu_power_w") not in readings
+    assert readings[("gpu:1", "vram_total_bytes")] == 24 << 30
+    assert readings[("gpu:1", "gpu_temp_c")] == 61
+
+
+def test_absent_gpu_is_normal(monkeypatch):
+    class NoDriver:
+        def nvmlDeviceGetCount(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    assert sample_gpus(NoDriver()) == []
+    # No library or driver at all: open_nvml gives None and sampling gives [].
+    monkeypatch.setattr(sampler_mod, "open_nvml", lambda: None)
+    assert sample_gpus() == []
+
+
+def test_every_stored_metric_has_metadata():
+    names = {m for m in sampler_mod.RUNNER_COUNTERS.values()} | set(sampler_mod.RUNNER_GAUGES.values())
+    names |= {"kv_used_pct", "slots_busy", "cpu_pct", "ram_used_bytes", "ram_total_bytes"}
+    names |= {m for _, m, _ in sample_gpus(FakeNvml())}
+    assert names <= METRICS.keys()
+    assert all(m.unit and m.description for m in METRICS.values())
+
+
+def test_store_readings_creates_series_once_and_replaces_a_repeated_second(sessions):
+    with sessions.begin() as s:
+        store_readings(s, 100, [("host", "cpu_pct", 10.0), ("gpu:0", "gpu_temp_c", 50.0)])
+    with sessions.begin() as s:
+        store_readings(s, 100, [("host", "cpu_pct", 20.0), ("host", "ram_used_bytes", float("nan"))])
+        store_readings(s, 101, [("host", "cpu_pct", 30.0)])
+    with sessions() as s:
+        assert s.scalar(select(Series).where(Series.metric == "ram_used_bytes")) is None
+        rows = s.execute(select(Series.source, Series.metric, Sample.at, Sample.value).join(Sample)
+                         .order_by(Series.source, Sample.at)).all()
+    assert rows == [("gpu:0", "gpu_temp_c", 100, 50.0), ("host", "cpu_pct", 100, 20.0), ("host", "cpu_pct", 101, 30.0)]
+
+
+class FakeResidency:
+    def __init__(self, statuses):
+        self.statuses = statuses
+
+    def status(self):
+        return self.statuses
+
+
+class FakeHearth:
+    """What the sampler uses of Hearth: residency status and the store writer."""
+
+    def __init__(self, statuses, writer):
+        self.residency = FakeResidency(statuses)
+        self.writer = writer
+
+
+@pytest.fixture
+def writer(engine):
+    w = StoreWriter(engine)
+    w.start()
+    yield w
+    w.stop(timeout_s=5)
+
+
+def test_sample_all_writes_one_batch_through_the_writer(engine, sessions, writer):
+    t = [1000.0]
+    hearth = FakeHearth([status()], writer)
+    http = FakeHttp([metrics_text(0, 0), metrics_text(30, 90)])
+    nogpu = SimpleNamespace(nvmlDeviceGetCount=lambda: 0)
+    sampler = Sampler(hearth, clock=lambda: t[0], http_get=http, nvml=nogpu)
+    sampler.sample_all()
+    t[0] = 1001.0
+    n = sampler.sample_all()
+    assert writer.flush(timeout_s=5)
+    assert sampler.latest_at == 1001
+    assert sampler.latest["runner:gemma@local"]["gen_tok_s"] == 30.0
+    assert sampler.latest["host"].keys() == {"cpu_pct", "ram_used_bytes", "ram_total_bytes"}
+    with sessions() as s:
+        at_1001 = s.execute(select(Series.source, Series.metric, Sample.value).join(Sample).where(Sample.at == 1001)).all()
+    assert len(at_1001) == n
+    assert ("runner:gemma@local", "prompt_tok_s", 90.0) in at_1001
+
+
+def test_sample_all_function_keeps_one_sampler_per_hearth(monkeypatch, writer):
+    hearth = FakeHearth([], writer)
+    monkeypatch.setattr(sampler_mod, "open_nvml", lambda: None)
+    assert sampler_mod.sample_all(hearth, clock=lambda: 5.0) == 3  # host only: no GPU, no runner
+    assert sampler_mod.sampler_for(hearth) is sampler_mod.sampler_for(hearth)
+    assert sampler_mod.sampler_for(hearth).latest_at == 5
