@@ -7,7 +7,6 @@ gunicorn worker that holds the model (the arbiter is reported beside it).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -16,14 +15,10 @@ import time
 import httpx
 import psutil
 
+from app.residency.supervisor import free_port
+
 ALLOWANCE_BYTES = 150 * 1024 * 1024
 MIB = 1024 * 1024
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(proc: psutil.Process) -> psutil.Process:
@@ -34,7 +29,7 @@ def _worker(proc: psutil.Process) -> psutil.Process:
 
 def run_from_args(args, model_path: str) -> int:
     """Start a runner, load it with concurrent requests, sample RSS, print the figures."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "app.cli", "runner", "--model", model_path, "--port", str(port),
            "--ctx", str(args.ctx), "--parallel", str(args.parallel), "--batch", str(args.batch),
            "--threads", str(args.threads)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,16 +13,10 @@ import psutil
 from sqlalchemy import update
 
 from app.gateway.tokens import create_token
+from app.residency.supervisor import free_port
 from app.settings import set_setting
 from app.telemetry.models import Model, RequestClass, utcnow
 from app.telemetry.store import open_store
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare_data(data: Path, classes: dict[str, dict] | None = None, settings: dict | None = None,

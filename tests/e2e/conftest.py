@@ -1,7 +1,6 @@
 """Real `hearth runner` processes on loopback, serving the real Gemma 3 270M GGUF."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,12 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from app.residency.supervisor import free_port
 
 
 class Runner:
