@@ -15,16 +15,104 @@ from app.telemetry import models as db
 from app.telemetry.store import open_store
 
 MIB = 1024 * 1024
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _flag(value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(value)
+
+
 CLASS_FIELDS = {
     "priority": int, "ttft_target_ms": int, "tpot_target_ms": int, "default_max_tokens": int,
     "max_output_tokens": int, "max_concurrent": int, "max_queue": int, "weight": float,
-    "preemptible": lambda v: v.lower() in ("1", "true", "yes", "on"), "queue_timeout_s": float,
-    "default_model": lambda v: v or None,
+    "preemptible": _flag, "queue_timeout_s": float,
+    "default_model": lambda v: v.strip() or None,
 }
+# (lowest allowed value, what the field means) for the numeric fields; checked after conversion.
+CLASS_LIMITS = {
+    "priority": (0, "priority (0 runs first)"),
+    "ttft_target_ms": (1, "time-to-first-token target in ms"),
+    "tpot_target_ms": (1, "time-per-output-token target in ms"),
+    "default_max_tokens": (1, "default max tokens"),
+    "max_output_tokens": (1, "max output tokens"),
+    "max_concurrent": (1, "max concurrent requests"),
+    "max_queue": (0, "queue length"),
+    "weight": (0.001, "fair-share weight"),
+    "queue_timeout_s": (0.1, "queue timeout in seconds"),
+}
+MODEL_POLICIES = ("pinned", "keep_alive", "on_demand")
 
 
 class AdminError(ValueError):
     """An edit that cannot be made (the message says why)."""
+
+
+class ClassFieldErrors(AdminError):
+    """Some class fields are not valid; `errors` maps each field to what is wrong with it."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = errors
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+
+
+def parse_class_fields(values: dict[str, str]) -> tuple[dict, dict[str, str]]:
+    """Typed class fields from text (CLI FIELD=VALUE or a form) and a message per invalid field."""
+    parsed, errors = {}, {}
+    for field, raw in values.items():
+        if field not in CLASS_FIELDS:
+            errors[field] = f"unknown field; one of {', '.join(CLASS_FIELDS)}"
+            continue
+        try:
+            value = CLASS_FIELDS[field](raw)
+        except ValueError:
+            kind = {int: "a whole number", float: "a number"}.get(CLASS_FIELDS[field], "yes or no")
+            errors[field] = f"{raw!r} is not a valid {field}: enter {kind}"
+            continue
+        if field in CLASS_LIMITS and value < CLASS_LIMITS[field][0]:
+            low, what = CLASS_LIMITS[field]
+            errors[field] = f"{what} must be at least {low:g}"
+            continue
+        parsed[field] = value
+    return parsed, errors
+
+
+def update_class(s, name: str, values: dict[str, str]) -> db.RequestClass:
+    """Validate and apply text values to a stored class; raises ClassFieldErrors and changes nothing if any is bad."""
+    row = s.get(db.RequestClass, name)
+    if row is None:
+        raise AdminError(f"no class '{name}'")
+    parsed, errors = parse_class_fields(values)
+    default_tokens = parsed.get("default_max_tokens", row.default_max_tokens)
+    max_tokens = parsed.get("max_output_tokens", row.max_output_tokens)
+    if "default_max_tokens" not in errors and "max_output_tokens" not in errors and default_tokens > max_tokens:
+        errors["default_max_tokens"] = f"default max tokens ({default_tokens}) is above max output tokens ({max_tokens})"
+    if errors:
+        raise ClassFieldErrors(errors)
+    for field, value in parsed.items():
+        setattr(row, field, value)
+    return row
+
+
+def set_model_policy(s, name: str, policy: str | None = None, keep_alive_s: int | None = None) -> db.Model:
+    """Change a model's residency policy and/or keep-alive TTL in the store (the caller commits)."""
+    row = s.scalar(select(db.Model).where(db.Model.name == name))
+    if row is None:
+        raise AdminError(f"no model '{name}'; `hearth models list` scans the models folder and shows the names")
+    if policy is not None and policy not in MODEL_POLICIES:
+        raise AdminError(f"unknown policy '{policy}'; choose from {', '.join(MODEL_POLICIES)}")
+    if keep_alive_s is not None and keep_alive_s < 1:
+        raise AdminError(f"keep-alive must be at least 1 s (got {keep_alive_s}); use policy on_demand to unload at once")
+    if policy is not None:
+        row.policy = policy
+    if keep_alive_s is not None:
+        row.keep_alive_s = keep_alive_s
+    return row
 
 
 def _models_dir(data: Path) -> Path:
@@ -94,10 +182,7 @@ def _models(args, s, data: Path) -> None:
             s.delete(existing)
             print(f"{args.name}: node {args.url} removed")
         return
-    if args.policy:
-        row.policy = args.policy
-    if args.keep_alive_s is not None:
-        row.keep_alive_s = args.keep_alive_s
+    set_model_policy(s, args.name, args.policy or None, args.keep_alive_s)
     if args.alias is not None:
         row.alias = args.alias or None
     runner_fields = {"kind": args.runner, "binary_path": args.binary, "n_ctx": args.ctx, "parallel": args.parallel,
@@ -126,17 +211,13 @@ def _classes(args, s, data: Path) -> None:
                   f"{r.weight:>6g} {'yes' if r.preemptible else 'no':>8} {r.queue_timeout_s:>7g}s  "
                   f"{r.default_model or '(household default)'}")
         return
-    row = s.get(db.RequestClass, args.name)
-    if row is None:
-        raise AdminError(f"no class '{args.name}'")
+    values = {}
     for a in args.assignments:
         field, sep, value = a.partition("=")
         if not sep or field not in CLASS_FIELDS:
             raise AdminError(f"'{a}': expected FIELD=VALUE with FIELD one of {', '.join(CLASS_FIELDS)}")
-        try:
-            setattr(row, field, CLASS_FIELDS[field](value))
-        except ValueError:
-            raise AdminError(f"'{a}': {value!r} is not a valid {field}")
+        values[field] = value
+    update_class(s, args.name, values)
     print(f"class {args.name}: updated")
 
 
