@@ -31,6 +31,13 @@ REGISTRY = {
         SettingDef("runner_batch", 512, "default n_batch per local runner"),
         SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)"),
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned"),
+        SettingDef("status_public", False, "show the phone status page (/status) without the admin login"),
+        SettingDef("proxy_hops", 0, "reverse proxies in front of hearth serve whose X-Forwarded-* headers are trusted (0: none; restart to apply)"),
+        SettingDef("verdict_min_gain", 1.3, "throughput gain of continuous over serial batching, at the household's typical overlap, that justifies continuous batching"),
+        SettingDef("verdict_rare_overlap_share", 0.1, "below this share of busy time with 2 or more requests active, requests 'rarely overlap' and residency comes first"),
+        SettingDef("verdict_default_overlap", 4, "overlap level the verdict uses when the request log has no traffic yet"),
+        SettingDef("verdict_interactive_max_priority", 1, "classes with this priority or lower are interactive: their p95 TTFT must stay within target"),
+        SettingDef("verdict_flat_gain", 1.1, "throughput step between overlap levels below which more parallel slots stop paying"),
         SettingDef("samples_retention_h", 48, "hours of 1-second telemetry samples kept; longer ranges read 1-minute rollups (kept 30 days) and hourly ones (365 days)"),
     ]
 }

@@ -313,3 +313,78 @@ class Rollup1h(_RollupColumns, Base):
 
     __tablename__ = "rollups_1h"
     __table_args__ = {"sqlite_with_rowid": False}
+
+
+# Bench: one `hearth bench replay` is a session of runs (target × mode × level); every request a
+# run sent is kept as raw evidence, so a run's summary can be recomputed from its rows at any time.
+BENCH_STATUSES = ("running", "done", "failed")
+
+
+class BenchSession(Base):
+    """One replay: scenario, what was held constant, the verdict, and its progress."""
+
+    __tablename__ = "bench_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    finished_at: Mapped[datetime | None] = mapped_column()
+    scenario: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), default="running", server_default="running")
+    model_name: Mapped[str | None] = mapped_column(String(255))
+    constants: Mapped[Any] = mapped_column(JSON, default=dict, server_default="{}")
+    verdict: Mapped[Any | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class BenchRun(Base):
+    """One target × mode × overlap level of a session, with the runner samples taken during it."""
+
+    __tablename__ = "bench_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("bench_sessions.id", ondelete="CASCADE"), index=True)
+    target: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[str] = mapped_column(String(32))
+    level: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    wall_s: Mapped[float] = mapped_column(Float)
+    # Runner /metrics and utilisation samples: [{t_s, kv_used, kv_total, running, waiting, ...}].
+    samples: Mapped[Any] = mapped_column(JSON, default=list, server_default="[]")
+    summary: Mapped[Any] = mapped_column(JSON, default=dict, server_default="{}")
+
+
+class BenchRequest(Base):
+    """One request of a run as the client saw it (seconds from the run's start) and as the server reported it."""
+
+    __tablename__ = "bench_requests"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("bench_runs.id", ondelete="CASCADE"), index=True)
+    idx: Mapped[int] = mapped_column(Integer)
+    class_name: Mapped[str] = mapped_column(String(64))
+    priority: Mapped[int] = mapped_column(Integer)
+    sent_s: Mapped[float] = mapped_column(Float)
+    first_token_s: Mapped[float | None] = mapped_column(Float)
+    end_s: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_tokens: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    # The server's own timings for the request (the hearth runner's RequestStats, llama-server's `timings`).
+    server_timings: Mapped[Any | None] = mapped_column(JSON)
+
+
+class BenchApplied(Base):
+    """A recommendation an admin applied: who, what changed, when, and the evidence it rested on."""
+
+    __tablename__ = "bench_applied"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    applied_by: Mapped[str] = mapped_column(String(128))
+    session_id: Mapped[int | None] = mapped_column(ForeignKey("bench_sessions.id", ondelete="SET NULL"))
+    model_name: Mapped[str] = mapped_column(String(255))
+    recommendation: Mapped[Any] = mapped_column(JSON)
+    # {field: [before, after]} on the model's runner_settings row.
+    changes: Mapped[Any] = mapped_column(JSON)

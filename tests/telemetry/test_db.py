@@ -17,8 +17,9 @@ from app.telemetry.models import ApiToken, Base, Model, Node, RequestRecord, Run
 HEAD_TABLES = {
     "alembic_version", "models", "runner_settings", "nodes", "residency_events", "request_classes",
     "members", "api_tokens", "requests", "settings", "series", "samples", "rollups_1m", "rollups_1h",
+    "bench_sessions", "bench_runs", "bench_requests", "bench_applied",
 }
-HEAD = "0003"
+HEAD = "0004"
 
 
 def test_database_path_is_in_the_data_folder(tmp_path):
