@@ -77,6 +77,10 @@ class ModelLoadFailed(ResidencyError):
         super().__init__(f"model {name!r} could not be loaded: {reason}")
 
 
+class ModelBusy(ResidencyError):
+    """The model cannot be unloaded now: it is loading or serving requests."""
+
+
 class NotEnoughMemory(ResidencyError):
     """The model does not fit the budget even after evicting every evictable model."""
 
@@ -125,6 +129,7 @@ class _Model:
         self.local: _Node | None = None
         self.remotes: dict[str, _Node] = {}
         self.loading: Future | None = None
+        self.loading_since: float | None = None
         self.starting: RunnerProcess | None = None
         self.last_runner: RunnerProcess | None = None
         self.resident_bytes = 0
@@ -254,6 +259,7 @@ class ResidencyManager:
                     reason = {"crashed": "restart after a crash", "failed": "retry after a failed load"}.get(
                         m.state, "first request" if want_lease else "pinned")
                     m.state = "loading"
+                    m.loading_since = self._clock()
                     m.loading = wait_for = Future()
                     m.resident_bytes = spec.estimate_bytes
                     owner = True
@@ -530,6 +536,25 @@ class ResidencyManager:
         self._stop_all(stops)
         return [e.model_name for e in events]
 
+    def load(self, name: str) -> None:
+        """Make `name` resident without leasing it (the dashboard's Load); raises ResidencyError."""
+        self._serve(name, self._clock(), want_lease=False)
+
+    def unload(self, name: str, reason: str = "unloaded by the admin") -> bool:
+        """Stop `name`'s local runner now; False if it was not resident; ModelBusy while loading or serving."""
+        with self._lock:
+            m = self._models.get(name)
+            if m is None or m.state not in ("loading", "ready"):
+                return False
+            if m.state == "loading":
+                raise ModelBusy(f"{name} is still loading; unload it once it is ready")
+            if m.in_flight:
+                raise ModelBusy(f"{name} is serving {m.in_flight} request(s); unload it when they finish")
+            runner, event = self._detach(m, "unload", reason)
+        self._emit([event])
+        runner.stop()
+        return True
+
     def start_pinned(self) -> dict[str, str | None]:
         """Load every pinned model with a local runner; name → None, or the reason it failed."""
         results: dict[str, str | None] = {}
@@ -607,6 +632,7 @@ class ResidencyManager:
                     "last_used": m.last_used,
                     "idle_s": now - m.last_used if m.last_used is not None else None,
                     "cold_start_ms": m.cold_start_ms,
+                    "loading_s": now - m.loading_since if m.state == "loading" and m.loading_since is not None else None,
                     "error": m.error,
                     "returncode": m.returncode,
                     "nodes": [{"label": n.label, "url": n.url, "local": n.local, "healthy": n.healthy,
