@@ -30,7 +30,10 @@ def create_app(test_config: dict | None = None) -> Flask:
     from app.settings import get_setting
     from app.telemetry.store import open_store
 
-    app = Flask(__name__, instance_relative_config=False)
+    from app import web
+
+    app = Flask(__name__, instance_relative_config=False, template_folder=web.TEMPLATES_DIR,
+                static_folder=web.STATIC_DIR)
     app.config.update(
         HEARTH_DATA=os.environ.get("HEARTH_DATA"),
         HEARTH_MODELS_DIR=os.environ.get("HEARTH_MODELS_DIR"),
@@ -51,11 +54,14 @@ def create_app(test_config: dict | None = None) -> Flask:
     hearth = Hearth(data, models_dir, default_model, engine, sessions)
     app.extensions["hearth"] = hearth
     app.register_blueprint(gateway_bp)
+    web.init_app(app)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
         if request.path.startswith("/v1/") or request.path == "/healthz":
             return _json_error(exc)
+        if web.wants_html():
+            return web.render_error(exc)
         return exc
 
     if app.config["SCHEDULER"]:

@@ -1,0 +1,62 @@
+"""Secrets generated once per data folder (the session key, …), kept in `<data>/secrets/` with mode 0600."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets as _random
+import time
+from pathlib import Path
+
+_NAME = re.compile(r"^[a-z0-9_]+$")
+
+
+def secrets_dir(data_dir: Path) -> Path:
+    """The folder holding the secrets (created 0700 on first use)."""
+    path = Path(data_dir) / "secrets"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def write_secret(data_dir: Path, name: str, value: str) -> None:
+    """Store `value` under `name` (mode 0600), replacing it atomically."""
+    if not _NAME.match(name):
+        raise ValueError(f"secret name {name!r}: use lower-case letters, digits and _")
+    folder = secrets_dir(data_dir)
+    tmp = folder / f".{name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+    os.replace(tmp, folder / name)
+
+
+def read_secret(data_dir: Path, name: str) -> str | None:
+    """The stored value, or None when there is none yet."""
+    if not _NAME.match(name):
+        raise ValueError(f"secret name {name!r}: use lower-case letters, digits and _")
+    try:
+        return (Path(data_dir) / "secrets" / name).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def secret(data_dir: Path, name: str) -> str:
+    """The secret `name`: generated once (token_urlsafe), reused by every later call and process."""
+    existing = read_secret(data_dir, name)
+    if existing:
+        return existing
+    path = secrets_dir(data_dir) / name
+    try:
+        # O_EXCL: when two processes start at once, one writes and both read the same value.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        # The other process may not have written yet: wait briefly for its value.
+        for _ in range(200):
+            value = path.read_text().strip()
+            if value:
+                return value
+            time.sleep(0.01)
+        raise RuntimeError(f"{path} exists but stays empty: delete it and restart")
+    with os.fdopen(fd, "w") as f:
+        f.write(_random.token_urlsafe(32))
+    return path.read_text().strip()

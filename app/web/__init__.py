@@ -1,0 +1,143 @@
+"""The dashboard: Flask blueprints (one module per page) wired into `hearth serve` by `init_app`.
+
+Each module named in BLUEPRINTS exposes `bp`; pages append their module here. Templates live in
+the repository's `templates/`, static files in `static/`, front-end libraries in `node_modules/`
+(served by app.web.assets). Views read services from `current_app.extensions["hearth"]`; they
+never drive collection.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from importlib import import_module
+from pathlib import Path
+
+from flask import Flask, current_app, render_template, request
+from flask.sessions import SecureCookieSessionInterface
+from flask_limiter import Limiter
+from flask_limiter.util import get_remote_address
+from flask_wtf.csrf import CSRFProtect
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import RequestRedirect
+from werkzeug.middleware.proxy_fix import ProxyFix
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES_DIR = ROOT / "templates"
+STATIC_DIR = ROOT / "static"
+
+BLUEPRINTS = (
+    "app.web.auth",
+    "app.web.assets",
+)
+
+# (label, path) of the navigation; a link shows only when some view serves its path.
+NAV = (
+    ("Overview", "/"),
+    ("Models", "/models"),
+    ("Classes", "/classes"),
+    ("Requests", "/requests"),
+    ("Members", "/members"),
+    ("Bench", "/bench"),
+    ("Settings", "/settings"),
+    ("Status", "/status"),
+)
+
+csrf = CSRFProtect()
+# Memory storage: one gunicorn worker (enforced by hearth serve), so one counter per client IP.
+limiter = Limiter(get_remote_address, storage_uri="memory://", headers_enabled=True)
+
+
+class _SchemeAwareSessions(SecureCookieSessionInterface):
+    """Session cookies are Secure exactly when the request came over HTTPS.
+
+    A household LAN often serves plain http: a fixed Secure flag would make the browser drop the
+    cookie and login would silently loop. Over HTTPS (directly, or behind a proxy that
+    `proxy_hops` trusts for X-Forwarded-Proto) the cookie never travels in clear.
+    """
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        """Secure when this request is HTTPS, or when SESSION_COOKIE_SECURE forces it."""
+        return bool(app.config["SESSION_COOKIE_SECURE"]) or request.is_secure
+
+
+def nav_items() -> list[dict]:
+    """Navigation links whose path is served by a registered view, with the current one marked."""
+    adapter = current_app.url_map.bind("")
+    items = []
+    for label, path in NAV:
+        try:
+            endpoint, _ = adapter.match(path, method="GET")
+        except RequestRedirect:
+            endpoint = None
+            for rule in current_app.url_map.iter_rules():
+                if rule.rule.rstrip("/") == path:
+                    endpoint = rule.endpoint
+        except HTTPException:
+            continue
+        if endpoint is None or endpoint not in current_app.view_functions:
+            continue
+        here = request.path
+        active = here == path if path == "/" else here == path or here.startswith(path + "/")
+        items.append({"label": label, "path": path, "endpoint": endpoint, "active": active})
+    return items
+
+
+def wants_html() -> bool:
+    """True for dashboard paths; the OpenAI API, /healthz, /metrics and /api/ answer JSON or text."""
+    path = request.path
+    return not (path.startswith(("/v1/", "/api/")) or path in ("/healthz", "/metrics"))
+
+
+def render_error(exc: HTTPException):
+    """An HTML error page for dashboard paths, keeping the exception's headers (Retry-After, Allow…)."""
+    code = exc.code or 500
+    body = render_template("errors/error.html", code=code, name=exc.name, description=exc.description), code
+    response = current_app.make_response(body)
+    if exc.response is not None:
+        for key, value in exc.response.headers.items():
+            if key.lower() not in ("content-type", "content-length"):
+                response.headers[key] = value
+    else:
+        for key, value in exc.get_headers():
+            if key.lower() != "content-type":
+                response.headers[key] = value
+    return response
+
+
+def init_app(app: Flask) -> None:
+    """Session, CSRF, rate limiting, proxy trust, then every blueprint in BLUEPRINTS."""
+    from app.secrets import secret
+
+    hearth = app.extensions["hearth"]
+    if not app.config.get("SECRET_KEY"):
+        app.config["SECRET_KEY"] = secret(hearth.data_dir, "session_key")
+    app.config.update(
+        SESSION_COOKIE_NAME="hearth_session",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        # The token lives as long as the admin's session: a dashboard tab left open for hours
+        # must still be able to submit its forms.
+        WTF_CSRF_TIME_LIMIT=None,
+        PERMANENT_SESSION_LIFETIME=timedelta(days=14),
+    )
+    app.session_interface = _SchemeAwareSessions()
+    hops = int(hearth.setting("proxy_hops") or 0)
+    if hops:
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_prefix=hops)
+    csrf.init_app(app)
+    # The OpenAI API authenticates every call by bearer token, never by cookie: no CSRF there.
+    gateway = app.blueprints.get("gateway")
+    if gateway is not None:
+        csrf.exempt(gateway)
+    limiter.init_app(app)
+    for module in BLUEPRINTS:
+        app.register_blueprint(import_module(module).bp)
+
+    @app.context_processor
+    def _layout():
+        from app.web.assets import missing_assets, vendor_url
+        from app.web.auth import is_admin
+
+        return {"nav_items": nav_items, "missing_assets": missing_assets, "vendor_url": vendor_url,
+                "is_admin": is_admin}
+

@@ -1,0 +1,207 @@
+/* Hearth dashboard helpers: live uPlot charts fed by JSON endpoints.
+
+   Hearth.chart(el, url, options) draws the JSON {t: [unix s...], series: {name: [values...]}, unit}
+   that `url` returns, refreshes it every options.interval ms (default 2000) without reloading the
+   page, and pauses while the tab is hidden. Every element with data-chart-url gets one on load;
+   buttons with data-range switch the time range of every chart on the page. Hearth.charts holds
+   the chart objects (tests read their point counts). */
+(function () {
+  "use strict";
+
+  const Hearth = (window.Hearth = window.Hearth || {});
+  Hearth.charts = [];
+  Hearth.range = null;
+
+  const PALETTE = ["#e8590c", "#1c7ed6", "#2b8a3e", "#ae3ec9", "#f59f00", "#0ca678", "#e64980", "#5c7cfa", "#868e96", "#74b816"];
+
+  function cssVar(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  /* A value with its unit, compact: bytes in binary units, percentages and rates with few digits. */
+  function format(value, unit) {
+    if (value === null || value === undefined || Number.isNaN(value)) return "–";
+    if (unit === "B") {
+      const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+      let v = value;
+      let i = 0;
+      while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+      return v.toFixed(v >= 100 || i === 0 ? 0 : 1) + " " + units[i];
+    }
+    const abs = Math.abs(value);
+    const digits = abs >= 100 ? 0 : abs >= 10 ? 1 : 2;
+    const text = value.toFixed(digits);
+    return unit ? text + " " + unit : text;
+  }
+  Hearth.format = format;
+
+  function withRange(url, range) {
+    const u = new URL(url, window.location.href);
+    if (range && !u.searchParams.has("fixed_range")) u.searchParams.set("range", range);
+    return u.pathname + u.search;
+  }
+
+  class Chart {
+    constructor(el, url, options) {
+      this.el = el;
+      this.url = url;
+      this.options = options || {};
+      this.unit = this.options.unit !== undefined ? this.options.unit : el.dataset.unit || "";
+      this.height = Number(this.options.height || el.dataset.height || 180);
+      this.emptyText = this.options.empty || el.dataset.empty || "No data yet.";
+      this.plot = null;
+      this.names = [];
+      this.data = [[]];
+      this.inFlight = false;
+      this.overlay = document.createElement("div");
+      this.overlay.className = "chart-empty";
+      this.overlay.textContent = "Loading…";
+      el.appendChild(this.overlay);
+      if (window.ResizeObserver) {
+        new ResizeObserver(() => this.resize()).observe(el);
+      }
+    }
+
+    /* Values drawn (non-null), all series together. */
+    points() {
+      let n = 0;
+      for (let i = 1; i < this.data.length; i += 1) {
+        for (const v of this.data[i]) if (v !== null && v !== undefined) n += 1;
+      }
+      return n;
+    }
+
+    resize() {
+      if (this.plot && this.el.clientWidth > 0) {
+        this.plot.setSize({ width: this.el.clientWidth, height: this.height });
+      }
+    }
+
+    message(text) {
+      this.overlay.textContent = text;
+      this.overlay.hidden = !text;
+    }
+
+    async refresh() {
+      if (document.hidden || this.inFlight) return;
+      this.inFlight = true;
+      try {
+        const response = await fetch(withRange(this.url, this.options.range || Hearth.range), {
+          headers: { Accept: "application/json" },
+          credentials: "same-origin",
+        });
+        if (response.status === 401) {
+          window.location.href = "/login?next=" + encodeURIComponent(window.location.pathname);
+          return;
+        }
+        if (!response.ok) {
+          this.message("Chart data unavailable (HTTP " + response.status + "); retrying.");
+          return;
+        }
+        this.render(await response.json());
+      } catch (error) {
+        // hearth serve restarting or the network gone: say so on the chart and keep polling.
+        this.message("Cannot reach Hearth; retrying.");
+      } finally {
+        this.inFlight = false;
+      }
+    }
+
+    render(json) {
+      if (json.unit !== undefined) this.unit = json.unit;
+      const names = Object.keys(json.series || {});
+      const data = [json.t || []].concat(names.map((name) => json.series[name]));
+      this.data = data;
+      if (!this.plot || names.join("\u0000") !== this.names.join("\u0000")) {
+        this.build(names, data);
+      } else {
+        this.plot.setData(data);
+      }
+      this.message(this.points() > 0 ? "" : this.emptyText);
+    }
+
+    build(names, data) {
+      if (this.plot) this.plot.destroy();
+      this.names = names;
+      const unit = () => this.unit;
+      const axis = cssVar("--muted") || "#888";
+      const grid = cssVar("--grid") || "rgba(0,0,0,0.07)";
+      const colors = this.options.colors || {};
+      const opts = {
+        width: Math.max(this.el.clientWidth, 200),
+        height: this.height,
+        cursor: { drag: { x: false, y: false } },
+        legend: { live: true },
+        scales: { x: { time: true }, y: { range: (u, min, max) => [Math.min(0, min || 0), max > 0 ? max * 1.1 : 1] } },
+        axes: [
+          { stroke: axis, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } },
+          {
+            stroke: axis,
+            grid: { stroke: grid, width: 1 },
+            ticks: { stroke: grid },
+            size: 64,
+            values: (u, splits) => splits.map((v) => format(v, unit())),
+          },
+        ],
+        series: [{}].concat(
+          names.map((name, i) => ({
+            label: name,
+            stroke: colors[name] || PALETTE[i % PALETTE.length],
+            width: 1.5,
+            points: { show: false },
+            value: (u, v) => format(v, unit()),
+          }))
+        ),
+      };
+      this.plot = new window.uPlot(opts, data, this.el);
+      this.el.appendChild(this.overlay);
+    }
+  }
+
+  /* A live chart in `el` from `url`; returns the chart object (also kept in Hearth.charts). */
+  Hearth.chart = function (el, url, options) {
+    const chart = new Chart(el, url, options);
+    Hearth.charts.push(chart);
+    const interval = (options && options.interval) || 2000;
+    chart.refresh();
+    chart.timer = window.setInterval(() => chart.refresh(), interval);
+    return chart;
+  };
+
+  /* Switch every chart (and the range buttons) to `range`, remembered in the address bar. */
+  Hearth.setRange = function (range) {
+    Hearth.range = range;
+    document.querySelectorAll("[data-range]").forEach((b) => {
+      const on = b.dataset.range === range;
+      b.classList.toggle("active", on);
+      b.setAttribute("aria-pressed", on ? "true" : "false");
+    });
+    const u = new URL(window.location.href);
+    u.searchParams.set("range", range);
+    window.history.replaceState(null, "", u.pathname + u.search);
+    Hearth.charts.forEach((c) => c.refresh());
+    document.dispatchEvent(new CustomEvent("hearth:range", { detail: { range: range } }));
+  };
+
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) Hearth.charts.forEach((c) => c.refresh());
+  });
+
+  function init() {
+    const active = document.querySelector("[data-range].active");
+    Hearth.range = new URL(window.location.href).searchParams.get("range") || (active && active.dataset.range) || "5m";
+    document.querySelectorAll("[data-range]").forEach((b) => {
+      b.addEventListener("click", () => Hearth.setRange(b.dataset.range));
+    });
+    if (!window.uPlot) return;
+    document.querySelectorAll("[data-chart-url]").forEach((el) => {
+      Hearth.chart(el, el.dataset.chartUrl, { interval: Number(el.dataset.interval || 2000) });
+    });
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", init);
+  } else {
+    init();
+  }
+})();
