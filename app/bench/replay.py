@@ -1,0 +1,507 @@
+"""`hearth bench replay`: a scenario replayed over HTTP against runners in each mode (and any other server).
+
+Targets are a hearth runner started per mode (continuous, serial, static) with model, quantisation,
+context, slots, threads and hardware held constant, a stock llama-server started with the same
+settings, or any OpenAI-compatible URL. One client measures all of them in the same run, level by
+level with the targets interleaved, so drift on a shared machine hits every target alike.
+
+Per request the client keeps raw timings (seconds from the run's start); during each run a sampler
+reads the server's /metrics (KV cells, preemptions, running/waiting) and the device's utilisation.
+`summarise` derives every figure from those raw rows, live and again from the store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable
+
+import httpx
+import psutil
+
+from app.bench.scenarios import PlannedRequest, PromptCutter, Scenario, plan, script_size
+from app.gateway.admission import ClassPolicy
+from app.telemetry.analysis import jain_index, meets_targets
+
+SAMPLE_INTERVAL_S = 0.2
+# The device counts as idle below this share of its capacity (the runner's threads on a CPU).
+IDLE_UTIL = 0.25
+HEARTH_MODES = ("continuous", "serial", "static")
+_SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+
+
+@dataclass
+class Target:
+    """A server the client measures: a runner the bench started, or a URL it was given."""
+
+    label: str  # what the tables call it: the mode for hearth runners, "llama-server", "target"
+    url: str
+    kind: str  # "hearth", "llama-server" or "external"
+    model: str  # the model name sent in requests
+    pid: int | None = None  # the process whose CPU is the device's utilisation
+    threads: int | None = None
+    process: object = None  # RunnerProcess to stop at the end
+
+    @property
+    def mode(self) -> str:
+        """The scheduling mode for hearth runners; the server kind otherwise."""
+        return self.label
+
+
+@dataclass
+class RunResult:
+    """One target × level: the raw rows and samples, and the summary derived from them."""
+
+    target: str
+    kind: str
+    level: int
+    requests: list[dict]
+    samples: list[dict]
+    summary: dict = field(default_factory=dict)
+    run_id: int | None = None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {name: value}, labelled series of one name added up."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE_LINE.match(line)
+        if m:
+            try:
+                values[m.group(1)] = values.get(m.group(1), 0.0) + float(m.group(2))
+            except ValueError:
+                continue
+    return values
+
+
+def _metric(values: dict[str, float], *names: str) -> float | None:
+    for n in names:
+        if n in values:
+            return values[n]
+    return None
+
+
+class _Utilisation:
+    """The device's busy share: GPU utilisation via NVML when present, else the runner's CPU."""
+
+    def __init__(self, pid: int | None, threads: int | None):
+        self.source = "cpu"
+        self._nvml = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            if pynvml.nvmlDeviceGetCount() > 0:
+                self._nvml = (pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i)
+                                       for i in range(pynvml.nvmlDeviceGetCount())])
+                self.source = "gpu"
+        except Exception:  # no driver, no GPU: the CPU is the device
+            self._nvml = None
+        self._procs: list[psutil.Process] = []
+        self._capacity = 100.0 * (threads or psutil.cpu_count() or 1)
+        if pid is not None:
+            try:
+                root = psutil.Process(pid)
+                self._procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                self._procs = []
+        self.read()  # cpu_percent's first call only sets the baseline
+
+    def read(self) -> float | None:
+        """Busy share 0..1 since the previous read."""
+        if self._nvml is not None:
+            pynvml, handles = self._nvml
+            return max(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles) / 100
+        if self._procs:
+            total = 0.0
+            for p in self._procs:
+                try:
+                    total += p.cpu_percent(None)
+                except psutil.NoSuchProcess:
+                    pass
+            return min(1.0, total / self._capacity)
+        return psutil.cpu_percent(None) / 100
+
+
+class _Client:
+    """Sends one planned request, streamed, and keeps its raw timings."""
+
+    def __init__(self, target: Target, t0: float, http: httpx.Client, policies: dict[str, ClassPolicy]):
+        self.target = target
+        self.t0 = t0
+        self.http = http
+        self.policies = policies
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.before_first_token = 0
+
+    def send(self, req: PlannedRequest) -> dict:
+        """POST /v1/completions (stream) and return the request's raw row."""
+        policy = self.policies.get(req.class_name)
+        priority = policy.priority if policy else 1
+        body = {
+            "model": self.target.model, "prompt": req.text, "max_tokens": req.max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": 0.0, "ignore_eos": True,
+            # A stock llama-server would otherwise reuse a slot's KV prefix from an earlier run.
+            "cache_prompt": False,
+            # Hearth's extras (a stock server ignores them), as the gateway sends them.
+            "priority": priority, "hearth_class": req.class_name,
+        }
+        row = {"idx": req.idx, "class_name": req.class_name, "priority": priority, "sent_s": None,
+               "first_token_s": None, "end_s": None, "prompt_tokens": None, "completion_tokens": None,
+               "max_tokens": req.max_tokens, "status": "ok", "error": None, "server_timings": None}
+        pieces = 0
+        with self.lock:
+            self.in_flight += 1
+            self.before_first_token += 1
+        first = True
+        try:
+            row["sent_s"] = time.monotonic() - self.t0
+            with self.http.stream("POST", f"{self.target.url}/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+                for line in resp.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data.strip() == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise RuntimeError(str(chunk["error"].get("message", chunk["error"]))[:300])
+                    text = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
+                    if text:
+                        pieces += 1
+                        if first:
+                            row["first_token_s"] = time.monotonic() - self.t0
+                            first = False
+                            with self.lock:
+                                self.before_first_token -= 1
+                    if chunk.get("usage"):
+                        row["prompt_tokens"] = chunk["usage"].get("prompt_tokens")
+                        row["completion_tokens"] = chunk["usage"].get("completion_tokens")
+                    if chunk.get("timings"):
+                        row["server_timings"] = chunk["timings"]
+            row["end_s"] = time.monotonic() - self.t0
+            if row["completion_tokens"] is None:
+                row["completion_tokens"] = pieces
+        except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+            row["status"] = "error"
+            row["error"] = str(exc) or type(exc).__name__
+            row["end_s"] = time.monotonic() - self.t0
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                if first:
+                    self.before_first_token -= 1
+        return row
+
+
+def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str, ClassPolicy],
+              level: int, timeout_s: float = 900) -> RunResult:
+    """Send the planned requests at their times, sample the server meanwhile; raw rows and samples."""
+    rows: list[dict | None] = [None] * len(planned)
+    samples: list[dict] = []
+    util = _Utilisation(target.pid, target.threads)
+    with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10),
+                      limits=httpx.Limits(max_connections=len(planned) + 4)) as http:
+        t0 = time.monotonic()
+        client = _Client(target, t0, http, policies)
+        done = threading.Event()
+
+        def one(i: int, req: PlannedRequest) -> None:
+            time.sleep(max(0.0, t0 + req.at_s - time.monotonic()))
+            rows[i] = client.send(req)
+
+        def sample() -> None:
+            with httpx.Client(timeout=2.0) as mclient:
+                while not done.wait(SAMPLE_INTERVAL_S):
+                    s = {"t_s": time.monotonic() - t0, "in_flight": client.in_flight,
+                         "before_first_token": client.before_first_token, "util": util.read()}
+                    try:
+                        r = mclient.get(f"{target.url}/metrics")
+                        values = parse_metrics(r.text) if r.status_code == 200 else {}
+                    except httpx.HTTPError:
+                        values = {}
+                    s["kv_used"] = _metric(values, "hearth:kv_cells_used", "llamacpp:kv_cache_tokens")
+                    s["kv_total"] = _metric(values, "hearth:kv_cells_total")
+                    s["kv_util"] = _metric(values, "llamacpp:kv_cache_usage_ratio")
+                    if s["kv_used"] is not None and s["kv_total"]:
+                        s["kv_util"] = s["kv_used"] / s["kv_total"]
+                    s["running"] = _metric(values, "hearth:requests_running", "llamacpp:requests_processing")
+                    s["waiting"] = _metric(values, "hearth:requests_waiting", "llamacpp:requests_deferred")
+                    s["preemptions_total"] = _metric(values, "hearth:preemptions_total")
+                    samples.append(s)
+
+        sampler = threading.Thread(target=sample, name="bench-sampler", daemon=True)
+        sampler.start()
+        threads = [threading.Thread(target=one, args=(i, r), daemon=True) for i, r in enumerate(planned)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, t0 + timeout_s - time.monotonic()))
+        done.set()
+        sampler.join(5)
+    lost = [planned[i].idx for i, r in enumerate(rows) if r is None]
+    if lost:
+        raise RuntimeError(f"requests {lost} did not finish within {timeout_s} s on {target.label}")
+    run = RunResult(target.label, target.kind, level, [r for r in rows if r is not None], samples)
+    run.summary = summarise(run.requests, run.samples, policies)
+    return run
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    """The q-quantile (0..1) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def request_times(row: dict) -> dict:
+    """TTFT, TPOT and completion (ms) of one raw row, as seen by the client."""
+    ok = row["status"] == "ok" and row["end_s"] is not None
+    ttft = (row["first_token_s"] - row["sent_s"]) * 1000 if ok and row["first_token_s"] is not None else None
+    n = row["completion_tokens"] or 0
+    tpot = ((row["end_s"] - row["first_token_s"]) * 1000 / (n - 1)
+            if ttft is not None and n > 1 else None)
+    done = (row["end_s"] - row["sent_s"]) * 1000 if ok else None
+    return {"ttft_ms": ttft, "tpot_ms": tpot, "completion_ms": done}
+
+
+def _latency(rows: list[dict]) -> dict:
+    times = [request_times(r) for r in rows]
+    out = {}
+    for key in ("ttft_ms", "tpot_ms", "completion_ms"):
+        vals = [t[key] for t in times if t[key] is not None]
+        base = key[: -len("_ms")]
+        out[f"{base}_p50_ms"] = _pct(vals, 0.5)
+        out[f"{base}_p95_ms"] = _pct(vals, 0.95)
+    return out
+
+
+def summarise(requests: list[dict], samples: list[dict], policies: dict[str, ClassPolicy]) -> dict:
+    """Every figure of a run from its raw rows and samples (the same function live and from the store)."""
+    ok = [r for r in requests if r["status"] == "ok"]
+    starts = [r["sent_s"] for r in requests if r["sent_s"] is not None]
+    ends = [r["end_s"] for r in requests if r["end_s"] is not None]
+    wall_s = max(ends) - min(starts) if starts and ends else 0.0
+    gen = sum(r["completion_tokens"] or 0 for r in ok)
+    prompt = sum(r["prompt_tokens"] or 0 for r in ok)
+    summary: dict = {
+        "requests": len(requests),
+        "ok": len(ok),
+        "errors": len(requests) - len(ok),
+        "wall_s": wall_s,
+        "generated_tokens": gen,
+        "prompt_tokens": prompt,
+        "gen_tok_s": gen / wall_s if wall_s > 0 else None,
+        "prompt_tok_s": prompt / wall_s if wall_s > 0 else None,
+        **_latency(ok),
+    }
+    per_class = {}
+    for name in sorted({r["class_name"] for r in requests}):
+        rows = [r for r in requests if r["class_name"] == name]
+        policy = policies.get(name)
+        met = None
+        if policy is not None:
+            met = sum(meets_targets(SimpleNamespace(status=r["status"], **{k: request_times(r)[k] for k in
+                                                                          ("ttft_ms", "tpot_ms")}), policy)
+                      for r in rows) / len(rows)
+        per_class[name] = {
+            "requests": len(rows),
+            "generated_tokens": sum(r["completion_tokens"] or 0 for r in rows if r["status"] == "ok"),
+            "slo_attainment": met,
+            "ttft_target_ms": policy.ttft_target_ms if policy else None,
+            **_latency([r for r in rows if r["status"] == "ok"]),
+        }
+    summary["per_class"] = per_class
+    # Service per class normalised by the class's weight, among classes with demand.
+    summary["jain_fairness"] = jain_index(
+        c["generated_tokens"] / policies[n].weight for n, c in per_class.items()
+        if n in policies and policies[n].weight > 0
+    )
+    kv = [s["kv_util"] for s in samples if s.get("kv_util") is not None]
+    summary["kv_mean_util"] = statistics.fmean(kv) if kv else None
+    summary["kv_peak_util"] = max(kv) if kv else None
+    pre = [s["preemptions_total"] for s in samples if s.get("preemptions_total") is not None]
+    summary["preemptions"] = int(pre[-1] - pre[0]) if len(pre) >= 2 else None
+    running = [s["running"] for s in samples if s.get("running") is not None]
+    summary["peak_running"] = int(max(running)) if running else None
+    utils = [s["util"] for s in samples if s.get("util") is not None]
+    summary["util_mean"] = statistics.fmean(utils) if utils else None
+    gaps = [s for s in samples if s.get("util") is not None and s["in_flight"] > 0 and s["util"] < IDLE_UTIL]
+    summary["util_gap_share"] = len(gaps) / len(utils) if utils else None
+    summary["samples"] = len(samples)
+    return summary
+
+
+# --- targets ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Constants:
+    """What every target is started with."""
+
+    model_path: str
+    model_name: str
+    n_ctx: int
+    parallel: int
+    n_batch: int
+    threads: int
+    gpu_layers: int = 0
+    token_budget: int | None = None
+
+
+def start_hearth(c: Constants, mode: str, timeout_s: float = 180) -> Target:
+    """A hearth runner in `mode` with the constants; waits until it serves."""
+    from app.residency.supervisor import RunnerProcess, RunnerSpec
+
+    extra = ("--budget", str(c.token_budget)) if c.token_budget else ()
+    spec = RunnerSpec(model_name=c.model_name, model_path=c.model_path, kind="hearth", n_ctx=c.n_ctx,
+                      parallel=c.parallel, n_batch=c.n_batch, threads=c.threads, gpu_layers=c.gpu_layers,
+                      mode=mode, extra_args=extra)
+    proc = RunnerProcess(spec).start(timeout_s)
+    return Target(mode, proc.url, "hearth", c.model_name, pid=proc.pid, threads=c.threads, process=proc)
+
+
+def start_llama_server(c: Constants, binary: str, timeout_s: float = 180) -> Target:
+    """Stock llama-server with the same model, context, slots (-np), batch and threads."""
+    from app.residency.supervisor import RunnerProcess, RunnerSpec
+
+    spec = RunnerSpec(model_name=c.model_name, model_path=c.model_path, kind="llama-server", binary_path=binary,
+                      n_ctx=c.n_ctx, parallel=c.parallel, n_batch=c.n_batch, threads=c.threads,
+                      gpu_layers=c.gpu_layers)
+    proc = RunnerProcess(spec).start(timeout_s)
+    return Target("llama-server", proc.url, "llama-server", c.model_name, pid=proc.pid, threads=c.threads,
+                  process=proc)
+
+
+def external_target(url: str, model: str) -> Target:
+    """Any OpenAI-compatible server; its device utilisation is the whole machine's."""
+    return Target("target", url.rstrip("/"), "external", model)
+
+
+def stop_targets(targets: list[Target]) -> None:
+    """Stop the runners the bench started."""
+    for t in targets:
+        if t.process is not None:
+            t.process.stop()
+
+
+def http_cutter(url: str) -> PromptCutter:
+    """Prompt cutting with the server's /tokenize and /detokenize; estimated lengths if it has neither."""
+    try:
+        r = httpx.post(f"{url}/tokenize", json={"content": "hello"}, timeout=10)
+        d = httpx.post(f"{url}/detokenize", json={"tokens": r.json()["tokens"]}, timeout=10)
+        d.json()["content"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return PromptCutter()
+
+    def tokenize(text: str) -> list[int]:
+        return httpx.post(f"{url}/tokenize", json={"content": text}, timeout=60).json()["tokens"]
+
+    def detokenize(tokens: list[int]) -> str:
+        return httpx.post(f"{url}/detokenize", json={"tokens": tokens}, timeout=60).json()["content"]
+
+    return PromptCutter(tokenize, detokenize)
+
+
+def warm_up(target: Target) -> None:
+    """One short request, discarded: the first request of a process pays for cold caches."""
+    httpx.post(f"{target.url}/v1/completions", timeout=120,
+               json={"model": target.model, "prompt": "Hello", "max_tokens": 4, "temperature": 0.0})
+
+
+def levels_of(scenario: Scenario, levels: list[int]) -> list[int]:
+    """The overlap levels to run: as asked for a mix; one run of all its requests for a script."""
+    return list(levels) if scenario.kind == "mix" else [script_size(scenario)]
+
+
+def replay(scenario: Scenario, targets: list[Target], levels: list[int], policies: dict[str, ClassPolicy],
+           cutter: PromptCutter, progress: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+    """Every level on every target, targets interleaved within a level; same prompts for all targets."""
+    results = []
+    for level in levels_of(scenario, levels):
+        planned = plan(scenario, level, cutter)
+        for target in targets:
+            run = run_level(target, planned, policies, level)
+            results.append(run)
+            if progress is not None:
+                progress(run)
+    return results
+
+
+def summary_rows(results: list[RunResult]) -> list[dict]:
+    """One flat row per run for tables and CSV."""
+    out = []
+    for r in results:
+        s = r.summary
+        out.append({"target": r.target, "level": r.level, "requests": s["requests"], "errors": s["errors"],
+                    "wall_s": s["wall_s"], "gen_tok_s": s["gen_tok_s"], "prompt_tok_s": s["prompt_tok_s"],
+                    "ttft_p50_ms": s["ttft_p50_ms"], "ttft_p95_ms": s["ttft_p95_ms"],
+                    "tpot_p50_ms": s["tpot_p50_ms"], "tpot_p95_ms": s["tpot_p95_ms"],
+                    "completion_p50_ms": s["completion_p50_ms"], "completion_p95_ms": s["completion_p95_ms"],
+                    "kv_mean_util": s["kv_mean_util"], "kv_peak_util": s["kv_peak_util"],
+                    "preemptions": s["preemptions"], "jain_fairness": s["jain_fairness"],
+                    "util_mean": s["util_mean"], "util_gap_share": s["util_gap_share"],
+                    "peak_running": s["peak_running"]})
+    return out
+
+
+def _f(v, spec: str = ".1f", scale: float = 1.0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return format(v * scale if scale != 1.0 else v, spec)
+
+
+def format_table(results: list[RunResult]) -> str:
+    """The per target × level table, plus per-class p95s."""
+    head = (f"{'target':<13}{'L':>3}{'gen tok/s':>10}{'prm tok/s':>10}{'TTFT p50':>9}{'TTFT p95':>9}"
+            f"{'TPOT p50':>9}{'done p50':>9}{'done p95':>9}{'KV mean':>8}{'KV peak':>8}{'preempt':>8}"
+            f"{'Jain':>6}{'util':>6}{'gap':>6}{'err':>4}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        s = r.summary
+        lines.append(
+            f"{r.target:<13}{r.level:>3}{_f(s['gen_tok_s']):>10}{_f(s['prompt_tok_s'], '.0f'):>10}"
+            f"{_f(s['ttft_p50_ms'], '.0f'):>9}{_f(s['ttft_p95_ms'], '.0f'):>9}{_f(s['tpot_p50_ms'], '.0f'):>9}"
+            f"{_f(s['completion_p50_ms'], '.0f'):>9}{_f(s['completion_p95_ms'], '.0f'):>9}"
+            f"{_f(s['kv_mean_util'], '.0f', 100):>7}%{_f(s['kv_peak_util'], '.0f', 100):>7}%"
+            f"{_f(s['preemptions'], 'd'):>8}{_f(s['jain_fairness'], '.2f'):>6}{_f(s['util_mean'], '.0f', 100):>5}%"
+            f"{_f(s['util_gap_share'], '.0f', 100):>5}%{s['errors']:>4}"
+        )
+    lines.append("")
+    lines.append("per class, p95 ms (TTFT / completion) and SLO attainment:")
+    for r in results:
+        parts = [f"{n} {_f(c['ttft_p95_ms'], '.0f')}/{_f(c['completion_p95_ms'], '.0f')}"
+                 f" slo {_f(c['slo_attainment'], '.0f', 100)}%" for n, c in r.summary["per_class"].items()]
+        lines.append(f"  {r.target:<13}L={r.level:<3} " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    """CPU, cores, RAM and GPUs of this machine."""
+    from app.bench.engine_bench import machine as cpu_machine
+
+    info = cpu_machine()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info["gpu"] = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                       for i in range(pynvml.nvmlDeviceGetCount())] or None
+    except Exception:  # no NVIDIA driver: CPU only
+        info["gpu"] = None
+    info["load_avg"] = os.getloadavg()
+    return info
