@@ -222,6 +222,10 @@ class Hearth:
             measured_bytes=ev.measured_bytes, pid=ev.pid,
         ))
 
+    def telemetry_health(self) -> dict:
+        """The store writer's health for the dashboard: telemetry lost by reason, last error, failing now."""
+        return self.writer.health()
+
     def shutdown(self) -> None:
         """Stop every runner, then flush the store."""
         self.residency.shutdown()

@@ -5,13 +5,37 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from app.engine.request import SamplingParams
 
 MAX_STOP_STRINGS = 8
 
 NonNegInt = Annotated[int, Field(ge=0)]
+INT32_MAX = 2**31 - 1  # llama.cpp takes top_k as a C int
+
+# OpenAI parameters Hearth cannot honour, with the values that ask for nothing (those pass): ignoring
+# a request for tools, JSON mode or log-probabilities would answer a different question than asked.
+UNSUPPORTED = {
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+}
 
 
 class ApiError(Exception):
@@ -39,6 +63,14 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code}}
 
 
+class UnsupportedParameter(ValueError):
+    """A request parameter Hearth does not implement, set to a value that asks for it."""
+
+    def __init__(self, name: str):
+        super().__init__(f"'{name}' is not supported by Hearth; remove it from the request")
+        self.name = name
+
+
 class _Body(BaseModel):
     # Unknown fields are ignored: OpenAI clients send extras (user, logit_bias, ...) that a stock
     # llama-server ignores too.
@@ -49,10 +81,10 @@ class _Body(BaseModel):
     stream_options: dict | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=0.8, ge=0.0, le=2.0)
-    top_k: NonNegInt = 40
+    top_k: int = Field(default=40, ge=0, le=INT32_MAX)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     min_p: float = Field(default=0.05, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     repeat_last_n: int = Field(default=64, ge=-1)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -63,6 +95,15 @@ class _Body(BaseModel):
     # Hearth's extras: a stock llama-server ignores them.
     priority: int = Field(default=0, ge=-1000, le=1000)
     hearth_class: str = Field(default="default", min_length=1, max_length=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        if isinstance(data, dict):
+            for name, harmless in UNSUPPORTED.items():
+                if name in data and not any(data[name] == h and type(data[name]) is type(h) for h in harmless):
+                    raise UnsupportedParameter(name)
+        return data
 
     @field_validator("stop")
     @classmethod
@@ -191,14 +232,23 @@ def parse_body(raw: bytes, schema: type[BaseModel]) -> tuple[BaseModel, dict]:
 
 
 def validation_error(exc: ValidationError) -> ApiError:
-    """A 400 naming the first offending field and what is wrong with it."""
-    first = exc.errors()[0]
+    """A 400 naming the offending field and what is wrong with it."""
+    errors = exc.errors()
+    unsupported = next((e for e in errors if isinstance(e.get("ctx", {}).get("error"), UnsupportedParameter)), None)
+    if unsupported is not None:
+        name = unsupported["ctx"]["error"].name
+        return ApiError(400, str(unsupported["ctx"]["error"]), param=name, code="unsupported_parameter")
+    # Of a union's alternatives, the deepest error says most (an image part fails on its 'type',
+    # not on "content should be a string").
+    first = max(errors, key=lambda e: sum(1 for p in e["loc"] if _is_field(p)))
     loc = ".".join(str(p) for p in first["loc"] if _is_field(p))
     msg = first["msg"]
     if first["type"] == "missing":
         message = f"'{loc}' is required"
     elif first["type"] == "literal_error" and loc.endswith("role"):
         message = f"'{loc}': unknown role; use one of system, developer, user, assistant, tool"
+    elif loc == "n":
+        message = f"'n': {msg}; only one choice per request is supported"
     else:
         message = f"'{loc}': {msg}"
     return ApiError(400, message, param=loc or None)

@@ -4,9 +4,10 @@ residency gauges. Readers never drive collection: gauges read state the services
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from app.engine.metrics import TPOT_BUCKETS_S, TTFT_BUCKETS_S
+from app.telemetry.writer import LOSS_REASONS
 
 QUEUE_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 
@@ -36,6 +37,16 @@ class _ResidencyCollector:
             waiting.add_metric([name], snap["waiting"])
             running.add_metric([name], snap["in_flight"])
         yield from (waiting, running)
+        health = self.hearth.telemetry_health()
+        lost = CounterMetricFamily("hearth:telemetry_lost", "Telemetry rows that never reached the store, by reason",
+                                   labels=["reason"])
+        for reason in LOSS_REASONS:
+            lost.add_metric([reason], float(health["lost_by_reason"].get(reason, 0)))
+        written = CounterMetricFamily("hearth:telemetry_written", "Telemetry rows committed to the store")
+        written.add_metric([], float(health["written_total"]))
+        failing = GaugeMetricFamily("hearth:telemetry_failing", "1 while writes to the store are failing")
+        failing.add_metric([], 1.0 if health["failing"] else 0.0)
+        yield from (lost, written, failing)
 
 
 class GatewayMetrics:

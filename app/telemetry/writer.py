@@ -11,6 +11,11 @@ queue and the writer thread commits it in batches. Loop of the writer thread:
   4. any other failure means some item is bad: retry the batch item by item, each in its own
      transaction, so only the bad items are lost (logged and counted);
   5. count what was done and wake the flushers.
+
+Every item that does not reach the store is counted by reason (`lost_by_reason`): a full queue, a
+stopped writer, a full disk, a read-only folder, an I/O error, a bad item. `health()` tells the
+dashboard and /metrics; after a give-up the next batch tries again, so writing resumes by itself
+once space returns.
 """
 
 from __future__ import annotations
@@ -41,10 +46,33 @@ _TRANSIENT_SQLITE_CODES = {
     sqlite3.SQLITE_FULL,
     sqlite3.SQLITE_IOERR,
     sqlite3.SQLITE_PROTOCOL,
+    # The data folder made read-only, or its files briefly unopenable: the admin can fix it, so
+    # keep trying rather than dropping every later write as a "bad item".
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_CANTOPEN,
 }
+# Why an item was lost, by SQLite primary result code.
+_LOSS_REASONS = {
+    sqlite3.SQLITE_FULL: "disk_full",
+    sqlite3.SQLITE_READONLY: "read_only",
+    sqlite3.SQLITE_CANTOPEN: "cannot_open",
+    sqlite3.SQLITE_IOERR: "io_error",
+    sqlite3.SQLITE_BUSY: "locked",
+    sqlite3.SQLITE_LOCKED: "locked",
+    sqlite3.SQLITE_PROTOCOL: "locked",
+}
+LOSS_REASONS = ("queue_full", "stopped", "bad_item", *sorted(set(_LOSS_REASONS.values())))
 _STOP = object()
 # At most one "queue full" warning per this many seconds; the count is always exact.
 _DROP_LOG_INTERVAL_S = 10.0
+
+
+def loss_reason(error: BaseException) -> str:
+    """The reason an item lost to this error is counted under."""
+    code = getattr(getattr(error, "orig", None), "sqlite_errorcode", None)
+    if code is None:
+        return "bad_item"
+    return _LOSS_REASONS.get(code & 0xFF, "bad_item")
 
 
 def is_transient(error: BaseException) -> bool:
@@ -72,6 +100,7 @@ class StoreWriter:
         retry_base_s: float = 0.05,
         retry_max_s: float = 2.0,
         name: str = "store-writer",
+        clock: Callable[[], float] = time.time,
     ):
         self._sessions = session_factory(immediate(engine))
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
@@ -95,6 +124,12 @@ class StoreWriter:
         self._num_retries = 0
         self._num_commits = 0
         self._last_drop_log = float("-inf")
+        self._clock = clock
+        self._lost_by_reason: dict[str, int] = {}
+        self._last_error: str | None = None
+        self._last_error_at: float | None = None
+        self._failing_since: float | None = None
+        self._last_commit_at: float | None = None
 
     # -- callers' side ---------------------------------------------------------------------------
 
@@ -116,6 +151,7 @@ class StoreWriter:
                     self._num_accepted += 1
                     return True
             self._num_dropped += 1
+            self._count_lost("stopped" if self._closed else "queue_full", 1)
             now = time.monotonic()
             if now - self._last_drop_log >= _DROP_LOG_INTERVAL_S:
                 self._last_drop_log = now
@@ -211,6 +247,41 @@ class StoreWriter:
         return self._num_commits
 
     @property
+    def lost_by_reason(self) -> dict[str, int]:
+        """Items that never reached the store, by reason (queue_full, stopped, disk_full, read_only, ...)."""
+        return dict(self._lost_by_reason)
+
+    def health(self) -> dict:
+        """What the dashboard and /metrics show: losses by reason, the last error, whether writes fail now."""
+        with self._lock:
+            lost = dict(self._lost_by_reason)
+            return {
+                "ok": self._failing_since is None and not lost,
+                "failing": self._failing_since is not None,
+                "failing_since": self._failing_since,
+                "lost_total": sum(lost.values()),
+                "lost_by_reason": lost,
+                "last_error": self._last_error,
+                "last_error_at": self._last_error_at,
+                "last_commit_at": self._last_commit_at,
+                "written_total": self._num_written,
+                "retries_total": self._num_retries,
+                "pending": self._num_accepted - self._num_processed,
+            }
+
+    def _count_lost(self, reason: str, n: int) -> None:
+        # Callers hold self._lock or are the writer thread; a dict update under the GIL is atomic,
+        # and health() copies under the lock.
+        self._lost_by_reason[reason] = self._lost_by_reason.get(reason, 0) + n
+
+    def _note_error(self, error: BaseException) -> None:
+        now = self._clock()
+        self._last_error = str(getattr(error, "orig", None) or error)
+        self._last_error_at = now
+        if self._failing_since is None:
+            self._failing_since = now
+
+    @property
     def num_pending(self) -> int:
         """Items accepted and not yet processed."""
         return self._num_accepted - self._num_processed
@@ -253,10 +324,11 @@ class StoreWriter:
         for attempt in range(self.max_retries + 1):
             try:
                 self._commit(batch)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - sorted below: transient, or a bad item to isolate
                 if not is_transient(error):
                     self._isolate(batch, error)
                     return
+                self._note_error(error)
                 if attempt == self.max_retries:
                     self._give_up(batch, error)
                     return
@@ -267,11 +339,16 @@ class StoreWriter:
             else:
                 self._num_written += len(batch)
                 self._num_commits += 1
+                self._failing_since = None
+                self._last_commit_at = self._clock()
                 return
 
     def _isolate(self, batch: list[Work], error: Exception) -> None:
         if len(batch) == 1:
             self._num_failed_items += 1
+            self._count_lost("bad_item", 1)
+            self._last_error = f"bad item: {error}"
+            self._last_error_at = self._clock()
             # A database error says what was wrong; anything else is a bug in the caller's work.
             log.error("store writer: dropped a bad item: %s", error, exc_info=not isinstance(error, DBAPIError))
             return
@@ -287,6 +364,7 @@ class StoreWriter:
     def _give_up(self, batch: list[Work], error: Exception) -> None:
         self._num_failed_batches += 1
         self._num_failed_items += len(batch)
+        self._count_lost(loss_reason(error), len(batch))
         log.error(
             "store writer: gave up a batch of %d items after %d retries: %s", len(batch), self.max_retries, error
         )
