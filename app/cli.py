@@ -141,6 +141,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(smp, ctx=1024, parallel=2)
     smp.add_argument("--calls", type=int, default=100, help="sampler calls (default %(default)s)")
 
+    hist = bench_sub.add_parser("history", help="dashboard pages and store size with days of synthetic history")
+    hist.add_argument("--days", type=int, default=7, help="days of 1-second samples in the timed store (default %(default)s)")
+    hist.add_argument("--runners", type=int, default=2, help="runners with samples (default %(default)s)")
+    hist.add_argument("--gpus", type=int, default=1, help="GPUs with samples (default %(default)s)")
+    hist.add_argument("--requests", type=int, default=100_000, help="request rows (default %(default)s)")
+    hist.add_argument("--busy", type=float, default=0.15, help="share of time the runners are busy (default %(default)s)")
+    hist.add_argument("--retention-h", type=float, default=48.0,
+                      help="hours of 1-second samples kept in the 30-day size store (default %(default)s, the setting's default)")
+    hist.add_argument("--seed", type=int, default=1)
+    hist.add_argument("--repeat", type=int, default=20, help="timed GETs per page (default %(default)s)")
+    hist.add_argument("--skip-size", action="store_true", help="do not build the 30-day size store")
+    hist.add_argument("--quiet", action="store_true", help="no progress bars")
+    hist.add_argument("--data", help="build the stores in this (empty) folder and keep them (default: a temporary folder)")
+    hist.add_argument("--json", dest="json_path", help="write every figure and the constants to this file")
+
     models = sub.add_parser("models", help="model files")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
@@ -207,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.bench.telemetry_bench import run_sampling
 
         return run_sampling(args, resolve_model(args.model))
+    if args.command == "bench" and args.bench_command == "history":
+        from app.bench.history_bench import run_history
+
+        return run_history(args, resolve_model(None))
     if args.command == "bench" and args.bench_command in ("gateway", "residency"):
         from app.bench import gateway_bench
 

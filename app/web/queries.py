@@ -1,0 +1,407 @@
+"""Read-side queries for the Models, Classes, Requests and Members pages.
+
+Pages call these and render what they return; nothing here writes, collects or schedules.
+Every query is bounded (a page of rows, an aggregate, a LIMIT), so a page stays fast with a
+100k-row request log: the request log pages by keyset on (arrival_at, id), which the
+`ix_requests_arrival_at` index (arrival_at, then rowid = id) serves in order, and per-class
+figures are one aggregate over the window instead of one ORM object per request.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, case, func, or_, select, tuple_
+from sqlalchemy.orm import Session
+
+from app.gateway.tokens import TokenInfo, list_tokens
+from app.residency.estimate import MemoryEstimate, estimate_memory
+from app.telemetry.analysis import ClassFigures, fairness
+from app.telemetry.models import (
+    REQUEST_STATUSES,
+    Member,
+    RequestClass,
+    RequestRecord,
+    ResidencyEvent,
+)
+from app.telemetry.models import Model as ModelRow
+
+# Time ranges offered on the Classes and Requests pages, by the key used in URLs.
+RANGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+RANGE_LABELS = {"1h": "1 hour", "24h": "24 hours", "7d": "7 days"}
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+EVENT_LIMIT = 20
+LOG_LINES_SHOWN = 20
+# Cold starts averaged per model for the "usual" figure and the load-progress estimate.
+COLD_START_HISTORY = 10
+
+
+class QueryError(ValueError):
+    """A filter or cursor in the URL that cannot be used (the message says what to fix)."""
+
+
+# -- Classes -------------------------------------------------------------------------------------------
+
+
+def class_rows(session: Session) -> list[RequestClass]:
+    """Every class, by priority then name."""
+    return list(session.scalars(select(RequestClass).order_by(RequestClass.priority, RequestClass.name)))
+
+
+def class_figures_sql(session: Session, start: datetime, end: datetime) -> list[ClassFigures]:
+    """app.telemetry.analysis.class_figures as one aggregate in SQLite, against the stored class policies."""
+    r, c = RequestRecord, RequestClass
+    # Same rule as analysis.meets_targets: succeeded, TTFT within target, TPOT within target or absent.
+    met = case(
+        (and_(r.status == "ok", r.ttft_ms.is_not(None), r.ttft_ms <= c.ttft_target_ms,
+              or_(r.tpot_ms.is_(None), r.tpot_ms <= c.tpot_target_ms)), 1),
+        else_=0,
+    )
+    rows = session.execute(
+        select(r.class_name, func.count(), func.sum(met), func.coalesce(func.sum(r.completion_tokens), 0), c.weight)
+        .join(c, c.name == r.class_name)
+        .where(r.arrival_at >= start, r.arrival_at < end)
+        .group_by(r.class_name)
+        .order_by(r.class_name)
+    )
+    return [ClassFigures(name, n, int(m or 0), int(tokens), float(w)) for name, n, m, tokens, w in rows]
+
+
+@dataclass(frozen=True)
+class ClassStats:
+    """Per-class SLO figures over a window and the fairness among classes with demand."""
+
+    range_key: str
+    start: datetime
+    end: datetime
+    figures: dict[str, ClassFigures]
+    fairness: float | None
+    # Weight-normalised service (generated tokens / weight) per class with demand: the values Jain's index is taken over.
+    service_per_weight: dict[str, float]
+
+
+def class_stats(session: Session, range_key: str, now: datetime) -> ClassStats:
+    """SLO attainment per class and Jain's fairness index over the last `range_key` before `now`."""
+    if range_key not in RANGES:
+        raise QueryError(f"unknown range '{range_key}'; choose one of {', '.join(RANGES)}")
+    start = now - RANGES[range_key]
+    figures = class_figures_sql(session, start, now)
+    per_weight = {f.name: f.completion_tokens / f.weight for f in figures if f.requests and f.weight > 0}
+    return ClassStats(range_key, start, now, {f.name: f for f in figures}, fairness(figures), per_weight)
+
+
+# -- Requests ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestFilters:
+    """What the request log is narrowed to; empty strings mean "any"."""
+
+    member: str = ""
+    class_name: str = ""
+    model: str = ""
+    status: str = ""
+    range_key: str = ""
+
+    def as_args(self) -> dict[str, str]:
+        """The non-empty filters as URL query arguments."""
+        args = {"member": self.member, "class": self.class_name, "model": self.model, "status": self.status,
+                "range": self.range_key}
+        return {k: v for k, v in args.items() if v}
+
+
+def parse_request_filters(args: Any) -> RequestFilters:
+    """Filters from URL arguments (a Mapping); raises QueryError for a status or range that does not exist."""
+    f = RequestFilters(
+        member=(args.get("member") or "").strip(),
+        class_name=(args.get("class") or "").strip(),
+        model=(args.get("model") or "").strip(),
+        status=(args.get("status") or "").strip(),
+        range_key=(args.get("range") or "").strip(),
+    )
+    if f.status and f.status not in REQUEST_STATUSES:
+        raise QueryError(f"unknown status '{f.status}'; choose one of {', '.join(REQUEST_STATUSES)}")
+    if f.range_key and f.range_key not in RANGES:
+        raise QueryError(f"unknown range '{f.range_key}'; choose one of {', '.join(RANGES)}")
+    return f
+
+
+def encode_cursor(row: RequestRecord) -> str:
+    """A keyset cursor naming one row's place in the log: '<arrival unix µs>-<id>'."""
+    return f"{round(row.arrival_at.timestamp() * 1_000_000)}-{row.id}"
+
+
+def decode_cursor(text: str) -> tuple[datetime, int]:
+    """(arrival_at, id) of a cursor made by encode_cursor; QueryError if it is not one."""
+    try:
+        micros, ident = text.split("-", 1)
+        return datetime.fromtimestamp(int(micros) / 1_000_000, UTC), int(ident)
+    except (ValueError, OverflowError, OSError):
+        raise QueryError(f"'{text}' is not a page cursor; start again from the newest requests") from None
+
+
+@dataclass(frozen=True)
+class RequestPage:
+    """One page of the request log, newest first, with cursors to the neighbouring pages."""
+
+    rows: list[RequestRecord]
+    older: str | None
+    newer: str | None
+
+
+def request_page(session: Session, filters: RequestFilters, now: datetime, before: str | None = None,
+                 after: str | None = None, limit: int = PAGE_SIZE) -> RequestPage:
+    """Up to `limit` requests matching `filters`, older than `before` or newer than `after` (keyset paging)."""
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise QueryError(f"page size must be between 1 and {MAX_PAGE_SIZE} (got {limit})")
+    r = RequestRecord
+    conds = []
+    if filters.member:
+        conds.append(r.member_name == filters.member)
+    if filters.class_name:
+        conds.append(r.class_name == filters.class_name)
+    if filters.model:
+        conds.append(r.model == filters.model)
+    if filters.status:
+        conds.append(r.status == filters.status)
+    if filters.range_key:
+        conds.append(r.arrival_at >= now - RANGES[filters.range_key])
+    key = tuple_(r.arrival_at, r.id)
+    if after:
+        # Walk forwards from the cursor, then turn the page back into newest-first order.
+        conds.append(key > tuple_(*decode_cursor(after)))
+        query = select(r).where(*conds).order_by(r.arrival_at, r.id).limit(limit + 1)
+        rows = list(session.scalars(query))
+        more_newer = len(rows) > limit
+        rows = rows[:limit][::-1]
+        newer = encode_cursor(rows[0]) if rows and more_newer else None
+        older = encode_cursor(rows[-1]) if rows else None
+        return RequestPage(rows, older, newer)
+    if before:
+        conds.append(key < tuple_(*decode_cursor(before)))
+    query = select(r).where(*conds).order_by(r.arrival_at.desc(), r.id.desc()).limit(limit + 1)
+    rows = list(session.scalars(query))
+    older = encode_cursor(rows[limit - 1]) if len(rows) > limit else None
+    rows = rows[:limit]
+    newer = encode_cursor(rows[0]) if rows and before else None
+    return RequestPage(rows, older, newer)
+
+
+def filter_choices(session: Session) -> dict[str, list[str]]:
+    """Values offered in the filter fields: from the small tables, never a scan of the log."""
+    return {
+        "member": list(session.scalars(select(Member.name).order_by(Member.name))),
+        "class": [c.name for c in class_rows(session)],
+        "model": list(session.scalars(select(ModelRow.name).order_by(ModelRow.name))),
+        "status": list(REQUEST_STATUSES),
+    }
+
+
+def request_count(session: Session) -> int:
+    """Requests in the log (the largest id: exact while rows are only appended, and O(1))."""
+    return int(session.scalar(select(func.coalesce(func.max(RequestRecord.id), 0))))
+
+
+# -- Members -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MemberTokens:
+    """A member with their tokens, newest first."""
+
+    name: str
+    created_at: datetime | None
+    tokens: list[TokenInfo] = field(default_factory=list)
+
+    @property
+    def active(self) -> int:
+        """Tokens not revoked."""
+        return sum(1 for t in self.tokens if not t.revoked)
+
+
+def members_with_tokens(session: Session) -> list[MemberTokens]:
+    """Every member (even one whose tokens are all revoked) with their tokens."""
+    members = {m.name: MemberTokens(m.name, m.created_at) for m in session.scalars(select(Member).order_by(Member.name))}
+    for t in list_tokens(session):
+        members.setdefault(t.member, MemberTokens(t.member, None)).tokens.append(t)
+    return list(members.values())
+
+
+# -- Models --------------------------------------------------------------------------------------------
+
+
+def recent_events(session: Session, limit: int = EVENT_LIMIT, model: str | None = None) -> list[ResidencyEvent]:
+    """The latest residency events (loads, unloads, evictions, crashes), newest first."""
+    query = select(ResidencyEvent).order_by(ResidencyEvent.at.desc(), ResidencyEvent.id.desc()).limit(limit)
+    if model:
+        query = query.where(ResidencyEvent.model_name == model)
+    return list(session.scalars(query))
+
+
+def load_history(session: Session, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Per model: its last COLD_START_HISTORY cold starts and measured footprints, and its last event kind."""
+    out: dict[str, dict[str, Any]] = {n: {"cold_starts_ms": [], "measured_bytes": None, "last_event": None}
+                                      for n in names}
+    for name in names:
+        loads = session.execute(
+            select(ResidencyEvent.cold_start_ms, ResidencyEvent.measured_bytes)
+            .where(ResidencyEvent.model_name == name, ResidencyEvent.event == "load")
+            .order_by(ResidencyEvent.at.desc()).limit(COLD_START_HISTORY)
+        ).all()
+        out[name]["cold_starts_ms"] = [ms for ms, _ in loads if ms is not None]
+        out[name]["measured_bytes"] = next((b for _, b in loads if b), None)
+        out[name]["last_event"] = session.scalar(
+            select(ResidencyEvent.event).where(ResidencyEvent.model_name == name)
+            .order_by(ResidencyEvent.at.desc(), ResidencyEvent.id.desc()).limit(1)
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """How far a load has got: seconds so far against the model's usual cold start (when known)."""
+
+    elapsed_s: float
+    expected_s: float | None
+
+    @property
+    def pct(self) -> int | None:
+        """Percent of the usual cold start elapsed, held at 99 until the runner reports ready."""
+        if not self.expected_s:
+            return None
+        return min(99, int(100 * self.elapsed_s / self.expected_s))
+
+
+@dataclass
+class ModelCard:
+    """Everything the Models page shows about one catalog entry."""
+
+    name: str
+    source: str
+    usable: bool
+    unusable_reason: str | None
+    architecture: str | None
+    n_params: int | None
+    quantization: str | None
+    n_ctx_train: int | None
+    size_bytes: int
+    path: str
+    policy: str
+    keep_alive_s: float
+    estimate: MemoryEstimate | None
+    n_ctx: int | None
+    parallel: int | None
+    state: str
+    label: str
+    in_flight: int = 0
+    idle_s: float | None = None
+    measured_bytes: int | None = None
+    rss_bytes: int | None = None
+    cold_start_ms: float | None = None
+    cold_starts_ms: list[float] = field(default_factory=list)
+    progress: LoadProgress | None = None
+    error: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    nodes: list[dict] = field(default_factory=list)
+
+    @property
+    def usual_cold_start_ms(self) -> float | None:
+        """Median of the recorded cold starts."""
+        return statistics.median(self.cold_starts_ms) if self.cold_starts_ms else None
+
+    @property
+    def estimate_error_pct(self) -> float | None:
+        """(measured − estimate) / estimate, in percent, when both are known."""
+        if self.estimate is None or not self.measured_bytes:
+            return None
+        return 100.0 * (self.measured_bytes - self.estimate.total_bytes) / self.estimate.total_bytes
+
+    @property
+    def loading(self) -> bool:
+        """Whether a runner is starting for it right now."""
+        return self.state == "loading"
+
+
+def state_label(status: dict | None, last_event: str | None) -> tuple[str, str]:
+    """(state, words for the admin): loading / resident / evicted / crashed / failed / not loaded."""
+    if status is None:
+        return "unloaded", "not loaded"
+    state = status["state"]
+    if state == "ready":
+        busy = status.get("in_flight") or 0
+        if busy:
+            return "resident", f"resident · serving {busy}"
+        idle = status.get("idle_s")
+        return "resident", "resident · idle" + (f" {_duration(idle)}" if idle is not None else "")
+    if state == "loading":
+        return "loading", "loading"
+    if state == "crashed":
+        return "crashed", "crashed · restarts on the next request"
+    if state == "failed":
+        return "failed", "failed to load"
+    if last_event == "evict":
+        return "evicted", "evicted to make room"
+    return "unloaded", "not loaded"
+
+
+def _duration(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def model_cards(hearth: Any, session: Session, only: str | None = None) -> list[ModelCard]:
+    """Catalog entries (usable and not) joined with their policy, estimate, residency state and history."""
+    entries = [e for e in hearth.catalog if only is None or e.name == only]
+    rows = {m.name: m for m in session.scalars(select(ModelRow).where(ModelRow.name.in_([e.name for e in entries])))}
+    statuses = {s["name"]: s for s in hearth.residency.status()}
+    specs = hearth.model_specs()
+    history = load_history(session, [e.name for e in entries])
+    cards = []
+    for e in entries:
+        row, status, spec, hist = rows.get(e.name), statuses.get(e.name), specs.get(e.name), history[e.name]
+        estimate = None
+        if e.usable and spec is not None and spec.runner is not None:
+            estimate = estimate_memory(e, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch)
+        state, label = state_label(status, hist["last_event"])
+        card = ModelCard(
+            name=e.name, source=e.source, usable=e.usable, unusable_reason=e.unusable_reason,
+            architecture=e.architecture, n_params=e.n_params, quantization=e.quantization,
+            n_ctx_train=e.n_ctx_train, size_bytes=e.size_bytes, path=str(e.path),
+            policy=(row.policy if row else "keep_alive"), keep_alive_s=(row.keep_alive_s if row else 300),
+            estimate=estimate, n_ctx=spec.runner.n_ctx if spec and spec.runner else None,
+            parallel=spec.runner.parallel if spec and spec.runner else None, state=state, label=label,
+            cold_starts_ms=hist["cold_starts_ms"], measured_bytes=hist["measured_bytes"],
+        )
+        if status is not None:
+            card.in_flight = status.get("in_flight") or 0
+            card.idle_s = status.get("idle_s")
+            card.measured_bytes = status.get("measured_bytes") or card.measured_bytes
+            card.rss_bytes = status.get("rss_bytes")
+            card.cold_start_ms = status.get("cold_start_ms")
+            card.error = status.get("error")
+            card.log_tail = list(status.get("log_tail") or [])[-LOG_LINES_SHOWN:]
+            card.nodes = status.get("nodes") or []
+            if state == "loading":
+                usual = card.usual_cold_start_ms
+                card.progress = LoadProgress(status.get("loading_s") or 0.0, usual / 1000 if usual else None)
+        cards.append(card)
+    return cards
+
+
+def human_bytes(n: float | None) -> str:
+    """Bytes in MiB or GiB for tables ('–' when unknown)."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "–"
+    if abs(n) >= 1024**3:
+        return f"{n / 1024**3:.2f} GiB"
+    return f"{n / 1024**2:.0f} MiB"
+
