@@ -1,0 +1,113 @@
+# syntax=docker/dockerfile:1
+# Hearth appliance image. Every base image is pinned to an exact tag (tests/appliance checks it).
+#
+#   CPU, any x86-64 or arm64 host:  docker build -t ghcr.io/hearth-llm/hearth:0.1.0 .
+#   NVIDIA GPU (CUDA llama.cpp):    docker build --build-arg ACCEL=cuda -t ghcr.io/hearth-llm/hearth:0.1.0-cuda .
+#   Other llama.cpp options:        --build-arg CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86"
+#
+# Stages: `assets` (npm ci), `build-cpu` | `build-cuda` (toolchain, chosen by ACCEL) → `build`
+# (venv with llama-cpp-python compiled from source, then Hearth), `runtime-cpu` | `runtime-cuda` →
+# `runtime` (no compiler, no npm). BuildKit builds only the stages the chosen ACCEL reaches.
+
+ARG ACCEL=cpu
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+ARG NODE_IMAGE=node:22.17.0-bookworm-slim
+# Ubuntu 24.04's Python is 3.12, which Hearth supports (requires-python >= 3.11).
+ARG CUDA_DEVEL_IMAGE=nvidia/cuda:12.6.3-devel-ubuntu24.04
+ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:12.6.3-runtime-ubuntu24.04
+
+# ---- front-end libraries, at the versions package-lock.json pins --------------------------------
+FROM ${NODE_IMAGE} AS assets
+WORKDIR /src
+COPY package.json package-lock.json ./
+RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund
+
+# ---- toolchains ----------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS build-cpu
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential cmake \
+ && rm -rf /var/lib/apt/lists/*
+# GGML_NATIVE=OFF: code for the CPU family, not for the build machine's CPU (a NAS Celeron would
+# die on an illegal instruction from an image built on a desktop).
+ENV DEFAULT_CMAKE_ARGS="-DGGML_NATIVE=OFF"
+RUN python -m venv /opt/hearth/venv
+
+FROM ${CUDA_DEVEL_IMAGE} AS build-cuda
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential cmake \
+ && rm -rf /var/lib/apt/lists/*
+# Pascal (GTX 10xx) to Hopper; fewer architectures build faster (override with CMAKE_ARGS).
+ENV DEFAULT_CMAKE_ARGS="-DGGML_CUDA=on -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=61;70;75;80;86;89;90"
+RUN python3 -m venv /opt/hearth/venv
+
+# ---- Hearth and its dependencies in one venv -----------------------------------------------------
+FROM build-${ACCEL} AS build
+ARG CMAKE_ARGS=""
+ENV PATH=/opt/hearth/venv/bin:$PATH \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /opt/hearth/src
+# Dependencies first, read from pyproject.toml (one list of pins), so the long llama.cpp compile
+# stays cached while only Hearth's own code changes. llama-cpp-python is an sdist: always compiled.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+ && CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" pip install -r /tmp/requirements.txt
+COPY . ./
+COPY --from=assets /src/node_modules ./node_modules
+# Editable: templates/, static/, node_modules/ and migrations/ are found beside app/ exactly as in
+# a checkout (app.web.ROOT, app.telemetry.db.migrations_dir).
+RUN pip install --no-deps -e . \
+ && python -m compileall -q app
+
+# ---- runtimes ------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime-cpu
+# tini: PID 1 that forwards SIGTERM to gunicorn and reaps orphans; libgomp1: llama.cpp's OpenMP;
+# tzdata: TZ takes effect in the log and the dashboard's times.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends tini libgomp1 tzdata \
+ && rm -rf /var/lib/apt/lists/*
+
+FROM ${CUDA_RUNTIME_IMAGE} AS runtime-cuda
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini libgomp1 tzdata python3 \
+ && rm -rf /var/lib/apt/lists/* \
+ && (userdel --remove ubuntu 2>/dev/null || true)
+# What the NVIDIA container toolkit mounts into the container: the GPUs and the compute libraries.
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+FROM runtime-${ACCEL} AS runtime
+ARG HEARTH_VERSION=0.1.0
+LABEL org.opencontainers.image.title="Hearth" \
+      org.opencontainers.image.description="The household's shared local LLM server" \
+      org.opencontainers.image.version="${HEARTH_VERSION}" \
+      org.opencontainers.image.source="https://github.com/hearth-llm/hearth"
+# The image's own user, 1000:1000, is what runs when PUID/PGID are not given. The container
+# starts as root only so the entrypoint can hand /data to PUID:PGID; it then drops to that user
+# for good (app/entrypoint.py) before anything else runs. Platforms that start it unprivileged
+# (TrueNAS 568, Umbrel 1000) skip that step.
+RUN groupadd --gid 1000 hearth \
+ && useradd --uid 1000 --gid 1000 --home-dir /home/hearth --create-home --shell /usr/sbin/nologin hearth \
+ && mkdir -p /data /models \
+ && chown hearth:hearth /data /models
+COPY --from=build /opt/hearth /opt/hearth
+ENV PATH=/opt/hearth/venv/bin:$PATH \
+    HEARTH_DATA=/data \
+    HEARTH_MODELS_DIR=/models \
+    HEARTH_BIND=0.0.0.0:8080 \
+    PUID=1000 \
+    PGID=1000 \
+    TZ=Etc/UTC \
+    HOME=/home/hearth \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+VOLUME ["/data", "/models"]
+EXPOSE 8080
+WORKDIR /opt/hearth/src
+STOPSIGNAL SIGTERM
+# start-period covers the first run (migrations, default model assembled from the image's chunks).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-m", "app.entrypoint", "healthcheck"]
+ENTRYPOINT ["/usr/bin/tini", "--", "python", "-m", "app.entrypoint"]
+CMD ["hearth", "serve"]
