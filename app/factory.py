@@ -24,13 +24,12 @@ def _json_error(exc: HTTPException) -> Response:
 
 def create_app(test_config: dict | None = None) -> Flask:
     """Build the app: store (migrated), catalog, residency, gateway, jobs."""
+    from app import web
     from app.gateway.api import bp as gateway_bp
     from app.residency.default_model import data_dir, ensure_default_model
     from app.services import Hearth
     from app.settings import get_setting
     from app.telemetry.store import open_store
-
-    from app import web
 
     app = Flask(__name__, instance_relative_config=False, template_folder=web.TEMPLATES_DIR,
                 static_folder=web.STATIC_DIR)
@@ -58,7 +57,7 @@ def create_app(test_config: dict | None = None) -> Flask:
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        if request.path.startswith("/v1/") or request.path == "/healthz":
+        if request.path.startswith(("/v1/", "/api/")) or request.path == "/healthz":
             return _json_error(exc)
         if web.wants_html():
             return web.render_error(exc)

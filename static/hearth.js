@@ -191,6 +191,9 @@
     const active = document.querySelector("[data-range].active");
     Hearth.range = new URL(window.location.href).searchParams.get("range") || (active && active.dataset.range) || "5m";
     document.querySelectorAll("[data-range]").forEach((b) => {
+      const on = b.dataset.range === Hearth.range;
+      b.classList.toggle("active", on);
+      b.setAttribute("aria-pressed", on ? "true" : "false");
       b.addEventListener("click", () => Hearth.setRange(b.dataset.range));
     });
     if (!window.uPlot) return;

@@ -18,8 +18,8 @@ from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from flask_wtf.csrf import CSRFProtect
 from werkzeug.exceptions import HTTPException
-from werkzeug.routing import RequestRedirect
 from werkzeug.middleware.proxy_fix import ProxyFix
+from werkzeug.routing import RequestRedirect
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = ROOT / "templates"
@@ -28,6 +28,9 @@ STATIC_DIR = ROOT / "static"
 BLUEPRINTS = (
     "app.web.auth",
     "app.web.assets",
+    "app.web.series",
+    "app.web.overview",
+    "app.web.classes",
 )
 
 # (label, path) of the navigation; a link shows only when some view serves its path.
@@ -104,6 +107,40 @@ def render_error(exc: HTTPException):
     return response
 
 
+def fmt_num(value, digits: int | None = None) -> str:
+    """A number for a tile: '–' for none, fewer decimals as it grows."""
+    if value is None:
+        return "–"
+    if digits is None:
+        digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2 if value else 0
+    return f"{value:,.{digits}f}"
+
+
+def fmt_bytes(value) -> str:
+    """Bytes in binary units (GiB, MiB…); '–' for none."""
+    if value is None:
+        return "–"
+    value = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def fmt_duration_s(value) -> str:
+    """Seconds as '850 ms', '12 s', '3 min' or '5 h'; '–' for none."""
+    if value is None:
+        return "–"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.0f} s"
+    if value < 7200:
+        return f"{value / 60:.0f} min"
+    return f"{value / 3600:.0f} h"
+
+
 def init_app(app: Flask) -> None:
     """Session, CSRF, rate limiting, proxy trust, then every blueprint in BLUEPRINTS."""
     from app.secrets import secret
@@ -130,6 +167,9 @@ def init_app(app: Flask) -> None:
     if gateway is not None:
         csrf.exempt(gateway)
     limiter.init_app(app)
+    app.add_template_filter(fmt_num, "num")
+    app.add_template_filter(fmt_bytes, "bytes")
+    app.add_template_filter(fmt_duration_s, "duration")
     for module in BLUEPRINTS:
         app.register_blueprint(import_module(module).bp)
 

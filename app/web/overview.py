@@ -1,0 +1,146 @@
+"""Overview: live number tiles (htmx polling), charts (uPlot from /api/series and /api/latency) and,
+beside them, the admission policy in force — the numbers mean little without it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from flask import Blueprint, current_app, render_template, request
+from sqlalchemy import select
+
+from app.telemetry.models import Series
+from app.telemetry.sampler import sampler_for
+from app.web.auth import login_required
+from app.web.series import RANGES
+
+bp = Blueprint("overview", __name__)
+
+MIB = 1024 * 1024
+
+# How each scheduling mode admits work (app/engine/scheduler.py), in the admin's words.
+MODE_RULES = {
+    "continuous": "Iteration-level: a waiting request joins at the next decode step when a slot is free.",
+    "serial": "One request at a time: batching off.",
+    "static": "A fixed batch is admitted only when the engine is empty and runs until its longest member ends.",
+}
+KV_RULE = ("A request joins only if its prompt plus 16 cells per running sequence fits in the free KV "
+           "cache; when the cache fills, the lowest-priority newest sequence is preempted and recomputed.")
+
+
+@dataclass(frozen=True)
+class Live:
+    """What the box is doing now, from the sampler's latest batch and the services' state."""
+
+    up: bool
+    models: list[dict]
+    resident: list[dict]
+    loading: list[dict]
+    gen_tok_s: float | None
+    prompt_tok_s: float | None
+    running: float | None
+    waiting: float | None
+    kv_used_pct: float | None
+    preemptions_s: float | None
+    gateway_waiting: int
+    gateway_in_flight: int
+    host: dict
+    gpus: list[tuple[str, dict]]
+    sample_age_s: float | None
+
+
+def _sum(values: list[float]) -> float | None:
+    return sum(values) if values else None
+
+
+def live_state(hearth) -> Live:
+    """The latest readings (never collects: the sampler job does) plus residency and admission state."""
+    sampler = sampler_for(hearth)
+    latest, latest_at = sampler.latest, sampler.latest_at
+    runners = [vals for src, vals in latest.items() if src.startswith("runner:")]
+
+    def per_runner(metric: str) -> list[float]:
+        return [r[metric] for r in runners if metric in r]
+
+    models = hearth.residency.status()
+    admission = hearth.admission.snapshot().values()
+    kv = per_runner("kv_used_pct")
+    return Live(
+        up=True,
+        models=models,
+        resident=[m for m in models if m["state"] == "ready"],
+        loading=[m for m in models if m["state"] == "loading"],
+        gen_tok_s=_sum(per_runner("gen_tok_s")),
+        prompt_tok_s=_sum(per_runner("prompt_tok_s")),
+        running=_sum(per_runner("running")),
+        waiting=_sum(per_runner("waiting")),
+        kv_used_pct=max(kv) if kv else None,
+        preemptions_s=_sum(per_runner("preemptions_s")),
+        gateway_waiting=sum(a["waiting"] for a in admission),
+        gateway_in_flight=sum(a["in_flight"] for a in admission),
+        host=latest.get("host", {}),
+        gpus=sorted((src, vals) for src, vals in latest.items() if src.startswith("gpu:")),
+        sample_age_s=None if latest_at is None else max(0.0, time.time() - latest_at),
+    )
+
+
+def has_gpu(hearth, live: Live) -> bool:
+    """True when a GPU has reported now or ever (one indexed lookup in `series`)."""
+    if live.gpus:
+        return True
+    with hearth.sessions() as session:
+        return session.scalar(select(Series.id).where(Series.source.startswith("gpu:")).limit(1)) is not None
+
+
+def admission_policy(hearth, models: list[dict]) -> dict:
+    """The policy in force: per servable model its runner settings, per class its priority and limits."""
+    states = {m["name"]: m for m in models}
+    rows = []
+    for name, spec in sorted(hearth.model_specs().items()):
+        runner = spec.runner
+        rows.append({
+            "name": name,
+            "state": states.get(name, {}).get("state", "unloaded"),
+            "policy": spec.policy,
+            "remote": len(spec.remote),
+            "kind": runner.kind if runner else "remote",
+            "mode": runner.mode if runner else None,
+            "parallel": runner.parallel if runner else None,
+            "n_batch": runner.n_batch if runner else None,
+            "n_ctx": runner.n_ctx if runner else None,
+            "threads": runner.threads if runner else None,
+            "mode_rule": MODE_RULES.get(runner.mode, "") if runner else "Served by remote nodes.",
+        })
+    classes = [hearth.classes.get(n) for n in hearth.classes.names()]
+    return {
+        "models": rows,
+        "classes": [c for c in classes if c is not None],
+        "max_in_flight_total": hearth.setting("max_in_flight_total"),
+        "kv_rule": KV_RULE,
+    }
+
+
+def _range_arg() -> str:
+    value = request.args.get("range", "5m")
+    return value if value in RANGES else "5m"
+
+
+@bp.get("/")
+@login_required
+def index():
+    """The overview page."""
+    hearth = current_app.extensions["hearth"]
+    live = live_state(hearth)
+    return render_template(
+        "overview/index.html", live=live, gpu=has_gpu(hearth, live),
+        policy=admission_policy(hearth, live.models), range=_range_arg(), MIB=MIB,
+    )
+
+
+@bp.get("/partials/overview/tiles")
+@login_required
+def tiles():
+    """The number tiles, polled by htmx every 2 s."""
+    hearth = current_app.extensions["hearth"]
+    live = live_state(hearth)
+    return render_template("overview/_tiles.html", live=live, gpu=has_gpu(hearth, live), MIB=MIB)

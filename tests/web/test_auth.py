@@ -1,0 +1,165 @@
+"""Admin setup, login, logout, session cookie flags, CSRF, rate limiting, and that every dashboard
+route is closed to anonymous visitors."""
+
+import os
+import stat
+
+import pytest
+
+from app.secrets import read_secret
+from tests.web.conftest import ADMIN_PASSWORD, csrf_token, set_up_admin
+
+# Blueprints anyone may reach: the login pages, the API (its own bearer tokens), vendor files.
+PUBLIC_BLUEPRINTS = ("auth", "gateway", "assets")
+# /status decides for itself (the status_public setting); see test_status.py.
+PUBLIC_PATHS = ("/status",)
+
+
+def dashboard_routes(app) -> list[str]:
+    """Every GET route without URL arguments that belongs to the dashboard."""
+    out = []
+    for rule in app.url_map.iter_rules():
+        if "GET" not in rule.methods or rule.arguments or rule.endpoint == "static":
+            continue
+        if rule.endpoint.partition(".")[0] in PUBLIC_BLUEPRINTS or rule.rule in PUBLIC_PATHS:
+            continue
+        out.append(rule.rule)
+    return sorted(out)
+
+
+def test_first_run_sends_every_dashboard_page_to_setup(app, client):
+    routes = dashboard_routes(app)
+    assert "/" in routes and "/api/series" in routes
+    for path in routes:
+        response = client.get(path)
+        if path.startswith("/api/"):
+            assert response.status_code == 401, path
+            assert response.get_json()["login"] == "/setup"
+        else:
+            assert response.status_code == 302, path
+            assert response.headers["Location"] == "/setup", path
+    assert client.get("/login").headers["Location"] == "/setup"
+
+
+def test_setup_stores_a_hash_and_logs_in(app, client):
+    response = set_up_admin(client)
+    assert response.headers["Location"] == "/"
+    data = app.extensions["hearth"].data_dir
+    stored = read_secret(data, "admin_password")
+    assert stored and ADMIN_PASSWORD not in stored and stored.startswith("scrypt:")
+    mode = stat.S_IMODE(os.stat(data / "secrets" / "admin_password").st_mode)
+    assert mode == 0o600
+    assert client.get("/").status_code == 200
+    # Once a password exists, /setup cannot replace it.
+    assert client.get("/setup").headers["Location"] == "/login"
+    again = client.post("/setup", data={"password": "x" * 12, "confirm": "x" * 12,
+                                        "csrf_token": csrf_token(client, "/")})
+    assert again.status_code == 302 and read_secret(data, "admin_password") == stored
+
+
+@pytest.mark.parametrize(("password", "confirm", "message"), [
+    ("short", "short", "at least 8"),
+    ("long enough 1", "long enough 2", "differ"),
+])
+def test_setup_refuses_bad_passwords(app, client, password, confirm, message):
+    response = client.post("/setup", data={"password": password, "confirm": confirm,
+                                           "csrf_token": csrf_token(client, "/setup")})
+    assert response.status_code == 400
+    assert message in response.get_data(as_text=True)
+    assert read_secret(app.extensions["hearth"].data_dir, "admin_password") is None
+
+
+def test_login_logout_and_wrong_password(app, client):
+    set_up_admin(client)
+    client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
+    assert client.get("/").headers["Location"].startswith("/login")
+    wrong = client.post("/login", data={"password": "nope", "csrf_token": csrf_token(client)})
+    assert wrong.status_code == 401 and "Wrong password" in wrong.get_data(as_text=True)
+    assert client.get("/").status_code == 302
+    ok = client.post("/login", data={"password": ADMIN_PASSWORD, "next": "/?range=1h",
+                                     "csrf_token": csrf_token(client)})
+    assert ok.status_code == 302 and ok.headers["Location"] == "/?range=1h"
+    assert client.get("/").status_code == 200
+
+
+def test_next_never_leaves_the_site(client):
+    set_up_admin(client)
+    client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
+    for target in ("https://evil.example/", "//evil.example/x", "javascript:alert(1)"):
+        response = client.post("/login", data={"password": ADMIN_PASSWORD, "next": target,
+                                               "csrf_token": csrf_token(client)})
+        assert response.headers["Location"] == "/", target
+        client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
+
+
+def test_anonymous_request_goes_to_login_with_next(client):
+    set_up_admin(client)
+    client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
+    assert client.get("/?range=24h").headers["Location"] == "/login?next=/?range%3D24h"
+    htmx = client.get("/partials/overview/tiles", headers={"HX-Request": "true"})
+    assert htmx.status_code == 401 and htmx.headers["HX-Redirect"].startswith("/login")
+    api = client.get("/api/series?metric=cpu_pct")
+    assert api.status_code == 401 and api.get_json()["error"] == "login required"
+
+
+def test_session_cookie_flags_plain_http_and_https(client):
+    response = set_up_admin(client)
+    cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    # Plain http on the home LAN: a Secure cookie would be dropped by the browser and login would loop.
+    assert "Secure" not in cookie
+    secure = client.post("/login", base_url="https://hearth.local",
+                         data={"password": ADMIN_PASSWORD,
+                               "csrf_token": csrf_token(client, "/")})
+    assert "Secure" in secure.headers["Set-Cookie"]
+
+
+def test_changing_the_password_ends_other_sessions(app, admin):
+    from app.web.auth import set_password
+
+    assert admin.get("/").status_code == 200
+    with app.test_request_context():
+        set_password("a brand new password")
+    assert admin.get("/").status_code == 302
+
+
+def test_csrf_rejects_forms_and_htmx_without_token(client):
+    set_up_admin(client)
+    no_token = client.post("/logout")
+    assert no_token.status_code == 400 and "CSRF" in no_token.get_data(as_text=True)
+    assert client.get("/").status_code == 200  # still logged in
+    header = client.post("/logout", headers={"X-CSRFToken": csrf_token(client, "/")})
+    assert header.status_code == 302
+
+
+def test_api_is_exempt_from_csrf_and_ignores_the_admin_session(admin):
+    # The gateway authenticates by bearer token only: the admin cookie opens nothing there.
+    response = admin.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 401
+    assert "error" in response.get_json()
+
+
+def test_login_attempts_are_rate_limited_per_ip(app, client):
+    app.config["LOGIN_RATE_LIMIT"] = "3 per minute"
+    set_up_admin(client)
+    client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
+    token = csrf_token(client)
+    codes = [client.post("/login", data={"password": "wrong", "csrf_token": token}).status_code for _ in range(3)]
+    assert codes == [401, 401, 401]
+    limited = client.post("/login", data={"password": ADMIN_PASSWORD, "csrf_token": token})
+    assert limited.status_code == 429
+    assert int(limited.headers["Retry-After"]) > 0
+    assert "Too Many Requests" in limited.get_data(as_text=True)
+    # Another client address has its own budget.
+    other = client.post("/login", data={"password": ADMIN_PASSWORD, "csrf_token": token},
+                        environ_overrides={"REMOTE_ADDR": "10.0.0.9"})
+    assert other.status_code == 302
+
+
+def test_error_pages_are_html_for_the_dashboard_and_json_for_apis(admin):
+    page = admin.get("/no-such-page")
+    assert page.status_code == 404 and page.mimetype == "text/html"
+    assert "Back to the overview" in page.get_data(as_text=True)
+    api = admin.get("/api/series?metric=nope")
+    assert api.status_code == 400 and api.mimetype == "application/json"
+    assert "unknown metric nope" in api.get_json()["error"]["message"]

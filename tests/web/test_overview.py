@@ -1,0 +1,156 @@
+"""Overview page, its tiles partial, and the chart JSON it draws (/api/series, /api/latency)."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.telemetry.models import RequestRecord
+from app.telemetry.rollup import rollup
+from app.telemetry.sampler import sampler_for, store_readings
+from app.web import NAV
+from app.web.series import percentile
+
+NOW_S = 1_790_000_000  # a fixed "now" for the chart endpoints (HEARTH_CLOCK)
+RUNNER = "runner:gemma-3-270m-q4_k_m@local"
+
+
+@pytest.fixture
+def clocked(app):
+    """The app with the chart endpoints' clock fixed at NOW_S."""
+    app.config["HEARTH_CLOCK"] = lambda: float(NOW_S)
+    return app
+
+
+def put_samples(app, seconds: range, source=RUNNER, metric="gen_tok_s", value=lambda t: float(t % 7)):
+    """1-second samples at NOW_S - s for each s in `seconds`."""
+    hearth = app.extensions["hearth"]
+    with hearth.sessions() as s:
+        for back in seconds:
+            at = NOW_S - back
+            store_readings(s, at, [(source, metric, value(at))])
+        s.commit()
+
+
+def test_overview_empty_state_says_what_to_do(admin):
+    page = admin.get("/")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    # No sample yet, no request yet: the page says how to get data, and what policy is in force.
+    assert "Waiting for the first telemetry sample" in html
+    assert "Send a request to the API" in html
+    assert "Create a token on the Members page" in html
+    assert "Admission policy in force" in html
+    assert "continuous" in html and "Parallel slots" in html and "Batch budget" in html
+    assert "KV rule." in html
+    for name in ("voice", "chat", "documents", "coding", "background"):
+        assert f"<td>{name}" in html
+    # No GPU on this box: CPU and RAM charts, said plainly.
+    assert "CPU (no GPU)" in html and 'metric=ram_used_bytes' in html
+
+
+def test_overview_range_picker_and_nav(app, admin):
+    html = admin.get("/?range=24h").get_data(as_text=True)
+    assert 'data-range="24h" class="active"' in html
+    assert 'href="/" class="active" aria-current="page"' in html
+    # A nav link shows exactly when a view serves its path.
+    served = {rule.rule for rule in app.url_map.iter_rules()}
+    for _, path in NAV:
+        assert (f'<a href="{path}"' in html) == (path in served), path
+
+
+def test_tiles_show_the_sampler_latest_readings(app, admin):
+    sampler = sampler_for(app.extensions["hearth"])
+    sampler.latest = {
+        "host": {"cpu_pct": 37.0, "ram_used_bytes": 3 * 1024**3, "ram_total_bytes": 8 * 1024**3},
+        RUNNER: {"gen_tok_s": 123.4, "prompt_tok_s": 56.0, "running": 3, "waiting": 2, "kv_used_pct": 91.5,
+                 "preemptions_s": 0.5},
+    }
+    sampler.latest_at = datetime.now(UTC).timestamp()
+    response = admin.get("/partials/overview/tiles")
+    assert response.status_code == 200
+    html = response.get_data(as_text=True)
+    assert 'hx-trigger="every 2s' in html
+    assert "123" in html and "56.0" in html and "3.0 GiB" in html and "8.0 GiB" in html
+    assert "tile-bad" in html  # KV above 90 %
+    assert "Waiting for the first telemetry sample" not in html
+
+
+def test_series_raw_range_shapes(clocked, admin):
+    put_samples(clocked, range(400))
+    put_samples(clocked, range(0, 400, 2), source="host", metric="cpu_pct", value=lambda t: 50.0)
+    data = admin.get("/api/series?metric=gen_tok_s&range=5m").get_json()
+    assert data["resolution"] == "samples" and data["step_s"] == 1 and data["unit"] == "tok/s"
+    assert list(data["series"]) == ["gemma-3-270m-q4_k_m"]
+    assert data["t"] == list(range(NOW_S - 300, NOW_S + 1))
+    assert data["series"]["gemma-3-270m-q4_k_m"][-1] == float(NOW_S % 7)
+    both = admin.get("/api/series?metric=gen_tok_s,cpu_pct&range=5m").get_json()
+    assert set(both["series"]) == {"gen_tok_s · gemma-3-270m-q4_k_m", "cpu_pct · host"}
+    assert both["unit"] == ""
+    cpu = both["series"]["cpu_pct · host"]
+    # Seconds without a host sample are gaps (null), not zeros.
+    assert len(cpu) == len(both["t"]) and None in cpu and 50.0 in cpu
+
+
+def test_series_one_hour_is_averaged_into_ten_second_points(clocked, admin):
+    put_samples(clocked, range(3700), value=lambda t: 1.0 if t % 2 else 3.0)
+    data = admin.get("/api/series?metric=gen_tok_s&range=1h").get_json()
+    assert data["resolution"] == "samples" and data["step_s"] == 10
+    assert all(t % 10 == 0 for t in data["t"])
+    assert 360 <= len(data["t"]) <= 362
+    assert data["series"]["gemma-3-270m-q4_k_m"][5] == 2.0
+
+
+@pytest.mark.parametrize(("range_name", "resolution", "step_s"), [
+    ("24h", "rollups_1m", 60),
+    ("7d", "rollups_1h", 3600),
+])
+def test_long_ranges_read_rollups(clocked, admin, range_name, resolution, step_s):
+    put_samples(clocked, range(0, 3 * 3600, 5), value=lambda t: 4.0)
+    hearth = clocked.extensions["hearth"]
+    with hearth.sessions() as s:
+        rollup(s, datetime.fromtimestamp(NOW_S + 3600, UTC))
+        s.commit()
+    data = admin.get(f"/api/series?metric=gen_tok_s&range={range_name}").get_json()
+    assert data["resolution"] == resolution and data["step_s"] == step_s
+    assert data["t"] and all(t % step_s == 0 for t in data["t"])
+    assert set(data["series"]["gemma-3-270m-q4_k_m"]) == {4.0}
+
+
+def test_series_refuses_bad_arguments(admin):
+    assert admin.get("/api/series").status_code == 400
+    unknown = admin.get("/api/series?metric=gen_tok_s,bogus")
+    assert unknown.status_code == 400 and "bogus" in unknown.get_json()["error"]["message"]
+    bad_range = admin.get("/api/series?metric=cpu_pct&range=3w")
+    assert bad_range.status_code == 400 and "5m, 1h, 24h, 7d" in bad_range.get_json()["error"]["message"]
+    assert admin.get("/api/latency?metric=speed").status_code == 400
+
+
+def test_latency_percentiles_per_class(clocked, admin):
+    hearth = clocked.extensions["hearth"]
+    now = datetime.fromtimestamp(NOW_S, UTC)
+    with hearth.sessions() as s:
+        for i in range(20):
+            s.add(RequestRecord(arrival_at=now - timedelta(seconds=25, milliseconds=i), class_name="voice",
+                                status="ok", ttft_ms=float(10 * (i + 1)), tpot_ms=5.0))
+        s.add(RequestRecord(arrival_at=now - timedelta(seconds=25), class_name="chat", status="ok", ttft_ms=700.0))
+        # Refused and old requests do not count.
+        s.add(RequestRecord(arrival_at=now - timedelta(seconds=25), class_name="chat", status="rejected", ttft_ms=1.0))
+        s.add(RequestRecord(arrival_at=now - timedelta(hours=2), class_name="voice", status="ok", ttft_ms=9999.0))
+        s.commit()
+    data = admin.get("/api/latency?metric=ttft&range=5m").get_json()
+    assert data["unit"] == "ms" and data["step_s"] == 10
+    assert set(data["series"]) == {"chat p50", "chat p95", "voice p50", "voice p95"}
+    assert len(data["t"]) == 1 and data["t"][0] == (NOW_S - 25) // 10 * 10
+    assert data["series"]["voice p50"] == [100.0] and data["series"]["voice p95"] == [190.0]
+    assert data["series"]["chat p50"] == [700.0]
+    hour = admin.get("/api/latency?metric=ttft&range=1h").get_json()
+    assert hour["series"]["voice p95"] == [190.0]
+    day = admin.get("/api/latency?metric=ttft&range=24h").get_json()
+    assert day["step_s"] == 900 and len(day["t"]) == 2  # the 2-hour-old request has its own bucket
+    assert 9999.0 in day["series"]["voice p95"]
+
+
+def test_percentile_nearest_rank():
+    values = sorted(range(1, 101))
+    assert percentile(values, 50) == 50 and percentile(values, 95) == 95 and percentile(values, 100) == 100
+    assert percentile([7.0], 95) == 7.0
