@@ -30,6 +30,7 @@ BLUEPRINTS = (
     "app.web.assets",
     "app.web.series",
     "app.web.overview",
+    "app.web.status",
     "app.web.classes",
 )
 

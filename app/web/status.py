@@ -1,0 +1,59 @@
+"""`/status`: one phone-sized page (390 px wide) saying whether Hearth is up and how loaded it is.
+
+Viewable without the admin login only when the `status_public` setting is on (off by default).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from flask import Blueprint, current_app, render_template
+
+from app.web.auth import login_required
+from app.web.overview import has_gpu, live_state
+
+bp = Blueprint("status", __name__)
+
+# A sample older than this means the sampler (or the whole process) is stuck.
+STALE_SAMPLE_S = 10
+
+
+def public_or_login(view):
+    """Open to anyone when status_public is on, else the admin login applies."""
+    guarded = login_required(view)
+
+    @functools.wraps(view)
+    def wrapped(*args, **kwargs):
+        if current_app.extensions["hearth"].setting("status_public"):
+            return view(*args, **kwargs)
+        return guarded(*args, **kwargs)
+
+    return wrapped
+
+
+def _context() -> dict:
+    hearth = current_app.extensions["hearth"]
+    live = live_state(hearth)
+    failed = [m for m in live.models if m["state"] == "failed"]
+    if live.sample_age_s is not None and live.sample_age_s > STALE_SAMPLE_S:
+        health, health_text = "warn", "Degraded: telemetry stalled"
+    elif failed:
+        health, health_text = "warn", "Up, " + ", ".join(m["name"] for m in failed) + " failed"
+    else:
+        health, health_text = "ok", "Up"
+    return {"live": live, "gpu": has_gpu(hearth, live), "health": health, "health_text": health_text,
+            "public": bool(hearth.setting("status_public"))}
+
+
+@bp.get("/status")
+@public_or_login
+def index():
+    """The status page."""
+    return render_template("status/index.html", **_context())
+
+
+@bp.get("/partials/status")
+@public_or_login
+def card():
+    """The status content, polled every 2 s."""
+    return render_template("status/_status.html", **_context())

@@ -1,0 +1,61 @@
+"""The phone status page: login unless status_public, content from the latest samples."""
+
+import time
+
+from app.settings import set_setting
+from app.telemetry.sampler import sampler_for
+from tests.web.conftest import set_up_admin
+
+
+def make_public(app, value=True):
+    hearth = app.extensions["hearth"]
+    with hearth.sessions() as s:
+        set_setting(s, "status_public", value)
+        s.commit()
+    hearth._settings_cache.clear()
+
+
+def test_status_needs_login_by_default(client):
+    set_up_admin(client)
+    assert client.get("/status").status_code == 200
+    anonymous = client.application.test_client()
+    assert anonymous.get("/status").headers["Location"] == "/login?next=/status"
+    assert anonymous.get("/partials/status").status_code == 302
+
+
+def test_status_public_setting_opens_it(app, client):
+    set_up_admin(app.test_client())
+    make_public(app)
+    page = client.get("/status")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert "Up" in html and 'href="/login"' in html
+    # Public status shows no dashboard navigation and no forms.
+    assert 'class="nav"' not in html and "Log out" not in html
+    assert client.get("/partials/status").status_code == 200
+    # The rest of the dashboard stays closed.
+    assert client.get("/").status_code == 302
+
+
+def test_status_content_from_latest_samples(app, admin):
+    sampler = sampler_for(app.extensions["hearth"])
+    sampler.latest = {
+        "host": {"cpu_pct": 12.0, "ram_used_bytes": 2 * 1024**3, "ram_total_bytes": 4 * 1024**3},
+        "runner:gemma@local": {"gen_tok_s": 88.0, "waiting": 2, "kv_used_pct": 42.0},
+    }
+    sampler.latest_at = time.time()
+    html = admin.get("/partials/status").get_data(as_text=True)
+    assert 'hx-trigger="every 2s' in html
+    assert "88.0" in html and "42" in html and "2.0 GiB" in html and "no GPU" in html
+    assert "status-ok" in html
+    # The default model is not loaded: the page says what happens next.
+    assert "No model is resident" in html
+
+
+def test_status_shows_gpu_and_stale_sampler(app, admin):
+    sampler = sampler_for(app.extensions["hearth"])
+    sampler.latest = {"gpu:0": {"gpu_temp_c": 64.0, "vram_used_bytes": 6 * 1024**3, "vram_total_bytes": 24 * 1024**3}}
+    sampler.latest_at = time.time() - 60
+    html = admin.get("/status").get_data(as_text=True)
+    assert "GPU 0" in html and "64" in html and "6.0 GiB / 24.0 GiB" in html
+    assert "telemetry stalled" in html and "status-warn" in html
