@@ -9,7 +9,6 @@ figures are one aggregate over the window instead of one ORM object per request.
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -39,6 +38,11 @@ EVENT_LIMIT = 20
 LOG_LINES_SHOWN = 20
 # Cold starts averaged per model for the "usual" figure and the load-progress estimate.
 COLD_START_HISTORY = 10
+
+
+def utc_now(clock=None) -> datetime:
+    """Now as an aware UTC datetime, from an injected clock (Unix seconds) when the app has one."""
+    return datetime.fromtimestamp(clock(), UTC) if clock is not None else datetime.now(UTC)
 
 
 class QueryError(ValueError):
@@ -395,13 +399,4 @@ def model_cards(hearth: Any, session: Session, only: str | None = None) -> list[
                 card.progress = LoadProgress(status.get("loading_s") or 0.0, usual / 1000 if usual else None)
         cards.append(card)
     return cards
-
-
-def human_bytes(n: float | None) -> str:
-    """Bytes in MiB or GiB for tables ('–' when unknown)."""
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "–"
-    if abs(n) >= 1024**3:
-        return f"{n / 1024**3:.2f} GiB"
-    return f"{n / 1024**2:.0f} MiB"
 

@@ -1,0 +1,135 @@
+"""The Classes page: every request class's policy, editable, with SLO attainment and fairness over a range.
+
+Edits go through app.admin_cli.update_class, the same validation `hearth classes set` uses, and
+apply to the gateway at once (the class registry's cache is dropped).
+"""
+
+from __future__ import annotations
+
+from flask import (
+    Blueprint,
+    abort,
+    current_app,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+
+from app.admin_cli import CLASS_FIELDS, AdminError, ClassFieldErrors, update_class
+from app.web.auth import login_required
+from app.web.queries import (
+    RANGE_LABELS,
+    RANGES,
+    QueryError,
+    class_rows,
+    class_stats,
+    utc_now,
+)
+
+bp = Blueprint("classes", __name__)
+
+DEFAULT_RANGE = "24h"
+# The form's fields in the order shown, with their labels and help.
+FORM_FIELDS = [
+    ("priority", "Priority", "0 runs first; lower numbers are served before higher ones"),
+    ("ttft_target_ms", "Time-to-first-token target (ms)", "a request meets its SLO when its first token comes this fast"),
+    ("tpot_target_ms", "Time-per-output-token target (ms)", "…and each later token at least this fast"),
+    ("default_max_tokens", "Default max tokens", "when a request does not say"),
+    ("max_output_tokens", "Max output tokens", "requests asking for more are refused (400)"),
+    ("max_concurrent", "Max concurrent", "requests of this class running at once"),
+    ("max_queue", "Queue length", "waiting requests beyond this are refused (429)"),
+    ("weight", "Fair-share weight", "share of service among classes of the same priority"),
+    ("queue_timeout_s", "Queue timeout (s)", "a request waiting longer gives up (503)"),
+    ("default_model", "Default model", "empty: the household default"),
+]
+
+
+def _hearth():
+    return current_app.extensions["hearth"]
+
+
+def _range() -> str:
+    key = request.args.get("range", DEFAULT_RANGE)
+    if key not in RANGES:
+        abort(400, description=f"range must be one of {', '.join(RANGES)} (got {key!r})")
+    return key
+
+
+def _model_names() -> list[str]:
+    """Servable model names and their aliases, as /v1/models lists them."""
+    return [m["id"] for m in _hearth().model_list()]
+
+
+def _context(range_key: str, editing: str | None = None, values: dict | None = None,
+             errors: dict | None = None, saved: str | None = None) -> dict:
+    hearth = _hearth()
+    with hearth.sessions() as s:
+        rows = class_rows(s)
+        try:
+            stats = class_stats(s, range_key, utc_now(current_app.config.get("HEARTH_CLOCK")))
+        except QueryError as exc:
+            abort(400, description=str(exc))
+    return {"rows": rows, "stats": stats, "range": range_key, "ranges": RANGE_LABELS, "editing": editing,
+            "values": values or {}, "errors": errors or {}, "fields": FORM_FIELDS, "saved": saved,
+            "models": _model_names()}
+
+
+@bp.get("/classes")
+@login_required
+def index():
+    """The class table with figures over the chosen range."""
+    return render_template("classes/index.html", **_context(_range(), saved=request.args.get("saved")))
+
+
+def _row_values(name: str) -> dict[str, str]:
+    with _hearth().sessions() as s:
+        row = next((r for r in class_rows(s) if r.name == name), None)
+    if row is None:
+        abort(404, description=f"no class '{name}'")
+    return {f: ("" if getattr(row, f) is None else str(getattr(row, f))) for f in CLASS_FIELDS}
+
+
+@bp.get("/classes/<name>/edit")
+@login_required
+def edit(name: str):
+    """The edit form of one class (a partial for htmx, inside the page without JavaScript)."""
+    values = _row_values(name)
+    ctx = _context(_range(), editing=name, values=values)
+    if request.headers.get("HX-Request"):
+        return render_template("classes/_form.html", **ctx)
+    return render_template("classes/index.html", **ctx)
+
+
+@bp.post("/classes/<name>")
+@login_required
+def save(name: str):
+    """Validate and save a class; errors come back inline with what was typed kept."""
+    _row_values(name)  # 404 for an unknown class
+    form = request.form
+    values = {f: form.get(f, "") for f in CLASS_FIELDS if f != "preemptible"}
+    # An unticked checkbox is absent from the form.
+    values["preemptible"] = "yes" if form.get("preemptible") else "no"
+    range_key = form.get("range") if form.get("range") in RANGES else DEFAULT_RANGE
+    hearth = _hearth()
+    # A default model the gateway cannot resolve would turn every request of the class into a 404.
+    extra = {}
+    model = values["default_model"].strip()
+    if model and model not in _model_names():
+        extra["default_model"] = f"no model '{model}'; choose one of {', '.join(_model_names()) or 'none'}, or leave empty"
+    try:
+        with hearth.sessions() as s:
+            update_class(s, name, values)
+            if extra:
+                raise ClassFieldErrors(extra)
+            s.commit()
+    except ClassFieldErrors as exc:
+        ctx = _context(range_key, editing=name, values=values, errors={**exc.errors, **extra})
+        template = "classes/_form.html" if request.headers.get("HX-Request") else "classes/index.html"
+        return render_template(template, **ctx), 422
+    except AdminError as exc:
+        abort(404, description=str(exc))
+    hearth.classes.invalidate()
+    if request.headers.get("HX-Request"):
+        return render_template("classes/_saved.html", **_context(range_key, saved=name))
+    return redirect(url_for("classes.index", range=range_key, saved=name))
