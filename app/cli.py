@@ -156,6 +156,22 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--data", help="build the stores in this (empty) folder and keep them (default: a temporary folder)")
     hist.add_argument("--json", dest="json_path", help="write every figure and the constants to this file")
 
+    rep = bench_sub.add_parser("replay", help="replay a household scenario over HTTP: modes × overlap levels, verdict")
+    _add_model_args(rep, ctx=8192, parallel=8)
+    rep.add_argument("--scenario", default="household", help="shipped scenario name or a .toml file (default %(default)s)")
+    rep.add_argument("--levels", type=_levels, default=[1, 2, 4, 8])
+    rep.add_argument("--modes", type=lambda t: ["none"] if t == "none" else _modes(t),
+                     default=["continuous", "serial", "static"], help="hearth runner modes, or 'none'")
+    rep.add_argument("--target", help="also measure this OpenAI-compatible server (base URL)")
+    rep.add_argument("--llama-server", nargs="?", const="auto", default=None,
+                     help="also start stock llama-server with the same settings (binary path; default: the built one)")
+    rep.add_argument("--days", type=float, default=7.0, help="request-log window for the typical overlap (default %(default)s)")
+    rep.add_argument("--json", dest="json_path", help="write summaries, verdict, constants and raw rows here")
+    rep.add_argument("--csv", dest="csv_path", help="write one row per mode × level here (raw rows beside it)")
+
+    traffic = sub.add_parser("traffic", help="how often requests overlap (request log) and residency advice")
+    traffic.add_argument("--days", type=float, default=7.0, help="window (default %(default)s days)")
+
     models = sub.add_parser("models", help="model files")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
@@ -200,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hearth` console command."""
     args = build_parser().parse_args(argv)
-    if args.command in ("token", "models", "classes", "settings", "backup", "restore"):
+    if args.command in ("token", "models", "classes", "settings", "backup", "restore", "traffic"):
         # `hearth models list | head` should end quietly. Only for these printing commands: in a
         # server, SIGPIPE's default action would kill the process whenever a client hangs up.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -214,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         from app.bench.engine_bench import run_from_args
 
         return run_from_args(args, resolve_model(args.model))
+    if args.command == "bench" and args.bench_command == "replay":
+        from app.bench.replay import run_from_args as run_replay
+
+        return run_replay(args)
+    if args.command == "traffic":
+        return _traffic(args)
     if args.command == "bench" and args.bench_command == "memory":
         from app.bench.memory_bench import run_from_args as run_memory
 
@@ -248,6 +270,21 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_admin(args)
     return 2
+
+
+def _traffic(args) -> int:
+    from app.bench.overlap import format_traffic, traffic
+    from app.residency.default_model import data_dir
+    from app.settings import get_setting
+    from app.telemetry.store import open_store
+
+    engine, sessions = open_store(data_dir())
+    try:
+        with sessions() as session:
+            print(format_traffic(traffic(session, args.days), float(get_setting(session, "verdict_rare_overlap_share"))))
+    finally:
+        engine.dispose()
+    return 0
 
 
 def _backup(args) -> int:

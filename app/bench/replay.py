@@ -19,14 +19,21 @@ import re
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 import httpx
 import psutil
 
-from app.bench.scenarios import PlannedRequest, PromptCutter, Scenario, plan, script_size
+from app.bench.scenarios import (
+    PlannedRequest,
+    PromptCutter,
+    Scenario,
+    plan,
+    script_size,
+)
 from app.gateway.admission import ClassPolicy
 from app.telemetry.analysis import jain_index, meets_targets
 
@@ -88,22 +95,26 @@ def _metric(values: dict[str, float], *names: str) -> float | None:
     return None
 
 
+def nvml_gpus():
+    """(pynvml, device handles) when NVML sees NVIDIA GPUs; None on a CPU-only machine."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except pynvml.NVMLError:
+        return None
+    return (pynvml, handles) if handles else None
+
+
 class _Utilisation:
     """The device's busy share: GPU utilisation via NVML when present, else the runner's CPU."""
 
     def __init__(self, pid: int | None, threads: int | None):
-        self.source = "cpu"
-        self._nvml = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            if pynvml.nvmlDeviceGetCount() > 0:
-                self._nvml = (pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i)
-                                       for i in range(pynvml.nvmlDeviceGetCount())])
-                self.source = "gpu"
-        except Exception:  # no driver, no GPU: the CPU is the device
-            self._nvml = None
+        self._nvml = nvml_gpus()
+        self.source = "gpu" if self._nvml else "cpu"
         self._procs: list[psutil.Process] = []
         self._capacity = 100.0 * (threads or psutil.cpu_count() or 1)
         if pid is not None:
@@ -495,13 +506,203 @@ def machine() -> dict:
     from app.bench.engine_bench import machine as cpu_machine
 
     info = cpu_machine()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        info["gpu"] = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                       for i in range(pynvml.nvmlDeviceGetCount())] or None
-    except Exception:  # no NVIDIA driver: CPU only
-        info["gpu"] = None
+    gpus = nvml_gpus()
+    info["gpu"] = [gpus[0].nvmlDeviceGetName(h) for h in gpus[1]] if gpus else None
     info["load_avg"] = os.getloadavg()
     return info
+
+
+# --- a whole bench session ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What `hearth bench replay` (or the dashboard's Start) asked for."""
+
+    scenario: str = "household"
+    levels: tuple[int, ...] = (1, 2, 4, 8)
+    modes: tuple[str, ...] = HEARTH_MODES
+    model_path: str = ""
+    n_ctx: int = 8192
+    parallel: int = 8
+    n_batch: int = 512
+    token_budget: int | None = None
+    threads: int = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    gpu_layers: int = 0
+    target_url: str | None = None
+    llama_server: str | None = None  # binary of a stock llama-server to start with the same settings
+    traffic_days: float = 7.0
+
+
+@dataclass
+class BenchOutcome:
+    """A finished session: its id, constants, runs and verdict."""
+
+    session_id: int
+    constants: dict
+    runs: list[RunResult]
+    verdict: object
+    traffic: dict
+
+
+def total_runs(cfg: BenchConfig, scenario: Scenario) -> int:
+    """Runs the session will make (targets × levels), for progress bars."""
+    n_targets = len(cfg.modes) + bool(cfg.llama_server) + bool(cfg.target_url)
+    return n_targets * len(levels_of(scenario, list(cfg.levels)))
+
+
+def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, class_policies: dict,
+                       cutter_exact: bool, props: dict | None) -> dict:
+    """Everything held constant, printed before the runs and kept with them."""
+    from app.bench.engine_bench import sha256_of
+    from app.engine.model_config import cpu_has_amx
+
+    model = (props or {}).get("model") or {}
+    return {
+        "scenario": scenario.name, "scenario_source": scenario.source, "scenario_kind": scenario.kind,
+        "arrival": scenario.pattern if scenario.kind == "mix" else "script",
+        "levels": levels_of(scenario, list(cfg.levels)), "modes": list(cfg.modes),
+        "model": cfg.model_path, "model_name": model_name,
+        "model_sha256": sha256_of(cfg.model_path) if cfg.model_path else None,
+        "model_desc": model.get("desc"), "n_ctx": cfg.n_ctx, "parallel": cfg.parallel, "n_batch": cfg.n_batch,
+        "token_budget": cfg.token_budget or cfg.n_batch, "threads": cfg.threads, "gpu_layers": cfg.gpu_layers,
+        "repack": not cpu_has_amx(), "kv_unified": True,
+        "sampling": "temperature 0, ignore_eos (fixed output lengths), cache_prompt off",
+        "prompt_lengths": "exact (target's tokenizer)" if cutter_exact else "estimated (4 chars/token)",
+        "llama_server": cfg.llama_server, "target_url": cfg.target_url,
+        "classes": {n: asdict(p) for n, p in class_policies.items()},
+        "machine": machine(),
+    }
+
+
+def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, int], None] | None = None,
+              log: Callable[[str], None] = lambda line: None) -> BenchOutcome:
+    """Start the targets, replay, store every run as it ends, judge; stops what it started."""
+    from app.bench import store
+    from app.bench.overlap import traffic as read_traffic
+    from app.bench.scenarios import load_scenario
+    from app.bench.verdict import decide, thresholds_from
+    from app.settings import all_settings
+
+    scenario = load_scenario(cfg.scenario)
+    # The catalog names a model file by its stem: Apply finds the model under the same name.
+    model_name = Path(cfg.model_path).stem if cfg.model_path else "target"
+    with sessions() as s:
+        class_policies = store.policies(s)
+    consts = Constants(cfg.model_path, model_name, cfg.n_ctx, cfg.parallel, cfg.n_batch, cfg.threads,
+                       cfg.gpu_layers, cfg.token_budget)
+    targets: list[Target] = []
+    session_id = None
+    try:
+        for mode in cfg.modes:
+            log(f"starting hearth runner ({mode})")
+            targets.append(start_hearth(consts, mode))
+        if cfg.llama_server:
+            log("starting llama-server")
+            targets.append(start_llama_server(consts, cfg.llama_server))
+        if cfg.target_url:
+            targets.append(external_target(cfg.target_url, model_name))
+        if not targets:
+            raise ValueError("nothing to measure: give --modes, --llama-server or --target")
+        cutter = http_cutter(targets[0].url)
+        props = None
+        if targets[0].kind == "hearth":
+            props = httpx.get(f"{targets[0].url}/props", timeout=10).json()
+        constants = describe_constants(cfg, scenario, model_name, class_policies, cutter.exact, props)
+        with sessions() as s:
+            session_id = store.create_session(s, scenario.name, model_name, constants)
+        for t in targets:
+            warm_up(t)
+        total = total_runs(cfg, scenario)
+        done = [0]
+
+        def on_run(run: RunResult) -> None:
+            with sessions() as s:
+                store.save_run(s, session_id, run)
+            done[0] += 1
+            if progress is not None:
+                progress(run, done[0], total)
+
+        runs = replay(scenario, targets, list(cfg.levels), class_policies, cutter, progress=on_run)
+    except BaseException as exc:
+        if session_id is not None:
+            with sessions() as s:
+                store.finish_session(s, session_id, None, error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        stop_targets(targets)
+    with sessions() as s:
+        t = thresholds_from(all_settings(s))
+        traffic = read_traffic(s, cfg.traffic_days)
+        current = store.current_runner_settings(s, model_name)
+        verdict = decide(store.evidence(runs), class_policies, t, traffic, current)
+        store.finish_session(s, session_id, verdict.as_dict())
+    return BenchOutcome(session_id, constants, runs, verdict, traffic)
+
+
+def run_from_args(args) -> int:
+    """`hearth bench replay`: run, print the constants, table and verdict; write JSON/CSV if asked."""
+    import sys
+
+    from tqdm import tqdm
+
+    from app.bench import store
+    from app.bench.scenarios import ScenarioError, load_scenario
+    from app.bench.verdict import format_verdict
+    from app.cli import resolve_model
+    from app.residency.default_model import data_dir
+    from app.telemetry.store import open_store
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        print(f"hearth bench replay: {exc}", file=sys.stderr)
+        return 2
+    modes = tuple(args.modes) if args.modes != ["none"] else ()
+    llama = None
+    if args.llama_server:
+        llama = args.llama_server if args.llama_server != "auto" else str(_stock_llama_server())
+    cfg = BenchConfig(scenario=args.scenario, levels=tuple(args.levels), modes=modes,
+                      model_path=resolve_model(args.model), n_ctx=args.ctx, parallel=args.parallel,
+                      n_batch=args.batch, token_budget=args.budget, threads=args.threads,
+                      gpu_layers=args.gpu_layers, target_url=args.target, llama_server=llama,
+                      traffic_days=args.days)
+    engine, sessions = open_store(data_dir())
+    bar = tqdm(total=total_runs(cfg, scenario), desc="bench replay", unit="run", file=sys.stderr)
+
+    def progress(run: RunResult, done: int, total: int) -> None:
+        bar.set_postfix_str(f"{run.target} L={run.level}: {_f(run.summary['gen_tok_s'])} tok/s")
+        bar.update(1)
+
+    try:
+        outcome = run_bench(cfg, sessions, progress=progress, log=lambda line: bar.write(line, file=sys.stderr))
+    finally:
+        bar.close()
+    print("hearth bench replay — held constant:")
+    for k, v in outcome.constants.items():
+        if k != "classes":
+            print(f"  {k}: {v}")
+    print()
+    print(format_table(outcome.runs))
+    print()
+    print(format_verdict(outcome.verdict))
+    print(f"\nstored as bench session {outcome.session_id} (raw per-request rows kept)")
+    doc = store.document(scenario.name, outcome.constants, outcome.verdict.as_dict(), outcome.runs,
+                         outcome.session_id)
+    if args.json_path:
+        store.write_json(doc, args.json_path)
+        print(f"wrote {args.json_path}", file=sys.stderr)
+    if args.csv_path:
+        raw = store.write_csv(outcome.runs, args.csv_path)
+        print(f"wrote {args.csv_path} and {raw}", file=sys.stderr)
+    engine.dispose()
+    return 0
+
+
+def _stock_llama_server():
+    """The llama-server built by scripts/build_llama_tools.sh for the pinned version."""
+    from app.bench.reference import BUILD_SCRIPT, tools_cache_dir
+
+    path = tools_cache_dir() / "bin" / "llama-server"
+    if not path.is_file():
+        raise SystemExit(f"hearth bench replay: llama-server is not built (looked for {path}); run {BUILD_SCRIPT}")
+    return path
