@@ -32,6 +32,7 @@ BLUEPRINTS = (
     "app.web.overview",
     "app.web.status",
     "app.web.classes",
+    "app.web.members",
 )
 
 # (label, path) of the navigation; a link shows only when some view serves its path.
