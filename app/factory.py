@@ -45,11 +45,14 @@ def create_app(test_config: dict | None = None) -> Flask:
         app.config.update(test_config)
     data = Path(app.config["HEARTH_DATA"]).expanduser() if app.config["HEARTH_DATA"] else data_dir()
     data.mkdir(parents=True, exist_ok=True)
-    models_dir = Path(app.config["HEARTH_MODELS_DIR"]).expanduser() if app.config["HEARTH_MODELS_DIR"] else data / "models"
-    models_dir.mkdir(parents=True, exist_ok=True)
     default_model = (Path(app.config["HEARTH_DEFAULT_MODEL"]) if app.config["HEARTH_DEFAULT_MODEL"]
                      else ensure_default_model(data, progress=False))
     engine, sessions = open_store(data)
+    # $HEARTH_MODELS_DIR wins over the folder stored on the Settings page, which wins over <data>/models.
+    with sessions() as s:
+        stored_models_dir = get_setting(s, "models_dir")
+    models_dir = Path(app.config["HEARTH_MODELS_DIR"] or stored_models_dir or data / "models").expanduser()
+    models_dir.mkdir(parents=True, exist_ok=True)
     hearth = Hearth(data, models_dir, default_model, engine, sessions)
     app.extensions["hearth"] = hearth
     app.register_blueprint(gateway_bp)

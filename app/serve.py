@@ -66,6 +66,20 @@ class HearthServer(BaseApplication):
         return self.app_factory()
 
 
+def stored_bind() -> str | None:
+    """The bind address saved on the Settings page, if any."""
+    from app.residency.default_model import data_dir
+    from app.settings import get_setting
+    from app.telemetry.store import open_store
+
+    engine, sessions = open_store(data_dir())
+    try:
+        with sessions() as s:
+            return get_setting(s, "bind")
+    finally:
+        engine.dispose()
+
+
 def serve(bind: str | None = None, threads: int = DEFAULT_THREADS) -> None:
     """Run Hearth until interrupted."""
     from app.factory import create_app
@@ -75,5 +89,5 @@ def serve(bind: str | None = None, threads: int = DEFAULT_THREADS) -> None:
         # Assembled here, on the admin's terminal with a progress bar, before gunicorn starts;
         # the worker then finds it ready (a cheap size + sidecar check).
         ensure_default_model(data_dir(), progress=True)
-    bind = bind or os.environ.get("HEARTH_BIND") or DEFAULT_BIND
+    bind = bind or os.environ.get("HEARTH_BIND") or stored_bind() or DEFAULT_BIND
     HearthServer(gunicorn_settings(bind, threads), create_app).run()

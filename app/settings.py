@@ -31,6 +31,8 @@ REGISTRY = {
         SettingDef("runner_batch", 512, "default n_batch per local runner"),
         SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)"),
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned"),
+        SettingDef("models_dir", None, "folder scanned for .gguf models (default: <data>/models; $HEARTH_MODELS_DIR wins; restart to apply)"),
+        SettingDef("bind", None, "host:port hearth serve listens on (default 127.0.0.1:8080; --bind and $HEARTH_BIND win; restart to apply)"),
         SettingDef("status_public", False, "show the phone status page (/status) without the admin login"),
         SettingDef("proxy_hops", 0, "reverse proxies in front of hearth serve whose X-Forwarded-* headers are trusted (0: none; restart to apply)"),
         SettingDef("verdict_min_gain", 1.3, "throughput gain of continuous over serial batching, at the household's typical overlap, that justifies continuous batching"),

@@ -31,6 +31,7 @@ BLUEPRINTS = (
     "app.web.series",
     "app.web.overview",
     "app.web.status",
+    "app.web.settings",
     "app.web.classes",
     "app.web.members",
 )

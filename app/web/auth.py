@@ -71,7 +71,8 @@ def is_admin() -> bool:
     return stored is not None and session.get("admin") == _fingerprint(stored)
 
 
-def _log_in(stored_hash: str) -> None:
+def log_in(stored_hash: str) -> None:
+    """Start a fresh admin session bound to this password hash."""
     # A fresh session on login: a session id planted before login is worthless afterwards.
     session.clear()
     session.permanent = True
@@ -130,7 +131,7 @@ def setup():
         error = password_problem(password, confirm)
         if error is None:
             set_password(password)
-            _log_in(password_hash())
+            log_in(password_hash())
             flash("Admin password saved. Welcome to Hearth.", "ok")
             return redirect(_safe_next(None))
     return render_template("auth/setup.html", error=error), 400 if error else 200
@@ -146,7 +147,7 @@ def login():
     error = None
     if request.method == "POST":
         if check_password_hash(stored, request.form.get("password", "")):
-            _log_in(stored)
+            log_in(stored)
             return redirect(_safe_next(request.form.get("next") or request.args.get("next")))
         error = "Wrong password."
     elif is_admin():
