@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from app.engine.metrics import TPOT_BUCKETS_S, TTFT_BUCKETS_S
+from app.telemetry.sampler import sampler_for
 from app.telemetry.writer import LOSS_REASONS
 
 QUEUE_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
@@ -31,6 +32,14 @@ class _ResidencyCollector:
             estimate.add_metric([name], float(m.get("estimate_bytes") or 0))
             in_flight.add_metric([name], float(m.get("in_flight") or 0))
         yield from (state, rss, estimate, in_flight)
+        # KV usage per model and node from the sampler's latest 1-second scrape of each runner.
+        kv = GaugeMetricFamily("hearth:model_kv_used_percent", "KV cache cells in use, latest 1-s sample",
+                               labels=["model", "node"])
+        for source, values in sampler_for(self.hearth).latest.items():
+            if source.startswith("runner:") and "kv_used_pct" in values:
+                model, _, node = source.removeprefix("runner:").partition("@")
+                kv.add_metric([model, node], values["kv_used_pct"])
+        yield kv
         waiting = GaugeMetricFamily("hearth:class_waiting", "Requests waiting for admission", labels=["class"])
         running = GaugeMetricFamily("hearth:class_in_flight", "Requests admitted and not finished", labels=["class"])
         for name, snap in self.hearth.admission.snapshot().items():

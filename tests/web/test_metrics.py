@@ -1,0 +1,28 @@
+"""/metrics on hearth serve carries what the dashboard shows: per-class counters and latency
+histograms, residency gauges and KV usage per model."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.telemetry.sampler import sampler_for
+
+
+def families(client) -> dict:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    return {f.name: f for f in text_string_to_metric_families(response.get_data(as_text=True))}
+
+
+def test_metrics_cover_classes_residency_and_kv(app, client):
+    hearth = app.extensions["hearth"]
+    hearth.metrics.observe({"class_name": "voice", "model": "gemma", "status": "ok", "prompt_tokens": 5,
+                            "completion_tokens": 7, "ttft_ms": 120.0, "tpot_ms": 20.0, "queue_ms": 3.0})
+    sampler_for(hearth).latest = {"runner:gemma@local": {"kv_used_pct": 37.5}, "host": {"cpu_pct": 1.0}}
+    found = families(client)
+    requests = found["hearth:gateway_requests"].samples
+    assert any(s.labels == {"class": "voice", "model": "gemma", "status": "ok"} and s.value == 1 for s in requests)
+    for name in ("hearth:gateway_ttft_seconds", "hearth:gateway_tpot_seconds", "hearth:gateway_queue_seconds"):
+        assert found[name].type == "histogram", name
+        assert any(s.name.endswith("_bucket") and s.labels.get("class") == "voice" for s in found[name].samples)
+    assert "hearth:model_resident" in found and "hearth:model_estimate_bytes" in found
+    kv = found["hearth:model_kv_used_percent"].samples
+    assert [(s.labels, s.value) for s in kv] == [({"model": "gemma", "node": "local"}, 37.5)]
