@@ -34,6 +34,7 @@ BLUEPRINTS = (
     "app.web.settings",
     "app.web.classes",
     "app.web.members",
+    "app.web.requests",
 )
 
 # (label, path) of the navigation; a link shows only when some view serves its path.
