@@ -3,15 +3,18 @@
 import http.server
 import os
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from app import entrypoint
-from app.entrypoint import EntrypointError, assemble_default_model, first_run, ids_from_env
+from app.entrypoint import (
+    EntrypointError,
+    assemble_default_model,
+    first_run,
+    ids_from_env,
+)
 from app.residency.supervisor import free_port
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown and setuid need root")
@@ -19,7 +22,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown and setuid need
 
 def run_entrypoint(args, env, **popen):
     """`python -m app.entrypoint ARGS` in a subprocess (env must hold unprivileged_env); returns it done."""
-    return subprocess.run(["python", "-m", "app.entrypoint", *args], env=env, cwd="/",
+    return subprocess.run(["python", "-m", "app.entrypoint", *args], check=False, env=env, cwd="/",
                           capture_output=True, text=True, timeout=60, **popen)
 
 
@@ -153,7 +156,7 @@ def test_first_run_migrates_assembles_once_and_keeps_everything_on_restart(tmp_p
 class _Health(http.server.BaseHTTPRequestHandler):
     status = 200
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         self.send_response(self.status if self.path == "/healthz" else 404)
         self.end_headers()
 
