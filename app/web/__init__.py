@@ -35,6 +35,7 @@ BLUEPRINTS = (
     "app.web.classes",
     "app.web.members",
     "app.web.requests",
+    "app.web.models",
 )
 
 # (label, path) of the navigation; a link shows only when some view serves its path.

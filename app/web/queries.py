@@ -9,6 +9,7 @@ figures are one aggregate over the window instead of one ORM object per request.
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -324,6 +325,11 @@ class ModelCard:
         if self.estimate is None or not self.measured_bytes:
             return None
         return 100.0 * (self.measured_bytes - self.estimate.total_bytes) / self.estimate.total_bytes
+
+    @property
+    def dom_id(self) -> str:
+        """An HTML id for the model's card (names may hold dots and other characters ids should not)."""
+        return "model-" + re.sub(r"[^A-Za-z0-9_-]", "-", self.name)
 
     @property
     def loading(self) -> bool:

@@ -1,0 +1,178 @@
+"""The Models page: the catalog with estimates, residency state and controls, runner logs, residency events.
+
+Load runs in the background (a runner takes seconds to start): the POST answers at once with the
+model's card in its loading state, and the card polls itself every second until the load ends;
+then the server answers HTTP 286, which stops htmx's polling. Unload, policy and keep-alive edits
+go through the residency manager and app.admin_cli.set_model_policy (as `hearth models set` does),
+and take effect at once (the catalog is rebuilt).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from flask import Blueprint, abort, current_app, render_template, request
+
+from app.admin_cli import MODEL_POLICIES, AdminError, set_model_policy
+from app.residency.manager import ModelBusy, ResidencyError
+from app.web.auth import login_required
+from app.web.queries import EVENT_LIMIT, model_cards, recent_events
+
+bp = Blueprint("models", __name__)
+
+# HTTP 286: htmx stops polling the element that asked (the card, once its load is over).
+STOP_POLLING = 286
+# How long a Load POST waits for the manager to mark the model loading before answering.
+LOAD_START_WAIT_S = 1.0
+POLICY_LABELS = {"pinned": "Pinned: always resident", "keep_alive": "Keep alive: unload after the idle TTL",
+                 "on_demand": "On demand: unload as soon as idle"}
+
+
+def _hearth():
+    return current_app.extensions["hearth"]
+
+
+def _errors() -> dict[str, str]:
+    """Per model, why the last background load from this page failed (shown on its card until the next action)."""
+    return current_app.extensions.setdefault("models_page_errors", {})
+
+
+def _card(name: str):
+    hearth = _hearth()
+    with hearth.sessions() as s:
+        cards = model_cards(hearth, s, only=name)
+    if not cards:
+        abort(404, description=f"no model '{name}' in the catalog; the page lists the models Hearth found")
+    return cards[0]
+
+
+def _render_card(name: str, status: int = 200, message: str | None = None, message_state: str = "ok",
+                 form: dict | None = None, form_errors: dict | None = None):
+    card = _card(name)
+    error = _errors().get(name)
+    body = render_template("models/_card.html", m=card, message=message, message_state=message_state,
+                           load_error=error, form=form, form_errors=form_errors or {}, policies=POLICY_LABELS)
+    return body, status
+
+
+def _start_load(name: str) -> None:
+    """Load `name` on a background thread; a failure is kept for its card."""
+    hearth = _hearth()
+    errors = _errors()
+    errors.pop(name, None)
+
+    def load() -> None:
+        try:
+            hearth.residency.load(name)
+        except ResidencyError as exc:
+            errors[name] = str(exc)
+
+    threading.Thread(target=load, name=f"dashboard-load-{name}", daemon=True).start()
+    # Answer with the loading state rather than the state from before the click.
+    deadline = time.monotonic() + LOAD_START_WAIT_S
+    while time.monotonic() < deadline and name not in errors:
+        state = next((m["state"] for m in hearth.residency.status() if m["name"] == name), None)
+        if state in ("loading", "ready", "failed"):
+            return
+        time.sleep(0.02)
+
+
+@bp.get("/models")
+@login_required
+def index():
+    """Every model Hearth found, with what it would cost and what it is doing."""
+    hearth = _hearth()
+    with hearth.sessions() as s:
+        cards = model_cards(hearth, s)
+        events = recent_events(s, EVENT_LIMIT)
+    resident = sum(c.estimate.total_bytes for c in cards if c.state in ("resident", "loading") and c.estimate)
+    return render_template("models/index.html", cards=cards, events=events, budget_bytes=hearth.budget_bytes(),
+                           resident_bytes=resident, models_dir=hearth.models_dir, errors=_errors(),
+                           policies=POLICY_LABELS)
+
+
+@bp.get("/models/<name>/card")
+@login_required
+def card(name: str):
+    """One model's card; polled while it loads, answered with 286 once the load is over."""
+    body, _ = _render_card(name)
+    return body, 200 if _card(name).loading else STOP_POLLING
+
+
+@bp.get("/models/events")
+@login_required
+def events():
+    """The recent residency events table."""
+    with _hearth().sessions() as s:
+        rows = recent_events(s, EVENT_LIMIT)
+    return render_template("models/_events.html", events=rows)
+
+
+def _unservable(name: str):
+    """The card with a 409 when the model is in the catalog but cannot be served; None when it can."""
+    if name in _hearth().model_specs():
+        return None
+    card = _card(name)  # 404 when not in the catalog at all
+    return _render_card(name, 409, message=f"{name} cannot be served: {card.unusable_reason or 'not usable'}",
+                        message_state="bad")
+
+
+@bp.post("/models/<name>/load")
+@login_required
+def load(name: str):
+    """Start loading the model's runner; the card comes back loading and polls itself."""
+    refused = _unservable(name)
+    if refused:
+        return refused
+    _start_load(name)
+    return _render_card(name)
+
+
+@bp.post("/models/<name>/unload")
+@login_required
+def unload(name: str):
+    """Stop the model's runner now (refused while it loads or serves requests)."""
+    refused = _unservable(name)
+    if refused:
+        return refused
+    _errors().pop(name, None)
+    try:
+        stopped = _hearth().residency.unload(name)
+    except ModelBusy as exc:
+        return _render_card(name, 409, message=str(exc), message_state="bad")
+    return _render_card(name, message="Unloaded: its memory is free again." if stopped else "It was not loaded.")
+
+
+@bp.post("/models/<name>/policy")
+@login_required
+def policy(name: str):
+    """Residency policy (pinned / keep-alive / on demand) and keep-alive TTL; a pinned model is loaded now."""
+    _card(name)
+    hearth = _hearth()
+    form = {"policy": request.form.get("policy", ""), "keep_alive_s": request.form.get("keep_alive_s", "").strip()}
+    errors = {}
+    if form["policy"] not in MODEL_POLICIES:
+        errors["policy"] = f"Choose one of: {', '.join(MODEL_POLICIES)}."
+    try:
+        ttl = int(form["keep_alive_s"])
+    except ValueError:
+        ttl = None
+        errors["keep_alive_s"] = f"{form['keep_alive_s']!r} is not a whole number of seconds (e.g. 300 for five minutes)."
+    if not errors:
+        try:
+            with hearth.sessions() as s:
+                set_model_policy(s, name, form["policy"], ttl)
+                s.commit()
+        except AdminError as exc:
+            errors["keep_alive_s"] = str(exc)
+    if errors:
+        return _render_card(name, 422, form=form, form_errors=errors)
+    hearth.rescan()
+    message = f"Saved: {POLICY_LABELS[form['policy']].lower()}" + (f", {ttl} s." if form["policy"] == "keep_alive" else ".")
+    if form["policy"] == "pinned" and name in hearth.model_specs():
+        state = next((m["state"] for m in hearth.residency.status() if m["name"] == name), None)
+        if state not in ("loading", "ready"):
+            _start_load(name)
+            message += " Loading it now."
+    return _render_card(name, message=message)
