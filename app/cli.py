@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     smp.add_argument("--calls", type=int, default=100, help="sampler calls (default %(default)s)")
 
     hist = bench_sub.add_parser("history", help="dashboard pages and store size with days of synthetic history")
-    hist.add_argument("--days", type=int, default=7, help="days of 1-second samples in the timed store (default %(default)s)")
+    hist.add_argument("--days", type=float, default=7, help="days of 1-second samples in the timed store (default %(default)s)")
+    hist.add_argument("--size-days", type=float, default=30, help="days of history in the size store (default %(default)s)")
     hist.add_argument("--runners", type=int, default=2, help="runners with samples (default %(default)s)")
     hist.add_argument("--gpus", type=int, default=1, help="GPUs with samples (default %(default)s)")
     hist.add_argument("--requests", type=int, default=100_000, help="request rows (default %(default)s)")
@@ -247,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.bench_command == "history":
         from app.bench.history_bench import run_history
 
-        return run_history(args, resolve_model(None))
+        # HEARTH_DEFAULT_MODEL: a GGUF already at hand (tests share one) instead of assembling one.
+        return run_history(args, resolve_model(os.environ.get("HEARTH_DEFAULT_MODEL")))
     if args.command == "bench" and args.bench_command in ("gateway", "residency"):
         from app.bench import gateway_bench
 

@@ -29,6 +29,7 @@ import math
 import os
 import platform
 import random
+import re
 import sqlite3
 import statistics
 import tempfile
@@ -60,7 +61,6 @@ MEMBERS = (("alice", 0.30), ("bob", 0.25), ("carol", 0.20), ("kitchen-speaker", 
            ("guest", 0.005))
 CLASSES = (("voice", 0.25), ("chat", 0.35), ("coding", 0.15), ("documents", 0.10), ("background", 0.15))
 STATUSES = (("ok", 0.96), ("error", 0.015), ("timeout", 0.01), ("rejected", 0.01), ("cancelled", 0.005))
-SIZE_STORE_DAYS = 30
 # Seeds the synthetic seconds after the built history (day numbers of the history start at 0).
 TOP_UP_DAY = 1_000_000
 TARGETS = {"overview_ms": 50.0, "chart_24h_ms": 100.0, "store_30d_mb": 300.0}
@@ -70,7 +70,8 @@ TARGETS = {"overview_ms": 50.0, "chart_24h_ms": 100.0, "store_30d_mb": 300.0}
 class HistoryConfig:
     """What the synthetic history holds; every field is printed as a constant of the run."""
 
-    days: int = 7
+    days: float = 7
+    size_days: float = 30
     runners: int = 2
     gpus: int = 1
     requests: int = 100_000
@@ -222,7 +223,7 @@ def _raw(engine) -> sqlite3.Connection:
     return engine.raw_connection().driver_connection
 
 
-def build_store(data: Path, cfg: HistoryConfig, sample_days: float, history_days: int,
+def build_store(data: Path, cfg: HistoryConfig, sample_days: float, history_days: float,
                 progress: bool = True) -> dict[str, Any]:
     """Build a store with `history_days` of telemetry ending at cfg.end, of which the last `sample_days`
     keep their 1-second samples (older days: minute rows only), plus cfg.requests request rows."""
@@ -230,7 +231,7 @@ def build_store(data: Path, cfg: HistoryConfig, sample_days: float, history_days
     engine, sessions = open_store(data)
     keys = series_keys(cfg)
     end_s = int(cfg.end.timestamp()) // MINUTE_S * MINUTE_S
-    first_day_s = end_s - history_days * DAY_S
+    first_day_s = end_s - int(history_days * DAY_S) // MINUTE_S * MINUTE_S
     raw_from_s = end_s - int(sample_days * DAY_S) // MINUTE_S * MINUTE_S
     with sessions() as s:
         ids = {}
@@ -239,26 +240,28 @@ def build_store(data: Path, cfg: HistoryConfig, sample_days: float, history_days
         s.commit()
     counts = {"samples": 0, "rollups_1m_direct": 0}
     conn = _raw(engine)
-    bar = tqdm(total=history_days * len(keys), desc="samples (series × days)", unit="series-day", disable=not progress)
-    for day in range(history_days):
+    n_days = math.ceil((end_s - first_day_s) / DAY_S)
+    bar = tqdm(total=n_days * len(keys), desc="samples (series × days)", unit="series-day", disable=not progress)
+    for day in range(n_days):
         t0 = first_day_s + day * DAY_S
+        length = min(DAY_S, end_s - t0)  # the last day may be partial
         for key in keys:
-            values = day_values(cfg, key, day, t0)
+            values = day_values(cfg, key, day, t0)[:length]
             sid = ids[key]
             # Seconds before raw_from_s were pruned long ago: only their minute rows remain.
-            split = min(DAY_S, max(0, raw_from_s - t0))
+            split = min(length, max(0, raw_from_s - t0))
             if split:
                 rows = _minute_rows(sid, t0, values[:split])
                 conn.executemany("INSERT INTO rollups_1m (series_id, bucket, min, max, sum, count) VALUES (?,?,?,?,?,?)", rows)
                 counts["rollups_1m_direct"] += len(rows)
-            if split < DAY_S:
+            if split < length:
                 counts["samples"] += _insert_samples(conn, sid, t0 + split, values[split:])
             conn.commit()
             bar.update(1)
-        if t0 + DAY_S > raw_from_s:
+        if t0 + length > raw_from_s:
             # The rollup job, once the day is over (it runs every minute in hearth serve).
             with sessions() as s:
-                rollup(s, datetime.fromtimestamp(t0 + DAY_S + GRACE_S, UTC))
+                rollup(s, datetime.fromtimestamp(t0 + length + GRACE_S, UTC))
                 s.commit()
     bar.close()
     with sessions() as s:
@@ -344,14 +347,12 @@ def make_client(data: Path, default_model: str):
     return app, client
 
 
-def page_urls(app, end: datetime) -> list[tuple[str, str]]:
-    """(label, URL) of every page timed: the overview and its 24 h chart data when they exist, then ours."""
-    rules = {r.rule for r in app.url_map.iter_rules()}
+def page_urls(app, client) -> list[tuple[str, str]]:
+    """(label, URL) of every page timed: the overview and its charts' data for 24 h, then ours."""
     urls = []
-    if "/" in rules:
+    if any(r.rule == "/" for r in app.url_map.iter_rules()):
         urls.append(("overview", "/"))
-    for label, url in overview_chart_urls(rules):
-        urls.append((label, url))
+        urls += overview_chart_urls(client.get("/").get_data(as_text=True), "24h")
     urls += [
         ("models", "/models"),
         ("classes 24 h", "/classes?range=24h"),
@@ -366,14 +367,16 @@ def page_urls(app, end: datetime) -> list[tuple[str, str]]:
     return urls
 
 
-def overview_chart_urls(rules: set[str]) -> list[tuple[str, str]]:
-    """The overview's chart-data endpoints for a 24 h range, as app.web.overview serves them."""
-    try:
-        from app.web import overview
-    except ImportError:
-        return []
-    urls = getattr(overview, "chart_data_urls", None)
-    return list(urls("24h")) if callable(urls) else []
+_CHART = re.compile(r'id="([^"]+)" data-chart-url="([^"]+)"')
+
+
+def overview_chart_urls(html: str, range_name: str) -> list[tuple[str, str]]:
+    """("chart <id>", URL) of every chart on the overview page, with the range its picker would set."""
+    out = []
+    for chart_id, url in _CHART.findall(html):
+        url = url.replace("&amp;", "&")
+        out.append((f"chart {chart_id} {range_name}", f"{url}{'&' if '?' in url else '?'}range={range_name}"))
+    return out
 
 
 def time_get(client, url: str, n: int) -> dict[str, Any]:
@@ -419,13 +422,13 @@ def machine() -> str:
 
 def run_history(args, default_model: str) -> int:
     """Build both stores, time the pages, print and optionally write the figures."""
-    cfg = HistoryConfig(days=args.days, runners=args.runners, gpus=args.gpus, requests=args.requests,
+    cfg = HistoryConfig(days=args.days, size_days=args.size_days, runners=args.runners, gpus=args.gpus, requests=args.requests,
                         busy=args.busy, retention_h=args.retention_h, seed=args.seed)
     keys = series_keys(cfg)
-    print(f"held constant: {cfg.days} days of 1-second samples, {len(keys)} series ({cfg.runners} runners × "
+    print(f"held constant: {cfg.days:g} days of 1-second samples, {len(keys)} series ({cfg.runners} runners × "
           f"{len(RUNNER_METRICS)}, {cfg.gpus} GPU × {len(GPU_METRICS)}, host × {len(HOST_METRICS)}), "
           f"{cfg.requests} requests, busy share {cfg.busy:.0%}, seed {cfg.seed}; "
-          f"size store: {SIZE_STORE_DAYS} days with {cfg.retention_h:g} h of seconds; "
+          f"size store: {cfg.size_days:g} days with {cfg.retention_h:g} h of seconds; "
           f"{args.repeat} timed GETs per page (median); machine: {machine()}")
     out: dict[str, Any] = {"constants": {**asdict(cfg), "end": cfg.end.isoformat(), "series": len(keys),
                                          "repeat": args.repeat, "machine": machine()}}
@@ -439,9 +442,9 @@ def run_history(args, default_model: str) -> int:
         timing = build_store(timing_dir, cfg, sample_days=cfg.days, history_days=cfg.days, progress=not args.quiet)
         out["timing_store"] = timing
         print(f"timing store: {timing['rows']} built in {timing['build_s']:.0f} s, "
-              f"{timing['bytes'] / 1e6:.1f} MB on disk ({cfg.days} days of seconds kept)")
+              f"{timing['bytes'] / 1e6:.1f} MB on disk ({cfg.days:g} days of seconds kept)")
         if not args.skip_size:
-            size = build_store(size_dir, cfg, sample_days=cfg.retention_h / 24, history_days=SIZE_STORE_DAYS,
+            size = build_store(size_dir, cfg, sample_days=cfg.retention_h / 24, history_days=cfg.size_days,
                                progress=not args.quiet)
             out["size_store"] = size
             print(f"size store: {size['rows']} built in {size['build_s']:.0f} s, {size['bytes'] / 1e6:.1f} MB on disk "
@@ -451,7 +454,7 @@ def run_history(args, default_model: str) -> int:
                 print(f"  largest: {top}")
         top_up(timing_dir, cfg, datetime.now(UTC))
         app, client = make_client(timing_dir, default_model)
-        urls = page_urls(app, cfg.end)
+        urls = page_urls(app, client)
         page2 = next_page_url(client)
         if page2:
             urls.append(("requests page 2 (keyset)", page2))
