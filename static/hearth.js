@@ -1,6 +1,7 @@
 /* Hearth dashboard helpers: live uPlot charts fed by JSON endpoints.
 
-   Hearth.chart(el, url, options) draws the JSON {t: [unix s...], series: {name: [values...]}, unit}
+   Hearth.chart(el, url, options) draws the JSON {t: [unix s...], series: {name: [values...]}, unit,
+   sparse}
    that `url` returns, refreshes it every options.interval ms (default 2000) without reloading the
    page, and pauses while the tab is hidden. Every element with data-chart-url gets one on load;
    buttons with data-range switch the time range of every chart on the page. Hearth.charts holds
@@ -50,6 +51,7 @@
       this.height = Number(this.options.height || el.dataset.height || 180);
       this.emptyText = this.options.empty || el.dataset.empty || "No data yet.";
       this.plot = null;
+      this.sparse = false;
       this.names = [];
       this.data = [[]];
       this.inFlight = false;
@@ -109,6 +111,11 @@
 
     render(json) {
       if (json.unit !== undefined) this.unit = json.unit;
+      const sparse = Boolean(json.sparse);
+      if (sparse !== this.sparse) {
+        this.sparse = sparse;
+        this.names = [];
+      }
       const names = Object.keys(json.series || {});
       const data = [json.t || []].concat(names.map((name) => json.series[name]));
       this.data = data;
@@ -139,7 +146,11 @@
             stroke: axis,
             grid: { stroke: grid, width: 1 },
             ticks: { stroke: grid },
-            size: 64,
+            // Wide enough for the longest tick label ("1.5 GiB", "1000 ms"): a fixed size clips them.
+            size: (u, values) => {
+              const longest = Math.max(4, ...(values || []).map((v) => String(v).length));
+              return Math.ceil(longest * 7 + 18);
+            },
             values: (u, splits) => splits.map((v) => format(v, unit())),
           },
         ],
@@ -148,7 +159,9 @@
             label: name,
             stroke: colors[name] || PALETTE[i % PALETTE.length],
             width: 1.5,
-            points: { show: false },
+            // Sparse series (request percentiles per bucket) draw their points and bridge empty buckets.
+            spanGaps: this.sparse,
+            points: this.sparse ? { show: true, size: 5 } : { show: false },
             value: (u, v) => format(v, unit()),
           }))
         ),

@@ -144,3 +144,11 @@ def tiles():
     hearth = current_app.extensions["hearth"]
     live = live_state(hearth)
     return render_template("overview/_tiles.html", live=live, gpu=has_gpu(hearth, live), MIB=MIB)
+
+
+@bp.get("/partials/overview/policy")
+@login_required
+def policy_panel():
+    """The admission policy panel, polled every 5 s (models load and unload meanwhile)."""
+    hearth = current_app.extensions["hearth"]
+    return render_template("overview/_policy.html", policy=admission_policy(hearth, hearth.residency.status()))

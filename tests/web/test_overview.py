@@ -43,7 +43,7 @@ def test_overview_empty_state_says_what_to_do(admin):
     assert "continuous" in html and "Parallel slots" in html and "Batch budget" in html
     assert "KV rule." in html
     for name in ("voice", "chat", "documents", "coding", "background"):
-        assert f"<td>{name}" in html
+        assert f'<td class="nowrap">{name}' in html
     # No GPU on this box: CPU and RAM charts, said plainly.
     assert "CPU (no GPU)" in html and 'metric=ram_used_bytes' in html
 
@@ -73,6 +73,15 @@ def test_tiles_show_the_sampler_latest_readings(app, admin):
     assert "123" in html and "56.0" in html and "3.0 GiB" in html and "8.0 GiB" in html
     assert "tile-bad" in html  # KV above 90 %
     assert "Waiting for the first telemetry sample" not in html
+
+
+def test_policy_partial_polls_and_names_the_policy(app, admin):
+    response = admin.get("/partials/overview/policy")
+    assert response.status_code == 200
+    html = response.get_data(as_text=True)
+    assert 'hx-trigger="every 5s' in html
+    name = next(iter(app.extensions["hearth"].model_specs()))
+    assert name in html and "unloaded" in html and "512 tokens / iteration" in html
 
 
 def test_series_raw_range_shapes(clocked, admin):
@@ -138,7 +147,7 @@ def test_latency_percentiles_per_class(clocked, admin):
         s.add(RequestRecord(arrival_at=now - timedelta(hours=2), class_name="voice", status="ok", ttft_ms=9999.0))
         s.commit()
     data = admin.get("/api/latency?metric=ttft&range=5m").get_json()
-    assert data["unit"] == "ms" and data["step_s"] == 10
+    assert data["unit"] == "ms" and data["step_s"] == 10 and data["sparse"] is True
     assert set(data["series"]) == {"chat p50", "chat p95", "voice p50", "voice p95"}
     assert len(data["t"]) == 1 and data["t"][0] == (NOW_S - 25) // 10 * 10
     assert data["series"]["voice p50"] == [100.0] and data["series"]["voice p95"] == [190.0]
