@@ -36,6 +36,7 @@ BLUEPRINTS = (
     "app.web.members",
     "app.web.requests",
     "app.web.models",
+    "app.web.bench",
 )
 
 # (label, path) of the navigation; a link shows only when some view serves its path.

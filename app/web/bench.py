@@ -1,0 +1,286 @@
+"""The Bench page: start a replay (background job, live progress), past sessions, curves per mode, verdict, Apply.
+
+The job runs app.bench.replay.run_bench in one background thread per `hearth serve` (a second
+Start while one runs is refused with 409); its progress lives in memory and its runs in the store
+as each one ends. Views read the store; Apply is a POST with CSRF that changes runner settings and
+records who applied what.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    current_app,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+
+from app.bench import store
+from app.bench.replay import (
+    HEARTH_MODES,
+    BenchConfig,
+    RunResult,
+    request_times,
+    run_bench,
+    total_runs,
+)
+from app.bench.scenarios import ScenarioError, load_scenario, shipped_names
+from app.telemetry.models import BenchRun, BenchSession
+from app.web.auth import login_required
+
+bp = Blueprint("bench", __name__)
+
+MAX_LEVEL = 64
+CHART_METRICS = {"gen_tok_s": "tok/s", "ttft_p95_ms": "ms", "kv_peak_util": "", "kv_mean_util": "",
+                 "completion_p95_ms": "ms"}
+# htmx stops polling on this status (the partial then stays as it is).
+STOP_POLLING = 286
+
+
+@dataclass
+class BenchJob:
+    """The one bench run in progress (or the last one) of this process."""
+
+    scenario: str
+    total: int
+    done: int = 0
+    session_id: int | None = None
+    last: str = "starting runners…"
+    error: str | None = None
+    finished: bool = False
+    started_s: float = field(default_factory=time.monotonic)
+
+
+def _hearth():
+    return current_app.extensions["hearth"]
+
+
+def _jobs() -> dict:
+    return current_app.extensions.setdefault("hearth_bench", {"job": None, "lock": threading.Lock()})
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        abort(400, description=f"levels: comma-separated whole numbers, e.g. 1,2,4,8 (got {text!r})")
+    if not levels or min(levels) < 1 or max(levels) > MAX_LEVEL:
+        abort(400, description=f"levels: between 1 and {MAX_LEVEL} (got {text!r})")
+    return levels
+
+
+def _start_thread(app, cfg: BenchConfig, job: BenchJob) -> threading.Thread:
+    sessions = app.extensions["hearth"].sessions
+
+    def progress(run: RunResult, done: int, total: int) -> None:
+        job.done = done
+        job.session_id = job.session_id or _session_of(sessions, run.run_id)
+        rate = run.summary.get("gen_tok_s")
+        job.last = f"{run.target} L={run.level}: {rate:.1f} tok/s" if rate else f"{run.target} L={run.level}"
+
+    def work() -> None:
+        try:
+            outcome = run_bench(cfg, sessions, progress=progress, log=lambda line: setattr(job, "last", line))
+            job.session_id = outcome.session_id
+        # Whatever fails, the page must say so instead of the thread dying unseen.
+        except Exception as exc:  # noqa: BLE001
+            job.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            job.finished = True
+
+    t = threading.Thread(target=work, name="hearth-bench", daemon=True)
+    t.start()
+    return t
+
+
+def _session_of(sessions, run_id: int | None) -> int | None:
+    if run_id is None:
+        return None
+    with sessions() as s:
+        run = s.get(BenchRun, run_id)
+        return run.session_id if run else None
+
+
+def _charts(runs: list[RunResult]) -> dict:
+    """{metric: {x: [levels], series: {target: [value per level]}}} for the page's uPlot charts."""
+    levels = sorted({r.level for r in runs})
+    out = {}
+    for metric, unit in CHART_METRICS.items():
+        series = {}
+        for target in dict.fromkeys(r.target for r in runs):
+            by_level = {r.level: r.summary.get(metric) for r in runs if r.target == target}
+            series[target] = [by_level.get(lv) for lv in levels]
+        out[metric] = {"x": levels, "series": series, "unit": unit}
+    return out
+
+
+def _page_context(session_id: int | None) -> dict:
+    hearth = _hearth()
+    with hearth.sessions() as s:
+        past = store.list_sessions(s)
+        if session_id is None:
+            session_id = next((p.id for p in past if p.status == "done"), None)
+        current = s.get(BenchSession, session_id) if session_id is not None else None
+        if session_id is not None and current is None:
+            abort(404, description=f"no bench session {session_id}")
+        runs = store.load_runs(s, session_id) if current else []
+        applied = store.applied_history(s, limit=10)
+    return {"past": past, "current": current, "runs": runs, "charts": _charts(runs) if runs else None,
+            "applied": applied, "scenarios": shipped_names(), "modes": HEARTH_MODES, "job": _jobs()["job"],
+            "has_llama_server": _llama_server_path() is not None}
+
+
+def _llama_server_path() -> str | None:
+    from app.bench.reference import tools_cache_dir
+
+    path = tools_cache_dir() / "bin" / "llama-server"
+    return str(path) if path.is_file() else None
+
+
+@bp.get("/bench")
+@login_required
+def index():
+    """The page: start form, live job, the selected (or latest) session's curves and verdict, past runs."""
+    sid = request.args.get("session", type=int)
+    return render_template("bench/index.html", **_page_context(sid))
+
+
+@bp.post("/bench/start")
+@login_required
+def start():
+    """Start a replay in the background with the household's default model."""
+    jobs = _jobs()
+    scenario = request.form.get("scenario", "household")
+    if scenario not in shipped_names():
+        abort(400, description=f"scenario: one of {', '.join(shipped_names())} (got {scenario!r})")
+    levels = _levels(request.form.get("levels", "1,2,4,8"))
+    modes = tuple(m for m in HEARTH_MODES if request.form.get(f"mode_{m}"))
+    llama = _llama_server_path() if request.form.get("llama_server") else None
+    if not modes and not llama:
+        abort(400, description="choose at least one mode (or the stock llama-server) to measure")
+    hearth = _hearth()
+    model = hearth.default_model
+    if model is None:
+        abort(409, description="no default model to bench: set HEARTH_DEFAULT_MODEL or add a model")
+    with hearth.sessions() as s:
+        from app.settings import get_setting
+
+        threads = get_setting(s, "runner_threads")
+    cfg = BenchConfig(scenario=scenario, levels=levels, modes=modes, model_path=str(model), llama_server=llama,
+                      **({"threads": int(threads)} if threads else {}))
+    with jobs["lock"]:
+        job = jobs["job"]
+        if job is not None and not job.finished:
+            abort(409, description="a bench run is already in progress; wait for it to finish")
+        try:
+            total = total_runs(cfg, load_scenario(scenario))
+        except ScenarioError as exc:
+            abort(400, description=str(exc))
+        jobs["job"] = job = BenchJob(scenario, total)
+    _start_thread(current_app._get_current_object(), cfg, job)
+    if request.headers.get("HX-Request"):
+        return render_template("bench/_progress.html", job=job)
+    return redirect(url_for("bench.index"))
+
+
+@bp.get("/bench/progress")
+@login_required
+def progress():
+    """The live progress partial; answers 286 once the job is over so htmx stops polling."""
+    job = _jobs()["job"]
+    body = render_template("bench/_progress.html", job=job)
+    return body, (STOP_POLLING if job is None or job.finished else 200)
+
+
+@bp.get("/bench/sessions/<int:session_id>/chart/<metric>.json")
+@login_required
+def chart(session_id: int, metric: str):
+    """One metric against overlap level, a series per mode: {x, series, unit}."""
+    if metric not in CHART_METRICS:
+        abort(400, description=f"metric: one of {', '.join(CHART_METRICS)}")
+    with _hearth().sessions() as s:
+        if s.get(BenchSession, session_id) is None:
+            abort(404, description=f"no bench session {session_id}")
+        runs = store.load_runs(s, session_id)
+    return _charts(runs)[metric] if runs else {"x": [], "series": {}, "unit": CHART_METRICS[metric]}
+
+
+@bp.get("/bench/sessions/<int:session_id>.json")
+@login_required
+def export_json(session_id: int):
+    """The session as JSON: constants, verdict, summaries recomputed from raw rows, raw rows."""
+    with _hearth().sessions() as s:
+        try:
+            doc = store.session_document(s, session_id)
+        except LookupError as exc:
+            abort(404, description=str(exc))
+    return Response(json.dumps(doc, indent=1, default=str), mimetype="application/json",
+                    headers={"Content-Disposition": f"attachment; filename=bench-{session_id}.json"})
+
+
+@bp.get("/bench/sessions/<int:session_id>.csv")
+@login_required
+def export_csv(session_id: int):
+    """Every raw request of the session as CSV (one row per request)."""
+    with _hearth().sessions() as s:
+        if s.get(BenchSession, session_id) is None:
+            abort(404, description=f"no bench session {session_id}")
+        runs = store.load_runs(s, session_id)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["run_id", "target", "level", *store.REQUEST_FIELDS])
+    w.writeheader()
+    for r in runs:
+        for req in r.requests:
+            w.writerow({"run_id": r.run_id, "target": r.target, "level": r.level,
+                        **{k: json.dumps(req[k]) if k == "server_timings" else req[k] for k in store.REQUEST_FIELDS}})
+    return Response(buf.getvalue(), mimetype="text/csv",
+                    headers={"Content-Disposition": f"attachment; filename=bench-{session_id}.csv"})
+
+
+@bp.get("/bench/runs/<int:run_id>")
+@login_required
+def run_evidence(run_id: int):
+    """The raw evidence of one run: every request's timings as the client saw them, and the samples."""
+    with _hearth().sessions() as s:
+        run = s.get(BenchRun, run_id)
+        if run is None:
+            abort(404, description=f"no bench run {run_id}")
+        session_id = run.session_id
+        (result,) = [r for r in store.load_runs(s, session_id) if r.run_id == run_id]
+    rows = [{**r, **request_times(r)} for r in result.requests]
+    return render_template("bench/run.html", run=result, rows=rows, session_id=session_id)
+
+
+@bp.post("/bench/sessions/<int:session_id>/apply/<int:index>")
+@login_required
+def apply(session_id: int, index: int):
+    """Apply one recommendation: runner settings change now, recorded with who and when."""
+    with _hearth().sessions() as s:
+        try:
+            row = store.apply_recommendation(s, session_id, index, applied_by="admin")
+        except store.ApplyError as exc:
+            abort(400, description=str(exc))
+        changes = ", ".join(f"{k} {before if before is not None else 'default'} → {after}"
+                            for k, (before, after) in row.changes.items())
+        model = row.model_name
+    # The catalog reads runner settings at its next rescan; do it now so the change is not silent.
+    try:
+        _hearth().rescan()
+    except OSError:
+        pass
+    from flask import flash
+
+    flash(f"Applied to {model}: {changes}. Runners started from now on use it.", "ok")
+    return redirect(url_for("bench.index", session=session_id))
+

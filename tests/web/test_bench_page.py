@@ -1,0 +1,172 @@
+"""The Bench page: start (background job, live progress that stops itself), sessions, charts, evidence, Apply."""
+
+import json
+import threading
+import time
+
+import pytest
+from sqlalchemy import select
+
+from app.bench import store
+from app.bench.replay import RunResult, summarise
+from app.bench.verdict import Recommendation, Verdict
+from app.telemetry.models import BenchApplied, Model, RunnerSettings
+from app.web import bench as bench_page
+
+ROWS = [
+    {"idx": 0, "class_name": "voice", "priority": 0, "sent_s": 0.0, "first_token_s": 0.1, "end_s": 0.5,
+     "prompt_tokens": 12, "completion_tokens": 9, "max_tokens": 9, "status": "ok", "error": None,
+     "server_timings": {"queue_ms": 1.0, "ttft_ms": 90.0, "total_ms": 490.0}},
+    {"idx": 1, "class_name": "chat", "priority": 1, "sent_s": 0.0, "first_token_s": 0.3, "end_s": 1.0,
+     "prompt_tokens": 40, "completion_tokens": 15, "max_tokens": 15, "status": "ok", "error": None,
+     "server_timings": None},
+]
+SAMPLES = [{"t_s": 0.2, "in_flight": 2, "util": 0.9, "kv_util": 0.1, "running": 2, "waiting": 0,
+            "preemptions_total": 0}]
+
+
+def hearth(app):
+    return app.extensions["hearth"]
+
+
+def make_session(app, verdict=True):
+    """A finished session with continuous and serial runs at levels 1 and 2; returns (session id, run ids)."""
+    h = hearth(app)
+    model = h.default_model.stem
+    run_ids = []
+    with h.sessions() as s:
+        policies = store.policies(s)
+        sid = store.create_session(s, "household", model, {"model_name": model, "n_ctx": 8192, "parallel": 8,
+                                                           "machine": {"cpu": "test cpu", "cores": 2, "gpu": None}})
+        for level in (1, 2):
+            for mode, scale in (("continuous", 1.0), ("serial", 2.0)):
+                rows = [dict(r, end_s=r["end_s"] * scale * level) for r in ROWS]
+                run = RunResult(mode, "hearth", level, rows, SAMPLES, summarise(rows, SAMPLES, policies))
+                run_ids.append(store.save_run(s, sid, run))
+        v = Verdict(2, "default", 2, (
+            Recommendation("continuous", "Use continuous batching (1.50× at overlap 2)", ("gain 1.50×",),
+                           {"gain": 1.5}, (run_ids[2], run_ids[3]), {"mode": "continuous"}),
+            Recommendation("smaller_slots", "Fewer parallel slots", ("flat",), {"knee": 2}, (run_ids[2],),
+                           {"parallel": 2}),
+            Recommendation("insufficient", "Advice only", ("no change",), {}, (), None),
+        ))
+        store.finish_session(s, sid, json.loads(json.dumps(v.as_dict())) if verdict else None)
+    return sid, run_ids
+
+
+def test_the_page_needs_the_admin(client):
+    assert client.get("/bench").status_code in (302, 401)
+    assert client.post("/bench/start").status_code in (302, 400, 401)
+
+
+def test_empty_page(admin):
+    page = admin.get("/bench")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert "No bench runs yet" in html and "household" in html and "voice-under-background" in html
+    assert 'href="/bench"' in html  # in the navigation
+
+
+def test_session_page_charts_table_verdict_and_evidence(app, admin):
+    sid, run_ids = make_session(app)
+    html = admin.get("/bench").get_data(as_text=True)
+    assert f"Session {sid}" in html and "test cpu" in html
+    assert "Use continuous batching (1.50× at overlap 2)" in html
+    assert f'href="/bench/runs/{run_ids[2]}"' in html and "Apply: mode = continuous" in html
+    assert "Apply: parallel = 2" in html and html.count("Apply:") == 2  # advice only has no button
+    assert f'data-bench-chart="/bench/sessions/{sid}/chart/gen_tok_s.json"' in html
+    chart = admin.get(f"/bench/sessions/{sid}/chart/gen_tok_s.json").get_json()
+    assert chart["x"] == [1, 2] and set(chart["series"]) == {"continuous", "serial"}
+    # Serial took twice as long for the same tokens: half the rate.
+    assert chart["series"]["serial"][0] == pytest.approx(chart["series"]["continuous"][0] / 2)
+    assert admin.get(f"/bench/sessions/{sid}/chart/bogus.json").status_code == 400
+    assert admin.get("/bench/sessions/999/chart/gen_tok_s.json").status_code == 404
+    raw = admin.get(f"/bench/runs/{run_ids[0]}").get_data(as_text=True)
+    assert "Raw evidence" in raw and "voice" in raw and "0.100" in raw and "queue_ms 1" in raw
+    assert admin.get("/bench/runs/999").status_code == 404
+    assert admin.get("/bench?session=999").status_code == 404
+
+
+def test_exports(app, admin):
+    sid, run_ids = make_session(app)
+    doc = json.loads(admin.get(f"/bench/sessions/{sid}.json").get_data(as_text=True))
+    assert [s["run_id"] for s in doc["summaries"]] == run_ids
+    assert doc["verdict"]["recommendations"][0]["kind"] == "continuous"
+    assert doc["summaries"][0]["summary"]["generated_tokens"] == 24
+    csv_text = admin.get(f"/bench/sessions/{sid}.csv").get_data(as_text=True)
+    assert csv_text.splitlines()[0].startswith("run_id,target,level,idx") and len(csv_text.splitlines()) == 9
+    assert admin.get("/bench/sessions/999.json").status_code == 404
+
+
+def test_apply_needs_csrf_changes_settings_and_records_who(app, admin, csrf_token):
+    sid, _ = make_session(app)
+    model = hearth(app).default_model.stem
+    assert admin.post(f"/bench/sessions/{sid}/apply/1").status_code == 400  # no CSRF token
+    with hearth(app).sessions() as s:
+        assert s.scalar(select(RunnerSettings)) is None
+    token = csrf_token(admin, "/bench")
+    r = admin.post(f"/bench/sessions/{sid}/apply/1", data={"csrf_token": token})
+    assert r.status_code == 302
+    page = admin.get(r.headers["Location"]).get_data(as_text=True)
+    assert f"Applied to {model}: parallel default → 2" in page and "admin applied" in page
+    with hearth(app).sessions() as s:
+        m = s.scalar(select(Model).where(Model.name == model))
+        rs = s.scalar(select(RunnerSettings).where(RunnerSettings.model_id == m.id))
+        assert rs.parallel == 2 and rs.mode is None
+        (applied,) = s.scalars(select(BenchApplied)).all()
+        assert (applied.applied_by, applied.session_id, applied.changes) == ("admin", sid, {"parallel": [None, 2]})
+    bad = admin.post(f"/bench/sessions/{sid}/apply/2", data={"csrf_token": token})
+    assert bad.status_code == 400 and "advice only" in bad.get_data(as_text=True)
+    assert admin.post(f"/bench/sessions/{sid}/apply/7", data={"csrf_token": token}).status_code == 400
+
+
+def test_start_runs_in_the_background_and_polling_stops_when_done(app, admin, csrf_token, monkeypatch):
+    release = threading.Event()
+    seen = {}
+
+    def fake_run_bench(cfg, sessions, progress=None, log=None):
+        seen["cfg"] = cfg
+        log("starting hearth runner (continuous)")
+        release.wait(10)
+        with sessions() as s:
+            sid = store.create_session(s, "household", "gemma", {})
+            run = RunResult("continuous", "hearth", 1, ROWS, SAMPLES, summarise(ROWS, SAMPLES, {}))
+            store.save_run(s, sid, run)
+            store.finish_session(s, sid, None)
+        progress(run, 1, 1)
+
+        class Outcome:
+            session_id = sid
+        return Outcome()
+
+    monkeypatch.setattr(bench_page, "run_bench", fake_run_bench)
+    token = csrf_token(admin, "/bench")
+    r = admin.post("/bench/start", data={"csrf_token": token, "scenario": "household", "levels": "1,2",
+                                         "mode_continuous": "1", "mode_serial": "1"}, headers={"HX-Request": "true"})
+    assert r.status_code == 200
+    body = r.get_data(as_text=True)
+    assert 'hx-get="/bench/progress"' in body and "of 4 runs" in body
+    assert seen["cfg"].modes == ("continuous", "serial") and seen["cfg"].levels == (1, 2)
+    assert seen["cfg"].model_path == str(hearth(app).default_model)
+    # A second start while one runs is refused.
+    again = admin.post("/bench/start", data={"csrf_token": token, "mode_serial": "1"})
+    assert again.status_code == 409
+    assert admin.get("/bench/progress").status_code == 200
+    release.set()
+    deadline = time.monotonic() + 10
+    while (p := admin.get("/bench/progress")).status_code != 286:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    done = p.get_data(as_text=True)
+    assert "Done" in done and "hx-trigger" not in done and "See session" in done
+
+
+def test_start_refuses_bad_input(admin, csrf_token):
+    token = csrf_token(admin, "/bench")
+    for data, message in (({"levels": "1,x", "mode_serial": "1"}, "levels"),
+                          ({"levels": "0", "mode_serial": "1"}, "levels"),
+                          ({"scenario": "../etc/passwd", "mode_serial": "1"}, "scenario"),
+                          ({"levels": "1"}, "at least one mode")):
+        r = admin.post("/bench/start", data={"csrf_token": token, **data})
+        assert r.status_code == 400 and message in r.get_data(as_text=True)
+    assert admin.get("/bench/progress").status_code == 286  # nothing started
