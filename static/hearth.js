@@ -1,7 +1,7 @@
 /* Hearth dashboard helpers: live uPlot charts fed by JSON endpoints.
 
    Hearth.chart(el, url, options) draws the JSON {t: [unix s...], series: {name: [values...]}, unit,
-   sparse}
+   sparse, start_s, end_s}
    that `url` returns, refreshes it every options.interval ms (default 2000) without reloading the
    page, and pauses while the tab is hidden. Every element with data-chart-url gets one on load;
    buttons with data-range switch the time range of every chart on the page. Hearth.charts holds
@@ -52,6 +52,7 @@
       this.emptyText = this.options.empty || el.dataset.empty || "No data yet.";
       this.plot = null;
       this.sparse = false;
+      this.span = null;
       this.names = [];
       this.data = [[]];
       this.inFlight = false;
@@ -111,6 +112,8 @@
 
     render(json) {
       if (json.unit !== undefined) this.unit = json.unit;
+      // The x axis spans the requested window, so every chart on a page lines up in time.
+      this.span = json.start_s !== undefined ? [json.start_s, json.end_s] : null;
       const sparse = Boolean(json.sparse);
       if (sparse !== this.sparse) {
         this.sparse = sparse;
@@ -139,7 +142,7 @@
         height: this.height,
         cursor: { drag: { x: false, y: false } },
         legend: { live: true },
-        scales: { x: { time: true }, y: { range: (u, min, max) => [Math.min(0, min || 0), max > 0 ? max * 1.1 : 1] } },
+        scales: { x: { time: true, range: (u, min, max) => this.span || [min, max] }, y: { range: (u, min, max) => [Math.min(0, min || 0), max > 0 ? max * 1.1 : 1] } },
         axes: [
           { stroke: axis, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } },
           {

@@ -1,7 +1,7 @@
 """Chart data as JSON for every dashboard page: telemetry series and request-latency percentiles.
 
 Both answer `{"t": [unix s...], "series": {label: [value or null...]}, "unit", "range", "resolution",
-"step_s"}`, the shape static/hearth.js draws (`"sparse": true` when buckets may be empty: points
+"step_s", "start_s", "end_s"}`, the shape static/hearth.js draws (`"sparse": true` when buckets may be empty: points
 are drawn and gaps bridged). Ranges up to 1 h read the 1-second samples (1 h is
 averaged into 10-second points), up to 48 h the 1-minute rollups, beyond the hourly ones: every
 query is a range read on a (series_id, time) primary key, never a scan of the samples.
@@ -94,7 +94,7 @@ def read_series(session, metrics: list[str], range_name: str, end_s: int,
     t, series = _align(lines)
     units = {METRICS[m].unit for m in metrics if m in METRICS}
     return {"t": t, "series": series, "unit": units.pop() if len(units) == 1 else "",
-            "range": range_name, "resolution": table, "step_s": step}
+            "range": range_name, "resolution": table, "step_s": step, "start_s": start_s, "end_s": end_s}
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -130,7 +130,7 @@ def read_latency(session, field: str, range_name: str, end_s: int,
             lines[f"{class_name} p{q}"] = {b: percentile(v, q) for b, v in per_bucket.items()}
     t, series = _align(lines)
     return {"t": t, "series": series, "unit": "ms", "range": range_name, "resolution": "requests", "step_s": step,
-            "sparse": True}
+            "sparse": True, "start_s": start_s, "end_s": end_s}
 
 
 def _now_s() -> int:
