@@ -193,6 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("url")
     node.add_argument("--label")
 
+    soak = sub.add_parser("soak", help="load test: mixed classes, clients hanging up mid-stream; PASS/FAIL per criterion")
+    soak.add_argument("--streams", type=int, default=32, help="concurrent clients (default %(default)s)")
+    soak.add_argument("--minutes", type=float, default=2.0, help="duration (default %(default)s)")
+    soak.add_argument("--disconnect", type=float, default=0.2, help="share of requests hung up mid-stream")
+    soak.add_argument("--url", help="an existing hearth serve (default: start one on the default model)")
+    soak.add_argument("--token", help="API token for --url, allowed the classes to soak")
+    soak.add_argument("--model", help="GGUF for the started serve (default: the embedded model)")
+    soak.add_argument("--ctx", type=int, default=4096, help="KV cells of the started serve's runner")
+    soak.add_argument("--parallel", type=int, default=8, help="sequence slots of the started serve's runner")
+    soak.add_argument("--seed", type=int, default=0)
+    soak.add_argument("--json", action="store_true", help="print the report as JSON")
+
     classes = sub.add_parser("classes", help="request classes")
     classes_sub = classes.add_subparsers(dest="classes_command", required=True)
     classes_sub.add_parser("list", help="the classes and their policies")
@@ -227,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "runner":
         return _runner(args)
+    if args.command == "soak":
+        from app.bench.soak import main as soak_main
+
+        return soak_main(args)
     if args.command == "bench" and args.bench_command == "engine":
         from app.bench.engine_bench import run_from_args
 
