@@ -6,6 +6,7 @@ import atexit
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -82,11 +83,20 @@ def create_app(test_config: dict | None = None) -> Flask:
     if started:
         log.info("pinned models: %s", started)
 
+    shutdown_lock = threading.Lock()
+    shut_down = []
+
     def shutdown():
-        sched = app.extensions.pop("scheduler", None)
-        if sched is not None:
-            sched.shutdown(wait=False)
-        hearth.shutdown()
+        # Called at SIGTERM's drain deadline (app.serve) and again at exit: the first call stops
+        # everything, a concurrent or later one waits for it and returns.
+        with shutdown_lock:
+            if shut_down:
+                return
+            sched = app.extensions.pop("scheduler", None)
+            if sched is not None:
+                sched.shutdown(wait=False)
+            hearth.shutdown()
+            shut_down.append(True)
 
     app.extensions["hearth_shutdown"] = shutdown
     atexit.register(shutdown)

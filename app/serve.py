@@ -7,6 +7,8 @@ run every job twice and start a second copy of every model: the config refuses i
 from __future__ import annotations
 
 import os
+import signal
+import threading
 
 from gunicorn.app.base import BaseApplication
 
@@ -14,6 +16,12 @@ from app.engine.runner import no_delay
 
 DEFAULT_BIND = "127.0.0.1:8080"
 DEFAULT_THREADS = 32
+# On SIGTERM the arbiter SIGKILLs the worker GRACEFUL_TIMEOUT_S later, and a killed worker stops no
+# runner. So answers in flight get DRAIN_S to finish, then the runners are stopped (in parallel,
+# each SIGKILLed by the supervisor if not gone in 10 s) while the worker still lives: 8 + 10 < 25.
+# Docker's stop_grace_period (30 s in docker-compose.yml) covers the whole sequence.
+GRACEFUL_TIMEOUT_S = 25
+DRAIN_S = 8.0
 
 
 class ConfigError(ValueError):
@@ -35,8 +43,7 @@ def gunicorn_settings(bind: str, threads: int = DEFAULT_THREADS, workers: int = 
         "worker_class": "gthread",
         "threads": threads,
         "timeout": 120,
-        # Long enough for runners to stop cleanly on SIGTERM.
-        "graceful_timeout": 20,
+        "graceful_timeout": GRACEFUL_TIMEOUT_S,
         "keepalive": 5,
         "accesslog": None,
         "errorlog": "-",
@@ -44,7 +51,25 @@ def gunicorn_settings(bind: str, threads: int = DEFAULT_THREADS, workers: int = 
         "preload_app": False,
         "proc_name": "hearth-serve",
         "when_ready": no_delay,
+        "post_worker_init": stop_runners_after_drain,
     }
+
+
+def stop_runners_after_drain(worker) -> None:
+    """Worker hook: after SIGTERM, stop the app (runners, store) once DRAIN_S have passed."""
+    gunicorn_handler = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        gunicorn_handler(signum, frame)  # stop accepting; requests in flight go on
+        shutdown = getattr(worker.wsgi, "extensions", {}).get("hearth_shutdown")
+        if shutdown is not None:
+            # Runs only if the worker is still draining then: a worker that finishes earlier
+            # exits and stops everything through the same (idempotent) shutdown at exit.
+            timer = threading.Timer(DRAIN_S, shutdown)
+            timer.daemon = True
+            timer.start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 class HearthServer(BaseApplication):
