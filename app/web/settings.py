@@ -44,30 +44,31 @@ class Field:
     minimum: float | None = None
     maximum: float | None = None
     unit: str = ""
+    label: str = ""
 
 
 # Bounds are what Hearth can run with; settings registered later without an entry here are
 # edited by the kind of their default.
 FIELDS = {
-    "memory_limit_mb": Field("int", "Memory", 256, 16 * 1024 * 1024, "MiB"),
-    "memory_reserve_mb": Field("int", "Memory", 0, 16 * 1024 * 1024, "MiB"),
-    "models_dir": Field("str", "Models and runners"),
-    "default_model": Field("str", "Models and runners"),
-    "runner_ctx": Field("int", "Models and runners", 256, 1 << 20, "cells"),
-    "runner_parallel": Field("int", "Models and runners", 1, 256, "slots"),
-    "runner_batch": Field("int", "Models and runners", 32, 65536, "tokens"),
-    "runner_threads": Field("int", "Models and runners", 1, 1024, "threads"),
-    "rescan_interval_s": Field("int", "Models and runners", 5, 86400, "s"),
-    "max_in_flight_total": Field("int", "Gateway", 1, 100000, "requests"),
-    "samples_retention_h": Field("float", "Telemetry", 1, 24 * 365, "h"),
-    "bind": Field("str", "Network and access"),
-    "proxy_hops": Field("int", "Network and access", 0, 10),
-    "status_public": Field("bool", "Network and access"),
-    "verdict_min_gain": Field("float", "Bench verdict", 1, 100, "×"),
-    "verdict_rare_overlap_share": Field("float", "Bench verdict", 0, 1),
-    "verdict_default_overlap": Field("int", "Bench verdict", 1, 64),
-    "verdict_interactive_max_priority": Field("int", "Bench verdict", 0, 100),
-    "verdict_flat_gain": Field("float", "Bench verdict", 1, 100, "×"),
+    "memory_limit_mb": Field("int", "Memory", 256, 16 * 1024 * 1024, "MiB", label="Memory budget"),
+    "memory_reserve_mb": Field("int", "Memory", 0, 16 * 1024 * 1024, "MiB", label="Memory reserve"),
+    "models_dir": Field("str", "Models and runners", label="Models folder"),
+    "default_model": Field("str", "Models and runners", label="Default model"),
+    "runner_ctx": Field("int", "Models and runners", 256, 1 << 20, "cells", label="KV cells per runner"),
+    "runner_parallel": Field("int", "Models and runners", 1, 256, "slots", label="Sequence slots per runner"),
+    "runner_batch": Field("int", "Models and runners", 32, 65536, "tokens", label="Batch size (n_batch)"),
+    "runner_threads": Field("int", "Models and runners", 1, 1024, "threads", label="CPU threads per runner"),
+    "rescan_interval_s": Field("int", "Models and runners", 5, 86400, "s", label="Models folder rescan"),
+    "max_in_flight_total": Field("int", "Gateway", 1, 100000, "requests", label="Requests in flight"),
+    "samples_retention_h": Field("float", "Telemetry", 1, 24 * 365, "h", label="Keep 1-second samples"),
+    "bind": Field("str", "Network and access", label="Bind address"),
+    "proxy_hops": Field("int", "Network and access", 0, 10, label="Trusted reverse proxies"),
+    "status_public": Field("bool", "Network and access", label="Public status page"),
+    "verdict_min_gain": Field("float", "Bench verdict", 1, 100, "×", label="Gain that justifies batching"),
+    "verdict_rare_overlap_share": Field("float", "Bench verdict", 0, 1, label="Rare-overlap share"),
+    "verdict_default_overlap": Field("int", "Bench verdict", 1, 64, label="Default overlap level"),
+    "verdict_interactive_max_priority": Field("int", "Bench verdict", 0, 100, label="Interactive up to priority"),
+    "verdict_flat_gain": Field("float", "Bench verdict", 1, 100, "×", label="Flat gain step"),
 }
 SECTIONS = ("Memory", "Models and runners", "Gateway", "Telemetry", "Network and access", "Bench verdict", "Other")
 # Environment variables that override a stored setting.
@@ -75,6 +76,15 @@ ENV_OVERRIDES = {"models_dir": "HEARTH_MODELS_DIR", "bind": "HEARTH_BIND"}
 # Read once when hearth serve starts.
 RESTART = {"models_dir", "bind", "proxy_hops", "max_in_flight_total", "rescan_interval_s"}
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
+
+
+def label_of(name: str) -> str:
+    """The name the admin reads: the field's label, else the setting name in words without its unit."""
+    field = FIELDS.get(name)
+    if field is not None and field.label:
+        return field.label
+    words = re.sub(r"_(mb|s|h|ms)$", "", name).replace("_", " ")
+    return words[:1].upper() + words[1:]
 
 
 def field_of(name: str) -> Field:
@@ -143,7 +153,9 @@ def _rows(session, values: dict, errors: dict) -> dict[str, list[dict]]:
         shown = values.get(name, stored)
         sections.setdefault(field.section, []).append({
             "name": name,
-            "help": definition.help,
+            "label": label_of(name),
+            "help": definition.help[:1].upper() + definition.help[1:],
+            "help_has_default": "default" in definition.help,
             "field": field,
             "default": definition.default,
             "value": "" if shown is None else shown,
