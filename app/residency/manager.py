@@ -212,7 +212,7 @@ class ResidencyManager:
         assert lease is not None
         return lease
 
-    def _serve(self, name: str, queued_at: float, want_lease: bool) -> Lease | None:
+    def _serve(self, name: str, queued_at: float, want_lease: bool, why: str = "pinned") -> Lease | None:
         catalog = self._models_fn()
         # Each turn of the loop, until a lease is handed out (or, for want_lease=False, until ready):
         #   1. the local runner is ready (or there is none) → choose a node and lease it;
@@ -257,7 +257,7 @@ class ResidencyManager:
                         victims.append(runner)
                         events.append(event)
                     reason = {"crashed": "restart after a crash", "failed": "retry after a failed load"}.get(
-                        m.state, "first request" if want_lease else "pinned")
+                        m.state, "first request" if want_lease else why)
                     m.state = "loading"
                     m.loading_since = self._clock()
                     m.loading = wait_for = Future()
@@ -538,7 +538,7 @@ class ResidencyManager:
 
     def load(self, name: str) -> None:
         """Make `name` resident without leasing it (the dashboard's Load); raises ResidencyError."""
-        self._serve(name, self._clock(), want_lease=False)
+        self._serve(name, self._clock(), want_lease=False, why="loaded by the admin")
 
     def unload(self, name: str, reason: str = "unloaded by the admin") -> bool:
         """Stop `name`'s local runner now; False if it was not resident; ModelBusy while loading or serving."""
