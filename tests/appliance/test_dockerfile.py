@@ -112,7 +112,7 @@ def test_front_end_assets_come_from_npm_ci_in_their_own_stage():
 
 def test_dockerignore_keeps_local_state_out_of_the_image():
     ignored = set((REPO / ".dockerignore").read_text().split())
-    assert {".git", ".venv", "node_modules", "data", "tests", "*.gguf"} <= ignored
+    assert {".git", ".venv", "node_modules", "data", "tests", "**/*.gguf"} <= ignored
 
 
 def test_runtime_drops_root_through_the_entrypoint_behind_tini():

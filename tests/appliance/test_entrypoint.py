@@ -2,6 +2,7 @@
 
 import http.server
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -151,6 +152,7 @@ def test_first_run_migrates_assembles_once_and_keeps_everything_on_restart(tmp_p
     assert not any("assembling" in line for line in lines)
     after = model.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    shutil.rmtree(data / "models")  # 250 MB per run would pile up in pytest's kept temp folders
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
