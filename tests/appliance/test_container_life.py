@@ -15,7 +15,6 @@ import psutil
 import pytest
 import yaml
 
-from app.bench.serve_process import prepare_data
 from app.residency.supervisor import free_port
 
 pytestmark = [pytest.mark.model, pytest.mark.skipif(os.geteuid() != 0, reason="chown and setuid need root")]
@@ -87,19 +86,16 @@ def entrypoint_command(args, env):
 def test_container_life(open_tmp, throwaway_ids, unprivileged_env):
     uid, gid = throwaway_ids
     grace_s = stop_grace_period_s()
-    data, models = open_tmp / "data", open_tmp / "models"
+    data, models = open_tmp / "data", open_tmp / "models"  # data does not exist yet
     models.mkdir()
-    tokens = prepare_data(data, settings={"runner_ctx": 512, "runner_parallel": 2, "runner_threads": 2},
-                          tokens=[("alice", "chat", [])])
     env = {**unprivileged_env, "PUID": str(uid), "PGID": str(gid), "HEARTH_DATA": str(data),
            "HEARTH_MODELS_DIR": str(models), "HEARTH_BIND": f"127.0.0.1:{free_port()}", "PYTHONUNBUFFERED": "1"}
     box = Container(env, open_tmp / "container.log")
     try:
-        # First run: the data folder is the user's, the store migrated, the model assembled with
-        # progress in the log, the secrets generated privately, the admin sent to /setup.
+        # First run: the data folder created for the user, the store created and migrated, the
+        # model assembled, the secrets generated privately, the admin sent to /setup.
         log = box.log()
-        assert "store created and migrated" not in log  # prepare_data made it, as an upgrade would
-        assert "store ready and migrated" in log and "default model ready" in log
+        assert "store created and migrated" in log and "default model ready" in log
         assert psutil.Process(box.proc.pid).uids().real == uid
         for path in [data, data / "hearth.db", data / "models" / "gemma-3-270m-q4_k_m.gguf"]:
             assert (path.stat().st_uid, path.stat().st_gid) == (uid, gid), path
@@ -108,9 +104,12 @@ def test_container_life(open_tmp, throwaway_ids, unprivileged_env):
         first_key = key.read_bytes()
         assert box.client.get("/").headers["location"].endswith("/setup")
         assert entrypoint_command(["healthcheck"], env).returncode == 0
+        created = entrypoint_command(["hearth", "token", "create", "--member", "alice", "--class", "chat"], env)
+        assert created.returncode == 0, created.stderr
+        token = created.stdout.split()[0]
 
         # A model loaded through a request, then requests written while a backup is taken.
-        hdr = {"Authorization": f"Bearer {tokens['alice']}"}
+        hdr = {"Authorization": f"Bearer {token}"}
         body = {"prompt": "Hi", "max_tokens": 2}
         assert box.client.post("/v1/completions", headers=hdr, json=body).status_code == 200
         runners = box.runners()
