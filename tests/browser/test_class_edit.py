@@ -32,9 +32,9 @@ def test_edit_a_class_and_see_it_persisted(page, served):
     form.locator("input[name=ttft_target_ms]").fill("7777")
     form.locator("button[type=submit]").click()
     page.locator("text=Class documents saved").wait_for()
-    assert "7777 ms" in page.locator("#class-documents").inner_text()
+    assert "7777 / 200 ms" in page.locator("#class-documents").inner_text()
     page.reload()
-    assert "7777 ms" in page.locator("#class-documents").inner_text()
+    assert "7777 / 200 ms" in page.locator("#class-documents").inner_text()
     with sqlite3.connect(served.data / "hearth.db") as db:
         assert db.execute("SELECT ttft_target_ms, weight FROM request_classes WHERE name = 'documents'").fetchall() == [(7777, 1.5)]
     page.locator("a", has_text="7d").click()
