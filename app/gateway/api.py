@@ -40,6 +40,14 @@ def metrics():
     return Response(hearth().metrics.render(), mimetype="text/plain; version=0.0.4")
 
 
+@bp.get("/openapi.json")
+def openapi():
+    """The gateway's OpenAPI description, generated from the request models."""
+    from app.gateway.openapi import openapi_document
+
+    return openapi_document()
+
+
 @bp.get("/healthz")
 def healthz():
     """Cheap liveness for container health checks: no model, no database query."""
