@@ -1,17 +1,20 @@
 /* Hearth dashboard helpers: live uPlot charts fed by JSON endpoints.
 
    Hearth.chart(el, url, options) draws the JSON {t: [unix s...], series: {name: [values...]}, unit,
-   sparse, start_s, end_s}
-   that `url` returns, refreshes it every options.interval ms (default 2000) without reloading the
-   page, and pauses while the tab is hidden. Every element with data-chart-url gets one on load;
-   buttons with data-range switch the time range of every chart on the page. Hearth.charts holds
-   the chart objects (tests read their point counts). */
+   sparse, start_s, end_s} that `url` returns, refreshes it every options.interval ms (default
+   2000; long ranges less often) without reloading the page, and pauses while the tab is hidden.
+   Every element with data-chart-url gets one on load; buttons with data-range switch the time
+   range of every chart on the page. Hearth.charts holds the chart objects (tests read their
+   point counts). */
 (function () {
   "use strict";
 
   const Hearth = (window.Hearth = window.Hearth || {});
   Hearth.charts = [];
   Hearth.range = null;
+
+  // Long ranges change slowly (their points are minutes or hours wide): poll them less often.
+  const REFRESH_MS = { "5m": 2000, "1h": 10000, "24h": 60000, "7d": 300000 };
 
   const PALETTE = ["#e8590c", "#1c7ed6", "#2b8a3e", "#ae3ec9", "#f59f00", "#0ca678", "#e64980", "#5c7cfa", "#868e96", "#74b816"];
 
@@ -56,6 +59,7 @@
       this.names = [];
       this.data = [[]];
       this.inFlight = false;
+      this.last = 0;
       this.overlay = document.createElement("div");
       this.overlay.className = "chart-empty";
       this.overlay.textContent = "Loading…";
@@ -85,9 +89,16 @@
       this.overlay.hidden = !text;
     }
 
+    /* Refresh when this chart's range is due (every tick for 5 min, less often for long ranges). */
+    tick() {
+      const range = this.options.range || Hearth.range;
+      if (Date.now() - this.last >= (REFRESH_MS[range] || 2000) - 100) this.refresh();
+    }
+
     async refresh() {
       if (document.hidden || this.inFlight) return;
       this.inFlight = true;
+      this.last = Date.now();
       try {
         const response = await fetch(withRange(this.url, this.options.range || Hearth.range), {
           headers: { Accept: "application/json" },
@@ -180,7 +191,7 @@
     Hearth.charts.push(chart);
     const interval = (options && options.interval) || 2000;
     chart.refresh();
-    chart.timer = window.setInterval(() => chart.refresh(), interval);
+    chart.timer = window.setInterval(() => chart.tick(), interval);
     return chart;
   };
 
