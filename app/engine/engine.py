@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 DECODE_OK = 0
 DECODE_NO_KV_SLOT = 1
+# Less urgent prefill tokens per iteration while a more urgent sequence runs (SchedulerConfig):
+# small enough that a voice request's iterations stay short under document prefills, large
+# enough that background work keeps moving.
+YIELD_PREFILL_TOKENS = 32
 
 
 class ModelBackend(Protocol):
@@ -120,6 +124,7 @@ class Engine:
         max_waiting: int = 256,
         iteration_history: int = 4096,
         clock: Callable[[], float] = time.monotonic,
+        yield_prefill_tokens: int | None = YIELD_PREFILL_TOKENS,
     ):
         self.model = model
         self.clock = clock
@@ -131,6 +136,7 @@ class Engine:
                 token_budget=token_budget or model.n_batch,
                 mode=Mode(mode),
                 max_waiting=max_waiting,
+                yield_prefill_tokens=yield_prefill_tokens,
             )
         )
         self.counters = EngineCounters()

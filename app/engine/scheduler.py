@@ -34,6 +34,10 @@ class SchedulerConfig:
     # Admission keeps this many cells free per running sequence, so newcomers don't
     # immediately push the others into preemption.
     decode_reserve_cells: int = 16
+    # While a more urgent (lower priority number) sequence runs, less urgent prefill shares this
+    # many tokens per iteration: a long background prompt cannot stretch the iterations a voice
+    # request's tokens wait on (Sarathi-style bounded iterations, by priority). None: no limit.
+    yield_prefill_tokens: int | None = None
 
     def __post_init__(self):
         if self.max_seqs < 1:
@@ -165,6 +169,8 @@ class Scheduler:
                 num_decode += 1
         budget -= num_decode
         num_prompt = 0
+        most_urgent = min((r.priority for r in self.running), default=0)
+        yield_left = self.config.yield_prefill_tokens
         # Prompt chunks in admission order, so the oldest prefill finishes first.
         for r in sorted(self.running, key=Request.sort_key):
             if budget <= 0:
@@ -172,6 +178,11 @@ class Scheduler:
             if r.is_decoding or r.num_pending <= 0:
                 continue
             n = min(r.num_pending, budget)
+            if yield_left is not None and r.priority > most_urgent:
+                n = min(n, yield_left)
+                if n <= 0:
+                    continue
+                yield_left -= n
             tokens = r.all_tokens[r.num_computed : r.num_computed + n]
             chunks.append(Chunk(r, tokens, r.num_computed, n == r.num_pending))
             budget -= n
