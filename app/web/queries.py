@@ -208,8 +208,8 @@ def filter_choices(session: Session) -> dict[str, list[str]]:
 
 
 def request_count(session: Session) -> int:
-    """Requests in the log (the largest id: exact while rows are only appended, and O(1))."""
-    return int(session.scalar(select(func.coalesce(func.max(RequestRecord.id), 0))))
+    """Requests in the log (SQLite counts the narrowest index: a few ms at 100k rows)."""
+    return int(session.scalar(select(func.count()).select_from(RequestRecord)))
 
 
 # -- Members -------------------------------------------------------------------------------------------
