@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import random
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable
 
 from app.bench.texts import PASSAGES
 
