@@ -501,6 +501,53 @@ def format_table(results: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def comparison(results: list[RunResult]) -> list[dict]:
+    """Each hearth mode against the reference server (llama-server, else --target) at the same level, same prompts."""
+    out = []
+    for ref_label in ("llama-server", "target"):
+        refs = {r.level: r for r in results if r.target == ref_label}
+        for r in results:
+            ref = refs.get(r.level)
+            if ref is None or r.target not in HEARTH_MODES:
+                continue
+            a, b = r.summary, ref.summary
+            row = {"mode": r.target, "reference": ref_label, "level": r.level,
+                   "gen_tok_s_ratio": _ratio(a["gen_tok_s"], b["gen_tok_s"]), "per_class": {}}
+            for name, c in a["per_class"].items():
+                rc = b["per_class"].get(name, {})
+                row["per_class"][name] = {
+                    "ttft_p95_ratio": _ratio(c.get("ttft_p95_ms"), rc.get("ttft_p95_ms")),
+                    "completion_p95_ratio": _ratio(c.get("completion_p95_ms"), rc.get("completion_p95_ms")),
+                    # The slowest request of the class, ours over theirs: "finishes within 1.2×" is about all of them.
+                    "completion_max_ratio": _ratio(_max_done(r.requests, name), _max_done(ref.requests, name)),
+                }
+            out.append(row)
+        if refs:
+            break
+    return out
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _max_done(rows: list[dict], class_name: str) -> float | None:
+    done = [request_times(r)["completion_ms"] for r in rows if r["class_name"] == class_name]
+    done = [d for d in done if d is not None]
+    return max(done) if done else None
+
+
+def format_comparison(rows: list[dict]) -> str:
+    """The comparison as the CLI prints it."""
+    lines = []
+    for row in rows:
+        parts = [f"{n}: TTFT p95 {_f(c['ttft_p95_ratio'], '.3f')}×, done p95 {_f(c['completion_p95_ratio'], '.2f')}×,"
+                 f" slowest {_f(c['completion_max_ratio'], '.2f')}×" for n, c in row["per_class"].items()]
+        lines.append(f"  {row['mode']} / {row['reference']} at L={row['level']}: generated tok/s "
+                     f"{_f(row['gen_tok_s_ratio'], '.2f')}×; " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def machine() -> dict:
     """CPU, cores, RAM and GPUs of this machine."""
     from app.bench.engine_bench import machine as cpu_machine
@@ -683,11 +730,16 @@ def run_from_args(args) -> int:
             print(f"  {k}: {v}")
     print()
     print(format_table(outcome.runs))
+    compared = comparison(outcome.runs)
+    if compared:
+        print("\nhearth over the reference server, same run, same client, same prompts:")
+        print(format_comparison(compared))
     print()
     print(format_verdict(outcome.verdict))
     print(f"\nstored as bench session {outcome.session_id} (raw per-request rows kept)")
     doc = store.document(scenario.name, outcome.constants, outcome.verdict.as_dict(), outcome.runs,
                          outcome.session_id)
+    doc["comparison"] = compared
     if args.json_path:
         store.write_json(doc, args.json_path)
         print(f"wrote {args.json_path}", file=sys.stderr)

@@ -220,3 +220,19 @@ def test_cli_arguments():
     assert build_parser().parse_args(["traffic"]).days == 7.0
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "replay", "--modes", "turbo"])
+
+
+def test_comparison_against_the_reference_server():
+    from app.bench.replay import comparison, format_comparison
+
+    ours = RunResult("continuous", "hearth", 2, ROWS, SAMPLES, summarise(ROWS, SAMPLES, POLICIES))
+    slow = [dict(r, first_token_s=None if r["first_token_s"] is None else r["first_token_s"] * 10,
+                 end_s=r["end_s"] * 2) for r in ROWS]
+    theirs = RunResult("llama-server", "llama-server", 2, slow, [], summarise(slow, [], POLICIES))
+    (row,) = comparison([ours, theirs])
+    assert (row["mode"], row["reference"], row["level"]) == ("continuous", "llama-server", 2)
+    assert row["gen_tok_s_ratio"] == pytest.approx(0.5)
+    assert row["per_class"]["voice"]["ttft_p95_ratio"] == pytest.approx(0.1)
+    assert row["per_class"]["voice"]["completion_max_ratio"] == pytest.approx(0.5)
+    assert "voice: TTFT p95 0.100×" in format_comparison([row])
+    assert comparison([ours]) == []
