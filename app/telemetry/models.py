@@ -222,7 +222,8 @@ class RequestRecord(Base):
     __table_args__ = (
         Index("ix_requests_class_name_arrival_at", "class_name", "arrival_at"),
         # Covers the dashboard's latency percentiles over a time range (migration 0005).
-        Index("ix_requests_latency", "arrival_at", "status", "class_name", "ttft_ms", "tpot_ms", "queue_ms"),
+        Index("ix_requests_latency", "arrival_at", "status", "class_name", "ttft_ms", "tpot_ms", "queue_ms",
+              "completion_tokens"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
