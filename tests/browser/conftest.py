@@ -8,6 +8,7 @@
 - `page`: a fresh logged-in page (1280×900) that FAILS its test at teardown if the browser logged a
   console error or a page error; `page.errors` lists them meanwhile.
 - `anon_page`: the same without the admin session.
+- `admin_password`: the password the setup chose.
 - `shot(page, name)`: a full-page screenshot into tests/artifacts/.
 
 Never run `playwright install`: the browser is /usr/bin/chromium, launched headless with
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from app.bench.serve_process import ServeProcess, prepare_data
-from tests.web.conftest import ADMIN_PASSWORD
 
+ADMIN_PASSWORD = "browser admin password"
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
@@ -48,6 +49,12 @@ def served(tmp_path_factory, gemma_path):
     s.token = tokens["browser"]
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def admin_password():
+    """The admin password set through /setup by `admin_storage`."""
+    return ADMIN_PASSWORD
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ import time
 import httpx
 
 from tests.browser.conftest import shot
-from tests.web.conftest import ADMIN_PASSWORD
 
 # Points in a chart with a value above zero (page side: Hearth.charts built by static/hearth.js).
 POSITIVE_POINTS = """id => {
@@ -16,14 +15,14 @@ POSITIVE_POINTS = """id => {
 }"""
 
 
-def test_login_wrong_then_right_password(anon_page, served):
+def test_login_wrong_then_right_password(anon_page, served, admin_password):
     page = anon_page
     page.goto("/settings")
     assert page.url.startswith(served.url + "/login")
     page.fill("input[name=password]", "not the password")
     page.click("button[type=submit]")
     assert page.locator(".flash-bad").inner_text() == "Wrong password."
-    page.fill("input[name=password]", ADMIN_PASSWORD)
+    page.fill("input[name=password]", admin_password)
     page.click("button[type=submit]")
     page.wait_for_url(served.url + "/settings")
     shot(page, "settings")

@@ -1,7 +1,9 @@
 """The dashboard app on a fresh data folder per test (no scheduler, no runner), and logged-in clients.
 
-Reusable by every dashboard page's tests: `app`, `client` (anonymous), `admin` (logged in),
-`csrf_token(client)` (a valid token for that client's session), ADMIN_PASSWORD.
+Reusable by every dashboard page's tests (as fixtures, no imports): `app`, `client` (anonymous),
+`admin` (logged in), `csrf_token` (the function csrf_token(client, path="/login"): a valid token
+for that client's session), `set_up_admin` (the function that does the first-run setup on a client),
+`admin_password`.
 """
 
 import re
@@ -58,3 +60,15 @@ def admin(app):
 def csrf_token_fixture():
     """The csrf_token helper, as a fixture for tests in other modules."""
     return csrf_token
+
+
+@pytest.fixture(name="set_up_admin")
+def set_up_admin_fixture():
+    """The set_up_admin helper, as a fixture."""
+    return set_up_admin
+
+
+@pytest.fixture
+def admin_password():
+    """The password `admin` and set_up_admin use."""
+    return ADMIN_PASSWORD

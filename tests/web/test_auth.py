@@ -7,7 +7,6 @@ import stat
 import pytest
 
 from app.secrets import read_secret
-from tests.web.conftest import ADMIN_PASSWORD, csrf_token, set_up_admin
 
 # Blueprints anyone may reach: the login pages, the API (its own bearer tokens), vendor files.
 PUBLIC_BLUEPRINTS = ("auth", "gateway", "assets")
@@ -41,12 +40,12 @@ def test_first_run_sends_every_dashboard_page_to_setup(app, client):
     assert client.get("/login").headers["Location"] == "/setup"
 
 
-def test_setup_stores_a_hash_and_logs_in(app, client):
+def test_setup_stores_a_hash_and_logs_in(app, client, admin_password, csrf_token, set_up_admin):
     response = set_up_admin(client)
     assert response.headers["Location"] == "/"
     data = app.extensions["hearth"].data_dir
     stored = read_secret(data, "admin_password")
-    assert stored and ADMIN_PASSWORD not in stored and stored.startswith("scrypt:")
+    assert stored and admin_password not in stored and stored.startswith("scrypt:")
     mode = stat.S_IMODE(os.stat(data / "secrets" / "admin_password").st_mode)
     assert mode == 0o600
     assert client.get("/").status_code == 200
@@ -61,7 +60,7 @@ def test_setup_stores_a_hash_and_logs_in(app, client):
     ("short", "short", "at least 8"),
     ("long enough 1", "long enough 2", "differ"),
 ])
-def test_setup_refuses_bad_passwords(app, client, password, confirm, message):
+def test_setup_refuses_bad_passwords(app, client, password, confirm, message, csrf_token):
     response = client.post("/setup", data={"password": password, "confirm": confirm,
                                            "csrf_token": csrf_token(client, "/setup")})
     assert response.status_code == 400
@@ -69,30 +68,30 @@ def test_setup_refuses_bad_passwords(app, client, password, confirm, message):
     assert read_secret(app.extensions["hearth"].data_dir, "admin_password") is None
 
 
-def test_login_logout_and_wrong_password(app, client):
+def test_login_logout_and_wrong_password(app, client, admin_password, csrf_token, set_up_admin):
     set_up_admin(client)
     client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
     assert client.get("/").headers["Location"].startswith("/login")
     wrong = client.post("/login", data={"password": "nope", "csrf_token": csrf_token(client)})
     assert wrong.status_code == 401 and "Wrong password" in wrong.get_data(as_text=True)
     assert client.get("/").status_code == 302
-    ok = client.post("/login", data={"password": ADMIN_PASSWORD, "next": "/?range=1h",
+    ok = client.post("/login", data={"password": admin_password, "next": "/?range=1h",
                                      "csrf_token": csrf_token(client)})
     assert ok.status_code == 302 and ok.headers["Location"] == "/?range=1h"
     assert client.get("/").status_code == 200
 
 
-def test_next_never_leaves_the_site(client):
+def test_next_never_leaves_the_site(client, admin_password, csrf_token, set_up_admin):
     set_up_admin(client)
     client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
     for target in ("https://evil.example/", "//evil.example/x", "javascript:alert(1)"):
-        response = client.post("/login", data={"password": ADMIN_PASSWORD, "next": target,
+        response = client.post("/login", data={"password": admin_password, "next": target,
                                                "csrf_token": csrf_token(client)})
         assert response.headers["Location"] == "/", target
         client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
 
 
-def test_anonymous_request_goes_to_login_with_next(client):
+def test_anonymous_request_goes_to_login_with_next(client, csrf_token, set_up_admin):
     set_up_admin(client)
     client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
     assert client.get("/?range=24h").headers["Location"] == "/login?next=/?range%3D24h"
@@ -102,14 +101,14 @@ def test_anonymous_request_goes_to_login_with_next(client):
     assert api.status_code == 401 and api.get_json()["error"] == "login required"
 
 
-def test_session_cookie_flags_plain_http_and_https(client):
+def test_session_cookie_flags_plain_http_and_https(client, admin_password, csrf_token, set_up_admin):
     response = set_up_admin(client)
     cookie = response.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
     # Plain http on the home LAN: a Secure cookie would be dropped by the browser and login would loop.
     assert "Secure" not in cookie
     secure = client.post("/login", base_url="https://hearth.local",
-                         data={"password": ADMIN_PASSWORD,
+                         data={"password": admin_password,
                                "csrf_token": csrf_token(client, "/")})
     assert "Secure" in secure.headers["Set-Cookie"]
 
@@ -123,7 +122,7 @@ def test_changing_the_password_ends_other_sessions(app, admin):
     assert admin.get("/").status_code == 302
 
 
-def test_csrf_rejects_forms_and_htmx_without_token(client):
+def test_csrf_rejects_forms_and_htmx_without_token(client, csrf_token, set_up_admin):
     set_up_admin(client)
     no_token = client.post("/logout")
     assert no_token.status_code == 400 and "CSRF" in no_token.get_data(as_text=True)
@@ -139,19 +138,19 @@ def test_api_is_exempt_from_csrf_and_ignores_the_admin_session(admin):
     assert "error" in response.get_json()
 
 
-def test_login_attempts_are_rate_limited_per_ip(app, client):
+def test_login_attempts_are_rate_limited_per_ip(app, client, admin_password, csrf_token, set_up_admin):
     app.config["LOGIN_RATE_LIMIT"] = "3 per minute"
     set_up_admin(client)
     client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
     token = csrf_token(client)
     codes = [client.post("/login", data={"password": "wrong", "csrf_token": token}).status_code for _ in range(3)]
     assert codes == [401, 401, 401]
-    limited = client.post("/login", data={"password": ADMIN_PASSWORD, "csrf_token": token})
+    limited = client.post("/login", data={"password": admin_password, "csrf_token": token})
     assert limited.status_code == 429
     assert int(limited.headers["Retry-After"]) > 0
     assert "Too Many Requests" in limited.get_data(as_text=True)
     # Another client address has its own budget.
-    other = client.post("/login", data={"password": ADMIN_PASSWORD, "csrf_token": token},
+    other = client.post("/login", data={"password": admin_password, "csrf_token": token},
                         environ_overrides={"REMOTE_ADDR": "10.0.0.9"})
     assert other.status_code == 302
 

@@ -4,7 +4,6 @@ the admin password change."""
 import pytest
 
 from app.settings import REGISTRY, get_setting
-from tests.web.conftest import ADMIN_PASSWORD, csrf_token
 
 
 def stored(app, name):
@@ -12,8 +11,14 @@ def stored(app, name):
         return get_setting(s, name)
 
 
-def post(admin, data, path="/settings"):
-    return admin.post(path, data={**data, "csrf_token": csrf_token(admin, "/settings")})
+@pytest.fixture
+def post(csrf_token):
+    """POST a form as the given client, with a valid CSRF token."""
+
+    def send(client, data, path="/settings"):
+        return client.post(path, data={**data, "csrf_token": csrf_token(client, "/settings")})
+
+    return send
 
 
 def test_page_lists_every_setting(admin):
@@ -23,7 +28,7 @@ def test_page_lists_every_setting(admin):
     assert "restart to apply" in html and "Admin password" in html
 
 
-def test_saving_valid_values(app, admin, tmp_path):
+def test_saving_valid_values(app, admin, tmp_path, post):
     folder = tmp_path / "more-models"
     folder.mkdir()
     response = post(admin, {"samples_retention_h": "72", "memory_reserve_mb": "1024", "status_public": "on",
@@ -54,7 +59,7 @@ def test_saving_valid_values(app, admin, tmp_path):
     ("models_dir", "/no/such/folder", "is not a folder"),
     ("default_model", "gpt-17", "Unknown model"),
 ])
-def test_invalid_values_are_refused_with_a_reason(app, admin, name, value, message):
+def test_invalid_values_are_refused_with_a_reason(app, admin, name, value, message, post):
     before = stored(app, name)
     response = post(admin, {name: value, "rescan_interval_s": "30"})
     assert response.status_code == 400
@@ -65,13 +70,13 @@ def test_invalid_values_are_refused_with_a_reason(app, admin, name, value, messa
     assert stored(app, "rescan_interval_s") == 60  # nothing saved when any field is wrong
 
 
-def test_default_model_accepts_a_catalog_name(app, admin):
+def test_default_model_accepts_a_catalog_name(app, admin, post):
     name = next(iter(app.extensions["hearth"].model_specs()))
     assert post(admin, {"default_model": name}).status_code == 302
     assert stored(app, "default_model") == name
 
 
-def test_env_provided_values_are_shown_and_not_editable(app, admin, monkeypatch):
+def test_env_provided_values_are_shown_and_not_editable(app, admin, monkeypatch, post):
     monkeypatch.setenv("HEARTH_BIND", "0.0.0.0:9999")
     html = admin.get("/settings").get_data(as_text=True)
     assert "from $HEARTH_BIND" in html and 'value="0.0.0.0:9999" disabled' in html
@@ -85,14 +90,14 @@ def test_settings_need_login_and_csrf(app, admin, client):
     assert stored(app, "status_public") is False
 
 
-def test_change_password(app, admin):
+def test_change_password(app, admin, post, csrf_token, admin_password):
     wrong = post(admin, {"current": "nope", "password": "new password 1", "confirm": "new password 1"},
                  "/settings/password")
     assert wrong.status_code == 400 and "current password is wrong" in wrong.get_data(as_text=True)
     other = app.test_client()
-    other.post("/login", data={"password": ADMIN_PASSWORD, "csrf_token": csrf_token(other)})
+    other.post("/login", data={"password": admin_password, "csrf_token": csrf_token(other)})
     assert other.get("/settings").status_code == 200
-    ok = post(admin, {"current": ADMIN_PASSWORD, "password": "new password 1", "confirm": "new password 1"},
+    ok = post(admin, {"current": admin_password, "password": "new password 1", "confirm": "new password 1"},
               "/settings/password")
     assert ok.status_code == 302
     assert admin.get("/settings").status_code == 200  # this session continues

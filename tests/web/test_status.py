@@ -4,7 +4,6 @@ import time
 
 from app.settings import set_setting
 from app.telemetry.sampler import sampler_for
-from tests.web.conftest import set_up_admin
 
 
 def make_public(app, value=True):
@@ -15,7 +14,7 @@ def make_public(app, value=True):
     hearth._settings_cache.clear()
 
 
-def test_status_needs_login_by_default(client):
+def test_status_needs_login_by_default(client, set_up_admin):
     set_up_admin(client)
     assert client.get("/status").status_code == 200
     anonymous = client.application.test_client()
@@ -23,7 +22,7 @@ def test_status_needs_login_by_default(client):
     assert anonymous.get("/partials/status").status_code == 302
 
 
-def test_status_public_setting_opens_it(app, client):
+def test_status_public_setting_opens_it(app, client, set_up_admin):
     set_up_admin(app.test_client())
     make_public(app)
     page = client.get("/status")
