@@ -443,6 +443,10 @@ def run_history(args, default_model: str) -> int:
         out["timing_store"] = timing
         print(f"timing store: {timing['rows']} built in {timing['build_s']:.0f} s, "
               f"{timing['bytes'] / 1e6:.1f} MB on disk ({cfg.days:g} days of seconds kept)")
+        per_sample = (timing["tables_bytes"] or {}).get("samples", 0) / max(1, timing["rows"]["samples"])
+        if per_sample:
+            out["timing_store"]["bytes_per_sample"] = per_sample
+            print(f"  samples table: {per_sample:.1f} bytes per 1-second sample (dbstat)")
         if not args.skip_size:
             size = build_store(size_dir, cfg, sample_days=cfg.retention_h / 24, history_days=cfg.size_days,
                                progress=not args.quiet)
