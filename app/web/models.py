@@ -48,8 +48,8 @@ def _card(name: str):
 
 
 def _render_card(name: str, status: int = 200, message: str | None = None, message_state: str = "ok",
-                 form: dict | None = None, form_errors: dict | None = None):
-    card = _card(name)
+                 form: dict | None = None, form_errors: dict | None = None, card=None):
+    card = card or _card(name)
     error = _errors().get(name)
     body = render_template("models/_card.html", m=card, message=message, message_state=message_state,
                            load_error=error, form=form, form_errors=form_errors or {}, policies=POLICY_LABELS)
@@ -96,8 +96,9 @@ def index():
 @login_required
 def card(name: str):
     """One model's card; polled while it loads, answered with 286 once the load is over."""
-    body, _ = _render_card(name)
-    return body, 200 if _card(name).loading else STOP_POLLING
+    model = _card(name)
+    body, _ = _render_card(name, card=model)
+    return body, 200 if model.loading else STOP_POLLING
 
 
 @bp.get("/models/events")
