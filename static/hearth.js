@@ -210,6 +210,21 @@
     document.dispatchEvent(new CustomEvent("hearth:range", { detail: { range: range } }));
   };
 
+  /* When a poll cannot reach hearth serve, say so (on /status: the health line turns red) until a
+     request gets through again. */
+  function setOffline(offline) {
+    document.body.classList.toggle("offline", offline);
+    const health = document.querySelector(".status-health");
+    if (health && offline) {
+      health.className = "status-health status-bad";
+      health.querySelector(".status-health-text").textContent = "Down: Hearth is not answering";
+    }
+  }
+  document.addEventListener("htmx:sendError", () => setOffline(true));
+  document.addEventListener("htmx:afterRequest", (e) => {
+    if (e.detail && e.detail.successful) setOffline(false);
+  });
+
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) Hearth.charts.forEach((c) => c.refresh());
   });

@@ -100,3 +100,30 @@ def test_settings_validation_in_the_browser(page):
     page.click("text=Save settings")
     # Submitting the defaults back changes nothing.
     assert page.locator(".flash").first.inner_text() == "Nothing changed."
+
+
+def test_dark_mode_follows_the_system(browser, served, admin_storage):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, storage_state=admin_storage,
+                                  base_url=served.url, color_scheme="dark")
+    page = context.new_page()
+    try:
+        page.goto("/")
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(20, 19, 18)"
+        page.wait_for_function("() => Hearth.charts.length > 0 && Hearth.charts[0].plot !== null")
+        shot(page, "overview-dark")
+    finally:
+        context.close()
+
+
+def test_status_says_down_when_hearth_stops_answering(phone_page):
+    page = phone_page
+    page.goto("/status")
+    page.wait_for_selector(".status-ok")
+    # Every later poll fails as if hearth serve were gone.
+    page.route("**/partials/status", lambda route: route.abort())
+    page.wait_for_selector(".status-bad", timeout=10_000)
+    assert page.locator(".status-health-text").inner_text() == "Down: Hearth is not answering"
+    page.unroute("**/partials/status")
+    page.wait_for_selector(".status-ok", timeout=10_000)
+    page.errors.clear()  # the aborted polls are logged as network errors, on purpose here
