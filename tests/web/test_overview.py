@@ -163,3 +163,14 @@ def test_percentile_nearest_rank():
     values = sorted(range(1, 101))
     assert percentile(values, 50) == 50 and percentile(values, 95) == 95 and percentile(values, 100) == 100
     assert percentile([7.0], 95) == 7.0
+
+
+def test_a_gpu_box_charts_gpu_utilisation_and_vram(app, admin):
+    put_samples(app, range(3), source="gpu:0", metric="gpu_util_pct", value=lambda t: 80.0)
+    sampler = sampler_for(app.extensions["hearth"])
+    sampler.latest = {"gpu:0": {"gpu_util_pct": 80.0, "vram_used_bytes": 5 * 1024**3,
+                                "vram_total_bytes": 24 * 1024**3, "gpu_temp_c": 61.0}}
+    sampler.latest_at = datetime.now(UTC).timestamp()
+    html = admin.get("/").get_data(as_text=True)
+    assert "GPU utilisation" in html and "metric=vram_used_bytes" in html and "CPU (no GPU)" not in html
+    assert "5.0 GiB / 24.0 GiB · 61 °C" in html
