@@ -32,9 +32,9 @@ def client(app):
     return app.test_client()
 
 
-def csrf_token(client, path: str = "/login") -> str:
+def csrf_token(client, path: str = "/login", **get_options) -> str:
     """A CSRF token bound to this client's session, read from a page (redirects followed)."""
-    page = client.get(path, follow_redirects=True)
+    page = client.get(path, follow_redirects=True, **get_options)
     match = _TOKEN.search(page.get_data(as_text=True))
     assert match, f"no csrf_token on {path} ({page.status_code})"
     return match.group(1) or match.group(2)

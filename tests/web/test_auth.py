@@ -107,10 +107,13 @@ def test_session_cookie_flags_plain_http_and_https(client, admin_password, csrf_
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
     # Plain http on the home LAN: a Secure cookie would be dropped by the browser and login would loop.
     assert "Secure" not in cookie
-    secure = client.post("/login", base_url="https://hearth.local",
-                         data={"password": admin_password,
-                               "csrf_token": csrf_token(client, "/")})
-    assert "Secure" in secure.headers["Set-Cookie"]
+    client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
+    https = "https://localhost"
+    # Over HTTPS flask-wtf also wants a same-origin Referer, as browsers send on form posts.
+    secure = client.post("/login", base_url=https, headers={"Referer": f"{https}/login"},
+                         data={"password": admin_password, "csrf_token": csrf_token(client, base_url=https)})
+    assert secure.status_code == 302
+    assert "Secure" in secure.headers["Set-Cookie"] and "HttpOnly" in secure.headers["Set-Cookie"]
 
 
 def test_changing_the_password_ends_other_sessions(app, admin):
@@ -173,3 +176,38 @@ def test_every_dashboard_page_opens_for_the_admin(app, admin):
         else:
             # 286: an htmx poll told to stop (nothing running), still a good answer.
             assert response.status_code in (200, 286), path
+
+
+def test_behind_a_trusted_proxy_https_and_client_ip_come_from_its_headers(tmp_path, gemma_path, admin_password,
+                                                                           csrf_token, set_up_admin):
+    from app.factory import create_app
+    from app.settings import set_setting
+    from app.telemetry.store import open_store
+
+    data = tmp_path / "proxied"
+    engine, sessions = open_store(data)
+    with sessions() as s:
+        set_setting(s, "proxy_hops", 1)
+        s.commit()
+    engine.dispose()
+    app = create_app({"HEARTH_DATA": str(data), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
+                      "HEARTH_DEFAULT_MODEL": str(gemma_path), "SCHEDULER": False, "TESTING": True,
+                      "LOGIN_RATE_LIMIT": "2 per minute"})
+    try:
+        client = app.test_client()
+        set_up_admin(client)
+        client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
+        token = csrf_token(client)
+        https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "192.168.1.20", "Referer": "https://localhost/login"}
+        # Plain http between proxy and Hearth; the proxy says the browser used https.
+        ok = client.post("/login", data={"password": admin_password, "csrf_token": token}, headers=https)
+        assert ok.status_code == 302 and "Secure" in ok.headers["Set-Cookie"]
+        guesser = app.test_client()
+        wrong = {"password": "nope", "csrf_token": csrf_token(guesser)}
+        same_ip = {"X-Forwarded-For": "192.168.1.20"}
+        assert guesser.post("/login", data=wrong, headers=same_ip).status_code == 401
+        assert guesser.post("/login", data=wrong, headers=same_ip).status_code == 429
+        # The limit is per client behind the proxy, not per proxy.
+        assert guesser.post("/login", data=wrong, headers={"X-Forwarded-For": "192.168.1.21"}).status_code == 401
+    finally:
+        app.extensions["hearth_shutdown"]()
