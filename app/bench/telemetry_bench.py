@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import psutil
 
+from app.gateway.admission import Admission
 from app.residency.supervisor import RunnerProcess, RunnerSpec
 from app.telemetry.db import make_engine, upgrade
 from app.telemetry.sampler import Sampler
@@ -44,7 +45,8 @@ def run_sampling(args, model_path: str) -> int:
         writer.start()
         status = [{"name": spec.model_name, "state": "ready", "pid": runner.pid, "rss_bytes": 0,
                    "nodes": [{"label": "local", "url": runner.url, "local": True, "healthy": True}]}]
-        hearth = SimpleNamespace(writer=writer, residency=SimpleNamespace(status=lambda: status))
+        hearth = SimpleNamespace(writer=writer, residency=SimpleNamespace(status=lambda: status),
+                                 admission=Admission())
         sampler = Sampler(hearth)
         try:
             sampler.sample_all()  # warm: connection, NVML probe, series rows

@@ -2,8 +2,9 @@
 
 Called once a second by the `sample_telemetry` job. Each step of `Sampler.sample_all`:
 
-  1. collect: host CPU/RAM (psutil), per GPU (NVML; none is a normal state), and for every
-     ready model's healthy nodes one scrape of /metrics and /slots with a short timeout;
+  1. collect: host CPU/RAM (psutil), per GPU (NVML; none is a normal state), the gateway's queue
+     depth (admission state, no I/O), and for every ready model's healthy nodes one scrape of
+     /metrics and /slots with a short timeout;
   2. decorate: counters become per-second rates against the previous scrape, KV cells become a
      percentage; the metric names and units are the data in METRICS below;
   3. store: one batch of (source, metric, value) readings goes to the store writer, and the
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 SCRAPE_TIMEOUT_S = 0.5
 
-# A reading: (source, metric, value); sources are 'host', 'gpu:<i>' or 'runner:<model>@<node>'.
+# A reading: (source, metric, value); sources are 'host', 'gpu:<i>', 'gateway' or 'runner:<model>@<node>'.
 Reading = tuple[str, str, float]
 HttpGet = Callable[[str, float], str]
 
@@ -64,6 +65,8 @@ METRICS = {
         Metric("kv_used_pct", "%", "KV cache cells held by running sequences"),
         Metric("preemptions_s", "1/s", "sequences evicted from the KV cache per second"),
         Metric("slots_busy", "slots", "sequence slots processing a request"),
+        Metric("queue_waiting", "req", "requests waiting in the gateway for admission, all classes"),
+        Metric("in_flight", "req", "requests the gateway admitted that have not finished, all classes"),
     ]
 }
 
@@ -138,6 +141,14 @@ def sample_gpus(nvml: Any = None) -> list[Reading]:
             except Exception:
                 continue
     return readings
+
+
+def sample_gateway(snapshot: Mapping[str, Mapping[str, int]]) -> list[Reading]:
+    """The gateway's queue depth and requests in flight, all classes together (admission snapshot)."""
+    return [
+        ("gateway", "queue_waiting", float(sum(c["waiting"] for c in snapshot.values()))),
+        ("gateway", "in_flight", float(sum(c["in_flight"] for c in snapshot.values()))),
+    ]
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -281,7 +292,7 @@ class Sampler:
 
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
-        readings = sample_host(self.ps) + sample_gpus(self.nvml)
+        readings = sample_host(self.ps) + sample_gpus(self.nvml) + sample_gateway(self.hearth.admission.snapshot())
         readings += sample_runners(self.hearth.residency.status(), self.http_get, self.rates, now)
         return readings
 

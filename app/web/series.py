@@ -85,11 +85,16 @@ def read_series(session, metrics: list[str], range_name: str, end_s: int,
         sql = (f"SELECT bucket, sum / count FROM {table}"
                " WHERE series_id = :s AND bucket >= :lo AND bucket <= :hi ORDER BY bucket")
     lines: dict[str, dict[int, float]] = {}
-    several = len(metrics) > 1
+    several_metrics = len({r.metric for r in rows}) > 1
+    several_sources = len({r.source for r in rows}) > 1
     for series_id, source, metric in rows:
-        label = source_label(source)
-        if several:
-            label = f"{metric} · {label}"
+        # Name what tells the lines apart: the source, the metric, or both.
+        if several_metrics and several_sources:
+            label = f"{metric} · {source_label(source)}"
+        elif several_metrics:
+            label = metric
+        else:
+            label = source_label(source)
         lines[label] = {int(t): float(v) for t, v in session.execute(text(sql), {"s": series_id, "lo": lo, "hi": end_s})}
     t, series = _align(lines)
     units = {METRICS[m].unit for m in metrics if m in METRICS}

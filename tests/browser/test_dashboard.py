@@ -48,7 +48,7 @@ def test_overview_charts_receive_live_data_from_a_real_runner(page, served):
     assert page.locator("h1").inner_text() == "Overview"
     sender.start()
     try:
-        for chart in ("chart-gen", "chart-prompt", "chart-seqs", "chart-kv", "chart-ttft", "chart-tpot"):
+        for chart in ("chart-gen", "chart-prompt", "chart-seqs", "chart-kv", "chart-gateway", "chart-ttft", "chart-tpot"):
             page.wait_for_function(f"() => ({POSITIVE_POINTS})('{chart}') > 0", timeout=120_000)
         # The tiles are refreshed by htmx without a reload: the resident model appears.
         page.wait_for_function("() => document.querySelector('#overview-tiles').innerText.includes('gemma')",

@@ -215,11 +215,17 @@ class FakeResidency:
         return self.statuses
 
 
+class FakeAdmission:
+    def snapshot(self):
+        return {"chat": {"waiting": 2, "in_flight": 4}, "voice": {"waiting": 1, "in_flight": 0}}
+
+
 class FakeHearth:
-    """What the sampler uses of Hearth: residency status and the store writer."""
+    """What the sampler uses of Hearth: residency status, the gateway's admission and the store writer."""
 
     def __init__(self, statuses, writer):
         self.residency = FakeResidency(statuses)
+        self.admission = FakeAdmission()
         self.writer = writer
 
 
@@ -253,6 +259,7 @@ def test_sample_all_writes_one_batch_through_the_writer(engine, sessions, writer
 def test_sample_all_function_keeps_one_sampler_per_hearth(monkeypatch, writer):
     hearth = FakeHearth([], writer)
     monkeypatch.setattr(sampler_mod, "open_nvml", lambda: None)
-    assert sampler_mod.sample_all(hearth, clock=lambda: 5.0) == 3  # host only: no GPU, no runner
+    assert sampler_mod.sample_all(hearth, clock=lambda: 5.0) == 5  # host and gateway: no GPU, no runner
+    assert sampler_mod.sampler_for(hearth).latest["gateway"] == {"queue_waiting": 3.0, "in_flight": 4.0}
     assert sampler_mod.sampler_for(hearth) is sampler_mod.sampler_for(hearth)
     assert sampler_mod.sampler_for(hearth).latest_at == 5

@@ -92,6 +92,9 @@ def test_series_raw_range_shapes(clocked, admin):
     assert list(data["series"]) == ["gemma-3-270m-q4_k_m"]
     assert data["t"] == list(range(NOW_S - 300, NOW_S + 1))
     assert data["series"]["gemma-3-270m-q4_k_m"][-1] == float(NOW_S % 7)
+    put_samples(clocked, range(0, 400, 2), metric="running", value=lambda t: 2.0)
+    one_source = admin.get("/api/series?metric=gen_tok_s,running&range=5m").get_json()
+    assert list(one_source["series"]) == ["gen_tok_s", "running"]
     both = admin.get("/api/series?metric=gen_tok_s,cpu_pct&range=5m").get_json()
     assert set(both["series"]) == {"gen_tok_s · gemma-3-270m-q4_k_m", "cpu_pct · host"}
     assert both["unit"] == ""
