@@ -192,7 +192,9 @@ def stream_chunks(stream: RunnerStream, outcome: RelayOutcome) -> Iterator[bytes
                         pass
     except (OSError, http.client.HTTPException) as exc:
         outcome.error = f"the runner stopped mid-stream: {exc or type(exc).__name__}"
-        err = {"error": {"message": outcome.error, "type": "server_error", "param": None, "code": "runner_failed"}}
+        # The client is told what happened and what to do; the request log keeps the raw cause.
+        message = f"{outcome.error}; the answer is incomplete, retry: the model is restarted on the next request"
+        err = {"error": {"message": message, "type": "server_error", "param": None, "code": "runner_failed"}}
         yield b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
     finally:
         stream.close()

@@ -1,6 +1,10 @@
 """A real `hearth serve` on the real Gemma GGUF for the reliability suites, plus its runner's URL."""
 
+import errno
+import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +36,46 @@ def serve(tmp_path_factory, gemma_path, models_dir):
     s.tokens = tokens
     yield s
     s.stop()
+
+
+def _fill(folder: Path) -> Path:
+    """Write a file until the file system is full; returns it (delete it to free the space)."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        # Ever smaller writes, so the last partial block is taken too.
+        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Factory: a tmpfs of `size` mounted at a fresh folder (skips when mounting is not permitted)."""
+    mounts = []
+
+    def mount(name: str, size: str) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                              check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in mounts:
+        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+
+
+@pytest.fixture
+def fill_disk():
+    """fill(folder): write a file until its file system is full; returns the file (delete it to free)."""
+    return _fill

@@ -6,15 +6,11 @@ SQLite's own "disk is full" error at the cursor, so the counting is checked on e
 
 from __future__ import annotations
 
-import errno
-import os
 import sqlite3
 import subprocess
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
-import pytest
 from sqlalchemy import event, func, select
 
 from app.telemetry.db import database_path, make_engine, session_factory, upgrade
@@ -30,43 +26,6 @@ def _record(i: int) -> RequestRecord:
 def _count(engine) -> int:
     with session_factory(engine)() as s:
         return s.scalar(select(func.count()).select_from(RequestRecord))
-
-
-def fill(folder: Path) -> Path:
-    """Write a file until the file system is full; returns it (delete it to free the space)."""
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        # Ever smaller writes, so the last partial block is taken too.
-        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9):
-            try:
-                while True:
-                    os.write(fd, b"\0" * chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """Factory: a tmpfs of `size` mounted at a fresh folder (skips when mounting is not permitted)."""
-    mounts = []
-
-    def mount(name: str, size: str) -> Path:
-        where = tmp_path / name
-        where.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                              check=False, capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-        mounts.append(where)
-        return where
-
-    yield mount
-    for where in mounts:
-        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
 
 
 def test_injected_disk_full_is_counted_never_blocks_and_writing_resumes(tmp_path):
@@ -103,13 +62,13 @@ def test_injected_disk_full_is_counted_never_blocks_and_writing_resumes(tmp_path
     engine.dispose()
 
 
-def test_a_really_full_disk_loses_rows_by_count_and_resumes_when_space_returns(tmpfs):
+def test_a_really_full_disk_loses_rows_by_count_and_resumes_when_space_returns(tmpfs, fill_disk):
     data = tmpfs("data", "4m")
     engine = make_engine(database_path(data))
     upgrade(engine)
     writer = StoreWriter(engine, max_retries=1, retry_base_s=0.01, max_batch=200)
     writer.start()
-    filler = fill(data)
+    filler = fill_disk(data)
     for i in range(3000):
         writer.add(_record(i))
     assert writer.flush(60)
