@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import time
@@ -18,6 +19,7 @@ from app.gateway.auth import Principal, bearer_token
 log = logging.getLogger(__name__)
 
 bp = Blueprint("gateway", __name__)
+LAN_MEMBER = "lan"  # who tokenless requests are recorded as when the API is open to the LAN
 
 
 def hearth():
@@ -54,8 +56,21 @@ def healthz():
     return {"status": "ok"}
 
 
+def _from_lan(addr: str | None) -> bool:
+    try:
+        ip = ipaddress.ip_address(addr or "")
+    except ValueError:
+        return False
+    return ip.is_private or ip.is_loopback
+
+
 def _authenticate() -> Principal:
     token = bearer_token(request.headers.get("Authorization"))
+    if token is None and request.headers.get("Authorization") is None and hearth().setting("api_open_on_lan") \
+            and _from_lan(request.remote_addr):
+        # Opened explicitly by the admin: tokenless LAN clients share one member and class.
+        return Principal(token_id=None, member=LAN_MEMBER, default_class=str(hearth().setting("api_open_class")),
+                         allowed_classes=())
     if token is None:
         raise ApiError(401, "missing API token: send 'Authorization: Bearer <token>' (create one with "
                             "`hearth token create --member NAME --class chat`)", code="missing_token",

@@ -27,7 +27,7 @@ def hash_token(token: str) -> str:
 class Principal:
     """Who is asking: the member behind a valid token and the classes it may use."""
 
-    token_id: int
+    token_id: int | None  # None: a tokenless LAN request (api_open_on_lan)
     member: str
     default_class: str
     allowed_classes: tuple[str, ...]

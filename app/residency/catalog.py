@@ -108,8 +108,22 @@ def scan(
             # The default model is assembled into the data folder, which may be the models
             # folder too; it is listed once, as the default.
             continue
+        if path.exists() and not is_inside(path, models_dir):
+            entries.append(_renamed(_unusable(path, SOURCE_FOLDER, 0, 0.0, OUTSIDE_REASON), names))
+            continue
         entries.append(_renamed(_entry_for(path, SOURCE_FOLDER, known), names))
     return entries
+
+
+OUTSIDE_REASON = "a link to a file outside the models folder: only files inside it are served"
+
+
+def is_inside(path: Path, folder: Path) -> bool:
+    """True when path, with every symlink and '..' resolved, lies inside folder."""
+    try:
+        return Path(path).resolve(strict=False).is_relative_to(Path(folder).resolve(strict=False))
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+        return False
 
 
 def _gguf_files(models_dir: Path | None) -> list[Path]:

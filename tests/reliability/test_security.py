@@ -1,0 +1,122 @@
+"""API security: tokens by default (the LAN may be opened explicitly), tokens stored only hashed, model
+paths confined to the models folder, and no secret in logs, responses or the store."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from app.bench.serve_process import ServeProcess, prepare_data
+from app.gateway.api import _from_lan
+from app.gateway.auth import TokenCache, hash_token
+from app.residency.catalog import OUTSIDE_REASON, scan
+from app.settings import REGISTRY
+
+HELLO = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2}
+
+
+def test_the_api_is_closed_without_a_token_by_default(serve):
+    assert REGISTRY["api_open_on_lan"].default is False
+    r = serve.client.post("/v1/chat/completions", json=HELLO)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "missing_token"
+    assert serve.client.get("/v1/models").status_code == 401
+
+
+@pytest.mark.parametrize("addr,lan", [
+    ("127.0.0.1", True), ("192.168.1.20", True), ("10.1.2.3", True), ("172.16.0.9", True), ("::1", True),
+    ("fd12:3456::1", True), ("8.8.8.8", False), ("2001:4860:4860::8888", False), ("", False), ("nonsense", False),
+])
+def test_only_private_addresses_count_as_lan(addr, lan):
+    assert _from_lan(addr) is lan
+
+
+def test_an_api_opened_to_the_lan_serves_tokenless_requests_as_one_member(tmp_path, gemma_path):
+    data = tmp_path / "data"
+    models = tmp_path / "models"
+    models.mkdir()
+    tokens = prepare_data(data, settings={"runner_ctx": 512, "runner_parallel": 2, "runner_threads": 2,
+                                          "api_open_on_lan": True, "api_open_class": "voice"},
+                          tokens=[("alice", "chat", [])])
+    s = ServeProcess(data, models, gemma_path, tmp_path / "serve.log")
+    try:
+        r = s.client.post("/v1/chat/completions", json=HELLO)
+        assert r.status_code == 200, r.text
+        assert r.headers["X-Hearth-Class"] == "voice"
+        # Opening the LAN does not make a bad token acceptable, nor widen the classes.
+        r = s.client.post("/v1/chat/completions", json=HELLO, headers={"Authorization": "Bearer hth_wrong"})
+        assert r.status_code == 401
+        r = s.client.post("/v1/chat/completions", json=HELLO, headers={"X-Hearth-Class": "chat"})
+        assert r.status_code == 403
+        r = s.client.post("/v1/chat/completions", json=HELLO, headers={"Authorization": f"Bearer {tokens['alice']}"})
+        assert r.status_code == 200 and r.headers["X-Hearth-Class"] == "chat"
+        s.client.get("/healthz")
+        time.sleep(0.5)  # the store writer's batch window
+        with sqlite3.connect(data / "hearth.db") as db:
+            members = db.execute("select member_name, token_id, class_name from requests where status='ok' "
+                                 "order by id").fetchall()
+        assert members[0] == ("lan", None, "voice") and members[-1][0] == "alice"
+    finally:
+        s.stop()
+
+
+def test_tokens_are_stored_only_as_sha256_and_looked_up_by_hash(serve):
+    token = serve.tokens["alice"]
+    db = (serve.data / "hearth.db").read_bytes() + (serve.data / "hearth.db-wal").read_bytes() \
+        if (serve.data / "hearth.db-wal").exists() else (serve.data / "hearth.db").read_bytes()
+    assert token.encode() not in db
+    with sqlite3.connect(serve.data / "hearth.db") as c:
+        hashes = {h for (h,) in c.execute("select token_hash from api_tokens")}
+    assert hashlib.sha256(token.encode()).hexdigest() in hashes
+    # The store is only ever asked for a hash: comparing hashes leaks nothing usable about a token
+    # (finding a token with a chosen hash prefix is a preimage attack), so no timing attack applies.
+    asked = []
+    cache = TokenCache(lambda h: asked.append(h))
+    cache.lookup(token)
+    assert asked == [hash_token(token)]
+
+
+def test_model_files_must_lie_inside_the_models_folder(tmp_path, gemma_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copyfile(gemma_path, outside / "secret-model.gguf")
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "escape.gguf").symlink_to(outside / "secret-model.gguf")
+    (folder / "dotdot.gguf").symlink_to(Path("..") / "elsewhere" / "secret-model.gguf")
+    shutil.copyfile(gemma_path, folder / "real.gguf")
+    (folder / "inside-link.gguf").symlink_to(folder / "real.gguf")
+    entries = {e.name: e for e in scan(folder, None)}
+    assert entries["escape"].unusable_reason == OUTSIDE_REASON
+    assert entries["dotdot"].unusable_reason == OUTSIDE_REASON
+    assert entries["real"].usable and entries["inside-link"].usable
+
+
+def test_secrets_never_appear_in_logs_responses_or_the_store(serve):
+    token = serve.tokens["alice"]
+    wrong = "hth_" + secrets.token_urlsafe(32)
+    pages = []
+    for headers in ({"Authorization": f"Bearer {token}"}, {"Authorization": f"Bearer {wrong}"},
+                    {"Authorization": wrong}, {"X-Api-Key": token}):
+        r = serve.client.post("/v1/chat/completions", json=HELLO, headers=headers)
+        pages.append(r.text + str(r.headers))
+        r = serve.client.post("/v1/chat/completions", content=b"{bad json", headers=headers)
+        pages.append(r.text)
+    pages.append(serve.client.get("/metrics").text)
+    pages.append(serve.client.get("/v1/models", headers={"Authorization": f"Bearer {token}"}).text)
+    pages.append(serve.client.get("/openapi.json").text)
+    time.sleep(0.5)
+    stored = b"".join(p.read_bytes() for p in serve.data.rglob("*") if p.is_file() and "secrets" not in p.parts)
+    log = serve.log_path.read_bytes()
+    secret_values = [token, wrong]
+    secret_values += [p.read_text().strip() for p in (serve.data / "secrets").glob("*")] \
+        if (serve.data / "secrets").is_dir() else []
+    for value in secret_values:
+        assert value.encode() not in stored
+        assert value.encode() not in log
+        assert all(value not in page for page in pages)
