@@ -176,6 +176,7 @@ def init_app(app: Flask) -> None:
     app.add_template_filter(fmt_num, "num")
     app.add_template_filter(fmt_bytes, "bytes")
     app.add_template_filter(fmt_duration_s, "duration")
+    app.add_template_global(hearth.telemetry_health, "telemetry_health")
     for module in BLUEPRINTS:
         app.register_blueprint(import_module(module).bp)
 

@@ -1,0 +1,126 @@
+"""Dashboard security across every mutation, and telemetry losses shown on the overview.
+
+tests/web/test_auth.py checks the login flow itself (cookie flags, rate limit, CSRF on a form);
+this suite walks the app's URL map so a mutation added later cannot skip the admin session or CSRF.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+
+import pytest
+
+from app.factory import create_app
+
+PASSWORD = "correct horse battery"
+_TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"|"X-CSRFToken": "([^"]+)"')
+# Public on purpose: the OpenAI API (bearer tokens) and the forms that create or open a session.
+NOT_ADMIN_MUTATIONS = {"gateway.chat_completions", "gateway.completions", "auth.setup", "auth.login"}
+
+
+@pytest.fixture
+def app(tmp_path, gemma_path):
+    """The app on a fresh data folder, no scheduler and no runner."""
+    app = create_app({"HEARTH_DATA": str(tmp_path / "data"), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
+                      "HEARTH_DEFAULT_MODEL": str(gemma_path), "SCHEDULER": False, "TESTING": True})
+    yield app
+    app.extensions["hearth_shutdown"]()
+
+
+def token_of(client, path: str) -> str:
+    page = client.get(path, follow_redirects=True).get_data(as_text=True)
+    match = _TOKEN.search(page)
+    assert match, f"no CSRF token on {path}"
+    return match.group(1) or match.group(2)
+
+
+@pytest.fixture
+def admin(app):
+    """A client logged in through first-run setup."""
+    c = app.test_client()
+    r = c.post("/setup", data={"password": PASSWORD, "confirm": PASSWORD, "csrf_token": token_of(c, "/setup")})
+    assert r.status_code == 302
+    return c
+
+
+def mutations(app) -> list[tuple[str, str]]:
+    """(endpoint, concrete URL) of every state-changing route of the dashboard."""
+    out = []
+    for rule in app.url_map.iter_rules():
+        if not rule.methods & {"POST", "PUT", "PATCH", "DELETE"} or rule.endpoint in NOT_ADMIN_MUTATIONS:
+            continue
+        values = {arg: 1 if type(rule._converters.get(arg)).__name__ == "IntegerConverter" else "chat"
+                  for arg in rule.arguments}
+        out.append((rule.endpoint, rule.rule if not values else _build(rule.rule, values)))
+    return out
+
+
+def _build(rule: str, values: dict) -> str:
+    return re.sub(r"<(?:[^:>]+:)?([^>]+)>", lambda m: str(values[m.group(1)]), rule)
+
+
+def test_every_dashboard_mutation_needs_the_admin_session_and_a_csrf_token(app, admin):
+    found = mutations(app)
+    assert {"auth.logout", "members.create", "models.unload", "settings.save", "classes.save"} <= {e for e, _ in found}
+    with sqlite3.connect(app.extensions["hearth"].data_dir / "hearth.db") as db:
+        before = db.execute("select count(*) from api_tokens").fetchone()
+    anonymous = app.test_client()
+    token = token_of(admin, "/")
+    for endpoint, url in found:
+        # No session (even with a CSRF token of another session): refused before the view runs.
+        r = anonymous.post(url, data={"csrf_token": token, "member": "mallory", "default_class": "chat"})
+        assert r.status_code in (302, 400, 401), (endpoint, r.status_code)
+        assert r.status_code != 302 or "/login" in r.headers["Location"], (endpoint, r.headers.get("Location"))
+        # The admin's own session, without the token: a forged cross-site form.
+        r = admin.post(url, data={"member": "mallory", "default_class": "chat"})
+        assert r.status_code == 400, (endpoint, r.status_code)
+        assert "CSRF" in r.get_data(as_text=True), endpoint
+    with sqlite3.connect(app.extensions["hearth"].data_dir / "hearth.db") as db:
+        assert db.execute("select count(*) from api_tokens").fetchone() == before
+
+
+def test_an_api_token_never_opens_the_dashboard(app, admin):
+    with app.app_context():
+        from app.gateway.tokens import create_token
+
+        with app.extensions["hearth"].sessions() as s:
+            token, _ = create_token(s, "alice", "chat")
+    c = app.test_client()
+    r = c.get("/", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 302 and "/login" in r.headers["Location"]
+    r = c.post("/members/tokens", headers={"Authorization": f"Bearer {token}"}, data={"member": "x"})
+    assert r.status_code in (302, 400, 401)
+
+
+def test_session_cookie_is_httponly_and_samesite(app):
+    c = app.test_client()
+    r = c.post("/setup", data={"password": PASSWORD, "confirm": PASSWORD, "csrf_token": token_of(c, "/setup")})
+    cookie = next(h for h in r.headers.getlist("Set-Cookie") if h.startswith("hearth_session="))
+    assert "HttpOnly" in cookie and re.search(r"SameSite=(Lax|Strict)", cookie)
+
+
+def test_pages_show_no_secret(app, admin):
+    data = app.extensions["hearth"].data_dir
+    secrets = [p.read_text().strip() for p in (data / "secrets").glob("*")]
+    assert secrets  # the session key and the admin password hash exist by now
+    for path in ("/", "/settings", "/members", "/models", "/status", "/classes", "/requests"):
+        page = admin.get(path, follow_redirects=True).get_data(as_text=True)
+        assert all(s not in page for s in secrets), path
+        assert PASSWORD not in page
+
+
+def test_telemetry_losses_are_shown_on_the_overview(app, admin):
+    hearth = app.extensions["hearth"]
+    assert "telemetry-health" not in admin.get("/").get_data(as_text=True)
+    writer = hearth.writer
+    # What a full disk leaves behind (the writer's own bookkeeping; test_telemetry_loss.py makes it
+    # happen for real).
+    writer._count_lost("disk_full", 42)
+    writer._last_error, writer._failing_since = "database or disk is full", 1.0
+    page = admin.get("/").get_data(as_text=True)
+    assert 'id="telemetry-health"' in page
+    assert "not being saved" in page and "disk full 42" in page and "database or disk is full" in page
+    writer._failing_since = None
+    page = admin.get("/").get_data(as_text=True)
+    assert "Some telemetry was lost" in page and "Rows lost since start: 42" in page
