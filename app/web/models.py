@@ -49,11 +49,25 @@ def _card(name: str):
 
 def _render_card(name: str, status: int = 200, message: str | None = None, message_state: str = "ok",
                  form: dict | None = None, form_errors: dict | None = None, card=None):
+    """The card after an action: alone for htmx, inside the whole page for a browser without JavaScript."""
+    outcome = {"message": message, "message_state": message_state, "form": form, "form_errors": form_errors or {}}
+    if not request.headers.get("HX-Request") and request.method == "POST":
+        return _page({name: outcome}), status
     card = card or _card(name)
-    error = _errors().get(name)
-    body = render_template("models/_card.html", m=card, message=message, message_state=message_state,
-                           load_error=error, form=form, form_errors=form_errors or {}, policies=POLICY_LABELS)
+    body = render_template("models/_card.html", m=card, load_error=_errors().get(name), policies=POLICY_LABELS,
+                           **outcome)
     return body, status
+
+
+def _page(outcomes: dict[str, dict] | None = None) -> str:
+    hearth = _hearth()
+    with hearth.sessions() as s:
+        cards = model_cards(hearth, s)
+        events = recent_events(s, EVENT_LIMIT)
+    resident = sum(c.estimate.total_bytes for c in cards if c.state in ("resident", "loading") and c.estimate)
+    return render_template("models/index.html", cards=cards, events=events, budget_bytes=hearth.budget_bytes(),
+                           resident_bytes=resident, models_dir=hearth.models_dir, errors=_errors(),
+                           policies=POLICY_LABELS, outcomes=outcomes or {})
 
 
 def _start_load(name: str) -> None:
@@ -82,14 +96,7 @@ def _start_load(name: str) -> None:
 @login_required
 def index():
     """Every model Hearth found, with what it would cost and what it is doing."""
-    hearth = _hearth()
-    with hearth.sessions() as s:
-        cards = model_cards(hearth, s)
-        events = recent_events(s, EVENT_LIMIT)
-    resident = sum(c.estimate.total_bytes for c in cards if c.state in ("resident", "loading") and c.estimate)
-    return render_template("models/index.html", cards=cards, events=events, budget_bytes=hearth.budget_bytes(),
-                           resident_bytes=resident, models_dir=hearth.models_dir, errors=_errors(),
-                           policies=POLICY_LABELS)
+    return _page()
 
 
 @bp.get("/models/<name>/card")

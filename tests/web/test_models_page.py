@@ -128,3 +128,15 @@ def test_pinning_loads_the_model(app, admin, csrf_token, monkeypatch):
     while not loads and time.monotonic() < deadline:
         time.sleep(0.02)
     assert loads == [gemma]
+
+
+def test_without_javascript_the_whole_page_comes_back(app, admin, csrf_token):
+    gemma = _gemma(app)
+    r = admin.post(f"/models/{gemma}/policy", data={"policy": "keep_alive", "keep_alive_s": "soon",
+                                                    "csrf_token": csrf_token(admin, "/models")})
+    assert r.status_code == 422
+    html = r.get_data(as_text=True)
+    assert "<html" in html and "Recent residency events" in html
+    assert "is not a whole number of seconds" in html and 'value="soon"' in html
+    r = admin.post(f"/models/{gemma}/unload", data={"csrf_token": csrf_token(admin, "/models")})
+    assert r.status_code == 200 and "<html" in r.get_data(as_text=True) and "It was not loaded." in r.get_data(as_text=True)
