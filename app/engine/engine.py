@@ -29,7 +29,7 @@ DECODE_NO_KV_SLOT = 1
 # Less urgent prefill tokens per iteration while a more urgent sequence runs (SchedulerConfig):
 # small enough that a voice request's iterations stay short under document prefills, large
 # enough that background work keeps moving.
-YIELD_PREFILL_TOKENS = 32
+YIELD_PREFILL_TOKENS = 16
 
 
 class ModelBackend(Protocol):
