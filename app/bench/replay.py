@@ -720,8 +720,13 @@ def run_from_args(args) -> int:
         bar.set_postfix_str(f"{run.target} L={run.level}: {_f(run.summary['gen_tok_s'])} tok/s")
         bar.update(1)
 
+    from app.residency.supervisor import RunnerStartFailed
+
     try:
         outcome = run_bench(cfg, sessions, progress=progress, log=lambda line: bar.write(line, file=sys.stderr))
+    except (ValueError, RunnerStartFailed) as exc:
+        print(f"hearth bench replay: {exc}", file=sys.stderr)
+        return 2
     finally:
         bar.close()
     print("hearth bench replay — held constant:")

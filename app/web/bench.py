@@ -20,6 +20,7 @@ from flask import (
     Response,
     abort,
     current_app,
+    flash,
     redirect,
     render_template,
     request,
@@ -279,8 +280,6 @@ def apply(session_id: int, index: int):
         _hearth().rescan()
     except OSError:
         pass
-    from flask import flash
-
     flash(f"Applied to {model}: {changes}. Runners started from now on use it.", "ok")
     return redirect(url_for("bench.index", session=session_id))
 

@@ -236,3 +236,17 @@ def test_comparison_against_the_reference_server():
     assert row["per_class"]["voice"]["completion_max_ratio"] == pytest.approx(0.5)
     assert "voice: TTFT p95 0.100×" in format_comparison([row])
     assert comparison([ours]) == []
+
+
+def test_cli_says_what_to_fix(tmp_path, monkeypatch, capsys):
+    from app.cli import main
+
+    monkeypatch.setenv("HEARTH_DATA", str(tmp_path / "data"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    assert main(["bench", "replay", "--modes", "none", "--model", str(model)]) == 2
+    assert "nothing to measure" in capsys.readouterr().err
+    assert main(["bench", "replay", "--scenario", "nope", "--model", str(model)]) == 2
+    assert "unknown scenario 'nope'" in capsys.readouterr().err
+    assert main(["traffic", "--days", "1"]) == 0
+    assert "no requests or loads in the window" in capsys.readouterr().out
