@@ -56,18 +56,24 @@ def _render_card(name: str, status: int = 200, message: str | None = None, messa
     card = card or _card(name)
     body = render_template("models/_card.html", m=card, load_error=_errors().get(name), policies=POLICY_LABELS,
                            **outcome)
-    return body, status
+    # The page's tiles (resident, memory) change with the card: they ride along as an out-of-band swap.
+    return body + render_template("models/_tiles.html", oob=True, **_summary()), status
+
+
+def _summary() -> dict:
+    hearth = _hearth()
+    with hearth.sessions() as s:
+        cards = model_cards(hearth, s)
+    resident = sum(c.estimate.total_bytes for c in cards if c.state in ("resident", "loading") and c.estimate)
+    return {"cards": cards, "resident_bytes": resident, "budget_bytes": hearth.budget_bytes()}
 
 
 def _page(outcomes: dict[str, dict] | None = None) -> str:
     hearth = _hearth()
     with hearth.sessions() as s:
-        cards = model_cards(hearth, s)
         events = recent_events(s, EVENT_LIMIT)
-    resident = sum(c.estimate.total_bytes for c in cards if c.state in ("resident", "loading") and c.estimate)
-    return render_template("models/index.html", cards=cards, events=events, budget_bytes=hearth.budget_bytes(),
-                           resident_bytes=resident, models_dir=hearth.models_dir, errors=_errors(),
-                           policies=POLICY_LABELS, outcomes=outcomes or {})
+    return render_template("models/index.html", events=events, models_dir=hearth.models_dir, errors=_errors(),
+                           policies=POLICY_LABELS, outcomes=outcomes or {}, **_summary())
 
 
 def _start_load(name: str) -> None:

@@ -27,6 +27,7 @@ def test_load_a_model_from_the_models_page(page, served):
     page.wait_for_selector(f"#{card_id}[data-state=resident]", timeout=120_000)
     card = page.locator(f"#{card_id}")
     assert card.get_attribute("hx-trigger") is None  # polling stopped
+    assert "Resident\n1" in page.locator("#model-tiles").inner_text()  # tiles swapped out of band
     assert card.locator("button", has_text="Unload").is_visible()
     assert re.search(r"Measured after the last load\s+\d", card.inner_text())
     assert "Cold start" in card.inner_text() and "last " in card.inner_text()

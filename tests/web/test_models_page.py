@@ -111,6 +111,9 @@ def test_load_polls_until_resident_then_unload(app, admin, csrf_token):
         time.sleep(0.3)
     html = card.get_data(as_text=True)
     assert 'data-state="resident"' in html and "hx-trigger" not in html and "Unload" in html
+    # The page's tiles come along out of band, so "Resident" no longer says 0.
+    tiles = html[html.index('id="model-tiles" hx-swap-oob="true"'):]
+    assert '<div class="tile-label">Resident</div>\n  <div class="tile-value">1' in tiles
     assert "Runner log" in html and "Measured after the last load" in html
     r = _post(admin, csrf_token, f"/models/{gemma}/unload")
     assert r.status_code == 200 and "Unloaded" in r.get_data(as_text=True)
