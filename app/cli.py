@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--target", help="also measure this OpenAI-compatible server (base URL)")
     rep.add_argument("--llama-server", nargs="?", const="auto", default=None,
                      help="also start stock llama-server with the same settings (binary path; default: the built one)")
+    rep.add_argument("--repeats", type=int, default=1,
+                     help="repetitions per level, target order reversed each time (default %(default)s)")
     rep.add_argument("--days", type=float, default=7.0, help="request-log window for the typical overlap (default %(default)s)")
     rep.add_argument("--json", dest="json_path", help="write summaries, verdict, constants and raw rows here")
     rep.add_argument("--csv", dest="csv_path", help="write one row per mode × level here (raw rows beside it)")

@@ -73,6 +73,7 @@ class RunResult:
     samples: list[dict]
     summary: dict = field(default_factory=dict)
     run_id: int | None = None
+    rep: int = 0
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -440,17 +441,36 @@ def levels_of(scenario: Scenario, levels: list[int]) -> list[int]:
 
 
 def replay(scenario: Scenario, targets: list[Target], levels: list[int], policies: dict[str, ClassPolicy],
-           cutter: PromptCutter, progress: Callable[[RunResult], None] | None = None) -> list[RunResult]:
-    """Every level on every target, targets interleaved within a level; same prompts for all targets."""
+           cutter: PromptCutter, progress: Callable[[RunResult], None] | None = None,
+           repeats: int = 1) -> list[RunResult]:
+    """Every level on every target, targets interleaved within a level; same prompts for all targets.
+
+    With repeats, each level runs again with the targets in reverse order (A B, B A, ...), so load
+    that drifts during a level hits every target alike; ratios are taken within one repetition.
+    """
     results = []
     for level in levels_of(scenario, levels):
         planned = plan(scenario, level, cutter)
-        for target in targets:
-            run = run_level(target, planned, policies, level)
-            results.append(run)
-            if progress is not None:
-                progress(run)
+        for rep in range(repeats):
+            for target in (targets if rep % 2 == 0 else list(reversed(targets))):
+                run = run_level(target, planned, policies, level)
+                run.rep = rep
+                results.append(run)
+                if progress is not None:
+                    progress(run)
     return results
+
+
+def median_runs(results: list[RunResult]) -> list[RunResult]:
+    """One run per target × level: the repetition with the median generated tok/s (a real run, not a blend)."""
+    groups: dict[tuple[str, int], list[RunResult]] = {}
+    for r in results:
+        groups.setdefault((r.target, r.level), []).append(r)
+    out = []
+    for runs in groups.values():
+        ordered = sorted(runs, key=lambda r: r.summary.get("gen_tok_s") or 0.0)
+        out.append(ordered[(len(ordered) - 1) // 2])
+    return out
 
 
 def summary_rows(results: list[RunResult]) -> list[dict]:
@@ -502,29 +522,51 @@ def format_table(results: list[RunResult]) -> str:
 
 
 def comparison(results: list[RunResult]) -> list[dict]:
-    """Each hearth mode against the reference server (llama-server, else --target) at the same level, same prompts."""
-    out = []
+    """Each hearth mode against the reference server (llama-server, else --target), same level and repetition.
+
+    Ratios are taken within one repetition (same prompts, neighbouring in time); with repeats the
+    row holds the median of each ratio and all of them.
+    """
     for ref_label in ("llama-server", "target"):
-        refs = {r.level: r for r in results if r.target == ref_label}
-        for r in results:
-            ref = refs.get(r.level)
-            if ref is None or r.target not in HEARTH_MODES:
-                continue
-            a, b = r.summary, ref.summary
-            row = {"mode": r.target, "reference": ref_label, "level": r.level,
-                   "gen_tok_s_ratio": _ratio(a["gen_tok_s"], b["gen_tok_s"]), "per_class": {}}
-            for name, c in a["per_class"].items():
-                rc = b["per_class"].get(name, {})
-                row["per_class"][name] = {
-                    "ttft_p95_ratio": _ratio(c.get("ttft_p95_ms"), rc.get("ttft_p95_ms")),
-                    "completion_p95_ratio": _ratio(c.get("completion_p95_ms"), rc.get("completion_p95_ms")),
-                    # The slowest request of the class, ours over theirs: "finishes within 1.2×" is about all of them.
-                    "completion_max_ratio": _ratio(_max_done(r.requests, name), _max_done(ref.requests, name)),
-                }
-            out.append(row)
+        refs = {(r.level, r.rep): r for r in results if r.target == ref_label}
         if refs:
             break
+    else:
+        return []
+    pairs: dict[tuple[str, int], list[dict]] = {}
+    for r in results:
+        ref = refs.get((r.level, r.rep))
+        if ref is None or r.target not in HEARTH_MODES:
+            continue
+        a, b = r.summary, ref.summary
+        one = {"gen_tok_s_ratio": _ratio(a["gen_tok_s"], b["gen_tok_s"]), "per_class": {}}
+        for name, c in a["per_class"].items():
+            rc = b["per_class"].get(name, {})
+            one["per_class"][name] = {
+                "ttft_p95_ratio": _ratio(c.get("ttft_p95_ms"), rc.get("ttft_p95_ms")),
+                "completion_p95_ratio": _ratio(c.get("completion_p95_ms"), rc.get("completion_p95_ms")),
+                # The slowest request of the class, ours over theirs: "finishes within 1.2×" is about all of them.
+                "completion_max_ratio": _ratio(_max_done(r.requests, name), _max_done(ref.requests, name)),
+            }
+        pairs.setdefault((r.target, r.level), []).append(one)
+    out = []
+    for (mode, level), ones in pairs.items():
+        row = {"mode": mode, "reference": ref_label, "level": level, "repeats": len(ones),
+               "gen_tok_s_ratio": _median([o["gen_tok_s_ratio"] for o in ones]),
+               "gen_tok_s_ratios": [o["gen_tok_s_ratio"] for o in ones], "per_class": {}}
+        for name in ones[0]["per_class"]:
+            row["per_class"][name] = {
+                key: _median([o["per_class"][name][key] for o in ones if name in o["per_class"]])
+                for key in ("ttft_p95_ratio", "completion_p95_ratio", "completion_max_ratio")}
+            row["per_class"][name]["ttft_p95_ratios"] = [o["per_class"][name]["ttft_p95_ratio"] for o in ones
+                                                         if name in o["per_class"]]
+        out.append(row)
     return out
+
+
+def _median(values: list) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
 
 
 def _ratio(a, b) -> float | None:
@@ -543,7 +585,8 @@ def format_comparison(rows: list[dict]) -> str:
     for row in rows:
         parts = [f"{n}: TTFT p95 {_f(c['ttft_p95_ratio'], '.3f')}×, done p95 {_f(c['completion_p95_ratio'], '.2f')}×,"
                  f" slowest {_f(c['completion_max_ratio'], '.2f')}×" for n, c in row["per_class"].items()]
-        lines.append(f"  {row['mode']} / {row['reference']} at L={row['level']}: generated tok/s "
+        reps = f" (median of {row['repeats']})" if row["repeats"] > 1 else ""
+        lines.append(f"  {row['mode']} / {row['reference']} at L={row['level']}{reps}: generated tok/s "
                      f"{_f(row['gen_tok_s_ratio'], '.2f')}×; " + "; ".join(parts))
     return "\n".join(lines)
 
@@ -578,6 +621,7 @@ class BenchConfig:
     target_url: str | None = None
     llama_server: str | None = None  # binary of a stock llama-server to start with the same settings
     traffic_days: float = 7.0
+    repeats: int = 1
 
 
 @dataclass
@@ -594,7 +638,7 @@ class BenchOutcome:
 def total_runs(cfg: BenchConfig, scenario: Scenario) -> int:
     """Runs the session will make (targets × levels), for progress bars."""
     n_targets = len(cfg.modes) + bool(cfg.llama_server) + bool(cfg.target_url)
-    return n_targets * len(levels_of(scenario, list(cfg.levels)))
+    return n_targets * len(levels_of(scenario, list(cfg.levels))) * cfg.repeats
 
 
 def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, class_policies: dict,
@@ -607,7 +651,7 @@ def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, cl
     return {
         "scenario": scenario.name, "scenario_source": scenario.source, "scenario_kind": scenario.kind,
         "arrival": scenario.pattern if scenario.kind == "mix" else "script",
-        "levels": levels_of(scenario, list(cfg.levels)), "modes": list(cfg.modes),
+        "levels": levels_of(scenario, list(cfg.levels)), "modes": list(cfg.modes), "repeats": cfg.repeats,
         "model": cfg.model_path, "model_name": model_name,
         "model_sha256": sha256_of(cfg.model_path) if cfg.model_path else None,
         "model_desc": model.get("desc"), "n_ctx": cfg.n_ctx, "parallel": cfg.parallel, "n_batch": cfg.n_batch,
@@ -669,7 +713,8 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
             if progress is not None:
                 progress(run, done[0], total)
 
-        runs = replay(scenario, targets, list(cfg.levels), class_policies, cutter, progress=on_run)
+        runs = replay(scenario, targets, list(cfg.levels), class_policies, cutter, progress=on_run,
+                      repeats=cfg.repeats)
     except BaseException as exc:
         if session_id is not None:
             with sessions() as s:
@@ -681,7 +726,7 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
         t = thresholds_from(all_settings(s))
         traffic = read_traffic(s, cfg.traffic_days)
         current = store.current_runner_settings(s, model_name)
-        verdict = decide(store.evidence(runs), class_policies, t, traffic, current)
+        verdict = decide(store.evidence(median_runs(runs)), class_policies, t, traffic, current)
         store.finish_session(s, session_id, verdict.as_dict())
     return BenchOutcome(session_id, constants, runs, verdict, traffic)
 
@@ -712,7 +757,7 @@ def run_from_args(args) -> int:
                       model_path=resolve_model(args.model), n_ctx=args.ctx, parallel=args.parallel,
                       n_batch=args.batch, token_budget=args.budget, threads=args.threads,
                       gpu_layers=args.gpu_layers, target_url=args.target, llama_server=llama,
-                      traffic_days=args.days)
+                      traffic_days=args.days, repeats=args.repeats)
     engine, sessions = open_store(data_dir())
     bar = tqdm(total=total_runs(cfg, scenario), desc="bench replay", unit="run", file=sys.stderr)
 

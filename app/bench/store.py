@@ -83,9 +83,13 @@ def load_runs(session: Session, session_id: int, class_policies: dict[str, Class
         kept = (session.get(BenchSession, session_id).constants or {}).get("classes")
         class_policies = {n: ClassPolicy(**p) for n, p in kept.items()} if kept else policies(session)
     out = []
+    seen: dict[tuple[str, int], int] = {}
     for row in session.scalars(select(BenchRun).where(BenchRun.session_id == session_id).order_by(BenchRun.id)):
         reqs = raw_requests(session, row.id)
-        run = RunResult(row.target, "", row.level, reqs, list(row.samples or []), run_id=row.id)
+        # Repetitions of a target × level were stored in order: the n-th one is repetition n.
+        rep = seen.get((row.target, row.level), 0)
+        seen[(row.target, row.level)] = rep + 1
+        run = RunResult(row.target, "", row.level, reqs, list(row.samples or []), run_id=row.id, rep=rep)
         run.summary = summarise(reqs, run.samples, class_policies) if recompute else dict(row.summary)
         out.append(run)
     return out

@@ -250,3 +250,29 @@ def test_cli_says_what_to_fix(tmp_path, monkeypatch, capsys):
     assert "unknown scenario 'nope'" in capsys.readouterr().err
     assert main(["traffic", "--days", "1"]) == 0
     assert "no requests or loads in the window" in capsys.readouterr().out
+
+
+def test_repetitions_median_run_and_ratios_within_a_repetition(tmp_path):
+    from app.bench.replay import comparison, median_runs
+
+    def scaled(target, rep, factor):
+        rows = [dict(r, end_s=r["end_s"] * factor) for r in ROWS]
+        return RunResult(target, "hearth", 2, rows, [], summarise(rows, [], POLICIES), rep=rep)
+
+    runs = [scaled("continuous", 0, 1.0), scaled("llama-server", 0, 2.0),
+            scaled("llama-server", 1, 4.0), scaled("continuous", 1, 1.0),
+            scaled("continuous", 2, 3.0), scaled("llama-server", 2, 3.0)]
+    (row,) = comparison(runs)
+    assert row["repeats"] == 3 and row["gen_tok_s_ratios"] == pytest.approx([2.0, 4.0, 1.0])
+    assert row["gen_tok_s_ratio"] == pytest.approx(2.0)
+    med = {r.target: r for r in median_runs(runs)}
+    assert med["continuous"].rep in (0, 1)  # the two fast ones tie; never the slow one
+    assert med["llama-server"].rep == 2  # rates r/2, r/4, r/3: the median is r/3
+    engine, sessions = open_store(tmp_path)
+    with sessions() as s:
+        sid = store.create_session(s, "x", None, {})
+        for r in runs:
+            store.save_run(s, sid, r)
+        back = store.load_runs(s, sid, POLICIES)
+    engine.dispose()
+    assert [(r.target, r.rep) for r in back] == [(r.target, r.rep) for r in runs]
