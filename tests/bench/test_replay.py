@@ -1,5 +1,6 @@
 """Scenarios, the summary over raw rows, the store round trip and Apply (no model needed)."""
 
+import itertools
 import json
 import random
 from datetime import UTC, datetime
@@ -8,7 +9,13 @@ import pytest
 from sqlalchemy import select
 
 from app.bench import store
-from app.bench.replay import RunResult, format_table, parse_metrics, request_times, summarise
+from app.bench.replay import (
+    RunResult,
+    format_table,
+    parse_metrics,
+    request_times,
+    summarise,
+)
 from app.bench.scenarios import (
     PromptCutter,
     ScenarioError,
@@ -75,7 +82,7 @@ def test_arrival_patterns():
     poi = parse_scenario({"name": "p", "arrival": {"pattern": "poisson", "rate_per_s": 10},
                           "classes": [{"name": "a", "prompt_tokens": 2, "output_tokens": 2}]})
     a, b = arrivals(poi, 200, random.Random(3)), arrivals(poi, 200, random.Random(3))
-    assert a == b and a[0] == 0.0 and all(y > x for x, y in zip(a, a[1:]))
+    assert a == b and a[0] == 0.0 and all(y > x for x, y in itertools.pairwise(a))
     # Mean gap ≈ 1/rate.
     assert 0.07 < a[-1] / 199 < 0.13
 

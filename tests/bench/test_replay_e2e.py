@@ -1,5 +1,6 @@
 """End-to-end replay against real runners (Gemma 3 270M) in each mode: results must hang together."""
 
+import itertools
 import json
 
 import pytest
@@ -85,7 +86,7 @@ def test_serial_never_runs_two_requests_in_the_engine_at_once(bench):
         # Engine-side running intervals (from arrival + queue to arrival + total), in client time.
         spans = sorted((r["sent_s"] + r["server_timings"]["queue_ms"] / 1000,
                         r["sent_s"] + r["server_timings"]["total_ms"] / 1000) for r in run.requests)
-        for (_, end_a), (start_b, _) in zip(spans, spans[1:]):
+        for (_, end_a), (start_b, _) in itertools.pairwise(spans):
             assert start_b >= end_a - 0.05  # tolerance: the HTTP hop from client to engine
     # Continuous and static do run the two requests of level 2 together.
     for run in (r for r in outcome.runs if r.level == 2 and r.target != "serial"):
