@@ -270,8 +270,7 @@ class StoreWriter:
             }
 
     def _count_lost(self, reason: str, n: int) -> None:
-        # Callers hold self._lock or are the writer thread; a dict update under the GIL is atomic,
-        # and health() copies under the lock.
+        # Callers hold self._lock: submit() counts from serving threads, the writer thread from its own.
         self._lost_by_reason[reason] = self._lost_by_reason.get(reason, 0) + n
 
     def _note_error(self, error: BaseException) -> None:
@@ -345,10 +344,11 @@ class StoreWriter:
 
     def _isolate(self, batch: list[Work], error: Exception) -> None:
         if len(batch) == 1:
-            self._num_failed_items += 1
-            self._count_lost("bad_item", 1)
-            self._last_error = f"bad item: {error}"
-            self._last_error_at = self._clock()
+            with self._lock:
+                self._num_failed_items += 1
+                self._count_lost("bad_item", 1)
+                self._last_error = f"bad item: {error}"
+                self._last_error_at = self._clock()
             # A database error says what was wrong; anything else is a bug in the caller's work.
             log.error("store writer: dropped a bad item: %s", error, exc_info=not isinstance(error, DBAPIError))
             return
@@ -362,9 +362,10 @@ class StoreWriter:
                 fn(session)
 
     def _give_up(self, batch: list[Work], error: Exception) -> None:
-        self._num_failed_batches += 1
-        self._num_failed_items += len(batch)
-        self._count_lost(loss_reason(error), len(batch))
+        with self._lock:
+            self._num_failed_batches += 1
+            self._num_failed_items += len(batch)
+            self._count_lost(loss_reason(error), len(batch))
         log.error(
             "store writer: gave up a batch of %d items after %d retries: %s", len(batch), self.max_retries, error
         )

@@ -116,8 +116,9 @@ def test_telemetry_losses_are_shown_on_the_overview(app, admin):
     writer = hearth.writer
     # What a full disk leaves behind (the writer's own bookkeeping; test_telemetry_loss.py makes it
     # happen for real).
-    writer._count_lost("disk_full", 42)
-    writer._last_error, writer._failing_since = "database or disk is full", 1.0
+    with writer._lock:
+        writer._count_lost("disk_full", 42)
+        writer._last_error, writer._failing_since = "database or disk is full", 1.0
     page = admin.get("/").get_data(as_text=True)
     assert 'id="telemetry-health"' in page
     assert "not being saved" in page and "disk full 42" in page and "database or disk is full" in page
