@@ -125,3 +125,14 @@ def test_telemetry_losses_are_shown_on_the_overview(app, admin):
     writer._failing_since = None
     page = admin.get("/").get_data(as_text=True)
     assert "Some telemetry was lost" in page and "Rows lost since start: 42" in page
+
+
+def test_a_runner_crash_is_shown_on_the_models_page(app, admin):
+    from app.residency.manager import ResidencyEvent
+
+    hearth = app.extensions["hearth"]
+    hearth.on_residency_event(ResidencyEvent("gemma-3-270m-q4_k_m", "crash", "runner exited with -9 (SIGKILL)",
+                                             node="local", pid=4242))
+    assert hearth.writer.flush(10)
+    page = admin.get("/models").get_data(as_text=True)
+    assert "crash" in page and "SIGKILL" in page
