@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.gateway.auth import PREFIX_CHARS, Principal, hash_token, new_token
-from app.telemetry.models import ApiToken, Member, RequestClass, utcnow
+from app.telemetry.models import ApiToken, Member, RequestClass, RequestRecord, utcnow
 
 
 class TokenError(ValueError):
@@ -56,16 +56,21 @@ def create_token(session: Session, member: str, default_class: str, allow: list[
     return token, _info(row, m.name)
 
 
-def _info(row: ApiToken, member: str) -> TokenInfo:
+def _info(row: ApiToken, member: str, last_used_at=None) -> TokenInfo:
+    used = max((t for t in (row.last_used_at, last_used_at) if t is not None), default=None)
     return TokenInfo(row.id, member, row.prefix, row.default_class, tuple(row.allowed_classes),
                      row.created_at.isoformat(timespec="seconds"), row.revoked_at is not None,
-                     row.last_used_at.isoformat(timespec="seconds") if row.last_used_at else None)
+                     used.isoformat(timespec="seconds") if used else None)
 
 
 def list_tokens(session: Session) -> list[TokenInfo]:
-    """Every token, newest first."""
+    """Every token, newest first, with its last use taken from the request log."""
+    # The request log already holds every use; one grouped scan beats a write per request.
+    last_used = dict(session.execute(
+        select(RequestRecord.token_id, func.max(RequestRecord.arrival_at))
+        .where(RequestRecord.token_id.is_not(None)).group_by(RequestRecord.token_id)).all())
     rows = session.execute(select(ApiToken, Member.name).join(Member).order_by(ApiToken.id.desc()))
-    return [_info(t, name) for t, name in rows]
+    return [_info(t, name, last_used.get(t.id)) for t, name in rows]
 
 
 def revoke_token(session: Session, ident: str) -> TokenInfo:
