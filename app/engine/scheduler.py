@@ -35,8 +35,9 @@ class SchedulerConfig:
     # immediately push the others into preemption.
     decode_reserve_cells: int = 16
     # While a more urgent (lower priority number) sequence runs, less urgent prefill shares this
-    # many tokens per iteration: a long background prompt cannot stretch the iterations a voice
-    # request's tokens wait on (Sarathi-style bounded iterations, by priority). None: no limit.
+    # many tokens per iteration (half as many while a more urgent request waits for a slot): a long
+    # background prompt cannot stretch the iterations a voice request's tokens wait on
+    # (Sarathi-style bounded iterations, by priority). None: no limit.
     yield_prefill_tokens: int | None = None
 
     def __post_init__(self):
@@ -171,6 +172,11 @@ class Scheduler:
         num_prompt = 0
         most_urgent = min((r.priority for r in self.running), default=0)
         yield_left = self.config.yield_prefill_tokens
+        # A more urgent request queued behind full slots: yield harder, so running urgent sequences
+        # finish and free their slots sooner.
+        if yield_left is not None and self.waiting and self.running and \
+                self.waiting[0].priority < max(r.priority for r in self.running):
+            yield_left //= 2
         # Prompt chunks in admission order, so the oldest prefill finishes first.
         for r in sorted(self.running, key=Request.sort_key):
             if budget <= 0:

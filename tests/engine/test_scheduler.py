@@ -307,6 +307,19 @@ def test_less_urgent_prefill_yields_while_a_more_urgent_sequence_runs():
     assert step(sched).num_prompt_tokens == 64
 
 
+def test_less_urgent_prefill_yields_harder_while_a_more_urgent_request_waits_for_a_slot():
+    sched = Scheduler(make_config(max_seqs=2, token_budget=64, max_batch_tokens=64, yield_prefill_tokens=8))
+    doc = make_request(100, priority=3, arrival_s=0)
+    voice = make_request(4, priority=0, arrival_s=1, max_tokens=10)
+    for r in (doc, voice):
+        sched.add_request(r)
+    step(sched)
+    assert step(sched).num_prompt_tokens == 8  # voice decoding: the document gets 8
+    sched.add_request(make_request(4, priority=0, arrival_s=2))  # no slot for this one
+    s = step(sched)
+    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == 4
+
+
 def test_batches_never_exceed_the_budget_and_every_request_completes():
     rng = random.Random(1234)
     config = make_config(max_seqs=6, kv_cells=4096, token_budget=24, max_batch_tokens=32)
