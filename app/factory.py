@@ -27,7 +27,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     """Build the app: store (migrated), catalog, residency, gateway, jobs."""
     from app import web
     from app.gateway.api import bp as gateway_bp
-    from app.residency.default_model import data_dir, ensure_default_model
+    from app.residency.default_model import data_dir, verified_default_model
     from app.services import Hearth
     from app.settings import get_setting
     from app.telemetry.store import open_store
@@ -46,8 +46,10 @@ def create_app(test_config: dict | None = None) -> Flask:
         app.config.update(test_config)
     data = Path(app.config["HEARTH_DATA"]).expanduser() if app.config["HEARTH_DATA"] else data_dir()
     data.mkdir(parents=True, exist_ok=True)
+    # Already verified (every start but the first): used at once. Otherwise it is assembled in the
+    # background below, so the dashboard is up and can show the progress.
     default_model = (Path(app.config["HEARTH_DEFAULT_MODEL"]) if app.config["HEARTH_DEFAULT_MODEL"]
-                     else ensure_default_model(data, progress=False))
+                     else verified_default_model(data))
     engine, sessions = open_store(data)
     # $HEARTH_MODELS_DIR wins over the folder stored on the Settings page, which wins over <data>/models.
     with sessions() as s:
@@ -56,6 +58,8 @@ def create_app(test_config: dict | None = None) -> Flask:
     models_dir.mkdir(parents=True, exist_ok=True)
     hearth = Hearth(data, models_dir, default_model, engine, sessions)
     app.extensions["hearth"] = hearth
+    if default_model is None:
+        hearth.assemble_default_model()
     app.register_blueprint(gateway_bp)
     web.init_app(app)
 

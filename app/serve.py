@@ -108,11 +108,8 @@ def stored_bind() -> str | None:
 def serve(bind: str | None = None, threads: int = DEFAULT_THREADS) -> None:
     """Run Hearth until interrupted."""
     from app.factory import create_app
-    from app.residency.default_model import data_dir, ensure_default_model
 
-    if not os.environ.get("HEARTH_DEFAULT_MODEL"):
-        # Assembled here, on the admin's terminal with a progress bar, before gunicorn starts;
-        # the worker then finds it ready (a cheap size + sidecar check).
-        ensure_default_model(data_dir(), progress=True)
+    # The default model is not assembled here: on a first run the worker assembles it in the
+    # background, so the dashboard is reachable at once and shows the progress (the log too).
     bind = bind or os.environ.get("HEARTH_BIND") or stored_bind() or DEFAULT_BIND
     HearthServer(gunicorn_settings(bind, threads), create_app).run()

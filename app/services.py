@@ -19,6 +19,7 @@ from app.gateway.classes import ClassRegistry
 from app.gateway.tokens import principal_loader
 from app.residency.budget import detect_budget
 from app.residency.catalog import CatalogEntry, scan
+from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import estimate_memory
 from app.residency.manager import (
     Lease,
@@ -60,6 +61,16 @@ def record_catalog(session, entries: list[CatalogEntry], now: datetime) -> list[
     return rows
 
 
+def _assembling_error(progress: dict) -> ApiError:
+    """The 503 for a request that needs the default model while it is assembled (or failed to be)."""
+    if progress["error"]:
+        return ApiError(503, f"the default model could not be assembled: {progress['error']}",
+                        code="default_model_failed", err_type="unavailable_error", headers={"Retry-After": "60"})
+    being = "assembled" if progress["phase"] == "assembling" else "verified"
+    return ApiError(503, f"the default model is being {being} ({progress['percent']} %); retry in a few seconds",
+                    code="default_model_assembling", err_type="unavailable_error", headers={"Retry-After": "5"})
+
+
 class Hearth:
     """Everything the gateway, the jobs and the dashboard share."""
 
@@ -68,6 +79,8 @@ class Hearth:
         self.data_dir = data_dir
         self.models_dir = models_dir
         self.default_model = default_model
+        # Set while the embedded default model is assembled in the background (first run).
+        self.default_model_assembly: BackgroundAssembly | None = None
         self.engine = engine
         self.sessions = sessions
         self.writer = StoreWriter(engine)
@@ -127,6 +140,23 @@ class Hearth:
             self._aliases = aliases
             return entries
 
+    def assemble_default_model(self) -> None:
+        """Assemble the embedded default model in the background; once ready, list it and start pinned models."""
+        self.default_model_assembly = BackgroundAssembly(self.data_dir, self._default_model_ready)
+        self.default_model_assembly.start()
+
+    def _default_model_ready(self, path: Path) -> None:
+        self.default_model = path
+        self.rescan()
+        started = self.residency.start_pinned()
+        if started:
+            log.info("pinned models: %s", started)
+
+    def default_model_progress(self) -> dict | None:
+        """How far the background assembly of the default model is (phase, bytes, percent, error); None when ready."""
+        assembly = self.default_model_assembly
+        return None if assembly is None else assembly.progress()
+
     def model_specs(self) -> dict[str, ModelSpec]:
         """Servable models by name (cheap: rebuilt only on rescan)."""
         return self._specs
@@ -157,6 +187,8 @@ class Hearth:
         configured = self.setting("default_model")
         if configured:
             return configured
+        if self.default_model_progress() is not None:
+            return self.default_model_assembly.model_name
         defaults = [e.name for e in self.catalog if e.source == "default" and e.usable]
         return defaults[0] if defaults else next(iter(self._specs), None)
 
@@ -166,6 +198,9 @@ class Hearth:
         if name in ("default", None, ""):
             name = self.default_model_name()
         name = self._aliases.get(name, name)
+        progress = self.default_model_progress()
+        if progress is not None and name == progress["model"]:
+            raise _assembling_error(progress)
         if name not in self._specs:
             known = sorted(set(self._specs) | set(self._aliases))
             unusable = {e.name: e.unusable_reason for e in self.catalog if not e.usable}

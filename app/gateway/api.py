@@ -53,7 +53,13 @@ def openapi():
 @bp.get("/healthz")
 def healthz():
     """Cheap liveness for container health checks: no model, no database query."""
-    return {"status": "ok"}
+    progress = hearth().default_model_progress()
+    if progress is None:
+        return {"status": "ok"}
+    # Up and answering (so a container is healthy), but requests for the default model get 503 meanwhile.
+    state = "failed" if progress["error"] else progress["phase"]
+    return {"status": "ok", "default_model": {"state": state, "percent": progress["percent"],
+                                              "error": progress["error"]}}
 
 
 def _from_lan(addr: str | None) -> bool:

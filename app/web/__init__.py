@@ -37,6 +37,7 @@ BLUEPRINTS = (
     "app.web.requests",
     "app.web.models",
     "app.web.bench",
+    "app.web.progress",
 )
 
 # (label, path) of the navigation; a link shows only when some view serves its path.

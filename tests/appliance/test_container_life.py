@@ -54,6 +54,14 @@ class Container:
             assert time.monotonic() < deadline, f"not healthy in 120 s:\n{self.log()}"
             time.sleep(0.2)
 
+    def wait_default_model(self, timeout_s: float = 300) -> None:
+        """Waits until /healthz no longer reports the default model's background assembly."""
+        deadline = time.monotonic() + timeout_s
+        while "default_model" in (health := self.client.get("/healthz").json()):
+            assert health["default_model"]["state"] != "failed", health
+            assert time.monotonic() < deadline, f"default model not ready in {timeout_s} s:\n{self.log()}"
+            time.sleep(0.2)
+
     def log(self) -> str:
         """Everything the container printed so far."""
         return self.log_path.read_text(errors="replace")
@@ -92,10 +100,13 @@ def test_container_life(open_tmp, throwaway_ids, unprivileged_env):
            "HEARTH_MODELS_DIR": str(models), "HEARTH_BIND": f"127.0.0.1:{free_port()}", "PYTHONUNBUFFERED": "1"}
     box = Container(env, open_tmp / "container.log")
     try:
-        # First run: the data folder created for the user, the store created and migrated, the
-        # model assembled, the secrets generated privately, the admin sent to /setup.
+        # First run: the data folder created for the user, the store created and migrated, the server
+        # up while it assembles the model in the background, the secrets generated privately, the
+        # admin sent to /setup.
+        box.wait_default_model()
         log = box.log()
-        assert "store created and migrated" in log and "default model ready" in log
+        assert "store created and migrated" in log and "assembles it in the background" in log
+        assert "default model ready" in log
         assert psutil.Process(box.proc.pid).uids().real == uid
         for path in [data, data / "hearth.db", data / "models" / "gemma-3-270m-q4_k_m.gguf"]:
             assert (path.stat().st_uid, path.stat().st_gid) == (uid, gid), path

@@ -2,20 +2,18 @@
 
 import http.server
 import os
-import shutil
 import subprocess
 import threading
-import time
 
 import pytest
 
 from app import entrypoint
 from app.entrypoint import (
     EntrypointError,
-    assemble_default_model,
     first_run,
     ids_from_env,
 )
+from app.residency import default_model
 from app.residency.supervisor import free_port
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown and setuid need root")
@@ -103,56 +101,25 @@ def test_a_platform_that_starts_it_unprivileged_runs_without_chown(open_tmp, thr
     assert "PUID/PGID are ignored" in done.stderr
 
 
-def test_default_model_progress_reaches_the_log(tmp_path):
-    total = 4 * 1024 * 1024
-    lines = []
-
-    def slow_ensure(data, progress):
-        part = data / "models" / ".model.gguf.abc.part"
-        part.parent.mkdir(parents=True, exist_ok=True)
-        with part.open("wb") as out:
-            for _ in range(4):
-                out.write(b"\0" * (total // 4))
-                out.flush()
-                time.sleep(0.12)
-        time.sleep(0.12)  # "hashing" the complete file
-        final = data / "models" / "model.gguf"
-        part.rename(final)
-        return final
-
-    path = assemble_default_model(tmp_path, lines.append, interval_s=0.05, ensure=slow_ensure, total_bytes=total)
-    assert path == tmp_path / "models" / "model.gguf"
-    percents = [int(line.rsplit("(", 1)[1].split(" %")[0]) for line in lines if "assembling" in line]
-    assert len(percents) >= 2 and percents == sorted(percents) and percents[-1] < 100
-    assert any("verifying the sha256" in line for line in lines)
-    assert lines[-1].startswith(f"default model ready: {path}")
-
-
-def test_default_model_failure_is_raised_not_swallowed(tmp_path):
-    def broken(data, progress):
-        raise RuntimeError("chunks damaged")
-
-    with pytest.raises(RuntimeError, match="chunks damaged"):
-        assemble_default_model(tmp_path, lambda line: None, interval_s=0.01, ensure=broken, total_bytes=1)
-
-
-def test_first_run_migrates_assembles_once_and_keeps_everything_on_restart(tmp_path):
+def test_first_run_migrates_and_leaves_the_default_model_to_serve(tmp_path, monkeypatch):
     data = tmp_path / "data"
     lines = []
-    first_run(data, {}, lines.append, interval_s=0.2)
-    model = data / "models" / "gemma-3-270m-q4_k_m.gguf"
-    assert model.stat().st_size > 200 * 1024 * 1024
-    assert any(line.startswith("store created and migrated") for line in lines)
-    assert lines[-1].startswith(f"default model ready: {model}")
-    before = model.stat()
+    first_run(data, {}, lines.append)
+    assert lines[0].startswith("store created and migrated")
+    assert "assembles it in the background" in lines[-1]
+    assert not (data / "models").exists()  # the entrypoint no longer spends minutes before the exec
 
     lines.clear()
-    first_run(data, {}, lines.append, interval_s=0.2)
-    assert lines[0].startswith("store ready and migrated")
-    assert not any("assembling" in line for line in lines)
-    after = model.stat()
-    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    shutil.rmtree(data / "models")  # 250 MB per run would pile up in pytest's kept temp folders
+    model = data / "models" / "gemma-3-270m-q4_k_m.gguf"
+    monkeypatch.setattr(default_model, "verified_default_model", lambda folder: model)
+    first_run(data, {}, lines.append)
+    assert lines == [f"store ready and migrated: {data / 'hearth.db'}", f"default model ready: {model}"]
+
+
+def test_first_run_names_a_given_default_model(tmp_path):
+    lines = []
+    first_run(tmp_path, {"HEARTH_DEFAULT_MODEL": "/models/mine.gguf"}, lines.append)
+    assert lines[-1] == "default model given by HEARTH_DEFAULT_MODEL: /models/mine.gguf"
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

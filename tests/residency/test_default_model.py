@@ -139,3 +139,75 @@ def test_data_dir_defaults_to_local_share(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert data_dir() == tmp_path / ".local" / "share" / "hearth"
     assert data_dir().is_dir()
+
+
+@pytest.fixture
+def small_chunks(tmp_path, monkeypatch):
+    """Three small chunk files standing in for the wheel's, read 1 KiB at a time."""
+    chunks = []
+    for i, size in enumerate((3000, 2048, 100)):
+        chunk = tmp_path / f"fake.part{i:02d}"
+        chunk.write_bytes(bytes([i + 1]) * size)
+        chunks.append(chunk)
+    monkeypatch.setattr(default_model, "chunk_paths", lambda: chunks)
+    monkeypatch.setattr(default_model, "EXPECTED_SHA256",
+                        hashlib.sha256(b"".join(c.read_bytes() for c in chunks)).hexdigest())
+    monkeypatch.setattr(default_model, "COPY_BLOCK_BYTES", 1024)
+    return chunks
+
+
+def test_progress_callback_reports_each_block_of_both_phases(hearth_data, small_chunks):
+    calls = []
+    path = ensure_default_model(hearth_data, progress=False, on_progress=lambda *call: calls.append(call))
+    total = 5148
+    assembling = [done for phase, done, size in calls if phase == "assembling" and size == total]
+    verifying = [done for phase, done, size in calls if phase == "verifying" and size == total]
+    assert len(assembling) + len(verifying) == len(calls)
+    # 3000 B is read as 1024 + 1024 + 952, then 2048 as two blocks, then 100: six blocks.
+    assert assembling == [1024, 2048, 3000, 4024, 5048, 5148]
+    assert verifying == [1024, 2048, 3072, 4096, 5120, 5148]
+    assert [phase for phase, _, _ in calls] == ["assembling"] * 6 + ["verifying"] * 6
+    assert path.stat().st_size == total
+
+    calls.clear()
+    ensure_default_model(hearth_data, progress=False, on_progress=lambda *call: calls.append(call))
+    assert calls == []  # verified by its sidecar: nothing read, nothing reported
+
+
+def test_verified_default_model_only_after_assembly(hearth_data, small_chunks):
+    assert default_model.verified_default_model(hearth_data) is None
+    path = ensure_default_model(hearth_data, progress=False)
+    assert default_model.verified_default_model(hearth_data) == path
+    sidecar_path(path).unlink()
+    assert default_model.verified_default_model(hearth_data) is None
+
+
+def test_background_assembly_publishes_progress_then_none(hearth_data, small_chunks):
+    lines, ready, seen = [], [], []
+    assembly = default_model.BackgroundAssembly(hearth_data, ready.append, emit=lines.append, log_interval_s=0)
+    original_update = assembly._update
+
+    def recording_update(phase, done_bytes, total_bytes):
+        original_update(phase, done_bytes, total_bytes)
+        seen.append(assembly.progress())
+
+    assembly._update = recording_update
+    assert assembly.progress()["phase"] == "assembling"
+    assembly.start()
+    assembly.join(30)
+    assert assembly.progress() is None
+    assert ready == [hearth_data / "models" / MODEL_NAME]
+    assert seen[0]["percent"] == 19 and seen[-1] == {**seen[-1], "phase": "verifying", "percent": 100}
+    assert any("(19 %)" in line for line in lines)
+    assert lines[-1].startswith(f"default model ready: {ready[0]}")
+
+
+def test_background_assembly_failure_stays_visible(hearth_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(default_model, "chunk_paths", lambda: [tmp_path / "gone.part00"])
+    ready, lines = [], []
+    assembly = default_model.BackgroundAssembly(hearth_data, ready.append, emit=lines.append)
+    assembly.start()
+    assembly.join(30)
+    assert ready == []
+    assert "missing" in assembly.progress()["error"]
+    assert "failed" in lines[-1]
