@@ -231,9 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hearth` console command."""
     args = build_parser().parse_args(argv)
-    if args.command in ("token", "models", "classes", "settings", "backup", "restore", "traffic"):
-        # `hearth models list | head` should end quietly. Only for these printing commands: in a
-        # server, SIGPIPE's default action would kill the process whenever a client hangs up.
+    if argv is None and args.command in ("token", "models", "classes", "settings", "backup", "restore", "traffic"):
+        # `hearth models list | head` should end quietly. Only for these printing commands, and only
+        # from the console (argv None): in a server, or in a test process that calls main(), SIGPIPE's
+        # default action would kill the whole process the next time a socket peer hangs up.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -63,3 +63,13 @@ def test_classes_and_settings(data, capsys):
     assert main(["settings", "list"]) == 0
     assert "memory_limit_mb        2048" in capsys.readouterr().out
     assert main(["settings", "set", "nope", "1"]) == 2
+
+
+def test_printing_commands_called_in_process_leave_sigpipe_alone(data, capsys):
+    """A test (or server) process calling main() must not inherit SIGPIPE's kill-on-hangup default."""
+    import signal
+
+    before = signal.getsignal(signal.SIGPIPE)
+    assert main(["settings", "list"]) == 0
+    assert signal.getsignal(signal.SIGPIPE) == before == signal.SIG_IGN
+
