@@ -142,12 +142,15 @@ class Hearth:
 
     def assemble_default_model(self) -> None:
         """Assemble the embedded default model in the background; once ready, list it and start pinned models."""
-        self.default_model_assembly = BackgroundAssembly(self.data_dir, self._default_model_ready)
+        self.default_model_assembly = BackgroundAssembly(self.data_dir, self._default_model_ready,
+                                                         after_ready=self._start_pinned)
         self.default_model_assembly.start()
 
     def _default_model_ready(self, path: Path) -> None:
         self.default_model = path
         self.rescan()
+
+    def _start_pinned(self) -> None:
         started = self.residency.start_pinned()
         if started:
             log.info("pinned models: %s", started)

@@ -228,15 +228,17 @@ class BackgroundAssembly:
 
     progress() is what the gateway and the dashboard read: a dict (phase, bytes done and total,
     percent, error) until the model is ready, None from then on. on_ready(path) runs in the
-    thread before progress() turns None, so nobody is told "ready" before the catalog lists it.
+    thread before progress() turns None, so nobody is told "ready" before the catalog lists it;
+    after_ready() runs after, so slow follow-up work (loading pinned models) does not hold the 503s.
     """
 
     def __init__(self, data_dir: Path, on_ready: Callable[[Path], None],
-                 emit: Callable[[str], None] = log_line, log_interval_s: float = LOG_INTERVAL_S,
+                 after_ready: Callable[[], None] = lambda: None, emit: Callable[[str], None] = log_line, log_interval_s: float = LOG_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic):
         self.data_dir = Path(data_dir)
         self.model_name = Path(MODEL_NAME).stem
         self._on_ready = on_ready
+        self._after_ready = after_ready
         self._emit = emit
         self._log_interval_s = log_interval_s
         self._clock = clock
@@ -286,3 +288,4 @@ class BackgroundAssembly:
             self._state = None
         self._emit(f"default model ready: {path} ({path.stat().st_size / MIB:.0f} MiB, "
                    f"{self._clock() - started_s:.1f} s)")
+        self._after_ready()

@@ -183,8 +183,10 @@ def test_verified_default_model_only_after_assembly(hearth_data, small_chunks):
 
 
 def test_background_assembly_publishes_progress_then_none(hearth_data, small_chunks):
-    lines, ready, seen = [], [], []
-    assembly = default_model.BackgroundAssembly(hearth_data, ready.append, emit=lines.append, log_interval_s=0)
+    lines, ready, seen, after = [], [], [], []
+    assembly = default_model.BackgroundAssembly(hearth_data, lambda path: ready.append((path, assembly.progress())),
+                                                after_ready=lambda: after.append(assembly.progress()),
+                                                emit=lines.append, log_interval_s=0)
     original_update = assembly._update
 
     def recording_update(phase, done_bytes, total_bytes):
@@ -196,10 +198,12 @@ def test_background_assembly_publishes_progress_then_none(hearth_data, small_chu
     assembly.start()
     assembly.join(30)
     assert assembly.progress() is None
-    assert ready == [hearth_data / "models" / MODEL_NAME]
+    path = hearth_data / "models" / MODEL_NAME
+    # on_ready (the catalog rescan) runs while requests still get 503; after_ready (pinned models) once they don't.
+    assert ready == [(path, {**seen[-1]})] and after == [None]
     assert seen[0]["percent"] == 19 and seen[-1] == {**seen[-1], "phase": "verifying", "percent": 100}
     assert any("(19 %)" in line for line in lines)
-    assert lines[-1].startswith(f"default model ready: {ready[0]}")
+    assert lines[-1].startswith(f"default model ready: {path}")
 
 
 def test_background_assembly_failure_stays_visible(hearth_data, tmp_path, monkeypatch):
