@@ -173,6 +173,10 @@ def init_app(app: Flask) -> None:
     gateway = app.blueprints.get("gateway")
     if gateway is not None:
         csrf.exempt(gateway)
+    # The limiter object is shared by every app in this process, and flask-limiter keeps the last
+    # app's RATELIMIT_ENABLED as its own default: state it per app, so a bench app built without
+    # limits never switches the login limit off for the next one.
+    app.config.setdefault("RATELIMIT_ENABLED", True)
     limiter.init_app(app)
     app.add_template_filter(fmt_num, "num")
     app.add_template_filter(fmt_bytes, "bytes")
