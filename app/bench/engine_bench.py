@@ -27,6 +27,7 @@ import psutil
 from app.bench.texts import corpus
 from app.engine.engine import Engine
 from app.engine.request import Finished, RequestStats, SamplingParams
+from app.telemetry.stats import median, quantile
 
 # Mixed workload: prompt and output lengths cycle through these (tokens), so level L takes the first L.
 MIXED_PROMPT_TOKENS = (24, 200, 48, 320, 16, 120, 64, 260)
@@ -39,20 +40,6 @@ PRESSURE_GEN_TOKENS = 200
 RSS_ALLOWANCE_BYTES = 150 * 1024 * 1024
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    """The q-quantile (0..1) by linear interpolation, None for no values."""
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def _median(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
 
 
 @dataclass
@@ -87,10 +74,10 @@ class RunResult:
             "gen_tok_s": gen / self.wall_s if self.wall_s else None,
             "prompt_tok_s": prompt / self.wall_s if self.wall_s else None,
             "decode_tok_s": decode_tok_s,
-            "ttft_p50_ms": _pct([r["ttft_ms"] for r in reqs if r["ttft_ms"] is not None], 0.5),
-            "ttft_p95_ms": _pct([r["ttft_ms"] for r in reqs if r["ttft_ms"] is not None], 0.95),
-            "completion_p50_ms": _pct([r["total_ms"] for r in reqs], 0.5),
-            "completion_p95_ms": _pct([r["total_ms"] for r in reqs], 0.95),
+            "ttft_p50_ms": quantile([r["ttft_ms"] for r in reqs if r["ttft_ms"] is not None], 0.5),
+            "ttft_p95_ms": quantile([r["ttft_ms"] for r in reqs if r["ttft_ms"] is not None], 0.95),
+            "completion_p50_ms": quantile([r["total_ms"] for r in reqs], 0.5),
+            "completion_p95_ms": quantile([r["total_ms"] for r in reqs], 0.95),
             "kv_peak_util": max((i["kv_used"] / i["kv_total"] for i in its), default=0.0),
             "kv_mean_util": statistics.fmean(i["kv_used"] / i["kv_total"] for i in its) if its else 0.0,
             "preemptions": sum(i["num_preemptions"] for i in its),
@@ -320,11 +307,11 @@ def run_from_args(args, model_path: str) -> int:
                 if u.summary["decode_tok_s"] and ref[lvl]["decode_tokens_per_s"]
             ]
             ratios = [ours / theirs for ours, theirs in pairs]
-            ratio = _median(ratios)
+            ratio = median(ratios)
             summary["ratios"][str(lvl)] = {"median": ratio, "all": ratios}
-            outside = _median([u.summary["outside_decode_share_decode_phase"] for u in uniform_reps[lvl]])
+            outside = median([u.summary["outside_decode_share_decode_phase"] for u in uniform_reps[lvl]])
             spread = f"{min(ratios):.3f}–{max(ratios):.3f}" if ratios else "-"
-            print(f"{lvl:>3}{_fmt(_median([p[0] for p in pairs])):>10}{_fmt(_median([p[1] for p in pairs])):>11}"
+            print(f"{lvl:>3}{_fmt(median([p[0] for p in pairs])):>10}{_fmt(median([p[1] for p in pairs])):>11}"
                   f"{_fmt(ratio, '.3f'):>8}{spread:>15}"
                   f"{_fmt(None if outside is None else outside * 100, '.1f') + '%':>9}")
     by = {(r.workload, r.mode, r.level): r for r in runs}

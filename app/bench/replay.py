@@ -36,6 +36,7 @@ from app.bench.scenarios import (
 )
 from app.gateway.admission import ClassPolicy
 from app.telemetry.analysis import jain_index, meets_targets
+from app.telemetry.stats import median, quantile
 
 SAMPLE_INTERVAL_S = 0.2
 # The device counts as idle below this share of its capacity (the runner's threads on a CPU).
@@ -270,16 +271,6 @@ def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str,
     return run
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    """The q-quantile (0..1) by linear interpolation; None for no values."""
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
 
 def request_times(row: dict) -> dict:
     """TTFT, TPOT and completion (ms) of one raw row, as seen by the client."""
@@ -298,8 +289,8 @@ def _latency(rows: list[dict]) -> dict:
     for key in ("ttft_ms", "tpot_ms", "completion_ms"):
         vals = [t[key] for t in times if t[key] is not None]
         base = key[: -len("_ms")]
-        out[f"{base}_p50_ms"] = _pct(vals, 0.5)
-        out[f"{base}_p95_ms"] = _pct(vals, 0.95)
+        out[f"{base}_p50_ms"] = quantile(vals, 0.5)
+        out[f"{base}_p95_ms"] = quantile(vals, 0.95)
     return out
 
 
@@ -552,21 +543,17 @@ def comparison(results: list[RunResult]) -> list[dict]:
     out = []
     for (mode, level), ones in pairs.items():
         row = {"mode": mode, "reference": ref_label, "level": level, "repeats": len(ones),
-               "gen_tok_s_ratio": _median([o["gen_tok_s_ratio"] for o in ones]),
+               "gen_tok_s_ratio": median([o["gen_tok_s_ratio"] for o in ones]),
                "gen_tok_s_ratios": [o["gen_tok_s_ratio"] for o in ones], "per_class": {}}
         for name in ones[0]["per_class"]:
             row["per_class"][name] = {
-                key: _median([o["per_class"][name][key] for o in ones if name in o["per_class"]])
+                key: median([o["per_class"][name][key] for o in ones if name in o["per_class"]])
                 for key in ("ttft_p95_ratio", "completion_p95_ratio", "completion_max_ratio")}
             row["per_class"][name]["ttft_p95_ratios"] = [o["per_class"][name]["ttft_p95_ratio"] for o in ones
                                                          if name in o["per_class"]]
         out.append(row)
     return out
 
-
-def _median(values: list) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
 
 
 def _ratio(a, b) -> float | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import random
 import socket
-import statistics
 import sys
 import tempfile
 import threading
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from app.telemetry.stats import quantile
 
 # Class mix of a household evening: (class, share, max_tokens, stream share).
 MIX = (
@@ -294,13 +295,6 @@ def _code(r: httpx.Response) -> str | None:
         return None
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-
 
 def _unexpected(o: Outcome) -> bool:
     if o.error and o.status == 0:
@@ -427,8 +421,8 @@ def run_soak(url: str, token: str, streams: int = 32, minutes: float = 2.0, disc
     report.hung_up = sum(o.hung_up for o in outs)
     report.runner_cancelled = (after.get("runner_cancelled") or 0) - (before.get("runner_cancelled") or 0)
     ttfts = sorted(o.ttft_ms for o in outs if o.ttft_ms is not None and o.status == 200)
-    report.ttft_p50_ms = _pct(ttfts, 50)
-    report.ttft_p95_ms = _pct(ttfts, 95)
+    report.ttft_p50_ms = quantile(ttfts, 0.5)
+    report.ttft_p95_ms = quantile(ttfts, 0.95)
     report.unexpected = [asdict(o) for o in outs if _unexpected(o)][:20]
     for key in ("kv_cells_used", "runner_running", "runner_waiting", "slots_busy", "gateway_in_flight"):
         setattr(report, key, after.get(key))
