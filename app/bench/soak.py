@@ -13,6 +13,7 @@ policy doing its job under overload: counted and shown, not failures.
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from app.telemetry.db import DATABASE_NAME
 from app.telemetry.stats import quantile
 
 # Class mix of a household evening: (class, share, max_tokens, stream share).
@@ -46,6 +48,10 @@ PROMPTS = (
 EXPECTED_REFUSALS = {"queue_full", "queue_timeout"}
 MAX_THREADS_GROWTH = 2
 MAX_FDS_GROWTH = 4
+# SQLAlchemy's pool keeps up to pool_size + max_overflow (5 + 10) store connections once threads have
+# needed them, each holding the database and its WAL open: bounded, so compared with the bound, not
+# with the baseline.
+MAX_STORE_FDS = 2 * (5 + 10) + 2
 MAX_RSS_GROWTH_FRACTION = 0.15
 MAX_RSS_GROWTH_MIB = 48
 IDLE_TIMEOUT_S = 60.0
@@ -76,12 +82,15 @@ class ProcessFigures:
 
     `pooled` counts the relay's keep-alive connections to runners: one per gateway thread at most,
     kept on purpose, so they are bounded by the thread count instead of compared with the baseline.
+    Descriptors on the store (in `fd_kinds`) are bounded by SQLAlchemy's pool the same way.
     """
 
     threads: int
     fds: int
     rss_mib: float
     pooled: int = 0
+    # What the descriptors are (socket, pipe, a file's name …), so a failed check says what grew.
+    fd_kinds: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -135,36 +144,56 @@ def _sum(metrics: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in metrics.items() if k == prefix or k.startswith(prefix + "{"))
 
 
+def _fd_kinds(pid: int) -> Counter:
+    """Open descriptors of a process by kind: 'socket', 'pipe', 'anon_inode:…' or a file's name."""
+    kinds: Counter = Counter()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        entries = list(fd_dir.iterdir())
+    except OSError:
+        return kinds
+    for entry in entries:
+        try:
+            target = os.readlink(entry)
+        except OSError:
+            continue
+        kinds[target.split(":[")[0] if ":[" in target else Path(target).name] += 1
+    return kinds
+
+
 def _group(pids: list[int], pool_ports: frozenset[int] = frozenset()) -> ProcessFigures:
     threads = fds = rss = pooled = 0
+    kinds: Counter = Counter()
     for pid in pids:
         try:
             p = psutil.Process(pid)
             threads += p.num_threads()
             fds += p.num_fds()
+            kinds += _fd_kinds(pid)
             rss += p.memory_info().rss
             if pool_ports:
                 pooled += sum(1 for c in p.net_connections("tcp") if c.raddr and c.raddr.port in pool_ports)
         except psutil.NoSuchProcess:
             continue
-    return ProcessFigures(threads, fds, rss / 2**20, pooled)
+    return ProcessFigures(threads, fds, rss / 2**20, pooled, dict(kinds))
 
 
-def _runner_ports(runner_pids: list[int]) -> frozenset[int]:
-    ports = set()
+def _runner_ports(runner_pids: list[int]) -> list[int]:
+    """The loopback ports the runners were started on (their `--port` argument), in pid order."""
+    ports = []
     for pid in runner_pids:
         try:
             args = psutil.Process(pid).cmdline()
         except psutil.NoSuchProcess:
             continue
         if "--port" in args:
-            ports.add(int(args[args.index("--port") + 1]))
-    return frozenset(ports)
+            ports.append(int(args[args.index("--port") + 1]))
+    return ports
 
 
 def _figures(serve_pid: int) -> dict:
     serve, runners = _serve_pids(serve_pid)
-    return {"serve": asdict(_group(serve, _runner_ports(runners))), "runner": asdict(_group(runners))}
+    return {"serve": asdict(_group(serve, frozenset(_runner_ports(runners)))), "runner": asdict(_group(runners))}
 
 
 def _serve_pids(serve_pid: int) -> tuple[list[int], list[int]]:
@@ -335,15 +364,9 @@ def _fill_thread_pool(url: str, token: str, n: int = POOL_FILL_CONNECTIONS) -> N
             sock.close()
 
 
-def _runner_url(client: httpx.Client, runner_pids: list[int]) -> str | None:
-    for pid in runner_pids:
-        try:
-            args = psutil.Process(pid).cmdline()
-        except psutil.NoSuchProcess:
-            continue
-        if "--port" in args:
-            return f"http://127.0.0.1:{args[args.index('--port') + 1]}"
-    return None
+def _runner_url(runner_pids: list[int]) -> str | None:
+    ports = _runner_ports(runner_pids)
+    return f"http://127.0.0.1:{ports[0]}" if ports else None
 
 
 def _idle_state(client: httpx.Client, gateway: str, runner: str | None) -> dict:
@@ -385,7 +408,7 @@ def run_soak(url: str, token: str, streams: int = 32, minutes: float = 2.0, disc
     serve_pid = serve_pid or _find_serve_pid(url)
     client = httpx.Client(timeout=30)
     _, runner_pids = _serve_pids(serve_pid) if serve_pid else ([], [])
-    runner = _runner_url(client, runner_pids)
+    runner = _runner_url(runner_pids)
     _wait_idle(client, soak.url, runner, IDLE_TIMEOUT_S)
     time.sleep(6)  # serve's keep-alive (5 s) closes the warm-up's idle client connections
     before = _idle_state(client, soak.url, runner)
@@ -439,6 +462,11 @@ def _wait_idle(client: httpx.Client, gateway: str, runner: str | None, timeout_s
     return False
 
 
+def _store_fds(figures: dict) -> int:
+    """Descriptors on the SQLite store (database, WAL, shared memory) in a ProcessFigures dict."""
+    return sum(n for kind, n in figures.get("fd_kinds", {}).items() if kind.startswith(DATABASE_NAME))
+
+
 def _criteria(report: SoakReport, outs: list[Outcome], after: dict) -> dict[str, bool]:
     c = {
         "requests answered": report.requests > 0 and any(o.status == 200 for o in outs),
@@ -452,8 +480,10 @@ def _criteria(report: SoakReport, outs: list[Outcome], after: dict) -> dict[str,
         for group in ("serve", "runner"):
             b, a = report.baseline[group], report.after[group]
             c[f"{group} threads back to baseline"] = a["threads"] <= b["threads"] + MAX_THREADS_GROWTH
-            c[f"{group} fds back to baseline"] = (a["fds"] - a["pooled"] <= b["fds"] - b["pooled"] + MAX_FDS_GROWTH
-                                                  and a["pooled"] <= a["threads"])
+            store_b, store_a = _store_fds(b), _store_fds(a)
+            c[f"{group} fds back to baseline"] = (
+                a["fds"] - a["pooled"] - store_a <= b["fds"] - b["pooled"] - store_b + MAX_FDS_GROWTH
+                and a["pooled"] <= a["threads"] and store_a <= MAX_STORE_FDS)
             c[f"{group} memory stable"] = a["rss_mib"] <= b["rss_mib"] * (1 + MAX_RSS_GROWTH_FRACTION) + \
                 MAX_RSS_GROWTH_MIB
     return c
@@ -477,6 +507,10 @@ def format_report(r: SoakReport) -> str:
             pool = f" (of which runner keep-alive {b['pooled']} → {a['pooled']})" if group == "serve" else ""
             lines.append(f"  {group:<7} threads {b['threads']} → {a['threads']}, fds {b['fds']} → {a['fds']}{pool}, "
                          f"RSS {b['rss_mib']:.0f} → {a['rss_mib']:.0f} MiB")
+            grew = {k: f"{b.get('fd_kinds', {}).get(k, 0)} → {n}" for k, n in a.get("fd_kinds", {}).items()
+                    if n > b.get("fd_kinds", {}).get(k, 0)}
+            if grew:
+                lines.append(f"  {group:<7} descriptors that grew: {grew}")
     if r.rss_samples_mib:
         lines.append(f"  RSS serve+runner every 5 s (MiB): {r.rss_samples_mib}")
     for o in r.unexpected[:5]:
