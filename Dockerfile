@@ -56,7 +56,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY . ./
 COPY --from=assets /src/node_modules ./node_modules
 # Editable: templates/, static/, node_modules/ and migrations/ are found beside app/ exactly as in
-# a checkout (app.web.ROOT, app.telemetry.db.migrations_dir).
+# a checkout (app.web.ROOT, app.store.db.migrations_dir).
 RUN pip install --no-deps -e . \
  && python -m compileall -q app
 

@@ -9,11 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from app.engine.scheduler import Mode
-
-
-def _default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+from app.hardware import usable_cores
+from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS, Mode
 
 
 def resolve_model(path: str | None) -> str:
@@ -23,9 +20,28 @@ def resolve_model(path: str | None) -> str:
         if not p.is_file():
             raise SystemExit(f"hearth: model file not found: {p}")
         return str(p)
-    from app.residency.default_model import data_dir, ensure_default_model
+    from app.paths import data_dir
+    from app.residency.default_model import ensure_default_model
 
     return str(ensure_default_model(data_dir(), progress=True))
+
+
+def model_config(args, path: str, **overrides):
+    """The llama.cpp settings given by the shared model arguments."""
+    from app.engine.model_config import ModelConfig
+
+    return ModelConfig(
+        **{
+            "path": path,
+            "n_ctx": args.ctx,
+            "n_seq_max": args.parallel,
+            "n_batch": args.batch,
+            "n_threads": args.threads,
+            "n_gpu_layers": args.gpu_layers,
+            "repack": args.repack,
+            **overrides,
+        }
+    )
 
 
 def _levels(text: str) -> list[int]:
@@ -53,28 +69,10 @@ def _add_model_args(p: argparse.ArgumentParser, ctx: int, parallel: int) -> None
     p.add_argument("--parallel", type=int, default=parallel, help="sequence slots (default %(default)s)")
     p.add_argument("--batch", type=int, default=512, help="n_batch: max tokens per llama_decode (default %(default)s)")
     p.add_argument("--budget", type=int, default=None, help="tokens per iteration (default: --batch)")
-    p.add_argument("--threads", type=int, default=_default_threads(), help="CPU threads (default %(default)s)")
+    p.add_argument("--threads", type=int, default=usable_cores(), help="CPU threads (default %(default)s)")
     p.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (default %(default)s)")
     p.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
                    help="llama.cpp weight repacking (default: off on CPUs with AMX, on elsewhere)")
-
-
-def model_config(args, path: str, **overrides):
-    """The llama.cpp settings given by the shared model arguments."""
-    from app.engine.model_config import ModelConfig
-
-    return ModelConfig(
-        **{
-            "path": path,
-            "n_ctx": args.ctx,
-            "n_seq_max": args.parallel,
-            "n_batch": args.batch,
-            "n_threads": args.threads,
-            "n_gpu_layers": args.gpu_layers,
-            "repack": args.repack,
-            **overrides,
-        }
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     eng = bench_sub.add_parser("engine", help="drive the engine in-process: modes × overlap levels")
     _add_model_args(eng, ctx=4096, parallel=8)
     eng.add_argument("--levels", type=_levels, default=[1, 2, 4, 8])
-    eng.add_argument("--modes", type=_modes, default=["continuous", "serial", "static"])
+    eng.add_argument("--modes", type=_modes, default=list(MODES))
     eng.add_argument("--reference", help="path to llama.cpp's llama-batched-bench (see scripts/build_llama_tools.sh)")
     eng.add_argument("--json", dest="json_path", help="write every figure and the constants to this file")
     eng.add_argument("--stagger-ms", type=float, default=0.0,
@@ -162,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--scenario", default="household", help="shipped scenario name or a .toml file (default %(default)s)")
     rep.add_argument("--levels", type=_levels, default=[1, 2, 4, 8])
     rep.add_argument("--modes", type=lambda t: ["none"] if t == "none" else _modes(t),
-                     default=["continuous", "serial", "static"], help="hearth runner modes, or 'none'")
+                     default=list(MODES), help="hearth runner modes, or 'none'")
     rep.add_argument("--target", help="also measure this OpenAI-compatible server (base URL)")
     rep.add_argument("--llama-server", nargs="?", const="auto", default=None,
                      help="also start stock llama-server with the same settings (binary path; default: the built one)")
@@ -181,10 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     models_sub.add_parser("list", help="scan the models folder now: usable models, estimates, unusable files and why")
     mset = models_sub.add_parser("set", help="residency policy and runner settings of one model")
     mset.add_argument("name")
-    mset.add_argument("--policy", choices=["pinned", "keep_alive", "on_demand"])
+    mset.add_argument("--policy", choices=MODEL_POLICIES)
     mset.add_argument("--keep-alive-s", type=int)
     mset.add_argument("--alias", help="another name clients may use ('' removes it)")
-    mset.add_argument("--runner", choices=["hearth", "llama-server"], help="which runner serves it locally")
+    mset.add_argument("--runner", choices=RUNNER_KINDS, help="which runner serves it locally")
     mset.add_argument("--binary", help="llama-server binary for --runner llama-server")
     for flag in ("ctx", "parallel", "batch", "threads", "gpu-layers"):
         mset.add_argument(f"--{flag}", type=int)
@@ -243,34 +241,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "runner":
         return _runner(args)
     if args.command == "soak":
-        from app.bench.soak import main as soak_main
+        from app.devtools.soak import main as soak_main
 
         return soak_main(args)
     if args.command == "bench" and args.bench_command == "engine":
-        from app.bench.engine_bench import run_from_args
+        from app.devtools.engine_bench import run_from_args
 
-        return run_from_args(args, resolve_model(args.model))
+        return run_from_args(args, model_config(args, resolve_model(args.model)))
     if args.command == "bench" and args.bench_command == "replay":
-        from app.bench.replay import run_from_args as run_replay
+        from app.verdict.replay import run_from_args as run_replay
 
-        return run_replay(args)
+        return run_replay(args, resolve_model(args.model))
     if args.command == "traffic":
         return _traffic(args)
     if args.command == "bench" and args.bench_command == "memory":
-        from app.bench.memory_bench import run_from_args as run_memory
+        from app.devtools.memory_bench import run_from_args as run_memory
 
         return run_memory(args, resolve_model(args.model))
     if args.command == "bench" and args.bench_command == "sampling":
-        from app.bench.telemetry_bench import run_sampling
+        from app.devtools.telemetry_bench import run_sampling
 
         return run_sampling(args, resolve_model(args.model))
     if args.command == "bench" and args.bench_command == "history":
-        from app.bench.history_bench import run_history
+        from app.devtools.history_bench import run_history
 
         # HEARTH_DEFAULT_MODEL: a GGUF already at hand (tests share one) instead of assembling one.
         return run_history(args, resolve_model(os.environ.get("HEARTH_DEFAULT_MODEL")))
     if args.command == "bench" and args.bench_command in ("gateway", "residency"):
-        from app.bench import gateway_bench
+        from app.devtools import gateway_bench
 
         run = gateway_bench.run_gateway if args.bench_command == "gateway" else gateway_bench.run_residency
         return run(args, resolve_model(args.model))
@@ -287,17 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("backup", "restore"):
         return _backup(args)
     if args.command in ("models", "classes", "settings"):
-        from app.admin_cli import run as run_admin
+        from app.admin import run as run_admin
 
         return run_admin(args)
     return 2
 
 
 def _traffic(args) -> int:
-    from app.bench.overlap import format_traffic, traffic
-    from app.residency.default_model import data_dir
-    from app.settings import get_setting
-    from app.telemetry.store import open_store
+    from app.paths import data_dir
+    from app.store.db import open_store
+    from app.store.settings import get_setting
+    from app.verdict.overlap import format_traffic, traffic
 
     engine, sessions = open_store(data_dir())
     try:
@@ -309,8 +307,8 @@ def _traffic(args) -> int:
 
 
 def _backup(args) -> int:
-    from app.residency.default_model import data_dir
-    from app.telemetry.backup import BackupError, backup, restore
+    from app.paths import data_dir
+    from app.store.backup import BackupError, backup, restore
 
     try:
         if args.command == "backup":
@@ -327,8 +325,8 @@ def _backup(args) -> int:
 
 def _token(args) -> int:
     from app.gateway.tokens import TokenError, create_token, list_tokens, revoke_token
-    from app.residency.default_model import data_dir
-    from app.telemetry.store import open_store
+    from app.paths import data_dir
+    from app.store.db import open_store
 
     engine, sessions = open_store(data_dir())
     try:

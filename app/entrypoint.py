@@ -117,8 +117,7 @@ def check_models(path: Path) -> str | None:
 def first_run(data: Path, env: Mapping[str, str], emit: Callable[[str], None] = log) -> None:
     """Migrate the store and say whether the default model is ready or will be assembled by `hearth serve`."""
     from app.residency.default_model import verified_default_model
-    from app.telemetry.db import database_path
-    from app.telemetry.store import open_store
+    from app.store.db import database_path, open_store
 
     fresh = not database_path(data).exists()
     engine, _ = open_store(data)

@@ -27,10 +27,11 @@ def create_app(test_config: dict | None = None) -> Flask:
     """Build the app: store (migrated), catalog, residency, gateway, jobs."""
     from app import web
     from app.gateway.api import bp as gateway_bp
-    from app.residency.default_model import data_dir, verified_default_model
+    from app.paths import data_dir
+    from app.residency.default_model import verified_default_model
     from app.services import Hearth
-    from app.settings import get_setting
-    from app.telemetry.store import open_store
+    from app.store.db import open_store
+    from app.store.settings import get_setting
 
     app = Flask(__name__, instance_relative_config=False, template_folder=web.TEMPLATES_DIR,
                 static_folder=web.STATIC_DIR)

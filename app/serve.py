@@ -93,9 +93,9 @@ class HearthServer(BaseApplication):
 
 def stored_bind() -> str | None:
     """The bind address saved on the Settings page, if any."""
-    from app.residency.default_model import data_dir
-    from app.settings import get_setting
-    from app.telemetry.store import open_store
+    from app.paths import data_dir
+    from app.store.db import open_store
+    from app.store.settings import get_setting
 
     engine, sessions = open_store(data_dir())
     try:

@@ -6,17 +6,18 @@ import logging
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from app.engine.api import ApiError
-from app.gateway.admission import Admission, ClassPolicy
+from app.gateway.admission import Admission
 from app.gateway.auth import TokenCache
 from app.gateway.classes import ClassRegistry
 from app.gateway.tokens import principal_loader
+from app.policy import ClassPolicy
 from app.residency.budget import detect_budget
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
@@ -31,10 +32,10 @@ from app.residency.manager import (
     UnknownModel,
 )
 from app.residency.supervisor import RunnerSpec
-from app.settings import get_setting
-from app.telemetry import models as db
+from app.store import models as db
+from app.store.settings import get_setting
+from app.store.writer import StoreWriter
 from app.telemetry.metrics import GatewayMetrics
-from app.telemetry.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class Hearth:
         """Rescan the models folder; record every model in the store; rebuild what can be served."""
         with self._catalog_lock:
             entries = scan(self.models_dir, self.default_model, previous=self.catalog)
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             specs: dict[str, ModelSpec] = {}
             aliases: dict[str, str] = {}
             with self.sessions() as s:
@@ -255,7 +256,7 @@ class Hearth:
         """Store a residency event and log it."""
         log.info("residency: %s %s (%s)", ev.event, ev.model_name, ev.reason)
         self.writer.add(db.ResidencyEvent(
-            at=datetime.fromtimestamp(ev.at, timezone.utc), model_name=ev.model_name, node=ev.node,
+            at=datetime.fromtimestamp(ev.at, UTC), model_name=ev.model_name, node=ev.node,
             event=ev.event, reason=ev.reason, cold_start_ms=ev.cold_start_ms, estimate_bytes=ev.estimate_bytes,
             measured_bytes=ev.measured_bytes, pid=ev.pid,
         ))

@@ -1,6 +1,6 @@
 """Alembic environment: runs Hearth's migrations on an SQLite engine.
 
-`app.telemetry.db.upgrade` passes its engine in `config.attributes["engine"]`. From the `alembic`
+`app.store.db.upgrade` passes its engine in `config.attributes["engine"]`. From the `alembic`
 command line (`alembic -c migrations/alembic.ini ...`) the database is `sqlalchemy.url` when set,
 else `hearth.db` in `$HEARTH_DATA` (default ~/.local/share/hearth).
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 from alembic import context
 from sqlalchemy.engine import make_url
 
-from app.telemetry.db import database_path, make_engine
-from app.telemetry.models import Base
+from app.store.db import database_path, make_engine
+from app.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -17,7 +17,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 if TYPE_CHECKING:
-    from app.residency.gguf_meta import GgufMetadata
+    from app.gguf_meta import GgufMetadata
 
 # Gemma 3 has no system role: a leading system message is folded into the first user turn,
 # followed by a blank line. Turn contents are trimmed, as Google's reference template does.
@@ -268,7 +268,7 @@ def _read_gguf_chat_metadata(path: str | PathLike[str]) -> "GgufMetadata":
     """Reads a GGUF's header, reporting an unreadable file as a ChatTemplateError."""
     # Imported here: the runner builds its template from llama.cpp's view of the model and never
     # needs the gguf package (about 5 MiB of its resident memory).
-    from app.residency.gguf_meta import GgufError, read_metadata
+    from app.gguf_meta import GgufError, read_metadata
 
     try:
         return read_metadata(path)

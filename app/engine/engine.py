@@ -7,8 +7,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 from app.engine.request import (
     ContextOverflow,
@@ -19,8 +20,9 @@ from app.engine.request import (
     RequestStatus,
     SamplingParams,
 )
-from app.engine.scheduler import Chunk, Mode, Scheduler, SchedulerConfig
+from app.engine.scheduler import Chunk, Scheduler, SchedulerConfig
 from app.engine.text import StopMatcher, Utf8Stream
+from app.policy import Mode
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,7 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         """Start the engine thread."""
         self._thread = threading.Thread(target=self._run, name="hearth-engine", daemon=True)
         self._thread.start()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
+
+from app.hardware import cpu_has_amx
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,3 @@ class ModelConfig:
         return self.repack if self.repack is not None else not cpu_has_amx()
 
 
-def cpu_has_amx() -> bool:
-    """True when /proc/cpuinfo lists AMX (int8 tiles)."""
-    try:
-        return "amx_int8" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False

@@ -106,7 +106,7 @@ class Finished:
     """The last event of a request."""
 
     finish_reason: str
-    stats: "RequestStats"
+    stats: RequestStats
     error: str | None = None
 
 
@@ -159,7 +159,7 @@ class Request:
     # Engine-side state owned by the backend (sampler) and the text pipeline.
     sampler: Any = None
     text_state: Any = None
-    events: "queue.SimpleQueue[Delta | Finished]" = field(default_factory=queue.SimpleQueue)
+    events: queue.SimpleQueue[Delta | Finished] = field(default_factory=queue.SimpleQueue)
 
     @property
     def all_tokens(self) -> list[int]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import signal
+import socket
 import threading
 import time
 

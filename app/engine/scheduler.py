@@ -6,19 +6,11 @@ Pure Python: no llama.cpp here, so tests drive it with a fake model.
 from __future__ import annotations
 
 import bisect
-import enum
 import time
 from dataclasses import dataclass
 
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
-
-
-class Mode(str, enum.Enum):
-    """How requests share the model's execution."""
-
-    CONTINUOUS = "continuous"  # admit whenever a slot and KV room are free (iteration-level)
-    SERIAL = "serial"  # one request at a time: batching off
-    STATIC = "static"  # a fixed batch, admitted only when the engine is empty
+from app.policy import Mode
 
 
 @dataclass(frozen=True)

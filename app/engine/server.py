@@ -14,9 +14,9 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from pydantic import BaseModel
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -38,7 +38,7 @@ from app.engine.chat import ChatTemplate, ChatTemplateError, fallback_template, 
 from app.engine.engine import Engine
 from app.engine.model_config import ModelConfig
 from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request
-from app.engine.scheduler import Mode
+from app.policy import Mode
 
 log = logging.getLogger(__name__)
 

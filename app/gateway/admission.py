@@ -11,26 +11,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-
-@dataclass(frozen=True)
-class ClassPolicy:
-    """A household request class: priority, targets, limits and defaults."""
-
-    name: str
-    priority: int = 1
-    ttft_target_ms: float = 2000
-    tpot_target_ms: float = 200
-    default_max_tokens: int = 512
-    max_output_tokens: int = 2048
-    max_concurrent: int = 4
-    max_queue: int = 32
-    weight: float = 1.0
-    preemptible: bool = False
-    queue_timeout_s: float = 60
-    default_model: str | None = None
+from app.policy import ClassPolicy
 
 
 class AdmissionError(Exception):

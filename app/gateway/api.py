@@ -6,7 +6,7 @@ import ipaddress
 import json
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from flask import Blueprint, Response, current_app, request, stream_with_context
 from pydantic import BaseModel
@@ -127,7 +127,7 @@ def models():
 
 def _serve(schema, path: str):
     arrival_s = time.monotonic()
-    arrival_at = datetime.now(timezone.utc)
+    arrival_at = datetime.now(UTC)
     principal = _authenticate()
     body, raw = _parse(schema)
     policy = _choose_class(principal, raw.get("hearth_class"))
@@ -248,8 +248,7 @@ def _stream(h, url, forward, ticket, lease, record, arrival_s, headers):
     def generate():
         completed = False
         try:
-            for chunk in relay.stream_chunks(resp, outcome):
-                yield chunk
+            yield from relay.stream_chunks(resp, outcome)
             completed = True
         finally:
             # Runs on normal end and when the client goes away (the generator is closed):

@@ -6,8 +6,8 @@ import hashlib
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 TOKEN_PREFIX = "hth_"
 PREFIX_CHARS = 12  # what lists show of a token: enough to recognise it, useless to use it

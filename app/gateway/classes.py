@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from app.gateway.admission import ClassPolicy
-from app.telemetry.models import RequestClass
+from app.policy import ClassPolicy
+from app.store.models import RequestClass
 
 _FIELDS = [f for f in ClassPolicy.__dataclass_fields__]
 

@@ -12,8 +12,8 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 from urllib.parse import urlsplit
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases

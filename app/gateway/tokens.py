@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.gateway.auth import PREFIX_CHARS, Principal, hash_token, new_token
-from app.telemetry.models import ApiToken, Member, RequestClass, RequestRecord, utcnow
+from app.store.models import ApiToken, Member, RequestClass, RequestRecord, utcnow
 
 
 class TokenError(ValueError):

@@ -1,7 +1,7 @@
 """The model catalog: the embedded default model plus every GGUF in the models folder.
 
 Each entry carries what residency decisions need — architecture, size, quantisation, attention
-shape — read from the GGUF header alone (app.residency.gguf_meta), so a scan costs milliseconds
+shape — read from the GGUF header alone (app.gguf_meta), so a scan costs milliseconds
 per file and never loads weights. A file Hearth cannot serve is listed as unusable with the
 reason, never raised: one bad download must not hide the other models.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from gguf.constants import LlamaFileType
 
-from app.residency.gguf_meta import GgufArray, GgufError, GgufMetadata, read_metadata
+from app.gguf_meta import GgufArray, GgufError, GgufMetadata, read_metadata
 
 log = logging.getLogger(__name__)
 

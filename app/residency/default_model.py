@@ -35,14 +35,6 @@ class DefaultModelError(RuntimeError):
     """The embedded model's chunks are missing or do not join into the expected file."""
 
 
-def data_dir() -> Path:
-    """Returns Hearth's data folder ($HEARTH_DATA or ~/.local/share/hearth), created."""
-    configured = os.environ.get("HEARTH_DATA")
-    path = Path(configured).expanduser() if configured else Path.home() / ".local/share/hearth"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def ensure_default_model(data_dir: Path, progress: bool = True,
                          on_progress: ProgressCallback | None = None) -> Path:
     """Returns data_dir/models/<MODEL_NAME>, assembling and verifying it if needed."""

@@ -8,16 +8,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal
+from typing import Literal
 
+from app.policy import MODEL_POLICIES, ModelPolicy
 from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, RunnerStartFailed
 
 log = logging.getLogger(__name__)
 
-Policy = Literal["pinned", "keep_alive", "on_demand"]
-POLICIES = ("pinned", "keep_alive", "on_demand")
 LOCAL = "local"
 STATUS_LOG_LINES = 50
 ERROR_LOG_LINES = 20
@@ -30,14 +30,14 @@ class ModelSpec:
     name: str
     path: str | None
     estimate_bytes: int
-    policy: Policy = "keep_alive"
+    policy: ModelPolicy = "keep_alive"
     keep_alive_s: float = 300.0
     runner: RunnerSpec | None = None
     remote: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICIES}")
+        if self.policy not in MODEL_POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from {MODEL_POLICIES}")
         object.__setattr__(self, "remote", tuple((url, label) for url, label in self.remote))
 
 
@@ -152,7 +152,7 @@ class _Model:
 class Lease:
     """The right to send one request to one node; release() when the response is done."""
 
-    def __init__(self, manager: "ResidencyManager", model: _Model, node: _Node, queued_at: float,
+    def __init__(self, manager: ResidencyManager, model: _Model, node: _Node, queued_at: float,
                  acquired_at: float):
         self._manager = manager
         self._model = model
@@ -178,7 +178,7 @@ class Lease:
         """End the lease (idempotent)."""
         self._manager._release(self)
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -14,25 +14,21 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Callable, Literal
+from dataclasses import dataclass, field
 
 import httpx
 import psutil
 
-from app.engine.model_config import cpu_has_amx
+from app.hardware import cpu_has_amx, usable_cores
+from app.policy import RUNNER_KINDS, RunnerKind
 
 log = logging.getLogger(__name__)
 
-RunnerKind = Literal["hearth", "llama-server"]
 LOG_LINES = 500
 # A port picked free can be taken before the runner binds it; a new one is tried that many times.
 MAX_PORT_TRIES = 3
-
-
-def _default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -46,13 +42,13 @@ class RunnerSpec:
     n_ctx: int = 4096
     parallel: int = 4
     n_batch: int = 512
-    threads: int = _default_threads()
+    threads: int = field(default_factory=usable_cores)
     gpu_layers: int = 0
     mode: str = "continuous"
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.kind not in ("hearth", "llama-server"):
+        if self.kind not in RUNNER_KINDS:
             raise ValueError(f"unknown runner kind {self.kind!r}")
         if self.kind == "llama-server" and not self.binary_path:
             raise ValueError("a llama-server runner needs binary_path")
@@ -186,7 +182,7 @@ class RunnerProcess:
     """One runner process (and its children) serving one model on a loopback port."""
 
     def __init__(self, spec: RunnerSpec,
-                 on_exit: Callable[["RunnerProcess", int, bool], None] | None = None,
+                 on_exit: Callable[[RunnerProcess, int, bool], None] | None = None,
                  parent_pid: int | None = None):
         self.spec = spec
         self.on_exit = on_exit
@@ -279,7 +275,7 @@ class RunnerProcess:
         except psutil.NoSuchProcess:
             return []
 
-    def start(self, timeout_s: float = 120) -> "RunnerProcess":
+    def start(self, timeout_s: float = 120) -> RunnerProcess:
         """Spawn the runner and wait for /health 200; raises RunnerStartFailed with the log tail."""
         for attempt in range(MAX_PORT_TRIES):
             try:
@@ -300,7 +296,7 @@ class RunnerProcess:
         with self._lock:
             self._log.clear()
 
-    def _start_once(self, timeout_s: float) -> "RunnerProcess":
+    def _start_once(self, timeout_s: float) -> RunnerProcess:
         if self._stopping:
             raise RunnerStartFailed("stopped before it started", [])
         self.port = free_port()

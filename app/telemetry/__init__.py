@@ -1,2 +1,1 @@
-"""Telemetry and the store: SQLite tables (models), connections and migrations (db), the
-single-threaded batching writer (writer) and default rows (seed)."""
+"""Telemetry: samplers of runners and the host, rollups, Prometheus export, per-class analysis."""

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.gateway.admission import ClassPolicy
-from app.telemetry.models import RequestRecord
+from app.policy import ClassPolicy
+from app.store.models import RequestRecord
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from app.engine.metrics import TPOT_BUCKETS_S, TTFT_BUCKETS_S
+from app.store.writer import LOSS_REASONS
 from app.telemetry.sampler import sampler_for
-from app.telemetry.writer import LOSS_REASONS
 
 QUEUE_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 

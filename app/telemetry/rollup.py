@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from app.telemetry.models import Series, utcnow
+from app.store.models import Series, utcnow
 
 MINUTE_S = 60
 HOUR_S = 3600
@@ -92,7 +92,7 @@ def rollup(session: Session, now: datetime) -> dict[str, int]:
 def prune(session: Session, now: datetime, retention: timedelta | None = None) -> dict[str, int]:
     """Delete samples older than `retention` (default: the samples_retention_h setting) and expired rollups."""
     if retention is None:
-        from app.settings import get_setting
+        from app.store.settings import get_setting
 
         retention = timedelta(hours=float(get_setting(session, "samples_retention_h")))
     cutoffs = [

@@ -27,7 +27,7 @@ import psutil
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from app.telemetry.models import Sample, Series
+from app.store.models import Sample, Series
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The Bench page: start a replay (background job, live progress), past sessions, curves per mode, verdict, Apply.
 
-The job runs app.bench.replay.run_bench in one background thread per `hearth serve` (a second
+The job runs app.verdict.replay.run_bench in one background thread per `hearth serve` (a second
 Start while one runs is refused with 409); its progress lives in memory and its runs in the store
 as each one ends. Views read the store; Apply is a POST with CSRF that changes runner settings and
 records who applied what.
@@ -27,17 +27,12 @@ from flask import (
     url_for,
 )
 
-from app.bench import store
-from app.bench.replay import (
-    HEARTH_MODES,
-    BenchConfig,
-    RunResult,
-    request_times,
-    run_bench,
-    total_runs,
-)
-from app.bench.scenarios import ScenarioError, load_scenario, shipped_names
-from app.telemetry.models import BenchRun, BenchSession
+from app.llama_tools import stock_llama_server
+from app.store.models import BenchRun, BenchSession
+from app.verdict import sessions as store
+from app.verdict.replay import HEARTH_MODES, BenchConfig, run_bench, total_runs
+from app.verdict.results import RunResult, request_times
+from app.verdict.scenarios import ScenarioError, load_scenario, shipped_names
 from app.web.auth import login_required
 
 bp = Blueprint("bench", __name__)
@@ -143,10 +138,9 @@ def _page_context(session_id: int | None) -> dict:
 
 
 def _llama_server_path() -> str | None:
-    from app.bench.reference import tools_cache_dir
-
-    path = tools_cache_dir() / "bin" / "llama-server"
-    return str(path) if path.is_file() else None
+    """The stock llama-server's path when it is built, for the page's "compare with" option."""
+    path = stock_llama_server()
+    return str(path) if path else None
 
 
 @bp.get("/bench")
@@ -175,7 +169,7 @@ def start():
     if model is None:
         abort(409, description="no default model to bench: set HEARTH_DEFAULT_MODEL or add a model")
     with hearth.sessions() as s:
-        from app.settings import get_setting
+        from app.store.settings import get_setting
 
         threads = get_setting(s, "runner_threads")
     cfg = BenchConfig(scenario=scenario, levels=levels, modes=modes, model_path=str(model), llama_server=llama,

@@ -1,6 +1,6 @@
 """The Classes page: every request class's policy, editable, with SLO attainment and fairness over a range.
 
-Edits go through app.admin_cli.update_class, the same validation `hearth classes set` uses, and
+Edits go through app.admin.update_class, the same validation `hearth classes set` uses, and
 apply to the gateway at once (the class registry's cache is dropped).
 """
 
@@ -16,7 +16,7 @@ from flask import (
     url_for,
 )
 
-from app.admin_cli import CLASS_FIELDS, AdminError, ClassFieldErrors, update_class
+from app.admin import CLASS_FIELDS, AdminError, ClassFieldErrors, update_class
 from app.web.auth import login_required
 from app.web.queries import (
     RANGE_LABELS,

@@ -3,7 +3,7 @@
 Load runs in the background (a runner takes seconds to start): the POST answers at once with the
 model's card in its loading state, and the card polls itself every second until the load ends;
 then the server answers HTTP 286, which stops htmx's polling. Unload, policy and keep-alive edits
-go through the residency manager and app.admin_cli.set_model_policy (as `hearth models set` does),
+go through the residency manager and app.admin.set_model_policy (as `hearth models set` does),
 and take effect at once (the catalog is rebuilt).
 """
 
@@ -14,7 +14,8 @@ import time
 
 from flask import Blueprint, abort, current_app, render_template, request
 
-from app.admin_cli import MODEL_POLICIES, AdminError, set_model_policy
+from app.admin import AdminError, set_model_policy
+from app.policy import MODEL_POLICIES
 from app.residency.manager import ModelBusy, ResidencyError
 from app.web.auth import login_required
 from app.web.queries import EVENT_LIMIT, model_cards, recent_events

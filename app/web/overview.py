@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from flask import Blueprint, current_app, render_template, request
 from sqlalchemy import select
 
-from app.telemetry.models import Series
+from app.store.models import Series
 from app.telemetry.sampler import sampler_for
 from app.web.auth import login_required
 from app.web.series import RANGES

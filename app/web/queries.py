@@ -20,15 +20,15 @@ from sqlalchemy.orm import Session
 
 from app.gateway.tokens import TokenInfo, list_tokens
 from app.residency.estimate import MemoryEstimate, estimate_memory
-from app.telemetry.analysis import ClassFigures, fairness
-from app.telemetry.models import (
+from app.store.models import (
     REQUEST_STATUSES,
     Member,
     RequestClass,
     RequestRecord,
     ResidencyEvent,
 )
-from app.telemetry.models import Model as ModelRow
+from app.store.models import Model as ModelRow
+from app.telemetry.analysis import ClassFigures, fairness
 
 # Time ranges offered on the Classes and Requests pages, by the key used in URLs.
 RANGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7)}

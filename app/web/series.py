@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from flask import Blueprint, abort, current_app, jsonify, request
 from sqlalchemy import select, text
 
-from app.telemetry.models import Series
+from app.store.models import Series
 from app.telemetry.rollup import HOUR_S, MINUTE_S, resolution
 from app.telemetry.sampler import METRICS
 from app.web.auth import login_required

@@ -1,4 +1,4 @@
-"""Settings: the stored settings (app/settings.py REGISTRY) with validation, and the admin password.
+"""Settings: the stored settings (app/store/settings.py REGISTRY) with validation, and the admin password.
 
 Values provided by environment variables are shown as such and cannot be edited here: the
 variable wins until it is unset. An empty field restores the default.
@@ -23,7 +23,7 @@ from flask import (
 )
 from werkzeug.security import check_password_hash
 
-from app.settings import REGISTRY, get_setting, set_setting
+from app.store.settings import REGISTRY, get_setting, set_setting
 from app.web.auth import (
     log_in,
     login_required,

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from app.bench.serve_process import ServeProcess, prepare_data
+from app.devtools.serve_process import ServeProcess, prepare_data
 from app.residency.supervisor import RunnerProcess
 from app.serve import DRAIN_S, GRACEFUL_TIMEOUT_S
 

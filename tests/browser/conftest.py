@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from app.bench.serve_process import ServeProcess, prepare_data
+from app.devtools.serve_process import ServeProcess, prepare_data
 
 ADMIN_PASSWORD = "browser admin password"
 CHROMIUM = Path("/usr/bin/chromium")

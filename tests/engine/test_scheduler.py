@@ -6,7 +6,8 @@ import pytest
 from fake_model import DECODE_OK, FakeModel
 
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus, SamplingParams
-from app.engine.scheduler import Mode, Scheduler, SchedulerConfig
+from app.engine.scheduler import Scheduler, SchedulerConfig
+from app.policy import Mode
 
 NEXT_TOKEN = 7
 

@@ -45,7 +45,7 @@ def test_byte_at_a_time_yields_the_text(text):
 
 def test_incomplete_character_is_held_until_complete():
     stream = Utf8Stream()
-    fire = "🔥".encode("utf-8")
+    fire = "🔥".encode()
     assert stream.push(b"a" + fire[:1]) == "a"
     assert stream.push(fire[1:3]) == ""
     assert stream.push(fire[3:]) == "🔥"
@@ -59,7 +59,7 @@ def test_invalid_bytes_become_replacement_characters():
 
 def test_truncated_character_at_end_becomes_replacement_on_flush():
     stream = Utf8Stream()
-    assert stream.push(b"x" + "€".encode("utf-8")[:2]) == "x"
+    assert stream.push(b"x" + "€".encode()[:2]) == "x"
     assert stream.flush() == "\ufffd"
 
 
@@ -67,7 +67,7 @@ def test_flush_resets_the_stream_for_reuse():
     stream = Utf8Stream()
     stream.push(b"\xe2")
     stream.flush()
-    assert stream.push("é".encode("utf-8")) == "é"
+    assert stream.push("é".encode()) == "é"
 
 
 def run_matcher(stops: list[str], pieces: list[str]) -> tuple[str, bool]:
@@ -159,7 +159,7 @@ def test_empty_and_absent_stops_pass_text_through():
 
 
 def test_utf8_stream_and_stop_matcher_compose():
-    data = "¿Qué? 🔥<end_of_turn>".encode("utf-8")
+    data = "¿Qué? 🔥<end_of_turn>".encode()
     for cut in range(len(data) + 1):
         stream, matcher = Utf8Stream(), StopMatcher(["<end_of_turn>"])
         emitted = []

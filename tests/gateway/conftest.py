@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from app.bench.serve_process import ServeProcess, prepare_data
+from app.devtools.serve_process import ServeProcess, prepare_data
 
 
 @pytest.fixture(scope="session")

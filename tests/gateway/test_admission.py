@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from app.gateway.admission import Admission, ClassPolicy, QueueFull, QueueTimeout
+from app.gateway.admission import Admission, QueueFull, QueueTimeout
+from app.policy import ClassPolicy
 
 VOICE = ClassPolicy("voice", priority=0, max_concurrent=1, max_queue=4, weight=1, queue_timeout_s=5)
 CHAT = ClassPolicy("chat", priority=1, max_concurrent=1, max_queue=4, weight=3, queue_timeout_s=5)

@@ -7,10 +7,10 @@ import time
 
 import psutil
 
+from app.devtools.serve_process import ServeProcess as Serve
+from app.devtools.serve_process import prepare_data
 from app.residency.catalog import scan
 from app.residency.estimate import estimate_memory
-from app.bench.serve_process import ServeProcess as Serve
-from app.bench.serve_process import prepare_data
 
 
 def test_budget_that_fits_one_model_evicts_the_idle_one(tmp_path, gemma_path, models_dir):

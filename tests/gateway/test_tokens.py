@@ -5,9 +5,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.gateway.tokens import create_token, list_tokens, revoke_token
-from app.telemetry.db import database_path, make_engine, session_factory, upgrade
-from app.telemetry.models import RequestRecord
-from app.telemetry.seed import seed_defaults
+from app.store.db import database_path, make_engine, session_factory, upgrade
+from app.store.models import RequestRecord
+from app.store.seed import seed_defaults
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.bench.serve_process import ServeProcess, prepare_data
+from app.devtools.serve_process import ServeProcess, prepare_data
 
 DEFAULT_MODEL = "gemma-3-270m-q4_k_m"
 N_CTX = 1024

@@ -16,11 +16,11 @@ import httpx
 import psutil
 import pytest
 
-from app.bench.serve_process import ServeProcess, prepare_data
+from app.devtools.serve_process import ServeProcess, prepare_data
 from app.residency.catalog import scan
 from app.residency.estimate import estimate_memory
-from app.telemetry.models import Model, RunnerSettings
-from app.telemetry.store import open_store
+from app.store.db import open_store
+from app.store.models import Model, RunnerSettings
 
 DEFAULT = "gemma-3-270m-q4_k_m"
 SMALL = {"runner_ctx": 512, "runner_parallel": 2, "runner_threads": 2}

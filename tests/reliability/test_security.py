@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from app.bench.serve_process import ServeProcess, prepare_data
+from app.devtools.serve_process import ServeProcess, prepare_data
 from app.gateway.api import _from_lan
 from app.gateway.auth import TokenCache, hash_token
 from app.residency.catalog import OUTSIDE_REASON, scan
-from app.settings import REGISTRY
+from app.store.settings import REGISTRY
 
 HELLO = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2}
 

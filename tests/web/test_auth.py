@@ -182,8 +182,8 @@ def test_every_dashboard_page_opens_for_the_admin(app, admin):
 def test_behind_a_trusted_proxy_https_and_client_ip_come_from_its_headers(tmp_path, gemma_path, admin_password,
                                                                            csrf_token, set_up_admin):
     from app.factory import create_app
-    from app.settings import set_setting
-    from app.telemetry.store import open_store
+    from app.store.db import open_store
+    from app.store.settings import set_setting
 
     data = tmp_path / "proxied"
     engine, sessions = open_store(data)

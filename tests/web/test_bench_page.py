@@ -7,10 +7,10 @@ import time
 import pytest
 from sqlalchemy import select
 
-from app.bench import store
-from app.bench.replay import RunResult, summarise
-from app.bench.verdict import Recommendation, Verdict
-from app.telemetry.models import BenchApplied, Model, RunnerSettings
+from app.store.models import BenchApplied, Model, RunnerSettings
+from app.verdict import sessions as store
+from app.verdict.decide import Recommendation, Verdict
+from app.verdict.results import RunResult, summarise
 from app.web import bench as bench_page
 
 ROWS = [

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.telemetry.models import RequestClass, RequestRecord
+from app.store.models import RequestClass, RequestRecord
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -3,7 +3,7 @@
 import re
 
 from app.gateway.auth import hash_token
-from app.telemetry.models import ApiToken
+from app.store.models import ApiToken
 
 TOKEN = re.compile(r'id="token-value">([^<]+)</code>')
 

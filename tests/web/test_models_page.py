@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import pytest
 
 from app.residency.manager import ModelLoadFailed
-from app.telemetry.models import Model, ResidencyEvent
+from app.store.models import Model, ResidencyEvent
 
 
 @pytest.fixture

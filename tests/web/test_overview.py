@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.telemetry.models import RequestRecord
+from app.store.models import RequestRecord
 from app.telemetry.rollup import rollup
 from app.telemetry.sampler import sampler_for, store_readings
 from app.web import NAV

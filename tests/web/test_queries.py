@@ -7,9 +7,9 @@ import pytest
 
 from app.gateway.classes import policy_of
 from app.gateway.tokens import create_token, revoke_token
+from app.store.db import open_store
+from app.store.models import RequestClass, RequestRecord, ResidencyEvent
 from app.telemetry.analysis import class_figures
-from app.telemetry.models import RequestClass, RequestRecord, ResidencyEvent
-from app.telemetry.store import open_store
 from app.web.queries import (
     LoadProgress,
     QueryError,
@@ -40,7 +40,7 @@ def test_sql_class_figures_equal_the_analysis_module(sessions):
     rng = random.Random(3)
     classes = ["voice", "chat", "documents", "coding", "background", "retired"]
     with sessions() as s:
-        for i in range(600):
+        for _ in range(600):
             status = rng.choice(["ok", "ok", "ok", "error", "timeout"])
             s.add(RequestRecord(
                 arrival_at=NOW - timedelta(minutes=rng.uniform(0, 180)), class_name=rng.choice(classes),

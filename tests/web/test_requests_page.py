@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.telemetry.models import RequestRecord
+from app.store.models import RequestRecord
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 ROW = re.compile(r"<tr>\s*<td class=\"small\">([0-9: -]+)</td>")

@@ -3,7 +3,7 @@ the admin password change."""
 
 import pytest
 
-from app.settings import REGISTRY, get_setting
+from app.store.settings import REGISTRY, get_setting
 
 
 def stored(app, name):

@@ -2,7 +2,7 @@
 
 import time
 
-from app.settings import set_setting
+from app.store.settings import set_setting
 from app.telemetry.sampler import sampler_for
 
 

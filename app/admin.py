@@ -1,0 +1,240 @@
+"""`hearth models|classes|settings`: the admin's edits from a shell (the dashboard will offer the same)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy import select
+
+from app.paths import data_dir
+from app.policy import MODEL_POLICIES
+from app.residency.default_model import ensure_default_model
+from app.store import models as db
+from app.store.db import open_store
+
+MIB = 1024 * 1024
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _flag(value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(value)
+
+
+CLASS_FIELDS = {
+    "priority": int, "ttft_target_ms": int, "tpot_target_ms": int, "default_max_tokens": int,
+    "max_output_tokens": int, "max_concurrent": int, "max_queue": int, "weight": float,
+    "preemptible": _flag, "queue_timeout_s": float,
+    "default_model": lambda v: v.strip() or None,
+}
+# (lowest allowed value, what the field means) for the numeric fields; checked after conversion.
+CLASS_LIMITS = {
+    "priority": (0, "priority (0 runs first)"),
+    "ttft_target_ms": (1, "time-to-first-token target in ms"),
+    "tpot_target_ms": (1, "time-per-output-token target in ms"),
+    "default_max_tokens": (1, "default max tokens"),
+    "max_output_tokens": (1, "max output tokens"),
+    "max_concurrent": (1, "max concurrent requests"),
+    "max_queue": (0, "queue length"),
+    "weight": (0.001, "fair-share weight"),
+    "queue_timeout_s": (0.1, "queue timeout in seconds"),
+}
+
+
+class AdminError(ValueError):
+    """An edit that cannot be made (the message says why)."""
+
+
+class ClassFieldErrors(AdminError):
+    """Some class fields are not valid; `errors` maps each field to what is wrong with it."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = errors
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+
+
+def parse_class_fields(values: dict[str, str]) -> tuple[dict, dict[str, str]]:
+    """Typed class fields from text (CLI FIELD=VALUE or a form) and a message per invalid field."""
+    parsed, errors = {}, {}
+    for field, raw in values.items():
+        if field not in CLASS_FIELDS:
+            errors[field] = f"unknown field; one of {', '.join(CLASS_FIELDS)}"
+            continue
+        try:
+            value = CLASS_FIELDS[field](raw)
+        except ValueError:
+            kind = {int: "a whole number", float: "a number"}.get(CLASS_FIELDS[field], "yes or no")
+            errors[field] = f"{raw!r} is not a valid {field}: enter {kind}"
+            continue
+        if field in CLASS_LIMITS and value < CLASS_LIMITS[field][0]:
+            low, what = CLASS_LIMITS[field]
+            errors[field] = f"{what} must be at least {low:g}"
+            continue
+        parsed[field] = value
+    return parsed, errors
+
+
+def update_class(s, name: str, values: dict[str, str]) -> db.RequestClass:
+    """Validate and apply text values to a stored class; raises ClassFieldErrors and changes nothing if any is bad."""
+    row = s.get(db.RequestClass, name)
+    if row is None:
+        raise AdminError(f"no class '{name}'")
+    parsed, errors = parse_class_fields(values)
+    default_tokens = parsed.get("default_max_tokens", row.default_max_tokens)
+    max_tokens = parsed.get("max_output_tokens", row.max_output_tokens)
+    if "default_max_tokens" not in errors and "max_output_tokens" not in errors and default_tokens > max_tokens:
+        errors["default_max_tokens"] = f"default max tokens ({default_tokens}) is above max output tokens ({max_tokens})"
+    if errors:
+        raise ClassFieldErrors(errors)
+    for field, value in parsed.items():
+        setattr(row, field, value)
+    return row
+
+
+def set_model_policy(s, name: str, policy: str | None = None, keep_alive_s: int | None = None) -> db.Model:
+    """Change a model's residency policy and/or keep-alive TTL in the store (the caller commits)."""
+    row = s.scalar(select(db.Model).where(db.Model.name == name))
+    if row is None:
+        raise AdminError(f"no model '{name}'; `hearth models list` scans the models folder and shows the names")
+    if policy is not None and policy not in MODEL_POLICIES:
+        raise AdminError(f"unknown policy '{policy}'; choose from {', '.join(MODEL_POLICIES)}")
+    if keep_alive_s is not None and keep_alive_s < 1:
+        raise AdminError(f"keep-alive must be at least 1 s (got {keep_alive_s}); use policy on_demand to unload at once")
+    if policy is not None:
+        row.policy = policy
+    if keep_alive_s is not None:
+        row.keep_alive_s = keep_alive_s
+    return row
+
+
+def _models_dir(data: Path) -> Path:
+    return Path(os.environ["HEARTH_MODELS_DIR"]).expanduser() if os.environ.get("HEARTH_MODELS_DIR") else data / "models"
+
+
+def run(args) -> int:
+    """Dispatch `hearth models|classes|settings ...`."""
+    data = data_dir()
+    engine, sessions = open_store(data)
+    try:
+        with sessions() as s:
+            handler = {"models": _models, "classes": _classes, "settings": _settings}[args.command]
+            handler(args, s, data)
+            s.commit()
+    except AdminError as exc:
+        print(f"hearth {args.command}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _models(args, s, data: Path) -> None:
+    if args.models_command == "list":
+        from app.residency.catalog import scan
+        from app.residency.estimate import estimate_memory
+        from app.store.settings import get_setting
+
+        override = os.environ.get("HEARTH_DEFAULT_MODEL")
+        default = Path(override) if override else ensure_default_model(data, progress=True)
+        from app.services import record_catalog
+
+        ctx, parallel = int(get_setting(s, "runner_ctx")), int(get_setting(s, "runner_parallel"))
+        entries = scan(_models_dir(data), default)
+        record_catalog(s, entries, datetime.now(UTC))
+        print(f"{'name':<28} {'arch':<10} {'params':>8} {'quant':<8} {'ctx':>6} {'file':>9} "
+              f"{'estimate':>9}  policy / reason")
+        for e in entries:
+            row = s.scalar(select(db.Model).where(db.Model.name == e.name))
+            if e.usable:
+                est = estimate_memory(e, ctx, parallel).total_bytes
+                policy = row.policy if row else "keep_alive"
+                print(f"{e.name:<28} {e.architecture or '-':<10} {(e.n_params or 0) / 1e6:>7.0f}M "
+                      f"{e.quantization or '-':<8} {e.n_ctx_train or 0:>6} {e.size_bytes / MIB:>8.0f}M "
+                      f"{est / MIB:>8.0f}M  {policy}{' (alias ' + row.alias + ')' if row and row.alias else ''}")
+            else:
+                print(f"{e.name:<28} {'-':<10} {'-':>8} {'-':<8} {'-':>6} {e.size_bytes / MIB:>8.0f}M "
+                      f"{'-':>9}  unusable: {e.unusable_reason}")
+        print(f"(estimates for ctx {ctx} × parallel {parallel}; models folder {_models_dir(data)})")
+        return
+    row = s.scalar(select(db.Model).where(db.Model.name == args.name))
+    if row is None:
+        raise AdminError(f"no model '{args.name}'; `hearth models list` scans the models folder and shows "
+                         "the names")
+    if args.models_command == "node":
+        existing = s.scalar(select(db.Node).where(db.Node.model_id == row.id, db.Node.url == args.url))
+        if args.action == "add":
+            if not args.url.startswith(("http://", "https://")):
+                raise AdminError(f"'{args.url}' is not an http(s) URL")
+            if existing is None:
+                s.add(db.Node(model_id=row.id, url=args.url, label=args.label or args.url, enabled=True))
+            print(f"{args.name}: node {args.url} added")
+        else:
+            if existing is None:
+                raise AdminError(f"{args.name} has no node {args.url}")
+            s.delete(existing)
+            print(f"{args.name}: node {args.url} removed")
+        return
+    set_model_policy(s, args.name, args.policy or None, args.keep_alive_s)
+    if args.alias is not None:
+        row.alias = args.alias or None
+    runner_fields = {"kind": args.runner, "binary_path": args.binary, "n_ctx": args.ctx, "parallel": args.parallel,
+                     "n_batch": args.batch, "threads": args.threads, "gpu_layers": args.gpu_layers, "mode": args.mode}
+    if any(v is not None for v in runner_fields.values()):
+        rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
+        if rs is None:
+            rs = db.RunnerSettings(model_id=row.id, kind="hearth")
+            s.add(rs)
+        for k, v in runner_fields.items():
+            if v is not None:
+                setattr(rs, k, v)
+        if rs.kind == "llama-server" and not rs.binary_path:
+            raise AdminError("--runner llama-server needs --binary PATH (see scripts/build_llama_tools.sh)")
+    print(f"{args.name}: updated (hearth serve applies it at its next catalog rescan)")
+
+
+def _classes(args, s, data: Path) -> None:
+    if args.classes_command == "list":
+        rows = s.scalars(select(db.RequestClass).order_by(db.RequestClass.priority, db.RequestClass.name)).all()
+        print(f"{'class':<11} {'prio':>4} {'TTFT ms':>8} {'TPOT ms':>8} {'tokens':>11} {'conc':>5} {'queue':>6} "
+              f"{'weight':>6} {'preempt':>8} {'timeout':>8}  model")
+        for r in rows:
+            print(f"{r.name:<11} {r.priority:>4} {r.ttft_target_ms:>8} {r.tpot_target_ms:>8} "
+                  f"{f'{r.default_max_tokens}/{r.max_output_tokens}':>11} {r.max_concurrent:>5} {r.max_queue:>6} "
+                  f"{r.weight:>6g} {'yes' if r.preemptible else 'no':>8} {r.queue_timeout_s:>7g}s  "
+                  f"{r.default_model or '(household default)'}")
+        return
+    values = {}
+    for a in args.assignments:
+        field, sep, value = a.partition("=")
+        if not sep or field not in CLASS_FIELDS:
+            raise AdminError(f"'{a}': expected FIELD=VALUE with FIELD one of {', '.join(CLASS_FIELDS)}")
+        values[field] = value
+    update_class(s, args.name, values)
+    print(f"class {args.name}: updated")
+
+
+def _settings(args, s, data: Path) -> None:
+    from app.store.settings import REGISTRY, UnknownSetting, all_settings, set_setting
+
+    if args.settings_command == "list":
+        for name, value in all_settings(s).items():
+            print(f"{name:<22} {json.dumps(value):<14} {REGISTRY[name].help}")
+        return
+    try:
+        value = json.loads(args.value)
+    except json.JSONDecodeError:
+        value = args.value  # a bare string, e.g. a model name
+    try:
+        set_setting(s, args.name, value)
+    except UnknownSetting:
+        raise AdminError(f"unknown setting '{args.name}'; known: {', '.join(REGISTRY)}")
+    print(f"{args.name} = {json.dumps(value)}")

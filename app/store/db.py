@@ -1,0 +1,137 @@
+"""The SQLite database: where it lives, how connections are set up, and its Alembic migrations.
+
+Migrations live in the repository's top-level `migrations/` folder. They are found, in order, at
+`$HEARTH_MIGRATIONS_DIR`, next to the source tree (a checkout or an editable install), or at
+`<sys.prefix>/share/hearth/migrations` (where a non-editable install or the container image puts a
+copy of the folder).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.store.seed import seed_defaults
+
+DATABASE_NAME = "hearth.db"
+DEFAULT_BUSY_TIMEOUT_MS = 5000
+# Execution option naming the BEGIN statement a connection's transactions start with.
+BEGIN_OPTION = "hearth_sqlite_begin"
+
+
+def database_path(data_dir: Path) -> Path:
+    """Where the store lives inside Hearth's data folder."""
+    return Path(data_dir) / DATABASE_NAME
+
+
+def make_engine(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, echo: bool = False) -> Engine:
+    """An engine on the SQLite file at `path`: WAL, foreign keys on, busy timeout, synchronous=NORMAL."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(URL.create("sqlite", database=str(path)), echo=echo)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        # Take BEGIN away from the sqlite3 module (it skips it before SELECT and DDL) and emit it
+        # ourselves below: transactions then really are transactions, migrations included.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            # busy_timeout first: switching a new file to WAL needs the lock another connection may hold.
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            # Safe with WAL (a power cut may lose the last commits, never corrupt the file) and
+            # saves an fsync per commit.
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection):
+        connection.exec_driver_sql(connection.get_execution_options().get(BEGIN_OPTION, "BEGIN"))
+
+    return engine
+
+
+def immediate(engine: Engine) -> Engine:
+    """The same engine (same pool) whose transactions start with BEGIN IMMEDIATE, for writers."""
+    # Taking the write lock up front means waiting in the busy handler instead of failing at once
+    # when a transaction that has read an older snapshot tries to write (SQLITE_BUSY_SNAPSHOT).
+    return engine.execution_options(**{BEGIN_OPTION: "BEGIN IMMEDIATE"})
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions bound to `engine`; objects stay readable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def migrations_dir() -> Path:
+    """The Alembic script folder (see the module docstring for where it is looked for)."""
+    candidates = []
+    if os.environ.get("HEARTH_MIGRATIONS_DIR"):
+        candidates.append(Path(os.environ["HEARTH_MIGRATIONS_DIR"]))
+    candidates.append(Path(__file__).resolve().parents[2] / "migrations")
+    candidates.append(Path(sys.prefix) / "share" / "hearth" / "migrations")
+    for candidate in candidates:
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError(
+        "Alembic migrations not found; looked in " + ", ".join(str(c) for c in candidates)
+        + " (set HEARTH_MIGRATIONS_DIR to the repository's migrations/ folder)"
+    )
+
+
+def alembic_config(engine: Engine | None = None) -> Config:
+    """An Alembic Config built in code; with `engine`, migrations run on it."""
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    if engine is not None:
+        # Handed to env.py as an object: a URL would lose the engine's connection setup.
+        config.attributes["engine"] = engine
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply the migrations up to `revision` (default: the newest)."""
+    command.upgrade(alembic_config(engine), revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Undo migrations down to `revision`."""
+    command.downgrade(alembic_config(engine), revision)
+
+
+def head_revision() -> str:
+    """The newest revision among the migration scripts."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError("no migration scripts found")
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at; None for an empty database."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def open_store(data_dir: Path) -> tuple[Engine, sessionmaker]:
+    """The data folder's database, migrated to head and seeded with the default classes."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(database_path(data_dir))
+    upgrade(engine)
+    sessions = session_factory(engine)
+    with sessions() as session:
+        seed_defaults(session)
+        session.commit()
+    return engine, sessions

@@ -1,0 +1,80 @@
+"""Backups taken while the writer thread is writing restore to a sound, complete store."""
+
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from app.store.backup import BackupError, backup, restore
+from app.store.db import open_store
+from app.store.models import RequestRecord, utcnow
+from app.store.writer import StoreWriter
+
+
+def test_backup_during_writes_restores_to_a_sound_store(tmp_path):
+    data = tmp_path / "data"
+    engine, sessions = open_store(data)
+    writer = StoreWriter(engine)
+    writer.start()
+    stop = threading.Event()
+
+    def write():
+        i = 0
+        while not stop.is_set():
+            writer.add(RequestRecord(arrival_at=utcnow(), class_name="chat", status="ok", stream=False,
+                                     num_preemptions=0, completion_tokens=i))
+            i += 1
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=write)
+    t.start()
+    time.sleep(0.3)
+    size = backup(data, tmp_path / "copy.db")
+    time.sleep(0.2)
+    stop.set()
+    t.join()
+    writer.stop(5)
+    engine.dispose()
+    assert size > 0
+    with sqlite3.connect(tmp_path / "copy.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        copied = db.execute("select count(*) from requests").fetchone()[0]
+    with sqlite3.connect(data / "hearth.db") as db:
+        live = db.execute("select count(*) from requests").fetchone()[0]
+    assert 0 < copied < live  # a consistent earlier state, taken while rows kept arriving
+
+    restore(data, tmp_path / "copy.db")
+    with sqlite3.connect(data / "hearth.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.execute("select count(*) from requests").fetchone()[0] == copied
+    assert (data / "hearth.db.before-restore").exists()
+    open_store(data)[0].dispose()  # still migrates and opens
+
+
+def test_refusals_are_clear(tmp_path):
+    data = tmp_path / "data"
+    with pytest.raises(BackupError, match="nothing to back up"):
+        backup(data, tmp_path / "x.db")
+    engine, _ = open_store(data)
+    engine.dispose()
+    backup(data, tmp_path / "x.db")
+    with pytest.raises(BackupError, match="already exists"):
+        backup(data, tmp_path / "x.db")
+    (tmp_path / "junk.db").write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(BackupError):
+        restore(data, tmp_path / "junk.db")
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("create table t (x)")
+    with pytest.raises(BackupError, match="not a Hearth store"):
+        restore(data, other)
+    # While something holds a write transaction on the store, restore refuses.
+    holder = sqlite3.connect(data / "hearth.db")
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(BackupError, match="stop `hearth serve`"):
+            restore(data, tmp_path / "x.db")
+    finally:
+        holder.rollback()
+        holder.close()

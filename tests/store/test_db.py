@@ -1,0 +1,220 @@
+"""Connections and migrations on real SQLite files."""
+
+import shutil
+import sqlite3
+import textwrap
+from datetime import UTC, datetime
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import MetaData, inspect, select, text
+from sqlalchemy.exc import IntegrityError
+
+from app.store import db
+from app.store.models import ApiToken, Base, Model, Node, RequestRecord, RunnerSettings, Setting
+
+HEAD_TABLES = {
+    "alembic_version", "models", "runner_settings", "nodes", "residency_events", "request_classes",
+    "members", "api_tokens", "requests", "settings", "series", "samples", "rollups_1m", "rollups_1h",
+    "bench_sessions", "bench_runs", "bench_requests", "bench_applied",
+}
+HEAD = "0006"
+
+
+def test_database_path_is_in_the_data_folder(tmp_path):
+    assert db.database_path(tmp_path) == tmp_path / "hearth.db"
+
+
+def test_connections_use_wal_foreign_keys_busy_timeout_and_normal_sync(make_store):
+    engine = make_store(revision=None, busy_timeout_ms=1234)
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 1234
+        assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    # WAL is a property of the file: a plain connection sees it too.
+    raw = sqlite3.connect(engine.url.database)
+    try:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        raw.close()
+
+
+def test_migrates_an_empty_database_to_head(make_store):
+    engine = make_store(revision=None)
+    assert db.current_revision(engine) is None
+    db.upgrade(engine)
+    assert db.current_revision(engine) == db.head_revision() == HEAD
+    assert set(inspect(engine).get_table_names()) == HEAD_TABLES
+    # Migrations run with foreign keys off; the pooled connection must not keep that.
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+def test_upgrade_at_head_is_a_no_op(engine):
+    db.upgrade(engine)
+    assert db.current_revision(engine) == HEAD
+
+
+# Rows as a 0001-era Hearth would have left them, written as plain SQL (not through today's models).
+ROWS_AT_0001 = [
+    "INSERT INTO models (id, name, path, source, size_bytes, architecture, has_chat_template, usable,"
+    " first_seen_at, last_seen_at) VALUES (1, 'gemma', '/models/gemma.gguf', 'folder', 1000, 'gemma3', 1, 1,"
+    " '2025-01-01 10:00:00.000000', '2025-01-02 10:00:00.000000')",
+    "INSERT INTO runner_settings (model_id, kind, n_ctx, parallel) VALUES (1, 'hearth', 8192, 4)",
+    "INSERT INTO members (id, name, created_at) VALUES (7, 'ana', '2025-01-01 10:00:00.000000')",
+    "INSERT INTO api_tokens (member_id, prefix, token_hash, default_class, allowed_classes, created_at)"
+    f" VALUES (7, 'hth_abcdefgh', '{'a' * 64}', 'chat', '[\"chat\", \"voice\"]', '2025-01-01 10:00:00.000000')",
+    "INSERT INTO requests (arrival_at, member_name, class_name, model, stream, prompt_tokens, completion_tokens,"
+    " ttft_ms, status, http_status)"
+    " VALUES ('2025-01-03 08:00:00.250000', 'ana', 'chat', 'gemma', 1, 12, 34, 56.5, 'ok', 200)",
+    "INSERT INTO residency_events (at, model_name, event, reason, cold_start_ms)"
+    " VALUES ('2025-01-03 07:59:00.000000', 'gemma', 'load', 'request', 812.0)",
+    "INSERT INTO settings (key, value, updated_at) VALUES ('retention_days', '30', '2025-01-01 10:00:00.000000')",
+]
+
+
+def _insert_0001_rows(engine):
+    with engine.begin() as connection:
+        for sql in ROWS_AT_0001:
+            connection.exec_driver_sql(sql)
+
+
+def test_upgrades_a_0001_database_with_data_and_keeps_it(make_store):
+    engine = make_store(revision="0001")
+    assert db.current_revision(engine) == "0001"
+    assert "nodes" not in inspect(engine).get_table_names()
+    assert "queue_position" not in {c["name"] for c in inspect(engine).get_columns("requests")}
+    _insert_0001_rows(engine)
+
+    db.upgrade(engine)
+
+    assert db.current_revision(engine) == HEAD
+    sessions = db.session_factory(engine)
+    with sessions() as session:
+        model = session.get(Model, 1)
+        assert (model.name, model.has_chat_template) == ("gemma", True)
+        assert (model.policy, model.keep_alive_s) == ("keep_alive", 300)  # server defaults
+        assert model.first_seen_at == datetime(2025, 1, 1, 10, tzinfo=UTC)
+        assert session.scalars(select(RunnerSettings)).one().n_ctx == 8192
+        record = session.scalars(select(RequestRecord)).one()
+        assert (record.member_name, record.ttft_ms, record.stream) == ("ana", 56.5, True)
+        assert (record.queue_position, record.num_preemptions) == (None, 0)
+        assert record.arrival_at == datetime(2025, 1, 3, 8, 0, 0, 250000, tzinfo=UTC)
+        assert session.get(Setting, "retention_days").value == 30
+        assert session.scalars(select(ApiToken.allowed_classes)).one() == ["chat", "voice"]
+        # The new table works with the old rows.
+        session.add(Node(model_id=1, url="http://nas2:8080", label="nas2"))
+        record.queue_position = 3
+        session.commit()
+    with sessions() as session:
+        assert session.scalars(select(Node.label)).all() == ["nas2"]
+        assert session.scalars(select(RequestRecord.queue_position)).one() == 3
+
+
+def test_downgrade_to_0001_and_back_keeps_the_data(make_store):
+    engine = make_store(revision="0001")
+    _insert_0001_rows(engine)
+    db.upgrade(engine)
+    db.downgrade(engine, "0001")
+    assert db.current_revision(engine) == "0001"
+    assert "nodes" not in inspect(engine).get_table_names()
+    db.upgrade(engine)
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT model, prompt_tokens FROM requests")).one() == ("gemma", 12)
+        assert connection.execute(text("SELECT count(*) FROM api_tokens")).scalar() == 1
+
+
+def test_head_schema_matches_the_models(engine):
+    with engine.connect() as connection:
+        options = {"compare_type": True, "compare_server_default": True}
+        context = MigrationContext.configure(connection, opts=options)
+        assert compare_metadata(context, Base.metadata) == []
+        # The comparison does see differences: against no tables at all, every table is extra.
+        removed = {diff[1].name for diff in compare_metadata(context, MetaData()) if diff[0] == "remove_table"}
+        assert removed == HEAD_TABLES - {"alembic_version"}
+
+
+def test_foreign_keys_are_enforced_and_cascade(sessions):
+    with sessions() as session:
+        session.add(RunnerSettings(model_id=99))
+        with pytest.raises(IntegrityError):
+            session.commit()
+    with sessions() as session:
+        model = Model(name="m", source="folder")
+        session.add(model)
+        session.flush()
+        session.add_all([RunnerSettings(model_id=model.id), Node(model_id=model.id, url="http://x")])
+        session.commit()
+        session.delete(model)
+        session.commit()
+        assert session.scalars(select(Node)).all() == []
+        assert session.scalars(select(RunnerSettings)).all() == []
+
+
+def test_check_constraints_reject_unknown_values(sessions):
+    with sessions() as session:
+        session.add(Model(name="m", source="usb-stick"))
+        with pytest.raises(IntegrityError, match="ck_models_source"):
+            session.commit()
+
+
+def test_migrations_dir_honours_the_environment(tmp_path, monkeypatch):
+    assert (db.migrations_dir() / "env.py").is_file()
+    (tmp_path / "env.py").write_text("")
+    monkeypatch.setenv("HEARTH_MIGRATIONS_DIR", str(tmp_path))
+    assert db.migrations_dir() == tmp_path
+
+
+def _migrations_with_scratch(tmp_path, monkeypatch, body):
+    folder = tmp_path / "migrations"
+    shutil.copytree(db.migrations_dir(), folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (folder / "versions" / "9999_test.py").write_text(
+        "import sqlalchemy as sa\nfrom alembic import op\n\n"
+        f'revision = "9999"\ndown_revision = "{HEAD}"\nbranch_labels = None\ndepends_on = None\n\n\n'
+        f"def upgrade():\n{textwrap.indent(textwrap.dedent(body), '    ')}\n\n"
+        "def downgrade():\n    pass\n"
+    )
+    monkeypatch.setenv("HEARTH_MIGRATIONS_DIR", str(folder))
+
+
+def _add_model_with_node(engine):
+    with db.session_factory(engine)() as session:
+        model = Model(name="gemma", source="folder")
+        session.add(model)
+        session.flush()
+        session.add(Node(model_id=model.id, url="http://nas2:8080"))
+        session.commit()
+
+
+# Rebuilding a table that others reference (batch mode: copy, drop, rename) must not cascade.
+REBUILD_MODELS = """
+with op.batch_alter_table("models", recreate="always") as batch:
+    batch.add_column(sa.Column("extra", sa.Integer()))
+"""
+
+
+def test_a_table_rebuild_keeps_the_rows_that_reference_it(make_store, tmp_path, monkeypatch):
+    engine = make_store()
+    _add_model_with_node(engine)
+    _migrations_with_scratch(tmp_path, monkeypatch, REBUILD_MODELS)
+    db.upgrade(engine)
+    assert db.current_revision(engine) == "9999"
+    assert "extra" in {c["name"] for c in inspect(engine).get_columns("models")}
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT url FROM nodes").scalars().all() == ["http://nas2:8080"]
+
+
+def test_a_failing_upgrade_leaves_the_database_as_it_was(make_store, tmp_path, monkeypatch):
+    engine = make_store()
+    _add_model_with_node(engine)
+    failing = REBUILD_MODELS + 'op.create_table("scratch", sa.Column("id", sa.Integer()))\nraise RuntimeError("boom")\n'
+    _migrations_with_scratch(tmp_path, monkeypatch, failing)
+    with pytest.raises(RuntimeError, match="boom"):
+        db.upgrade(engine)
+    assert db.current_revision(engine) == HEAD
+    assert set(inspect(engine).get_table_names()) == HEAD_TABLES
+    assert "extra" not in {c["name"] for c in inspect(engine).get_columns("models")}
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT count(*) FROM nodes").scalar() == 1
