@@ -27,6 +27,7 @@ import psutil
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from app.exposition import parse_exposition
 from app.store.models import Sample, Series
 
 log = logging.getLogger(__name__)
@@ -151,23 +152,6 @@ def sample_gateway(snapshot: Mapping[str, Mapping[str, int]]) -> list[Reading]:
     ]
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Unlabelled samples of a Prometheus text exposition, by name (labelled ones are skipped)."""
-    values = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "{" in line:
-            continue
-        parts = line.split()
-        if len(parts) < 2:
-            continue
-        try:
-            values[parts[0]] = float(parts[1])
-        except ValueError:
-            continue
-    return values
-
-
 class RateTracker:
     """Turns counters into per-second rates against the previous value seen for the same key."""
 
@@ -213,20 +197,22 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
             url = node["url"].rstrip("/")
             source = f"runner:{model['name']}@{node.get('label') or url}"
             try:
-                values = parse_prometheus(http_get(f"{url}/metrics", SCRAPE_TIMEOUT_S))
+                scrape = parse_exposition(http_get(f"{url}/metrics", SCRAPE_TIMEOUT_S))
             except Exception as error:
                 log.debug("telemetry: %s/metrics: %s", url, error)
                 continue
             for name, metric in RUNNER_COUNTERS.items():
-                if name in values:
+                value = scrape.value(name)
+                if value is not None:
                     seen.append((source, metric))
-                    rate = rates.rate((source, metric), now, values[name])
+                    rate = rates.rate((source, metric), now, value)
                     if rate is not None:
                         readings.append((source, metric, rate))
             for name, metric in RUNNER_GAUGES.items():
-                if name in values:
-                    readings.append((source, metric, values[name]))
-            used, total = values.get("hearth:kv_cells_used"), values.get("hearth:kv_cells_total")
+                value = scrape.value(name)
+                if value is not None:
+                    readings.append((source, metric, value))
+            used, total = scrape.value("hearth:kv_cells_used"), scrape.value("hearth:kv_cells_total")
             if used is not None and total:
                 readings.append((source, "kv_used_pct", 100.0 * used / total))
             try:

@@ -13,7 +13,6 @@ from app.telemetry.sampler import (
     METRICS,
     RateTracker,
     Sampler,
-    parse_prometheus,
     sample_gpus,
     sample_host,
     sample_runners,
@@ -123,10 +122,6 @@ def test_plain_llama_server_without_hearth_metrics_or_slots():
 
     readings = as_dict(sample_runners([status()], http, RateTracker(), now=0.0))
     assert readings == {("runner:gemma@local", "running"): 2.0, ("runner:gemma@local", "waiting"): 1.0}
-
-
-def test_parse_prometheus_skips_comments_labels_and_junk():
-    assert parse_prometheus("# HELP a b\na 1\nb{le=\"1\"} 2\nc\nd x\ne 2.5e3\n") == {"a": 1.0, "e": 2500.0}
 
 
 def test_host_reports_cpu_and_ram_used_as_total_minus_available():
