@@ -13,7 +13,6 @@ Called once a second by the `sample_telemetry` job. Each step of `Sampler.sample
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -28,6 +27,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from app.exposition import parse_exposition
+from app.hardware import nvml_gpus, report_nvml_error
 from app.store.models import Sample, Series
 
 log = logging.getLogger(__name__)
@@ -97,19 +97,6 @@ def sample_host(ps: Any = psutil) -> list[Reading]:
     ]
 
 
-@functools.cache
-def open_nvml() -> Any | None:
-    """The initialised pynvml module, or None without the library, the driver or a GPU (tried once)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as error:  # ImportError, or NVMLError when there is no driver: both mean "no GPU"
-        log.info("no NVIDIA GPU telemetry: %s", error)
-        return None
-    return pynvml
-
-
 _GPU_PROBES = [
     ("gpu_util_pct", lambda nvml, h: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
     ("vram_used_bytes", lambda nvml, h: nvml.nvmlDeviceGetMemoryInfo(h).used),
@@ -120,27 +107,23 @@ _GPU_PROBES = [
 
 
 def sample_gpus(nvml: Any = None) -> list[Reading]:
-    """Utilisation, VRAM, temperature and power per GPU; [] when there is no GPU (a normal state)."""
-    nvml = nvml if nvml is not None else open_nvml()
-    if nvml is None:
+    """Utilisation, VRAM, temperature and power per GPU; [] when there is no GPU (a normal state).
+
+    `nvml` is an opened pynvml-like module (tests pass fakes); by default the process's one (app.hardware).
+    """
+    gpus = nvml_gpus(nvml)
+    if gpus is None:
         return []
-    try:
-        count = nvml.nvmlDeviceGetCount()
-    except Exception:
-        return []
+    module, handles = gpus
     readings: list[Reading] = []
-    for i in range(count):
+    for i, handle in enumerate(handles):
         source = f"gpu:{i}"
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        except Exception:
-            continue
         # Each reading on its own: consumer GPUs refuse some (power) and the rest still count.
         for metric, probe in _GPU_PROBES:
             try:
-                readings.append((source, metric, float(probe(nvml, handle))))
-            except Exception:
-                continue
+                readings.append((source, metric, float(probe(module, handle))))
+            except Exception as error:  # NVMLError; "not supported" is logged at info, the rest warn (once)
+                report_nvml_error(f"telemetry: {source} {metric}", error)
     return readings
 
 

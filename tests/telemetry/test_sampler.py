@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import select
 
+from app import hardware
 from app.store.models import Sample, Series
 from app.store.writer import StoreWriter
 from app.telemetry import sampler as sampler_mod
@@ -157,28 +158,68 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, h):
         if h == 1:
-            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+            raise RuntimeError("Not Supported")  # pynvml's NVMLError_NotSupported says so
         return 215500
 
 
-def test_gpus_are_read_one_metric_at_a_time():
-    readings = as_dict(sample_gpus(FakeNvml()))
+@pytest.fixture
+def fresh_reports(monkeypatch):
+    """NVML failures are logged once per process: each test starts with none reported."""
+    monkeypatch.setattr(hardware, "_reported", set())
+
+
+def test_gpus_are_read_one_metric_at_a_time(caplog, fresh_reports):
+    with caplog.at_level("INFO", logger="app.hardware"):
+        readings = as_dict(sample_gpus(FakeNvml()))
     assert readings[("gpu:0", "gpu_util_pct")] == 40 and readings[("gpu:1", "gpu_util_pct")] == 41
     assert readings[("gpu:0", "gpu_power_w")] == 215.5
     assert ("gpu:1", "gpu_power_w") not in readings
     assert readings[("gpu:1", "vram_total_bytes")] == 24 << 30
     assert readings[("gpu:1", "gpu_temp_c")] == 61
+    # A card without a power sensor is normal: said once at info, no warning.
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "telemetry: gpu:1 gpu_power_w: Not Supported")]
 
 
-def test_absent_gpu_is_normal(monkeypatch):
-    class NoDriver:
+class LostGpu(FakeNvml):
+    """A GPU that fell off the bus: every reading fails with an error that is not "no GPU"."""
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        raise RuntimeError("GPU is lost")
+
+
+def test_an_nvml_error_other_than_no_gpu_is_a_warning_once(caplog, fresh_reports):
+    with caplog.at_level("INFO", logger="app.hardware"):
+        first = as_dict(sample_gpus(LostGpu()))
+        sample_gpus(LostGpu())
+    assert ("gpu:0", "vram_used_bytes") not in first and first[("gpu:0", "gpu_util_pct")] == 40
+    warnings = sorted(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    # Once per GPU and reading, not once a second.
+    assert warnings == [f"telemetry: gpu:{i} {m}: GPU is lost" for i in (0, 1) for m in ("vram_total_bytes", "vram_used_bytes")]
+
+
+def test_nvml_that_cannot_list_devices_warns(caplog, fresh_reports):
+    class NoPermission:
         def nvmlDeviceGetCount(self):
-            raise RuntimeError("NVML Shared Library Not Found")
+            raise RuntimeError("Insufficient Permissions")
 
-    assert sample_gpus(NoDriver()) == []
-    # No library or driver at all: open_nvml gives None and sampling gives [].
-    monkeypatch.setattr(sampler_mod, "open_nvml", lambda: None)
-    assert sample_gpus() == []
+    with caplog.at_level("INFO", logger="app.hardware"):
+        assert sample_gpus(NoPermission()) == []
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "NVML lists no devices: Insufficient Permissions")]
+
+
+def test_absent_gpu_is_normal(monkeypatch, caplog, fresh_reports):
+    class NoDevice:
+        def nvmlDeviceGetCount(self):
+            return 0
+
+    with caplog.at_level("WARNING"):
+        assert sample_gpus(NoDevice()) == []
+        # No library or driver at all: open_nvml gives None and sampling gives [].
+        monkeypatch.setattr(hardware, "open_nvml", lambda: None)
+        assert sample_gpus() == []
+    assert caplog.records == []
 
 
 def test_every_stored_metric_has_metadata():
@@ -253,7 +294,7 @@ def test_sample_all_writes_one_batch_through_the_writer(engine, sessions, writer
 
 def test_sample_all_function_keeps_one_sampler_per_hearth(monkeypatch, writer):
     hearth = FakeHearth([], writer)
-    monkeypatch.setattr(sampler_mod, "open_nvml", lambda: None)
+    monkeypatch.setattr(hardware, "open_nvml", lambda: None)
     assert sampler_mod.sample_all(hearth, clock=lambda: 5.0) == 5  # host and gateway: no GPU, no runner
     assert sampler_mod.sampler_for(hearth).latest["gateway"] == {"queue_waiting": 3.0, "in_flight": 4.0}
     assert sampler_mod.sampler_for(hearth) is sampler_mod.sampler_for(hearth)
