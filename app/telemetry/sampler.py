@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -160,6 +161,52 @@ class RateTracker:
             del self._previous[key]
 
 
+class ScrapeFailures:
+    """Failed /metrics scrapes per (model, node), for serve's /metrics; each failure streak is logged once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # Every scraped node starts at 0, so a counter that never moves is told from one that is absent.
+        self._totals: dict[tuple[str, str], int] = {}
+        self._failing: dict[tuple[str, str], int] = {}
+
+    def attempted(self, model: str, node: str) -> None:
+        """A scrape of this node is about to happen."""
+        with self._lock:
+            self._totals.setdefault((model, node), 0)
+
+    def failed(self, model: str, node: str, url: str, error: Exception) -> None:
+        """Count one failure; the first of a streak is a warning, the rest only debug."""
+        key = (model, node)
+        with self._lock:
+            self._totals[key] = self._totals.get(key, 0) + 1
+            streak = self._failing[key] = self._failing.get(key, 0) + 1
+        if streak == 1:
+            log.warning("telemetry: cannot read %s/metrics of %s on %s (until it recovers, further failures are "
+                        "only counted, in hearth:runner_scrape_failures_total): %s", url, model, node, error)
+        else:
+            log.debug("telemetry: %s/metrics still failing (%d in a row): %s", url, streak, error)
+
+    def succeeded(self, model: str, node: str) -> None:
+        """End this node's failure streak, if any."""
+        with self._lock:
+            streak = self._failing.pop((model, node), 0)
+        if streak:
+            log.info("telemetry: /metrics of %s on %s readable again after %d failed scrapes", model, node, streak)
+
+    def forget_streaks_except(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Nodes no longer scraped end their streak (a model unloaded); their totals stay, counters never go back."""
+        keep = set(keys)
+        with self._lock:
+            for key in [k for k in self._failing if k not in keep]:
+                del self._failing[key]
+
+    def totals(self) -> dict[tuple[str, str], int]:
+        """Failed scrapes so far by (model, node)."""
+        with self._lock:
+            return dict(self._totals)
+
+
 def _busy_slots(body: str) -> int:
     slots = json.loads(body)
     # llama-server and Hearth's runner say `is_processing`; older llama-server builds say `state`.
@@ -167,10 +214,12 @@ def _busy_slots(body: str) -> int:
 
 
 def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rates: RateTracker,
-                   now: float) -> list[Reading]:
-    """Scrape /metrics and /slots of every healthy node of every ready model; unreachable nodes are skipped."""
+                   now: float, failures: ScrapeFailures | None = None) -> list[Reading]:
+    """Scrape /metrics and /slots of every healthy node of every ready model; failed scrapes are counted and skipped."""
+    failures = failures if failures is not None else ScrapeFailures()
     readings: list[Reading] = []
     seen: list[tuple[str, str]] = []
+    scraped: list[tuple[str, str]] = []
     for model in statuses:
         if model.get("state") != "ready":
             continue
@@ -178,12 +227,16 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
             if not node.get("healthy") or not node.get("url"):
                 continue
             url = node["url"].rstrip("/")
-            source = f"runner:{model['name']}@{node.get('label') or url}"
+            label = node.get("label") or url
+            source = f"runner:{model['name']}@{label}"
+            scraped.append((model["name"], label))
+            failures.attempted(model["name"], label)
             try:
                 scrape = parse_exposition(http_get(f"{url}/metrics", SCRAPE_TIMEOUT_S))
-            except Exception as error:
-                log.debug("telemetry: %s/metrics: %s", url, error)
+            except Exception as error:  # unreachable, an HTTP error status, or text that is no exposition
+                failures.failed(model["name"], label, url, error)
                 continue
+            failures.succeeded(model["name"], label)
             for name, metric in RUNNER_COUNTERS.items():
                 value = scrape.value(name)
                 if value is not None:
@@ -203,6 +256,7 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
             except Exception as error:  # /slots may be disabled on a plain llama-server
                 log.debug("telemetry: %s/slots: %s", url, error)
     rates.forget_except(seen)
+    failures.forget_streaks_except(scraped)
     return readings
 
 
@@ -255,6 +309,7 @@ class Sampler:
         self.nvml = nvml
         self.ps = ps
         self.rates = RateTracker()
+        self.scrape_failures = ScrapeFailures()
         # Readers (status page, overview) use these; they never trigger a collection.
         self.latest: dict[str, dict[str, float]] = {}
         self.latest_at: float | None = None
@@ -262,7 +317,7 @@ class Sampler:
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
         readings = sample_host(self.ps) + sample_gpus(self.nvml) + sample_gateway(self.hearth.admission.snapshot())
-        readings += sample_runners(self.hearth.residency.status(), self.http_get, self.rates, now)
+        readings += sample_runners(self.hearth.residency.status(), self.http_get, self.rates, now, self.scrape_failures)
         return readings
 
     def sample_all(self) -> int:

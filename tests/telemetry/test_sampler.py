@@ -14,6 +14,7 @@ from app.telemetry.sampler import (
     METRICS,
     RateTracker,
     Sampler,
+    ScrapeFailures,
     sample_gpus,
     sample_host,
     sample_runners,
@@ -113,6 +114,41 @@ def test_only_healthy_nodes_of_ready_models_are_scraped_and_failures_are_skipped
     readings = sample_runners(statuses, http, RateTracker(), now=0.0)
     # An unlabelled node is named by its URL.
     assert {s for s, _, _ in readings} == {"runner:gemma@http://127.0.0.1:9001"}
+
+
+def test_failed_scrapes_are_counted_per_node_and_warned_once_per_streak(caplog):
+    bodies = {"9001": ["<html>502 Bad Gateway</html>", OSError("connection refused"), OSError("refused"),
+                       metrics_text(1, 1), OSError("refused again")]}
+
+    def http(url, timeout_s):
+        if url.endswith("/slots"):
+            return "[]"
+        if "9002" in url:
+            return metrics_text(1, 1)
+        body = bodies["9001"].pop(0)
+        if isinstance(body, Exception):
+            raise body
+        return body
+
+    statuses = [status("gemma", nodes=[{"label": "local", "url": "http://127.0.0.1:9001", "healthy": True},
+                                       {"label": "desk", "url": "http://127.0.0.1:9002", "healthy": True}])]
+    failures, rates = ScrapeFailures(), RateTracker()
+    with caplog.at_level("INFO", logger="app.telemetry.sampler"):
+        for now in range(3):
+            readings = sample_runners(statuses, http, rates, now=float(now), failures=failures)
+            assert {s for s, _, _ in readings} == {"runner:gemma@desk"}
+        assert failures.totals() == {("gemma", "local"): 3, ("gemma", "desk"): 0}
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        # The unreadable page starts the streak; the refused connections that follow are only counted.
+        assert len(warnings) == 1 and "http://127.0.0.1:9001/metrics" in warnings[0]
+        assert "not Prometheus text" in warnings[0] and "refused" not in warnings[0]
+        caplog.clear()
+        sample_runners(statuses, http, rates, now=3.0, failures=failures)
+        assert [r.levelname for r in caplog.records] == ["INFO"] and "after 3 failed" in caplog.records[0].getMessage()
+        caplog.clear()
+        sample_runners(statuses, http, rates, now=4.0, failures=failures)
+    assert failures.totals()[("gemma", "local")] == 4
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "refused again" in caplog.records[0].getMessage()
 
 
 def test_plain_llama_server_without_hearth_metrics_or_slots():
