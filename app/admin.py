@@ -223,18 +223,35 @@ def _classes(args, s, data: Path) -> None:
 
 
 def _settings(args, s, data: Path) -> None:
-    from app.store.settings import REGISTRY, UnknownSetting, all_settings, set_setting
+    from app.store.settings import (
+        REGISTRY,
+        Invalid,
+        UnknownSetting,
+        all_settings,
+        conflicts,
+        run_time_choices,
+        set_setting,
+        validate,
+    )
 
     if args.settings_command == "list":
         for name, value in all_settings(s).items():
-            print(f"{name:<22} {json.dumps(value):<14} {REGISTRY[name].help}")
+            d = REGISTRY[name]
+            rules = "; ".join(x for x in (d.bounds(), "needs a restart" if d.restart else "") if x)
+            print(f"{name:<32} {json.dumps(value):<14} [{d.section}] {d.help}{f' ({rules})' if rules else ''}")
         return
+    # 'null' (or nothing) restores the default; anything else is read by the setting's kind.
+    raw = "" if args.value.strip().lower() == "null" else args.value
     try:
-        value = json.loads(args.value)
-    except json.JSONDecodeError:
-        value = args.value  # a bare string, e.g. a model name
-    try:
-        set_setting(s, args.name, value)
+        value = validate(args.name, raw, run_time_choices(s, args.name))
     except UnknownSetting:
         raise AdminError(f"unknown setting '{args.name}'; known: {', '.join(REGISTRY)}")
-    print(f"{args.name} = {json.dumps(value)}")
+    except Invalid as exc:
+        raise AdminError(str(exc))
+    before = all_settings(s)
+    new = {n: p for n, p in conflicts(before | {args.name: value}).items() if n not in conflicts(before)}
+    if new:
+        raise AdminError("; ".join(new.values()))
+    set_setting(s, args.name, value)
+    note = " (restart hearth serve to apply)" if REGISTRY[args.name].restart else ""
+    print(f"{args.name} = {json.dumps(REGISTRY[args.name].default if value is None else value)}{note}")

@@ -219,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     settings = sub.add_parser("settings", help="stored settings")
     settings_sub = settings.add_subparsers(dest="settings_command", required=True)
-    settings_sub.add_parser("list", help="every setting, its value and what it does")
-    sset = settings_sub.add_parser("set", help="set a setting (JSON value; 'null' restores the default)")
+    settings_sub.add_parser("list", help="every setting, its value, what it does and its bounds")
+    sset = settings_sub.add_parser("set", help="set a setting, checked against its kind and bounds ('null' restores the default)")
     sset.add_argument("name")
     sset.add_argument("value")
     return parser

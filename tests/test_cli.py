@@ -5,6 +5,9 @@ import sqlite3
 import pytest
 
 from app.cli import main
+from app.store.db import open_store
+from app.store.models import Setting
+from app.store.settings import REGISTRY, get_setting
 
 
 @pytest.fixture()
@@ -61,8 +64,72 @@ def test_classes_and_settings(data, capsys):
     assert "not a valid max_queue" in capsys.readouterr().err
     assert main(["settings", "set", "memory_limit_mb", "2048"]) == 0
     assert main(["settings", "list"]) == 0
-    assert "memory_limit_mb        2048" in capsys.readouterr().out
+    assert "memory_limit_mb                  2048" in capsys.readouterr().out
     assert main(["settings", "set", "nope", "1"]) == 2
+
+
+def stored_settings(data):
+    """The registry's settings that have a stored value, read back through the store."""
+    engine, sessions = open_store(data)
+    try:
+        with sessions() as s:
+            return {k: get_setting(s, k) for k in REGISTRY if s.get(Setting, k) is not None}
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    # Stored before, and then `hearth serve` could not start: int("abc") in the gateway's admission.
+    ("max_in_flight_total", "abc", "max_in_flight_total must be a whole number (got abc)"),
+    # Stored before, and then every runner exited: 8 KV cells hold no chat template.
+    ("runner_ctx", "8", "runner_ctx must be at least 256 (got 8)"),
+    ("runner_parallel", "1000", "runner_parallel must be at most 256 (got 1000)"),
+    ("samples_retention_h", "inf", "samples_retention_h must be a number (got inf)"),
+    ("status_public", "maybe", "status_public must be true or false (got maybe)"),
+    ("bind", "8080", "bind must be host:port"),
+    ("models_dir", "models", "models_dir must be an absolute path"),
+    ("api_open_class", "poetry", "api_open_class must be one of: background, chat, coding, documents, voice (got poetry)"),
+])
+def test_settings_set_refuses_what_serve_and_runners_cannot_run_with(data, capsys, name, value, message):
+    assert main(["settings", "list"]) == 0  # the store exists, nothing stored yet
+    capsys.readouterr()
+    assert main(["settings", "set", name, value]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"hearth settings: {message}")
+    assert stored_settings(data) == {}
+
+
+def test_settings_set_reads_values_by_kind_and_checks_settings_together(data, capsys):
+    assert main(["settings", "set", "runner_ctx", "2048"]) == 0
+    assert main(["settings", "set", "status_public", "yes"]) == 0
+    assert main(["settings", "set", "samples_retention_h", "72"]) == 0
+    assert main(["settings", "set", "bind", "0.0.0.0:8081"]) == 0
+    assert "restart hearth serve to apply" in capsys.readouterr().out
+    assert stored_settings(data) == {"runner_ctx": 2048, "status_public": True, "samples_retention_h": 72.0,
+                                     "bind": "0.0.0.0:8081"}
+    # One token per slot in every batch: a batch below the slots is refused whichever of the two changes.
+    assert main(["settings", "set", "runner_parallel", "64"]) == 0
+    assert main(["settings", "set", "runner_batch", "32"]) == 2
+    assert "runner_batch must be at least runner_parallel (64)" in capsys.readouterr().err
+    assert main(["settings", "set", "runner_batch", "64"]) == 0
+    assert main(["settings", "set", "runner_parallel", "128"]) == 2
+    assert main(["settings", "set", "runner_ctx", "null"]) == 0
+    assert "runner_ctx" not in stored_settings(data)
+
+
+def test_settings_set_default_model_to_a_catalogued_model(data, capsys):
+    assert main(["settings", "set", "default_model", "gemma-3-270m-q4_k_m"]) == 2  # nothing scanned yet
+    assert "default_model must be one of: none yet" in capsys.readouterr().err
+    assert main(["models", "list"]) == 0
+    assert main(["settings", "set", "default_model", "broken"]) == 2  # catalogued, but not usable
+    assert main(["settings", "set", "default_model", "gemma-3-270m-q4_k_m"]) == 0
+    assert stored_settings(data)["default_model"] == "gemma-3-270m-q4_k_m"
+
+
+def test_settings_list_shows_sections_bounds_and_restarts(data, capsys):
+    assert main(["settings", "list"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "[Models and runners]" in lines["runner_ctx"] and "(256 to 1048576 cells)" in lines["runner_ctx"]
+    assert "needs a restart" in lines["bind"] and "needs a restart" not in lines["runner_ctx"]
 
 
 def test_printing_commands_called_in_process_leave_sigpipe_alone(data, capsys):

@@ -13,7 +13,6 @@ from pathlib import Path
 from app.llama_tools import BUILD_SCRIPT, LlamaToolsNotFound, tools_cache_dir
 
 BATCHED_BENCH = "llama-batched-bench"
-DEFAULT_LEVELS = (1, 2, 4, 8)
 
 
 # The settings line printed above the markdown table, e.g.

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from app.exposition import Scrape, parse_exposition
 from app.store.db import DATABASE_NAME
 from app.telemetry.stats import quantile
 
@@ -127,21 +128,9 @@ class SoakReport:
         return all(self.criteria.values())
 
 
-def _metrics(client: httpx.Client, url: str) -> dict[str, float]:
-    """Prometheus text as {'name{labels}': value}."""
-    out = {}
-    for line in client.get(url, timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                continue
-    return out
-
-
-def _sum(metrics: dict[str, float], prefix: str) -> float:
-    return sum(v for k, v in metrics.items() if k == prefix or k.startswith(prefix + "{"))
+def _metrics(client: httpx.Client, url: str) -> Scrape:
+    """The server's /metrics, parsed."""
+    return parse_exposition(client.get(url, timeout=10).text)
 
 
 def _fd_kinds(pid: int) -> Counter:
@@ -371,14 +360,15 @@ def _runner_url(runner_pids: list[int]) -> str | None:
 
 def _idle_state(client: httpx.Client, gateway: str, runner: str | None) -> dict:
     g = _metrics(client, gateway + "/metrics")
-    state = {"gateway_in_flight": _sum(g, "hearth:class_in_flight") + _sum(g, "hearth:model_in_flight"),
-             "gateway_waiting": _sum(g, "hearth:class_waiting")}
+    # Labelled per class and per model: the sums over all of them.
+    state = {"gateway_in_flight": (g.value("hearth:class_in_flight") or 0.0) + (g.value("hearth:model_in_flight") or 0.0),
+             "gateway_waiting": g.value("hearth:class_waiting") or 0.0}
     if runner:
         m = _metrics(client, runner + "/metrics")
         slots = client.get(runner + "/slots", timeout=10).json()
-        state.update(kv_cells_used=m.get("hearth:kv_cells_used"), runner_running=m.get("hearth:requests_running"),
-                     runner_waiting=m.get("hearth:requests_waiting"),
-                     runner_cancelled=m.get('hearth:requests_finished_total{reason="cancelled"}', 0.0),
+        state.update(kv_cells_used=m.value("hearth:kv_cells_used"), runner_running=m.value("hearth:requests_running"),
+                     runner_waiting=m.value("hearth:requests_waiting"),
+                     runner_cancelled=m.value("hearth:requests_finished_total", {"reason": "cancelled"}) or 0.0,
                      slots_busy=sum(1 for s in slots if s.get("is_processing")))
     return state
 

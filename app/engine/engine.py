@@ -26,6 +26,7 @@ from app.policy import Mode
 
 log = logging.getLogger(__name__)
 
+# ModelBackend.decode's return codes, llama_decode's own: done, or no KV slot for the batch (preempt and retry).
 DECODE_OK = 0
 DECODE_NO_KV_SLOT = 1
 # Less urgent prefill tokens per iteration while a more urgent sequence runs (SchedulerConfig):

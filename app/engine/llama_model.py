@@ -10,14 +10,12 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from app.engine.engine import DECODE_NO_KV_SLOT, DECODE_OK
 from app.engine.model_config import ModelConfig
 from app.engine.request import SamplingParams
 from app.engine.scheduler import Chunk
 
 log = logging.getLogger(__name__)
-
-DECODE_OK = 0
-DECODE_NO_KV_SLOT = 1
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -223,7 +221,7 @@ class LlamaModel:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
         self._batch.n_tokens = n
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
-        if rc < 0 or rc > 1:
+        if rc not in (DECODE_OK, DECODE_NO_KV_SLOT):
             raise RuntimeError(f"llama_decode failed with code {rc}")
         return rc, logit_idx
 

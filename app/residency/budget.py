@@ -12,6 +12,8 @@ from typing import Any
 
 import psutil
 
+from app.hardware import gpu_memory
+
 MIB = 1024 * 1024
 KIND_VRAM = "vram"
 KIND_RAM = "ram"
@@ -57,21 +59,24 @@ def detect_budget(
     virtual_memory: Callable[[], Any] = psutil.virtual_memory,
     cgroup_root: Path = CGROUP_ROOT,
 ) -> MemoryBudget:
-    """Measures the budget: NVIDIA GPUs when NVML finds any (and use_gpu), else RAM."""
+    """Measures the budget: NVIDIA GPUs when NVML finds any (and use_gpu), else RAM.
+
+    `nvml` is an opened pynvml-like module (tests pass fakes); by default the process's one (app.hardware).
+    """
     if reserve_bytes is not None and reserve_bytes < 0:
         raise ValueError(f"reserve_bytes must not be negative (got {reserve_bytes})")
     if limit_bytes is not None and limit_bytes <= 0:
         raise ValueError(f"limit_bytes must be positive (got {limit_bytes})")
     detail = "GPU not wanted (use_gpu=False)"
     if use_gpu:
-        gpus, detail = _nvml_devices(nvml)
+        gpus, note = gpu_memory(nvml)
         if gpus:
-            total = sum(total for _, total, _ in gpus)
-            free = sum(free for _, _, free in gpus)
+            total = sum(g.total_bytes for g in gpus)
+            free = sum(g.free_bytes for g in gpus)
             if reserve_bytes is None:
                 reserve_bytes = int(total * DEFAULT_RESERVE_FRACTION)
-            names = tuple(name for name, _, _ in gpus)
-            return _budget(KIND_VRAM, total, free, reserve_bytes, limit_bytes, names, detail)
+            return _budget(KIND_VRAM, total, free, reserve_bytes, limit_bytes, tuple(g.name for g in gpus), note)
+        detail = f"RAM: {note}"
     memory = virtual_memory()
     total, available = memory.total, memory.available
     cgroup_limit, cgroup_usage = _cgroup_memory(cgroup_root)
@@ -105,40 +110,6 @@ def _budget(
         devices=devices,
         detail=detail,
     )
-
-
-def _nvml_devices(nvml: Any) -> tuple[list[tuple[str, int, int]], str]:
-    """Returns (name, total, free) per NVIDIA GPU and a note; no GPUs when NVML is unusable."""
-    if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError:
-            return [], "RAM: pynvml is not installed"
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        # The library missing, no driver loaded, no permission: all mean "no usable GPU".
-        return [], f"RAM: no NVIDIA driver ({exc})"
-    try:
-        gpus = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            name = nvml.nvmlDeviceGetName(handle)
-            # Older NVML bindings return bytes.
-            if isinstance(name, bytes):
-                name = name.decode("utf-8", errors="replace")
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append((name, int(info.total), int(info.free)))
-    except nvml.NVMLError as exc:
-        return [], f"RAM: NVML could not read the GPUs ({exc})"
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
-    if not gpus:
-        return [], "RAM: the NVIDIA driver reports no GPU"
-    return gpus, f"VRAM of {len(gpus)} NVIDIA GPU(s) via NVML"
 
 
 def _cgroup_memory(root: Path) -> tuple[int | None, int | None]:

@@ -152,8 +152,7 @@ class _Model:
 class Lease:
     """The right to send one request to one node; release() when the response is done."""
 
-    def __init__(self, manager: ResidencyManager, model: _Model, node: _Node, queued_at: float,
-                 acquired_at: float):
+    def __init__(self, manager: ResidencyManager, model: _Model, node: _Node):
         self._manager = manager
         self._model = model
         self._node = node
@@ -162,17 +161,10 @@ class Lease:
         self.model_name = model.name
         self.local = node.local
         self.pid = node.runner.pid if node.runner else None
-        self.queued_at = queued_at
-        self.acquired_at = acquired_at
         self.released = False
 
     def __repr__(self) -> str:
         return f"<Lease {self.model_name} on {self.node_label} {self.url}>"
-
-    @property
-    def wait_ms(self) -> float:
-        """Time acquire() took, loading included."""
-        return (self.acquired_at - self.queued_at) * 1000
 
     def release(self) -> None:
         """End the lease (idempotent)."""
@@ -207,12 +199,11 @@ class ResidencyManager:
 
     def acquire(self, name: str) -> Lease:
         """A lease on the least loaded healthy node serving `name`, loading its runner if needed."""
-        queued_at = self._clock()
-        lease = self._serve(name, queued_at, want_lease=True)
+        lease = self._serve(name, want_lease=True)
         assert lease is not None
         return lease
 
-    def _serve(self, name: str, queued_at: float, want_lease: bool, why: str = "pinned") -> Lease | None:
+    def _serve(self, name: str, want_lease: bool, why: str = "pinned") -> Lease | None:
         catalog = self._models_fn()
         # Each turn of the loop, until a lease is handed out (or, for want_lease=False, until ready):
         #   1. the local runner is ready (or there is none) → choose a node and lease it;
@@ -273,7 +264,7 @@ class ResidencyManager:
                 except ModelLoadFailed as exc:
                     failure = exc
                 continue
-            lease = self._choose(m, nodes, queued_at, failure)
+            lease = self._choose(m, nodes, failure)
             if lease is not None:
                 return lease
 
@@ -386,8 +377,7 @@ class ResidencyManager:
         else:
             done.set_result(None)
 
-    def _choose(self, m: _Model, nodes: list[_Node], queued_at: float,
-                failure: ResidencyError | None) -> Lease | None:
+    def _choose(self, m: _Model, nodes: list[_Node], failure: ResidencyError | None) -> Lease | None:
         """Lease the best of `nodes`, probing outside the lock; None if the model's nodes changed meanwhile."""
         for n in nodes:
             if not n.local and (not n.checked or not n.healthy):
@@ -408,9 +398,8 @@ class ResidencyManager:
                                             0 if n.local else 1, n.label))
             best.in_flight += 1
             m.in_flight += 1
-            now = self._clock()
-            m.last_used = now
-            return Lease(self, m, best, queued_at, now)
+            m.last_used = self._clock()
+            return Lease(self, m, best)
 
     def _probe(self, n: _Node) -> None:
         """Health-check one remote node (outside the lock)."""
@@ -538,7 +527,7 @@ class ResidencyManager:
 
     def load(self, name: str) -> None:
         """Make `name` resident without leasing it (the dashboard's Load); raises ResidencyError."""
-        self._serve(name, self._clock(), want_lease=False, why="loaded by the admin")
+        self._serve(name, want_lease=False, why="loaded by the admin")
 
     def unload(self, name: str, reason: str = "unloaded by the admin") -> bool:
         """Stop `name`'s local runner now; False if it was not resident; ModelBusy while loading or serving."""
@@ -562,7 +551,7 @@ class ResidencyManager:
             if spec.policy != "pinned" or spec.runner is None:
                 continue
             try:
-                self._serve(name, self._clock(), want_lease=False)
+                self._serve(name, want_lease=False)
                 results[name] = None
             except ResidencyError as exc:
                 log.error("pinned model %s not loaded: %s", name, exc)

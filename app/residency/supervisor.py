@@ -7,7 +7,6 @@ import ctypes
 import logging
 import os
 import queue
-import re
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 
+from app.exposition import parse_exposition
 from app.hardware import cpu_has_amx, usable_cores
 from app.policy import RUNNER_KINDS, RunnerKind
 
@@ -432,7 +432,6 @@ def _error_message(r: httpx.Response) -> str:
 
 # --- remote node -----------------------------------------------------------------------------
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 # Requests running + waiting, by the names each server family exports.
 LOAD_METRICS = (
     ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
@@ -441,19 +440,15 @@ LOAD_METRICS = (
 
 
 def parse_load(metrics_text: str) -> float | None:
-    """Running + waiting requests from Prometheus text (llama-server or vLLM names); None if absent."""
-    values: dict[str, float] = {}
-    for line in metrics_text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            try:
-                # Labelled series (vLLM labels by model) add up.
-                values[m.group(1)] = values.get(m.group(1), 0.0) + float(m.group(2))
-            except ValueError:
-                continue
+    """Running + waiting requests from Prometheus text (llama-server or vLLM names); None if absent.
+
+    Labelled series (vLLM labels by model and engine) add up; text that is no exposition raises ValueError.
+    """
+    scrape = parse_exposition(metrics_text)
     for names in LOAD_METRICS:
-        if any(n in values for n in names):
-            return sum(values.get(n, 0.0) for n in names)
+        values = [scrape.value(n) for n in names]
+        if any(v is not None for v in values):
+            return sum(v or 0.0 for v in values)
     return None
 
 
@@ -464,6 +459,8 @@ class RemoteNode:
         self.url = url.rstrip("/")
         self.label = label or self.url
         self.timeout_s = timeout_s
+        # Routing asks for the load on every request: an unreadable /metrics is logged once per streak.
+        self._metrics_unreadable = False
 
     def __repr__(self) -> str:
         return f"<RemoteNode {self.label} {self.url}>"
@@ -486,4 +483,12 @@ class RemoteNode:
             return None
         if r.status_code != 200:
             return None
-        return parse_load(r.text)
+        try:
+            load = parse_load(r.text)
+        except ValueError as error:
+            if not self._metrics_unreadable:
+                log.warning("remote node %s: /metrics is unreadable, routing ignores its load: %s", self.label, error)
+            self._metrics_unreadable = True
+            return None
+        self._metrics_unreadable = False
+        return load

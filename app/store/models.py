@@ -34,7 +34,6 @@ from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS
 MODEL_SOURCES = ("default", "folder", "remote")
 # Checked by the code that writes them, not by CHECK constraints: adding a kind to a large log
 # table would otherwise mean rewriting the whole table in an SQLite migration.
-RESIDENCY_EVENTS = ("load", "unload", "evict", "crash", "load_failed", "restart")
 REQUEST_STATUSES = ("ok", "error", "cancelled", "timeout", "rejected")
 
 # Named constraints are what lets Alembic's batch mode find and alter them on SQLite later.
@@ -321,7 +320,6 @@ class Rollup1h(_RollupColumns, Base):
 
 # Bench: one `hearth bench replay` is a session of runs (target × mode × level); every request a
 # run sent is kept as raw evidence, so a run's summary can be recomputed from its rows at any time.
-BENCH_STATUSES = ("running", "done", "failed")
 
 
 class BenchSession(Base):

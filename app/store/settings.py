@@ -1,68 +1,279 @@
-"""Settings stored in the database: a registry of (name, default, help), editable by the admin."""
+"""Settings stored in the database: a registry of (name, default, help) with each entry's kind, bounds,
+unit, section and whether a restart applies it; one `validate` that the CLI and the dashboard share.
+
+Bounds are what serve and its runners can run with, not taste: a runner needs a few hundred KV
+cells for a chat template and a short answer, at least one sequence slot, and a batch of at least
+one token per slot (the engine's token budget is n_batch, and every running sequence decodes one
+token per iteration). A stored value that breaks them anyway (written before the bounds existed)
+is read as the default, with a warning, so `hearth serve` still starts.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+import re
+import threading
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.store.models import Setting, utcnow
+from app.store.models import Model, RequestClass, Setting, utcnow
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["int", "float", "bool", "str", "path", "choice"]
+SECTIONS = ("Memory", "Models and runners", "Gateway", "Telemetry", "Network and access", "Bench verdict")
+# What a boolean may be typed as on the command line (the dashboard's checkbox sends "on").
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})$")
 
 
-@dataclass(frozen=True)
-class SettingDef:
-    """One setting: its name, default value and what it does."""
-
-    name: str
-    default: Any
-    help: str
-
-
-REGISTRY = {
-    s.name: s
-    for s in [
-        SettingDef("default_model", None, "model used when a request and its class name none (default: the embedded model)"),
-        SettingDef("memory_limit_mb", None, "memory resident models may use, in MiB (default: detected RAM/VRAM minus a reserve)"),
-        SettingDef("memory_reserve_mb", None, "memory kept free for everything else, in MiB (default: 10 %, at least 512)"),
-        SettingDef("max_in_flight_total", 64, "requests the gateway relays at once, all classes together"),
-        SettingDef("runner_ctx", 4096, "default KV cells per local runner"),
-        SettingDef("runner_parallel", 4, "default sequence slots per local runner"),
-        SettingDef("runner_batch", 512, "default n_batch per local runner"),
-        SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)"),
-        SettingDef("api_open_on_lan", False, "answer API requests without a token from private-network (LAN) addresses, as member 'lan' in class api_open_class; a presented token is still checked"),
-        SettingDef("api_open_class", "chat", "class of tokenless LAN requests when api_open_on_lan is on"),
-        SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned"),
-        SettingDef("models_dir", None, "folder scanned for .gguf models (default: <data>/models; $HEARTH_MODELS_DIR wins; restart to apply)"),
-        SettingDef("bind", None, "host:port hearth serve listens on (default 127.0.0.1:8080; --bind and $HEARTH_BIND win; restart to apply)"),
-        SettingDef("status_public", False, "show the phone status page (/status) without the admin login"),
-        SettingDef("proxy_hops", 0, "reverse proxies in front of hearth serve whose X-Forwarded-* headers are trusted (0: none; restart to apply)"),
-        SettingDef("verdict_min_gain", 1.3, "throughput gain of continuous over serial batching, at the household's typical overlap, that justifies continuous batching"),
-        SettingDef("verdict_rare_overlap_share", 0.1, "below this share of busy time with 2 or more requests active, requests 'rarely overlap' and residency comes first"),
-        SettingDef("verdict_default_overlap", 4, "overlap level the verdict uses when the request log has no traffic yet"),
-        SettingDef("verdict_interactive_max_priority", 1, "classes with this priority or lower are interactive: their p95 TTFT must stay within target"),
-        SettingDef("verdict_flat_gain", 1.1, "throughput step between overlap levels below which more parallel slots stop paying"),
-        SettingDef("samples_retention_h", 48, "hours of 1-second telemetry samples kept; longer ranges read 1-minute rollups (kept 30 days) and hourly ones (365 days)"),
-    ]
-}
+class Invalid(ValueError):
+    """A value a setting cannot take; the message names the setting and the bound it broke."""
 
 
 class UnknownSetting(KeyError):
     """A setting name that is not in the registry."""
 
 
+def _number(x: float) -> str:
+    """A bound as the admin types it: 1048576, 0.5 (not 1.04858e+06)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _host_port(value: str) -> str | None:
+    """The problem with a host:port, or None."""
+    match = _HOST_PORT.match(value)
+    if match and 1 <= int(match.group(2)) <= 65535:
+        return None
+    return "must be host:port, e.g. 0.0.0.0:8080 for the whole LAN or 127.0.0.1:8080 for this machine only"
+
+
+@dataclass(frozen=True)
+class SettingDef:
+    """One setting: its name, default and what it does, and the rules a value must keep."""
+
+    name: str
+    default: Any  # None: worked out at run time (the help says how)
+    help: str
+    kind: Kind
+    section: str
+    label: str  # what the dashboard calls it
+    unit: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    # A "choice" whose options exist only at run time (models, classes) gets them from the caller.
+    choices: tuple[str, ...] = ()
+    restart: bool = False  # read once when hearth serve starts
+    env: str | None = None  # an environment variable that wins over the stored value
+    check: Callable[[str], str | None] | None = None  # a "str" value's extra rule: the problem, or None
+
+    def bounds(self) -> str:
+        """The allowed range in words ("256 to 1048576 cells"), or "" when there is none."""
+        unit = f" {self.unit}" if self.unit else ""
+        if self.minimum is not None and self.maximum is not None:
+            return f"{_number(self.minimum)} to {_number(self.maximum)}{unit}"
+        if self.minimum is not None:
+            return f"at least {_number(self.minimum)}{unit}"
+        if self.maximum is not None:
+            return f"at most {_number(self.maximum)}{unit}"
+        return ""
+
+
+MIB_MAX = 16 * 1024 * 1024  # 16 TiB in MiB: larger is a typo
+REGISTRY = {
+    s.name: s
+    for s in [
+        SettingDef("default_model", None, "model used when a request and its class name none (default: the embedded model)",
+                   "choice", "Models and runners", "Default model"),
+        SettingDef("memory_limit_mb", None, "memory resident models may use, in MiB (default: detected RAM/VRAM minus a reserve)",
+                   "int", "Memory", "Memory budget", "MiB", 256, MIB_MAX),
+        SettingDef("memory_reserve_mb", None, "memory kept free for everything else, in MiB (default: 10 %, at least 512)",
+                   "int", "Memory", "Memory reserve", "MiB", 0, MIB_MAX),
+        SettingDef("max_in_flight_total", 64, "requests the gateway relays at once, all classes together",
+                   "int", "Gateway", "Requests in flight", "requests", 1, 100_000, restart=True),
+        # ≥ 256: a chat template, a short prompt and its answer; 2^20 cells is beyond any GGUF's trained context.
+        SettingDef("runner_ctx", 4096, "default KV cells per local runner, shared by its slots",
+                   "int", "Models and runners", "KV cells per runner", "cells", 256, 1 << 20),
+        # ≤ 256: llama.cpp's own limit on sequences per context (LLAMA_MAX_SEQ).
+        SettingDef("runner_parallel", 4, "default sequence slots per local runner",
+                   "int", "Models and runners", "Sequence slots per runner", "slots", 1, 256),
+        SettingDef("runner_batch", 512, "default n_batch per local runner (at least runner_parallel: one token per slot)",
+                   "int", "Models and runners", "Batch size (n_batch)", "tokens", 32, 65536),
+        SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)",
+                   "int", "Models and runners", "CPU threads per runner", "threads", 1, 1024),
+        SettingDef("api_open_on_lan", False, "answer API requests without a token from private-network (LAN) addresses, as member 'lan' in class api_open_class; a presented token is still checked",
+                   "bool", "Network and access", "Open API on the LAN"),
+        SettingDef("api_open_class", "chat", "class of tokenless LAN requests when api_open_on_lan is on",
+                   "choice", "Network and access", "Class of LAN requests"),
+        SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned",
+                   "int", "Models and runners", "Models folder rescan", "s", 5, 86400, restart=True),
+        SettingDef("models_dir", None, "folder scanned for .gguf models (default: <data>/models; $HEARTH_MODELS_DIR wins)",
+                   "path", "Models and runners", "Models folder", restart=True, env="HEARTH_MODELS_DIR"),
+        SettingDef("bind", None, "host:port hearth serve listens on (default 127.0.0.1:8080; --bind and $HEARTH_BIND win)",
+                   "str", "Network and access", "Bind address", restart=True, env="HEARTH_BIND", check=_host_port),
+        SettingDef("status_public", False, "show the phone status page (/status) without the admin login",
+                   "bool", "Network and access", "Public status page"),
+        SettingDef("proxy_hops", 0, "reverse proxies in front of hearth serve whose X-Forwarded-* headers are trusted (0: none)",
+                   "int", "Network and access", "Trusted reverse proxies", "proxies", 0, 10, restart=True),
+        SettingDef("verdict_min_gain", 1.3, "throughput gain of continuous over serial batching, at the household's typical overlap, that justifies continuous batching",
+                   "float", "Bench verdict", "Gain that justifies batching", "×", 1, 100),
+        SettingDef("verdict_rare_overlap_share", 0.1, "below this share of busy time with 2 or more requests active, requests 'rarely overlap' and residency comes first",
+                   "float", "Bench verdict", "Rare-overlap share", "", 0, 1),
+        SettingDef("verdict_default_overlap", 4, "overlap level the verdict uses when the request log has no traffic yet",
+                   "int", "Bench verdict", "Default overlap level", "requests", 1, 64),
+        SettingDef("verdict_interactive_max_priority", 1, "classes with this priority or lower are interactive: their p95 TTFT must stay within target",
+                   "int", "Bench verdict", "Interactive up to priority", "", 0, 100),
+        SettingDef("verdict_flat_gain", 1.1, "throughput step between overlap levels below which more parallel slots stop paying",
+                   "float", "Bench verdict", "Flat gain step", "×", 1, 100),
+        SettingDef("samples_retention_h", 48, "hours of 1-second telemetry samples kept; longer ranges read 1-minute rollups (kept 30 days) and hourly ones (365 days)",
+                   "float", "Telemetry", "Keep 1-second samples", "h", 1, 24 * 365),
+    ]
+}
+
+
+def definition(name: str) -> SettingDef:
+    """The registry entry of `name`; UnknownSetting when there is none."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UnknownSetting(name) from None
+
+
+def _typed(d: SettingDef, raw: Any) -> Any:
+    """`raw` (text from a form or a shell, or an already typed value) as the setting's kind."""
+    text = raw.strip() if isinstance(raw, str) else raw
+    if d.kind == "bool":
+        if isinstance(text, bool):
+            return text
+        if isinstance(text, int) and text in (0, 1):  # JSON 1/0, as older `hearth settings set` stored them
+            return bool(text)
+        if isinstance(text, str) and text.lower() in TRUE_WORDS + FALSE_WORDS:
+            return text.lower() in TRUE_WORDS
+        raise Invalid(f"{d.name} must be true or false (got {raw})")
+    if d.kind == "int":
+        if isinstance(text, bool):
+            raise Invalid(f"{d.name} must be a whole number (got {raw})")
+        if isinstance(text, int):
+            return text
+        if isinstance(text, float) and text.is_integer():
+            return int(text)
+        try:
+            return int(text)
+        except (TypeError, ValueError):
+            raise Invalid(f"{d.name} must be a whole number (got {raw})") from None
+    if d.kind == "float":
+        try:
+            value = float(text) if isinstance(text, str | int | float) and not isinstance(text, bool) else math.nan
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise Invalid(f"{d.name} must be a number (got {raw})")
+        return value
+    if not isinstance(text, str):
+        raise Invalid(f"{d.name} must be text (got {raw})")
+    return text
+
+
+def _within(d: SettingDef, value: Any, raw: Any) -> None:
+    """Raise Invalid when a typed value breaks the setting's bounds or rules (no I/O, no run-time choices)."""
+    if d.kind in ("int", "float"):
+        if d.minimum is not None and value < d.minimum:
+            raise Invalid(f"{d.name} must be at least {_number(d.minimum)} (got {raw})")
+        if d.maximum is not None and value > d.maximum:
+            raise Invalid(f"{d.name} must be at most {_number(d.maximum)} (got {raw})")
+    if d.kind == "choice" and d.choices and value not in d.choices:
+        raise Invalid(f"{d.name} must be one of {', '.join(d.choices)} (got {raw})")
+    if d.kind == "path" and not Path(value).expanduser().is_absolute():
+        raise Invalid(f"{d.name} must be an absolute path, e.g. /srv/models (got {raw})")
+    if d.check is not None:
+        problem = d.check(value)
+        if problem:
+            raise Invalid(f"{d.name} {problem} (got {raw})")
+
+
+def validate(name: str, raw: Any, choices: Collection[str] | None = None) -> Any:
+    """The value `raw` gives setting `name` (None: back to the default, for an empty text); Invalid names the bound.
+
+    `raw` is text from `hearth settings set` or the Settings form, or a typed value. `choices` are the
+    options of a "choice" setting known only at run time (the models, the classes); None leaves them
+    unchecked. A path must name a folder on this machine.
+    """
+    d = definition(name)
+    if raw is None or (isinstance(raw, str) and raw.strip() == ""):
+        return None
+    value = _typed(d, raw)
+    _within(d, value, raw)
+    if d.kind == "path":
+        path = Path(value).expanduser()
+        if not path.is_dir():
+            raise Invalid(f"{name} must be a folder on this machine ({path} is not one)")
+        value = str(path)
+    if d.kind == "choice" and not d.choices and choices is not None and value not in choices:
+        known = ", ".join(sorted(choices)) or "none yet"
+        raise Invalid(f"{name} must be one of: {known} (got {raw})")
+    return value
+
+
+def conflicts(values: Mapping[str, Any]) -> dict[str, str]:
+    """Rules between settings, on effective values (None = the default): {setting: what is wrong}."""
+    def value(name: str) -> Any:
+        v = values.get(name)
+        return REGISTRY[name].default if v is None else v
+
+    problems = {}
+    batch, parallel = value("runner_batch"), value("runner_parallel")
+    if batch < parallel:
+        # The engine's token budget is n_batch and each running sequence needs one token of it per iteration.
+        problems["runner_batch"] = (f"runner_batch must be at least runner_parallel ({parallel}): every slot "
+                                    f"decodes one token of each batch (got {batch})")
+    return problems
+
+
+def run_time_choices(session: Session, name: str) -> Collection[str] | None:
+    """The options the store knows for a run-time "choice" setting (catalogued models, classes); None for others."""
+    if name == "default_model":
+        rows = session.execute(select(Model.name, Model.alias).where(Model.usable)).all()
+        return {n for n, _ in rows} | {a for _, a in rows if a}
+    if name == "api_open_class":
+        return set(session.scalars(select(RequestClass.name)))
+    return None
+
+
+_warned_stored: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
 def get_setting(session: Session, name: str) -> Any:
-    """The stored value, or the registry default."""
-    if name not in REGISTRY:
-        raise UnknownSetting(name)
+    """The stored value, or the registry default (also for a stored value that breaks the setting's bounds)."""
+    d = definition(name)
     row = session.get(Setting, name)
-    return REGISTRY[name].default if row is None else row.value
+    if row is None or row.value is None:
+        return d.default
+    try:
+        value = _typed(d, row.value)
+        _within(d, value, row.value)
+    except Invalid as problem:
+        key = (name, repr(row.value))
+        with _warned_lock:
+            first = key not in _warned_stored
+            _warned_stored.add(key)
+        if first:
+            log.warning("stored setting ignored, the default %r is used: %s; fix it with `hearth settings set %s …`",
+                        d.default, problem, name)
+        return d.default
+    return value
 
 
 def set_setting(session: Session, name: str, value: Any) -> None:
-    """Store a value (None restores the default); the caller commits."""
-    if name not in REGISTRY:
-        raise UnknownSetting(name)
+    """Store a value (None restores the default) after the registry's checks; the caller commits."""
+    value = validate(name, value)
     row = session.get(Setting, name)
     if value is None:
         if row is not None:

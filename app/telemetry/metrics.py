@@ -40,6 +40,12 @@ class _ResidencyCollector:
                 model, _, node = source.removeprefix("runner:").partition("@")
                 kv.add_metric([model, node], values["kv_used_pct"])
         yield kv
+        scrape_failures = CounterMetricFamily(
+            "hearth:runner_scrape_failures", "Failed 1-s scrapes of a runner's /metrics (unreachable, error, unreadable)",
+            labels=["model", "node"])
+        for (model, node), n in sorted(sampler_for(self.hearth).scrape_failures.totals().items()):
+            scrape_failures.add_metric([model, node], float(n))
+        yield scrape_failures
         waiting = GaugeMetricFamily("hearth:class_waiting", "Requests waiting for admission", labels=["class"])
         running = GaugeMetricFamily("hearth:class_in_flight", "Requests admitted and not finished", labels=["class"])
         for name, snap in self.hearth.admission.snapshot().items():

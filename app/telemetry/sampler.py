@@ -13,10 +13,10 @@ Called once a second by the `sample_telemetry` job. Each step of `Sampler.sample
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -27,6 +27,8 @@ import psutil
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from app.exposition import parse_exposition
+from app.hardware import nvml_gpus, report_nvml_error
 from app.store.models import Sample, Series
 
 log = logging.getLogger(__name__)
@@ -96,19 +98,6 @@ def sample_host(ps: Any = psutil) -> list[Reading]:
     ]
 
 
-@functools.cache
-def open_nvml() -> Any | None:
-    """The initialised pynvml module, or None without the library, the driver or a GPU (tried once)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as error:  # ImportError, or NVMLError when there is no driver: both mean "no GPU"
-        log.info("no NVIDIA GPU telemetry: %s", error)
-        return None
-    return pynvml
-
-
 _GPU_PROBES = [
     ("gpu_util_pct", lambda nvml, h: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
     ("vram_used_bytes", lambda nvml, h: nvml.nvmlDeviceGetMemoryInfo(h).used),
@@ -119,27 +108,23 @@ _GPU_PROBES = [
 
 
 def sample_gpus(nvml: Any = None) -> list[Reading]:
-    """Utilisation, VRAM, temperature and power per GPU; [] when there is no GPU (a normal state)."""
-    nvml = nvml if nvml is not None else open_nvml()
-    if nvml is None:
+    """Utilisation, VRAM, temperature and power per GPU; [] when there is no GPU (a normal state).
+
+    `nvml` is an opened pynvml-like module (tests pass fakes); by default the process's one (app.hardware).
+    """
+    gpus = nvml_gpus(nvml)
+    if gpus is None:
         return []
-    try:
-        count = nvml.nvmlDeviceGetCount()
-    except Exception:
-        return []
+    module, handles = gpus
     readings: list[Reading] = []
-    for i in range(count):
+    for i, handle in enumerate(handles):
         source = f"gpu:{i}"
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        except Exception:
-            continue
         # Each reading on its own: consumer GPUs refuse some (power) and the rest still count.
         for metric, probe in _GPU_PROBES:
             try:
-                readings.append((source, metric, float(probe(nvml, handle))))
-            except Exception:
-                continue
+                readings.append((source, metric, float(probe(module, handle))))
+            except Exception as error:  # NVMLError; "not supported" is logged at info, the rest warn (once)
+                report_nvml_error(f"telemetry: {source} {metric}", error)
     return readings
 
 
@@ -149,23 +134,6 @@ def sample_gateway(snapshot: Mapping[str, Mapping[str, int]]) -> list[Reading]:
         ("gateway", "queue_waiting", float(sum(c["waiting"] for c in snapshot.values()))),
         ("gateway", "in_flight", float(sum(c["in_flight"] for c in snapshot.values()))),
     ]
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Unlabelled samples of a Prometheus text exposition, by name (labelled ones are skipped)."""
-    values = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "{" in line:
-            continue
-        parts = line.split()
-        if len(parts) < 2:
-            continue
-        try:
-            values[parts[0]] = float(parts[1])
-        except ValueError:
-            continue
-    return values
 
 
 class RateTracker:
@@ -193,6 +161,52 @@ class RateTracker:
             del self._previous[key]
 
 
+class ScrapeFailures:
+    """Failed /metrics scrapes per (model, node), for serve's /metrics; each failure streak is logged once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # Every scraped node starts at 0, so a counter that never moves is told from one that is absent.
+        self._totals: dict[tuple[str, str], int] = {}
+        self._failing: dict[tuple[str, str], int] = {}
+
+    def attempted(self, model: str, node: str) -> None:
+        """A scrape of this node is about to happen."""
+        with self._lock:
+            self._totals.setdefault((model, node), 0)
+
+    def failed(self, model: str, node: str, url: str, error: Exception) -> None:
+        """Count one failure; the first of a streak is a warning, the rest only debug."""
+        key = (model, node)
+        with self._lock:
+            self._totals[key] = self._totals.get(key, 0) + 1
+            streak = self._failing[key] = self._failing.get(key, 0) + 1
+        if streak == 1:
+            log.warning("telemetry: cannot read %s/metrics of %s on %s (until it recovers, further failures are "
+                        "only counted, in hearth:runner_scrape_failures_total): %s", url, model, node, error)
+        else:
+            log.debug("telemetry: %s/metrics still failing (%d in a row): %s", url, streak, error)
+
+    def succeeded(self, model: str, node: str) -> None:
+        """End this node's failure streak, if any."""
+        with self._lock:
+            streak = self._failing.pop((model, node), 0)
+        if streak:
+            log.info("telemetry: /metrics of %s on %s readable again after %d failed scrapes", model, node, streak)
+
+    def forget_streaks_except(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Nodes no longer scraped end their streak (a model unloaded); their totals stay, counters never go back."""
+        keep = set(keys)
+        with self._lock:
+            for key in [k for k in self._failing if k not in keep]:
+                del self._failing[key]
+
+    def totals(self) -> dict[tuple[str, str], int]:
+        """Failed scrapes so far by (model, node)."""
+        with self._lock:
+            return dict(self._totals)
+
+
 def _busy_slots(body: str) -> int:
     slots = json.loads(body)
     # llama-server and Hearth's runner say `is_processing`; older llama-server builds say `state`.
@@ -200,10 +214,12 @@ def _busy_slots(body: str) -> int:
 
 
 def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rates: RateTracker,
-                   now: float) -> list[Reading]:
-    """Scrape /metrics and /slots of every healthy node of every ready model; unreachable nodes are skipped."""
+                   now: float, failures: ScrapeFailures | None = None) -> list[Reading]:
+    """Scrape /metrics and /slots of every healthy node of every ready model; failed scrapes are counted and skipped."""
+    failures = failures if failures is not None else ScrapeFailures()
     readings: list[Reading] = []
     seen: list[tuple[str, str]] = []
+    scraped: list[tuple[str, str]] = []
     for model in statuses:
         if model.get("state") != "ready":
             continue
@@ -211,22 +227,28 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
             if not node.get("healthy") or not node.get("url"):
                 continue
             url = node["url"].rstrip("/")
-            source = f"runner:{model['name']}@{node.get('label') or url}"
+            label = node.get("label") or url
+            source = f"runner:{model['name']}@{label}"
+            scraped.append((model["name"], label))
+            failures.attempted(model["name"], label)
             try:
-                values = parse_prometheus(http_get(f"{url}/metrics", SCRAPE_TIMEOUT_S))
-            except Exception as error:
-                log.debug("telemetry: %s/metrics: %s", url, error)
+                scrape = parse_exposition(http_get(f"{url}/metrics", SCRAPE_TIMEOUT_S))
+            except Exception as error:  # unreachable, an HTTP error status, or text that is no exposition
+                failures.failed(model["name"], label, url, error)
                 continue
+            failures.succeeded(model["name"], label)
             for name, metric in RUNNER_COUNTERS.items():
-                if name in values:
+                value = scrape.value(name)
+                if value is not None:
                     seen.append((source, metric))
-                    rate = rates.rate((source, metric), now, values[name])
+                    rate = rates.rate((source, metric), now, value)
                     if rate is not None:
                         readings.append((source, metric, rate))
             for name, metric in RUNNER_GAUGES.items():
-                if name in values:
-                    readings.append((source, metric, values[name]))
-            used, total = values.get("hearth:kv_cells_used"), values.get("hearth:kv_cells_total")
+                value = scrape.value(name)
+                if value is not None:
+                    readings.append((source, metric, value))
+            used, total = scrape.value("hearth:kv_cells_used"), scrape.value("hearth:kv_cells_total")
             if used is not None and total:
                 readings.append((source, "kv_used_pct", 100.0 * used / total))
             try:
@@ -234,6 +256,7 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
             except Exception as error:  # /slots may be disabled on a plain llama-server
                 log.debug("telemetry: %s/slots: %s", url, error)
     rates.forget_except(seen)
+    failures.forget_streaks_except(scraped)
     return readings
 
 
@@ -286,6 +309,7 @@ class Sampler:
         self.nvml = nvml
         self.ps = ps
         self.rates = RateTracker()
+        self.scrape_failures = ScrapeFailures()
         # Readers (status page, overview) use these; they never trigger a collection.
         self.latest: dict[str, dict[str, float]] = {}
         self.latest_at: float | None = None
@@ -293,7 +317,7 @@ class Sampler:
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
         readings = sample_host(self.ps) + sample_gpus(self.nvml) + sample_gateway(self.hearth.admission.snapshot())
-        readings += sample_runners(self.hearth.residency.status(), self.http_get, self.rates, now)
+        readings += sample_runners(self.hearth.residency.status(), self.http_get, self.rates, now, self.scrape_failures)
         return readings
 
     def sample_all(self) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from app.exposition import Scrape, parse_exposition
 from app.hardware import cpu_has_amx, machine, nvml_gpus
 from app.paths import sha256_of
 from app.policy import MODES, ClassPolicy
@@ -40,7 +40,6 @@ from app.verdict.scenarios import (
 
 SAMPLE_INTERVAL_S = 0.2
 HEARTH_MODES = MODES
-_SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 
 
 @dataclass
@@ -59,26 +58,6 @@ class Target:
     def mode(self) -> str:
         """The scheduling mode for hearth runners; the server kind otherwise."""
         return self.label
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text → {name: value}, labelled series of one name added up."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE_LINE.match(line)
-        if m:
-            try:
-                values[m.group(1)] = values.get(m.group(1), 0.0) + float(m.group(2))
-            except ValueError:
-                continue
-    return values
-
-
-def _metric(values: dict[str, float], *names: str) -> float | None:
-    for n in names:
-        if n in values:
-            return values[n]
-    return None
 
 
 class _Utilisation:
@@ -211,17 +190,18 @@ def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str,
                          "before_first_token": client.before_first_token, "util": util.read()}
                     try:
                         r = mclient.get(f"{target.url}/metrics")
-                        values = parse_metrics(r.text) if r.status_code == 200 else {}
-                    except httpx.HTTPError:
-                        values = {}
-                    s["kv_used"] = _metric(values, "hearth:kv_cells_used", "llamacpp:kv_cache_tokens")
-                    s["kv_total"] = _metric(values, "hearth:kv_cells_total")
-                    s["kv_util"] = _metric(values, "llamacpp:kv_cache_usage_ratio")
+                        values = parse_exposition(r.text) if r.status_code == 200 else Scrape()
+                    except (httpx.HTTPError, ValueError):
+                        # A sample without server figures; the request timings still count.
+                        values = Scrape()
+                    s["kv_used"] = values.first("hearth:kv_cells_used", "llamacpp:kv_cache_tokens")
+                    s["kv_total"] = values.value("hearth:kv_cells_total")
+                    s["kv_util"] = values.value("llamacpp:kv_cache_usage_ratio")
                     if s["kv_used"] is not None and s["kv_total"]:
                         s["kv_util"] = s["kv_used"] / s["kv_total"]
-                    s["running"] = _metric(values, "hearth:requests_running", "llamacpp:requests_processing")
-                    s["waiting"] = _metric(values, "hearth:requests_waiting", "llamacpp:requests_deferred")
-                    s["preemptions_total"] = _metric(values, "hearth:preemptions_total")
+                    s["running"] = values.first("hearth:requests_running", "llamacpp:requests_processing")
+                    s["waiting"] = values.first("hearth:requests_waiting", "llamacpp:requests_deferred")
+                    s["preemptions_total"] = values.value("hearth:preemptions_total")
                     samples.append(s)
 
         sampler = threading.Thread(target=sample, name="bench-sampler", daemon=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from app.verdict.replay import HEARTH_MODES, BenchConfig, run_bench, total_runs
 from app.verdict.results import RunResult, request_times
 from app.verdict.scenarios import ScenarioError, load_scenario, shipped_names
 from app.web.auth import login_required
+
+log = logging.getLogger(__name__)
 
 bp = Blueprint("bench", __name__)
 
@@ -89,8 +92,10 @@ def _start_thread(app, cfg: BenchConfig, job: BenchJob) -> threading.Thread:
         try:
             outcome = run_bench(cfg, sessions, progress=progress, log=lambda line: setattr(job, "last", line))
             job.session_id = outcome.session_id
-        # Whatever fails, the page must say so instead of the thread dying unseen.
+        # Whatever fails, the page must say so instead of the thread dying unseen, and the log keeps
+        # the traceback the page's one line cannot show.
         except Exception as exc:  # noqa: BLE001
+            log.exception("bench: the %s replay failed", cfg.scenario)
             job.error = f"{type(exc).__name__}: {exc}"
         finally:
             job.finished = True

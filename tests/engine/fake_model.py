@@ -13,11 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.engine.engine import DECODE_NO_KV_SLOT, DECODE_OK
 from app.engine.request import SamplingParams
 from app.engine.scheduler import Chunk
-
-DECODE_OK = 0
-DECODE_NO_KV_SLOT = 1
 
 
 class FakeClock:

@@ -3,8 +3,9 @@
 import random
 
 import pytest
-from fake_model import DECODE_OK, FakeModel
+from fake_model import FakeModel
 
+from app.engine.engine import DECODE_OK
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus, SamplingParams
 from app.engine.scheduler import Scheduler, SchedulerConfig
 from app.policy import Mode

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from app import hardware
 from app.residency.budget import MemoryBudget, detect_budget
 
 MIB = 1024 * 1024
@@ -14,19 +15,12 @@ class FakeNvmlError(Exception):
     """Stands in for pynvml.NVMLError."""
 
 
-def fake_nvml(gpus=(), init_error=None, query_error=None):
-    """A stand-in for the pynvml module with the given (name, total, free) GPUs."""
-    state = {"initialised": False, "shut_down": False}
-
-    def init():
-        if init_error:
-            raise FakeNvmlError(init_error)
-        state["initialised"] = True
-
-    def shutdown():
-        state["shut_down"] = True
+def fake_nvml(gpus=(), query_error=None):
+    """A stand-in for the opened pynvml module with the given (name, total, free) GPUs."""
+    state = {"queried": False}
 
     def memory_info(handle):
+        state["queried"] = True
         if query_error:
             raise FakeNvmlError(query_error)
         _, total, free = gpus[handle]
@@ -34,8 +28,6 @@ def fake_nvml(gpus=(), init_error=None, query_error=None):
 
     return SimpleNamespace(
         NVMLError=FakeNvmlError,
-        nvmlInit=init,
-        nvmlShutdown=shutdown,
         nvmlDeviceGetCount=lambda: len(gpus),
         nvmlDeviceGetHandleByIndex=lambda index: index,
         nvmlDeviceGetName=lambda handle: gpus[handle][0],
@@ -65,22 +57,37 @@ def test_nvidia_gpus_give_a_vram_budget(no_cgroup):
     assert budget.reserve_bytes == int(164 * GIB * 0.10)
     assert budget.usable_bytes == budget.total_bytes - budget.reserve_bytes
     assert "2 NVIDIA GPU(s)" in budget.detail
-    assert nvml.state["shut_down"]
 
 
-@pytest.mark.parametrize(("nvml", "detail"), [
-    (fake_nvml(init_error="NVML Shared Library Not Found"), "no NVIDIA driver"),
-    (fake_nvml(init_error="Driver Not Loaded"), "no NVIDIA driver"),
-    (fake_nvml([]), "reports no GPU"),
-    (fake_nvml([("GPU", GIB, GIB)], query_error="GPU is lost"), "could not read the GPUs"),
+@pytest.fixture
+def fresh_reports(monkeypatch):
+    """NVML failures are logged once per process: each test starts with none reported."""
+    monkeypatch.setattr(hardware, "_reported", set())
+
+
+@pytest.mark.parametrize(("nvml", "detail", "warns"), [
+    (fake_nvml([]), "no NVIDIA GPU", False),
+    (fake_nvml([("GPU", GIB, GIB)], query_error="GPU is lost"), "could not read the GPUs", True),
 ])
-def test_no_usable_nvidia_gpu_is_a_normal_ram_budget(nvml, detail, no_cgroup):
-    budget = detect_budget(nvml=nvml, virtual_memory=fake_ram(16 * GIB, 12 * GIB),
-                           cgroup_root=no_cgroup)
+def test_no_usable_nvidia_gpu_is_a_ram_budget(nvml, detail, warns, no_cgroup, caplog, fresh_reports):
+    with caplog.at_level("INFO", logger="app.hardware"):
+        budget = detect_budget(nvml=nvml, virtual_memory=fake_ram(16 * GIB, 12 * GIB),
+                               cgroup_root=no_cgroup)
     assert budget.kind == "ram"
     assert budget.devices == ()
     assert (budget.total_bytes, budget.available_bytes) == (16 * GIB, 12 * GIB)
     assert detail in budget.detail
+    # No GPU is a normal state; a GPU NVML cannot read is worth the admin's attention.
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == (["NVML could not read the GPUs' memory: GPU is lost"] if warns else [])
+
+
+def test_an_nvml_failure_warns_once_not_at_every_load(no_cgroup, caplog, fresh_reports):
+    nvml = fake_nvml([("GPU", GIB, GIB)], query_error="Unknown Error")
+    with caplog.at_level("INFO", logger="app.hardware"):
+        for _ in range(3):
+            assert detect_budget(nvml=nvml, virtual_memory=fake_ram(8 * GIB, 6 * GIB), cgroup_root=no_cgroup).kind == "ram"
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
 
 
 def test_gpu_can_be_declined(no_cgroup):
@@ -88,7 +95,7 @@ def test_gpu_can_be_declined(no_cgroup):
     budget = detect_budget(nvml=nvml, use_gpu=False, virtual_memory=fake_ram(8 * GIB, 6 * GIB),
                            cgroup_root=no_cgroup)
     assert budget.kind == "ram"
-    assert not nvml.state["initialised"]
+    assert not nvml.state["queried"]
 
 
 def test_ram_reserve_is_ten_percent_but_at_least_512_mib(no_cgroup):

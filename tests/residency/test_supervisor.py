@@ -258,6 +258,8 @@ def test_parse_load_reads_llama_server_and_vllm_names():
             'vllm:num_requests_waiting{engine="0",model_name="m"} 4.0 1700000000000\n')
     assert parse_load(vllm) == 7
     assert parse_load("process_cpu_seconds_total 3\n") is None
+    with pytest.raises(ValueError):
+        parse_load("<html>502 Bad Gateway</html>")
 
 
 class FakeVllm(BaseHTTPRequestHandler):
@@ -288,3 +290,40 @@ def test_remote_node_without_health_endpoint():
         server.server_close()
         thread.join()
     assert not node.healthy() and node.load() is None
+
+
+class ProxyErrorPage(BaseHTTPRequestHandler):
+    """A /metrics that answers 200 with the server's `body`: an HTML page, as a misconfigured reverse proxy gives."""
+
+    def do_GET(self):
+        body = self.server.body
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_remote_node_with_unreadable_metrics_warns_once_per_streak(caplog):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ProxyErrorPage)
+    server.body = b"<html><body>Welcome to nginx!</body></html>"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        node = RemoteNode(f"http://127.0.0.1:{server.server_port}", "proxied")
+        with caplog.at_level("WARNING", logger="app.residency.supervisor"):
+            assert node.load() is None and node.load() is None
+        warnings = [r for r in caplog.records if "proxied" in r.getMessage()]
+        assert len(warnings) == 1 and "unreadable" in warnings[0].getMessage()
+        server.body = b"llamacpp:requests_processing 1\n"
+        assert node.load() == 1
+        server.body = b"<html></html>"
+        with caplog.at_level("WARNING", logger="app.residency.supervisor"):
+            assert node.load() is None
+        assert len([r for r in caplog.records if "proxied" in r.getMessage()]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import select
 
+from app import hardware
 from app.store.models import Sample, Series
 from app.store.writer import StoreWriter
 from app.telemetry import sampler as sampler_mod
@@ -13,7 +14,7 @@ from app.telemetry.sampler import (
     METRICS,
     RateTracker,
     Sampler,
-    parse_prometheus,
+    ScrapeFailures,
     sample_gpus,
     sample_host,
     sample_runners,
@@ -115,6 +116,41 @@ def test_only_healthy_nodes_of_ready_models_are_scraped_and_failures_are_skipped
     assert {s for s, _, _ in readings} == {"runner:gemma@http://127.0.0.1:9001"}
 
 
+def test_failed_scrapes_are_counted_per_node_and_warned_once_per_streak(caplog):
+    bodies = {"9001": ["<html>502 Bad Gateway</html>", OSError("connection refused"), OSError("refused"),
+                       metrics_text(1, 1), OSError("refused again")]}
+
+    def http(url, timeout_s):
+        if url.endswith("/slots"):
+            return "[]"
+        if "9002" in url:
+            return metrics_text(1, 1)
+        body = bodies["9001"].pop(0)
+        if isinstance(body, Exception):
+            raise body
+        return body
+
+    statuses = [status("gemma", nodes=[{"label": "local", "url": "http://127.0.0.1:9001", "healthy": True},
+                                       {"label": "desk", "url": "http://127.0.0.1:9002", "healthy": True}])]
+    failures, rates = ScrapeFailures(), RateTracker()
+    with caplog.at_level("INFO", logger="app.telemetry.sampler"):
+        for now in range(3):
+            readings = sample_runners(statuses, http, rates, now=float(now), failures=failures)
+            assert {s for s, _, _ in readings} == {"runner:gemma@desk"}
+        assert failures.totals() == {("gemma", "local"): 3, ("gemma", "desk"): 0}
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        # The unreadable page starts the streak; the refused connections that follow are only counted.
+        assert len(warnings) == 1 and "http://127.0.0.1:9001/metrics" in warnings[0]
+        assert "not Prometheus text" in warnings[0] and "refused" not in warnings[0]
+        caplog.clear()
+        sample_runners(statuses, http, rates, now=3.0, failures=failures)
+        assert [r.levelname for r in caplog.records] == ["INFO"] and "after 3 failed" in caplog.records[0].getMessage()
+        caplog.clear()
+        sample_runners(statuses, http, rates, now=4.0, failures=failures)
+    assert failures.totals()[("gemma", "local")] == 4
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "refused again" in caplog.records[0].getMessage()
+
+
 def test_plain_llama_server_without_hearth_metrics_or_slots():
     def http(url, timeout_s):
         if url.endswith("/slots"):
@@ -123,10 +159,6 @@ def test_plain_llama_server_without_hearth_metrics_or_slots():
 
     readings = as_dict(sample_runners([status()], http, RateTracker(), now=0.0))
     assert readings == {("runner:gemma@local", "running"): 2.0, ("runner:gemma@local", "waiting"): 1.0}
-
-
-def test_parse_prometheus_skips_comments_labels_and_junk():
-    assert parse_prometheus("# HELP a b\na 1\nb{le=\"1\"} 2\nc\nd x\ne 2.5e3\n") == {"a": 1.0, "e": 2500.0}
 
 
 def test_host_reports_cpu_and_ram_used_as_total_minus_available():
@@ -162,28 +194,68 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, h):
         if h == 1:
-            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+            raise RuntimeError("Not Supported")  # pynvml's NVMLError_NotSupported says so
         return 215500
 
 
-def test_gpus_are_read_one_metric_at_a_time():
-    readings = as_dict(sample_gpus(FakeNvml()))
+@pytest.fixture
+def fresh_reports(monkeypatch):
+    """NVML failures are logged once per process: each test starts with none reported."""
+    monkeypatch.setattr(hardware, "_reported", set())
+
+
+def test_gpus_are_read_one_metric_at_a_time(caplog, fresh_reports):
+    with caplog.at_level("INFO", logger="app.hardware"):
+        readings = as_dict(sample_gpus(FakeNvml()))
     assert readings[("gpu:0", "gpu_util_pct")] == 40 and readings[("gpu:1", "gpu_util_pct")] == 41
     assert readings[("gpu:0", "gpu_power_w")] == 215.5
     assert ("gpu:1", "gpu_power_w") not in readings
     assert readings[("gpu:1", "vram_total_bytes")] == 24 << 30
     assert readings[("gpu:1", "gpu_temp_c")] == 61
+    # A card without a power sensor is normal: said once at info, no warning.
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "telemetry: gpu:1 gpu_power_w: Not Supported")]
 
 
-def test_absent_gpu_is_normal(monkeypatch):
-    class NoDriver:
+class LostGpu(FakeNvml):
+    """A GPU that fell off the bus: every reading fails with an error that is not "no GPU"."""
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        raise RuntimeError("GPU is lost")
+
+
+def test_an_nvml_error_other_than_no_gpu_is_a_warning_once(caplog, fresh_reports):
+    with caplog.at_level("INFO", logger="app.hardware"):
+        first = as_dict(sample_gpus(LostGpu()))
+        sample_gpus(LostGpu())
+    assert ("gpu:0", "vram_used_bytes") not in first and first[("gpu:0", "gpu_util_pct")] == 40
+    warnings = sorted(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    # Once per GPU and reading, not once a second.
+    assert warnings == [f"telemetry: gpu:{i} {m}: GPU is lost" for i in (0, 1) for m in ("vram_total_bytes", "vram_used_bytes")]
+
+
+def test_nvml_that_cannot_list_devices_warns(caplog, fresh_reports):
+    class NoPermission:
         def nvmlDeviceGetCount(self):
-            raise RuntimeError("NVML Shared Library Not Found")
+            raise RuntimeError("Insufficient Permissions")
 
-    assert sample_gpus(NoDriver()) == []
-    # No library or driver at all: open_nvml gives None and sampling gives [].
-    monkeypatch.setattr(sampler_mod, "open_nvml", lambda: None)
-    assert sample_gpus() == []
+    with caplog.at_level("INFO", logger="app.hardware"):
+        assert sample_gpus(NoPermission()) == []
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "NVML lists no devices: Insufficient Permissions")]
+
+
+def test_absent_gpu_is_normal(monkeypatch, caplog, fresh_reports):
+    class NoDevice:
+        def nvmlDeviceGetCount(self):
+            return 0
+
+    with caplog.at_level("WARNING"):
+        assert sample_gpus(NoDevice()) == []
+        # No library or driver at all: open_nvml gives None and sampling gives [].
+        monkeypatch.setattr(hardware, "open_nvml", lambda: None)
+        assert sample_gpus() == []
+    assert caplog.records == []
 
 
 def test_every_stored_metric_has_metadata():
@@ -258,7 +330,7 @@ def test_sample_all_writes_one_batch_through_the_writer(engine, sessions, writer
 
 def test_sample_all_function_keeps_one_sampler_per_hearth(monkeypatch, writer):
     hearth = FakeHearth([], writer)
-    monkeypatch.setattr(sampler_mod, "open_nvml", lambda: None)
+    monkeypatch.setattr(hardware, "open_nvml", lambda: None)
     assert sampler_mod.sample_all(hearth, clock=lambda: 5.0) == 5  # host and gateway: no GPU, no runner
     assert sampler_mod.sampler_for(hearth).latest["gateway"] == {"queue_waiting": 3.0, "in_flight": 4.0}
     assert sampler_mod.sampler_for(hearth) is sampler_mod.sampler_for(hearth)

@@ -14,7 +14,7 @@ from app.store.db import open_store
 from app.store.models import BenchApplied, Model, RunnerSettings
 from app.verdict import sessions as store
 from app.verdict.decide import Recommendation, Verdict
-from app.verdict.replay import format_table, parse_metrics
+from app.verdict.replay import format_table
 from app.verdict.results import RunResult, request_times, summarise
 from app.verdict.scenarios import (
     PromptCutter,
@@ -149,12 +149,6 @@ def test_summary_without_server_metrics_says_na():
     s = summarise(ROWS[:1], [{"t_s": 0.1, "in_flight": 1, "util": 0.5}], POLICIES)
     assert s["kv_peak_util"] is None and s["preemptions"] is None
     assert "n/a" in format_table([RunResult("llama-server", "llama-server", 1, ROWS[:1], [], s)])
-
-
-def test_parse_metrics_adds_labelled_series():
-    text = '# HELP x\nhearth:kv_cells_used 12\nhearth:requests_finished_total{reason="length"} 3\n' \
-           'hearth:requests_finished_total{reason="stop"} 2\n'
-    assert parse_metrics(text) == {"hearth:kv_cells_used": 12.0, "hearth:requests_finished_total": 5.0}
 
 
 def test_store_round_trip_recomputes_the_live_summary(tmp_path):

@@ -161,6 +161,25 @@ def test_start_runs_in_the_background_and_polling_stops_when_done(app, admin, cs
     assert "Done" in done and "hx-trigger" not in done and "See session" in done
 
 
+def test_a_failed_job_says_so_on_the_page_and_keeps_its_traceback_in_the_log(admin, csrf_token, monkeypatch, caplog):
+    def broken_run_bench(cfg, sessions, progress=None, log=None):
+        raise RuntimeError("runner for continuous exited with code 1")
+
+    monkeypatch.setattr(bench_page, "run_bench", broken_run_bench)
+    token = csrf_token(admin, "/bench")
+    with caplog.at_level("ERROR", logger="app.web.bench"):
+        assert admin.post("/bench/start", data={"csrf_token": token, "levels": "1", "mode_serial": "1"}).status_code in (200, 302)
+        deadline = time.monotonic() + 10
+        while (p := admin.get("/bench/progress")).status_code != 286:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert "RuntimeError: runner for continuous exited with code 1" in p.get_data(as_text=True)
+    (record,) = [r for r in caplog.records if r.name == "app.web.bench"]
+    assert record.levelname == "ERROR" and "household replay failed" in record.getMessage()
+    assert record.exc_info and record.exc_info[0] is RuntimeError
+    assert "broken_run_bench" in caplog.text  # the traceback names where it failed
+
+
 def test_start_refuses_bad_input(admin, csrf_token):
     token = csrf_token(admin, "/bench")
     for data, message in (({"levels": "1,x", "mode_serial": "1"}, "levels"),

@@ -3,7 +3,7 @@ histograms, residency gauges and KV usage per model."""
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.telemetry.sampler import sampler_for
+from app.telemetry.sampler import RateTracker, sample_runners, sampler_for
 
 
 def families(client) -> dict:
@@ -26,3 +26,19 @@ def test_metrics_cover_classes_residency_and_kv(app, client):
     assert "hearth:model_resident" in found and "hearth:model_estimate_bytes" in found
     kv = found["hearth:model_kv_used_percent"].samples
     assert [(s.labels, s.value) for s in kv] == [({"model": "gemma", "node": "local"}, 37.5)]
+
+
+def test_failed_runner_scrapes_are_exported_per_model_and_node(app, client):
+    hearth = app.extensions["hearth"]
+
+    def refused(url, timeout_s):
+        raise OSError("connection refused")
+
+    ready = [{"name": "gemma", "state": "ready",
+              "nodes": [{"label": "local", "url": "http://127.0.0.1:9", "healthy": True}]}]
+    for now in (1.0, 2.0):
+        sample_runners(ready, refused, RateTracker(), now, sampler_for(hearth).scrape_failures)
+    found = families(client)["hearth:runner_scrape_failures"]
+    assert found.type == "counter"
+    assert [(s.name, s.labels, s.value) for s in found.samples] == [
+        ("hearth:runner_scrape_failures_total", {"model": "gemma", "node": "local"}, 2.0)]

@@ -21,11 +21,25 @@ def post(csrf_token):
     return send
 
 
-def test_page_lists_every_setting(admin):
+def test_page_lists_every_setting_with_its_section_unit_bounds_and_restart(admin):
     html = admin.get("/settings").get_data(as_text=True)
-    for name in REGISTRY:
+    for name, d in REGISTRY.items():
         assert f'id="setting-{name}"' in html, name
-    assert "restart to apply" in html and "Admin password" in html
+        assert f"<h2>{d.section}</h2>" in html, d.section
+    assert "Admin password" in html
+    ctx = section_of(html, "runner_ctx")
+    assert "Allowed: 256 to 1048576 cells." in ctx and '<span class="muted small">cells</span>' in ctx
+    assert "needs a restart" not in ctx
+    assert "needs a restart" in section_of(html, "max_in_flight_total")
+    # Choices known only at run time are offered, not typed: the models this serve has, the classes.
+    assert "<option value=\"voice\">voice</option>" in section_of(html, "api_open_class")
+
+
+def section_of(html, name):
+    """The markup of one setting's row."""
+    start = html.index(f'id="setting-{name}"')
+    end = html.find('id="setting-', start + 1)
+    return html[start:end if end > 0 else len(html)]
 
 
 def test_saving_valid_values(app, admin, tmp_path, post):
@@ -48,16 +62,19 @@ def test_saving_valid_values(app, admin, tmp_path, post):
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [
-    ("samples_retention_h", "lots", "Enter a number."),
-    ("runner_parallel", "0", "Use at least 1 slots."),
-    ("runner_parallel", "2.5", "Enter a whole number."),
-    ("memory_limit_mb", "100", "Use at least 256 MiB."),
-    ("verdict_rare_overlap_share", "1.5", "Use at most 1."),
-    ("bind", "everywhere", "Use host:port"),
-    ("bind", "0.0.0.0:99999", "Use host:port"),
+    ("samples_retention_h", "lots", "samples_retention_h must be a number (got lots)"),
+    ("runner_ctx", "8", "runner_ctx must be at least 256 (got 8)"),
+    ("max_in_flight_total", "abc", "max_in_flight_total must be a whole number (got abc)"),
+    ("runner_parallel", "0", "runner_parallel must be at least 1 (got 0)"),
+    ("runner_parallel", "2.5", "must be a whole number"),
+    ("memory_limit_mb", "100", "memory_limit_mb must be at least 256 (got 100)"),
+    ("verdict_rare_overlap_share", "1.5", "verdict_rare_overlap_share must be at most 1 (got 1.5)"),
+    ("bind", "everywhere", "must be host:port"),
+    ("bind", "0.0.0.0:99999", "must be host:port"),
     ("models_dir", "relative/path", "absolute path"),
-    ("models_dir", "/no/such/folder", "is not a folder"),
-    ("default_model", "gpt-17", "Unknown model"),
+    ("models_dir", "/no/such/folder", "is not one"),
+    ("default_model", "gpt-17", "default_model must be one of: "),
+    ("api_open_class", "poetry", "api_open_class must be one of: background, chat, coding, documents, voice (got poetry)"),
 ])
 def test_invalid_values_are_refused_with_a_reason(app, admin, name, value, message, post):
     before = stored(app, name)
@@ -68,6 +85,15 @@ def test_invalid_values_are_refused_with_a_reason(app, admin, name, value, messa
     assert f'value="{value}"' in html  # what the admin typed stays in the field
     assert stored(app, name) == before
     assert stored(app, "rescan_interval_s") == 60  # nothing saved when any field is wrong
+
+
+def test_a_batch_smaller_than_the_slots_is_refused_on_both_fields_together(app, admin, post):
+    response = post(admin, {"runner_parallel": "64", "runner_batch": "32"})
+    assert response.status_code == 400
+    assert "runner_batch must be at least runner_parallel (64)" in response.get_data(as_text=True)
+    assert stored(app, "runner_parallel") == 4 and stored(app, "runner_batch") == 512
+    assert post(admin, {"runner_parallel": "64", "runner_batch": "64"}).status_code == 302
+    assert (stored(app, "runner_parallel"), stored(app, "runner_batch")) == (64, 64)
 
 
 def test_default_model_accepts_a_catalog_name(app, admin, post):
