@@ -14,7 +14,6 @@ from typing import Any
 
 from flask import (
     Blueprint,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -23,6 +22,7 @@ from flask import (
 )
 from werkzeug.security import check_password_hash
 
+from app.gateway.context import Services, services
 from app.store.settings import REGISTRY, get_setting, set_setting
 from app.web.auth import (
     log_in,
@@ -113,7 +113,7 @@ def _number(raw: str, field: Field) -> float | int:
     return value
 
 
-def parse_value(name: str, raw: str | None, hearth) -> Any:
+def parse_value(name: str, raw: str | None, svc: Services) -> Any:
     """The typed value of a submitted field (None: the default); Invalid says what to fix."""
     field = field_of(name)
     if field.kind == "bool":
@@ -136,7 +136,7 @@ def parse_value(name: str, raw: str | None, hearth) -> Any:
             raise Invalid("Use host:port, e.g. 0.0.0.0:8080 for the whole LAN or 127.0.0.1:8080 for this machine only.")
         return raw
     if name == "default_model":
-        known = set(hearth.model_specs()) | {m["id"] for m in hearth.model_list()}
+        known = set(svc.catalog.model_specs()) | {m["id"] for m in svc.router.model_list()}
         if raw not in known:
             raise Invalid(f"Unknown model; choose one of: {', '.join(sorted(known)) or 'none yet'}.")
         return raw
@@ -172,18 +172,18 @@ def _rows(session, values: dict, errors: dict) -> dict[str, list[dict]]:
 @login_required
 def index():
     """The settings form."""
-    hearth = current_app.extensions["hearth"]
-    with hearth.sessions() as session:
+    svc = services()
+    with svc.sessions() as session:
         sections = _rows(session, {}, {})
     return render_template("settings/index.html", sections=sections, errors={}, password_error=None,
-                           models_dir=hearth.models_dir)
+                           models_dir=svc.catalog.models_dir)
 
 
 @bp.post("/settings")
 @login_required
 def save():
     """Validate every submitted setting; store them only when all are valid."""
-    hearth = current_app.extensions["hearth"]
+    svc = services()
     values, errors = {}, {}
     for name in REGISTRY:
         field = field_of(name)
@@ -192,15 +192,15 @@ def save():
         if field.kind != "bool" and name not in request.form:
             continue
         try:
-            values[name] = parse_value(name, request.form.get(name), hearth)
+            values[name] = parse_value(name, request.form.get(name), svc)
         except Invalid as exc:
             errors[name] = str(exc)
             values[name] = request.form.get(name)
-    with hearth.sessions() as session:
+    with svc.sessions() as session:
         if errors:
             sections = _rows(session, values, errors)
             return render_template("settings/index.html", sections=sections, errors=errors, password_error=None,
-                                   models_dir=hearth.models_dir), 400
+                                   models_dir=svc.catalog.models_dir), 400
         changed = [n for n, v in values.items() if get_setting(session, n) != (REGISTRY[n].default if v is None else v)]
         for name in changed:
             set_setting(session, name, values[name])
@@ -220,7 +220,7 @@ def save():
 @login_required
 def change_password():
     """Change the admin password (the current one is required); other sessions are logged out."""
-    hearth = current_app.extensions["hearth"]
+    svc = services()
     current = request.form.get("current", "")
     error = None
     if not check_password_hash(password_hash() or "", current):
@@ -228,10 +228,10 @@ def change_password():
     else:
         error = password_problem(request.form.get("password", ""), request.form.get("confirm", ""))
     if error:
-        with hearth.sessions() as session:
+        with svc.sessions() as session:
             sections = _rows(session, {}, {})
         return render_template("settings/index.html", sections=sections, errors={}, password_error=error,
-                               models_dir=hearth.models_dir), 400
+                               models_dir=svc.catalog.models_dir), 400
     set_password(request.form["password"])
     log_in(password_hash())
     flash("Admin password changed; other sessions are logged out.", "ok")

@@ -3,7 +3,7 @@ histograms, residency gauges and KV usage per model."""
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.telemetry.sampler import sampler_for
+from app.gateway.context import services
 
 
 def families(client) -> dict:
@@ -13,10 +13,10 @@ def families(client) -> dict:
 
 
 def test_metrics_cover_classes_residency_and_kv(app, client):
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     hearth.metrics.observe({"class_name": "voice", "model": "gemma", "status": "ok", "prompt_tokens": 5,
                             "completion_tokens": 7, "ttft_ms": 120.0, "tpot_ms": 20.0, "queue_ms": 3.0})
-    sampler_for(hearth).latest = {"runner:gemma@local": {"kv_used_pct": 37.5}, "host": {"cpu_pct": 1.0}}
+    hearth.sampler.latest = {"runner:gemma@local": {"kv_used_pct": 37.5}, "host": {"cpu_pct": 1.0}}
     found = families(client)
     requests = found["hearth:gateway_requests"].samples
     assert any(s.labels == {"class": "voice", "model": "gemma", "status": "ok"} and s.value == 1 for s in requests)
