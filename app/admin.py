@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
 
 from app.paths import data_dir
 from app.policy import MODEL_POLICIES
@@ -116,15 +116,14 @@ def set_model_policy(s, name: str, policy: str | None = None, keep_alive_s: int 
     return row
 
 
-def _models_dir(data: Path) -> Path:
-    return Path(os.environ["HEARTH_MODELS_DIR"]).expanduser() if os.environ.get("HEARTH_MODELS_DIR") else data / "models"
-
-
 def run(args) -> int:
     """Dispatch `hearth models|classes|settings ...`."""
     data = data_dir()
     engine, sessions = open_store(data)
     try:
+        if args.command == "models" and args.models_command == "list":
+            list_models(data, sessions)
+            return 0
         with sessions() as s:
             handler = {"models": _models, "classes": _classes, "settings": _settings}[args.command]
             handler(args, s, data)
@@ -137,34 +136,34 @@ def run(args) -> int:
     return 0
 
 
+def list_models(data: Path, sessions: sessionmaker) -> None:
+    """`hearth models list`: scan and record the catalog as serve does (same folder, same runner settings), print it."""
+    from app.services.catalog import Catalog
+    from app.services.settings import SettingsCache
+
+    override = os.environ.get("HEARTH_DEFAULT_MODEL")
+    default = Path(override) if override else ensure_default_model(data, progress=True)
+    catalog = Catalog.open(data, sessions, SettingsCache(sessions), default, os.environ.get("HEARTH_MODELS_DIR"))
+    specs = catalog.model_specs()
+    with sessions() as s:
+        rows = {r.name: r for r in s.scalars(select(db.Model))}
+    print(f"{'name':<28} {'arch':<10} {'params':>8} {'quant':<8} {'ctx':>6} {'file':>9} "
+          f"{'runner':>11} {'estimate':>9}  policy / reason")
+    for e in catalog.entries:
+        row, spec = rows.get(e.name), specs.get(e.name)
+        if spec is not None:
+            runner = f"{spec.runner.n_ctx}×{spec.runner.parallel}" if spec.runner else "remote"
+            print(f"{e.name:<28} {e.architecture or '-':<10} {(e.n_params or 0) / 1e6:>7.0f}M "
+                  f"{e.quantization or '-':<8} {e.n_ctx_train or 0:>6} {e.size_bytes / MIB:>8.0f}M "
+                  f"{runner:>11} {spec.estimate_bytes / MIB:>8.0f}M  "
+                  f"{spec.policy}{' (alias ' + row.alias + ')' if row and row.alias else ''}")
+        else:
+            print(f"{e.name:<28} {'-':<10} {'-':>8} {'-':<8} {'-':>6} {e.size_bytes / MIB:>8.0f}M "
+                  f"{'-':>11} {'-':>9}  unusable: {e.unusable_reason}")
+    print(f"(runner: ctx × parallel each model's runner starts with; models folder {catalog.models_dir})")
+
+
 def _models(args, s, data: Path) -> None:
-    if args.models_command == "list":
-        from app.residency.catalog import scan
-        from app.residency.estimate import estimate_memory
-        from app.store.settings import get_setting
-
-        override = os.environ.get("HEARTH_DEFAULT_MODEL")
-        default = Path(override) if override else ensure_default_model(data, progress=True)
-        from app.services import record_catalog
-
-        ctx, parallel = int(get_setting(s, "runner_ctx")), int(get_setting(s, "runner_parallel"))
-        entries = scan(_models_dir(data), default)
-        record_catalog(s, entries, datetime.now(UTC))
-        print(f"{'name':<28} {'arch':<10} {'params':>8} {'quant':<8} {'ctx':>6} {'file':>9} "
-              f"{'estimate':>9}  policy / reason")
-        for e in entries:
-            row = s.scalar(select(db.Model).where(db.Model.name == e.name))
-            if e.usable:
-                est = estimate_memory(e, ctx, parallel).total_bytes
-                policy = row.policy if row else "keep_alive"
-                print(f"{e.name:<28} {e.architecture or '-':<10} {(e.n_params or 0) / 1e6:>7.0f}M "
-                      f"{e.quantization or '-':<8} {e.n_ctx_train or 0:>6} {e.size_bytes / MIB:>8.0f}M "
-                      f"{est / MIB:>8.0f}M  {policy}{' (alias ' + row.alias + ')' if row and row.alias else ''}")
-            else:
-                print(f"{e.name:<28} {'-':<10} {'-':>8} {'-':<8} {'-':>6} {e.size_bytes / MIB:>8.0f}M "
-                      f"{'-':>9}  unusable: {e.unusable_reason}")
-        print(f"(estimates for ctx {ctx} × parallel {parallel}; models folder {_models_dir(data)})")
-        return
     row = s.scalar(select(db.Model).where(db.Model.name == args.name))
     if row is None:
         raise AdminError(f"no model '{args.name}'; `hearth models list` scans the models folder and shows "

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import threading
+from functools import partial
 from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -14,13 +15,38 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from app.engine.api import ApiError
+from app.gateway.context import Services, build_services, install
+from app.residency.manager import ResidencyManager
 
 log = logging.getLogger(__name__)
+# Where the app keeps its scheduler and its shutdown (the old key stays: tests and tools call it).
+_SCHEDULER = "scheduler"
+_SHUTDOWN = "hearth_shutdown"
 
 
 def _json_error(exc: HTTPException) -> Response:
     err = ApiError(exc.code or 500, exc.description or exc.name)
     return Response(json.dumps(err.body()), status=err.status, mimetype="application/json")
+
+
+def _start_pinned(residency: ResidencyManager) -> None:
+    started = residency.start_pinned()
+    if started:
+        log.info("pinned models: %s", started)
+
+
+def schedule_jobs(scheduler: BackgroundScheduler, svc: Services, rescan_s: int) -> None:
+    """Add serve's jobs: each one bound method of the service it acts on, under an explicit id."""
+    jobs = (
+        ("expire_models", svc.residency.expire_idle, {"seconds": 5}),
+        ("check_nodes", svc.residency.check_nodes, {"seconds": 5}),
+        ("rescan_catalog", svc.catalog.rescan, {"seconds": rescan_s}),
+        ("sample_telemetry", svc.sampler.sample_all, {"seconds": 1}),
+        ("rollup_samples", svc.rollups.rollup_samples, {"seconds": 60}),
+        ("prune_samples", svc.rollups.prune_samples, {"hours": 1}),
+    )
+    for job_id, job, every in jobs:
+        scheduler.add_job(job, "interval", id=job_id, **every)
 
 
 def create_app(test_config: dict | None = None) -> Flask:
@@ -29,9 +55,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     from app.gateway.api import bp as gateway_bp
     from app.paths import data_dir
     from app.residency.default_model import verified_default_model
-    from app.services import Hearth
     from app.store.db import open_store
-    from app.store.settings import get_setting
 
     app = Flask(__name__, instance_relative_config=False, template_folder=web.TEMPLATES_DIR,
                 static_folder=web.STATIC_DIR)
@@ -52,15 +76,10 @@ def create_app(test_config: dict | None = None) -> Flask:
     default_model = (Path(app.config["HEARTH_DEFAULT_MODEL"]) if app.config["HEARTH_DEFAULT_MODEL"]
                      else verified_default_model(data))
     engine, sessions = open_store(data)
-    # $HEARTH_MODELS_DIR wins over the folder stored on the Settings page, which wins over <data>/models.
-    with sessions() as s:
-        stored_models_dir = get_setting(s, "models_dir")
-    models_dir = Path(app.config["HEARTH_MODELS_DIR"] or stored_models_dir or data / "models").expanduser()
-    models_dir.mkdir(parents=True, exist_ok=True)
-    hearth = Hearth(data, models_dir, default_model, engine, sessions)
-    app.extensions["hearth"] = hearth
+    svc = build_services(data, engine, sessions, default_model, app.config["HEARTH_MODELS_DIR"])
+    install(app, svc)
     if default_model is None:
-        hearth.assemble_default_model()
+        svc.catalog.assemble_default_model(after_ready=partial(_start_pinned, svc.residency))
     app.register_blueprint(gateway_bp)
     web.init_app(app)
 
@@ -73,20 +92,11 @@ def create_app(test_config: dict | None = None) -> Flask:
         return exc
 
     if app.config["SCHEDULER"]:
-        with sessions() as s:
-            rescan_s = int(get_setting(s, "rescan_interval_s"))
         scheduler = BackgroundScheduler(daemon=True, job_defaults={"coalesce": True, "max_instances": 1})
-        scheduler.add_job(hearth.residency.expire_idle, "interval", seconds=5, id="expire_models")
-        scheduler.add_job(hearth.residency.check_nodes, "interval", seconds=5, id="check_nodes")
-        scheduler.add_job(hearth.rescan, "interval", seconds=rescan_s, id="rescan_catalog")
-        scheduler.add_job("app.telemetry.sampler:sample_all", "interval", seconds=1, args=[hearth], id="sample_telemetry")
-        scheduler.add_job("app.telemetry.rollup:rollup_samples", "interval", seconds=60, args=[hearth], id="rollup_samples")
-        scheduler.add_job("app.telemetry.rollup:prune_samples", "interval", hours=1, args=[hearth], id="prune_samples")
+        schedule_jobs(scheduler, svc, int(svc.settings.get("rescan_interval_s")))
         scheduler.start()
-        app.extensions["scheduler"] = scheduler
-    started = hearth.residency.start_pinned()
-    if started:
-        log.info("pinned models: %s", started)
+        app.extensions[_SCHEDULER] = scheduler
+    _start_pinned(svc.residency)
 
     shutdown_lock = threading.Lock()
     shut_down = []
@@ -97,12 +107,22 @@ def create_app(test_config: dict | None = None) -> Flask:
         with shutdown_lock:
             if shut_down:
                 return
-            sched = app.extensions.pop("scheduler", None)
+            sched = app.extensions.pop(_SCHEDULER, None)
             if sched is not None:
                 sched.shutdown(wait=False)
-            hearth.shutdown()
+            svc.shutdown()
             shut_down.append(True)
 
-    app.extensions["hearth_shutdown"] = shutdown
+    app.extensions[_SHUTDOWN] = shutdown
     atexit.register(shutdown)
     return app
+
+
+def scheduler_of(app: Flask) -> BackgroundScheduler | None:
+    """The app's running job scheduler (None when built with SCHEDULER=False, or after shutdown)."""
+    return app.extensions.get(_SCHEDULER)
+
+
+def shutdown_app(app: Flask) -> None:
+    """Stop the app's jobs, runners and store writer; idempotent, safe from any thread."""
+    app.extensions[_SHUTDOWN]()

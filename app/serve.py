@@ -57,17 +57,17 @@ def gunicorn_settings(bind: str, threads: int = DEFAULT_THREADS, workers: int = 
 
 def stop_runners_after_drain(worker) -> None:
     """Worker hook: after SIGTERM, stop the app (runners, store) once DRAIN_S have passed."""
+    from app.factory import shutdown_app
+
     gunicorn_handler = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum, frame):
         gunicorn_handler(signum, frame)  # stop accepting; requests in flight go on
-        shutdown = getattr(worker.wsgi, "extensions", {}).get("hearth_shutdown")
-        if shutdown is not None:
-            # Runs only if the worker is still draining then: a worker that finishes earlier
-            # exits and stops everything through the same (idempotent) shutdown at exit.
-            timer = threading.Timer(DRAIN_S, shutdown)
-            timer.daemon = True
-            timer.start()
+        # Runs only if the worker is still draining then: a worker that finishes earlier
+        # exits and stops everything through the same (idempotent) shutdown at exit.
+        timer = threading.Timer(DRAIN_S, shutdown_app, args=[worker.wsgi])
+        timer.daemon = True
+        timer.start()
 
     signal.signal(signal.SIGTERM, on_sigterm)
 

@@ -140,3 +140,37 @@ def test_printing_commands_called_in_process_leave_sigpipe_alone(data, capsys):
     assert main(["settings", "list"]) == 0
     assert signal.getsignal(signal.SIGPIPE) == before == signal.SIG_IGN
 
+
+
+def test_models_list_and_serve_agree_on_the_stored_models_folder_and_runner_settings(data, capsys, monkeypatch):
+    from app.factory import create_app, shutdown_app
+    from app.gateway.context import services
+
+    monkeypatch.delenv("HEARTH_MODELS_DIR")
+    stored = data / "stored-models"
+    stored.mkdir()
+    (stored / "only-here.gguf").write_bytes(b"GGUF\x03\x00")
+    assert main(["settings", "set", "models_dir", str(stored)]) == 0
+    assert main(["settings", "set", "runner_parallel", "2"]) == 0
+    assert main(["models", "list"]) == 0  # records the default model, so its runner settings can be set
+    assert main(["models", "set", "gemma-3-270m-q4_k_m", "--ctx", "1024"]) == 0
+    capsys.readouterr()
+    assert main(["models", "list"]) == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:-1]}
+    app = create_app({"HEARTH_DATA": str(data), "SCHEDULER": False, "TESTING": True})
+    try:
+        catalog = services(app).catalog
+        assert catalog.models_dir == stored
+        assert set(listed) == {e.name for e in catalog.entries} == {"gemma-3-270m-q4_k_m", "only-here"}
+        spec = catalog.model_specs()["gemma-3-270m-q4_k_m"]
+        assert (spec.runner.n_ctx, spec.runner.parallel) == (1024, 2)
+        runner, estimate = listed["gemma-3-270m-q4_k_m"].split()[6:8]
+        assert runner == "1024×2" and estimate == f"{spec.estimate_bytes / 1024 / 1024:.0f}M"
+        assert "unusable" in listed["only-here"]
+    finally:
+        shutdown_app(app)
+
+
+def json_string(path) -> str:
+    """A path as the JSON string `hearth settings set` reads."""
+    return '"' + str(path) + '"'

@@ -11,7 +11,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import psutil
 
@@ -45,9 +44,7 @@ def run_sampling(args, model_path: str) -> int:
         writer.start()
         status = [{"name": spec.model_name, "state": "ready", "pid": runner.pid, "rss_bytes": 0,
                    "nodes": [{"label": "local", "url": runner.url, "local": True, "healthy": True}]}]
-        hearth = SimpleNamespace(writer=writer, residency=SimpleNamespace(status=lambda: status),
-                                 admission=Admission())
-        sampler = Sampler(hearth)
+        sampler = Sampler(writer, lambda: status, Admission().snapshot)
         try:
             sampler.sample_all()  # warm: connection, NVML probe, series rows
             writer.flush()

@@ -8,23 +8,19 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from flask import Blueprint, Response, current_app, request, stream_with_context
+from flask import Blueprint, Response, request, stream_with_context
 from pydantic import BaseModel
 
 from app.engine.api import MAX_BODY_BYTES, ApiError, ChatBody, CompletionBody, parse_body, too_large
 from app.gateway import relay
 from app.gateway.admission import QueueFull, QueueTimeout, Ticket
 from app.gateway.auth import Principal, bearer_token
+from app.gateway.context import Services, services
 
 log = logging.getLogger(__name__)
 
 bp = Blueprint("gateway", __name__)
 LAN_MEMBER = "lan"  # who tokenless requests are recorded as when the API is open to the LAN
-
-
-def hearth():
-    """The services of this app (store, residency, admission, classes, tokens)."""
-    return current_app.extensions["hearth"]
 
 
 def _error_response(err: ApiError) -> Response:
@@ -39,7 +35,7 @@ def _api_error(err: ApiError):
 @bp.get("/metrics")
 def metrics():
     """Prometheus text: per-class requests, tokens, TTFT/TPOT/queue histograms, residency gauges."""
-    return Response(hearth().metrics.render(), mimetype="text/plain; version=0.0.4")
+    return Response(services().metrics.render(), mimetype="text/plain; version=0.0.4")
 
 
 @bp.get("/openapi.json")
@@ -53,7 +49,7 @@ def openapi():
 @bp.get("/healthz")
 def healthz():
     """Cheap liveness for container health checks: no model, no database query."""
-    progress = hearth().default_model_progress()
+    progress = services().catalog.default_model_progress()
     if progress is None:
         return {"status": "ok"}
     # Up and answering (so a container is healthy), but requests for the default model get 503 meanwhile.
@@ -72,16 +68,17 @@ def _from_lan(addr: str | None) -> bool:
 
 def _authenticate() -> Principal:
     token = bearer_token(request.headers.get("Authorization"))
-    if token is None and request.headers.get("Authorization") is None and hearth().setting("api_open_on_lan") \
+    settings = services().settings
+    if token is None and request.headers.get("Authorization") is None and settings.get("api_open_on_lan") \
             and _from_lan(request.remote_addr):
         # Opened explicitly by the admin: tokenless LAN clients share one member and class.
-        return Principal(token_id=None, member=LAN_MEMBER, default_class=str(hearth().setting("api_open_class")),
+        return Principal(token_id=None, member=LAN_MEMBER, default_class=str(settings.get("api_open_class")),
                          allowed_classes=())
     if token is None:
         raise ApiError(401, "missing API token: send 'Authorization: Bearer <token>' (create one with "
                             "`hearth token create --member NAME --class chat`)", code="missing_token",
                        err_type="authentication_error")
-    principal = hearth().tokens.lookup(token)
+    principal = services().tokens.lookup(token)
     if principal is None:
         raise ApiError(401, "invalid or revoked API token", code="invalid_token", err_type="authentication_error")
     return principal
@@ -95,9 +92,9 @@ def _parse(schema: type[BaseModel]):
 
 def _choose_class(principal: Principal, body_class: str | None):
     wanted = request.headers.get("X-Hearth-Class") or body_class or principal.default_class
-    policy = hearth().classes.get(wanted)
+    policy = services().classes.get(wanted)
     if policy is None:
-        raise ApiError(400, f"unknown class '{wanted}'; known classes: {', '.join(hearth().classes.names())}",
+        raise ApiError(400, f"unknown class '{wanted}'; known classes: {', '.join(services().classes.names())}",
                        param="X-Hearth-Class", code="unknown_class")
     if not principal.may_use(wanted):
         allowed = ", ".join(sorted({principal.default_class, *principal.allowed_classes}))
@@ -122,7 +119,7 @@ def completions():
 def models():
     """Usable models (resident or loadable) and their aliases."""
     _authenticate()
-    return {"object": "list", "data": hearth().model_list()}
+    return {"object": "list", "data": services().router.model_list()}
 
 
 def _serve(schema, path: str):
@@ -131,8 +128,8 @@ def _serve(schema, path: str):
     principal = _authenticate()
     body, raw = _parse(schema)
     policy = _choose_class(principal, raw.get("hearth_class"))
-    h = hearth()
-    model_name = h.resolve_model(body.model, policy)
+    h = services()
+    model_name = h.router.resolve(body.model, policy)
     requested = body.max_completion_tokens if isinstance(body, ChatBody) and body.max_completion_tokens else body.max_tokens
     if requested is not None and requested > policy.max_output_tokens:
         raise ApiError(400, f"'max_tokens': {requested} is above class '{policy.name}''s cap of "
@@ -150,20 +147,20 @@ def _serve(schema, path: str):
     try:
         ticket = h.admission.admit(policy)
     except QueueFull as exc:
-        h.record_request(record, status="rejected", http_status=429, error=str(exc))
+        h.recorder.record_request(record, status="rejected", http_status=429, error=str(exc))
         raise ApiError(429, str(exc), code="queue_full", err_type="rate_limit_error",
                        headers={"Retry-After": str(exc.retry_after_s)})
     except QueueTimeout as exc:
-        h.record_request(record, status="timeout", http_status=503, error=str(exc),
+        h.recorder.record_request(record, status="timeout", http_status=503, error=str(exc),
                          queue_ms=(time.monotonic() - arrival_s) * 1000)
         raise ApiError(503, str(exc), code="queue_timeout", err_type="unavailable_error")
     record["queue_ms"] = ticket.queue_ms
     record["queue_position"] = ticket.queue_position
     try:
-        lease = h.acquire_model(model_name)
+        lease = h.router.acquire(model_name)
     except ApiError as err:
         h.admission.release(ticket)
-        h.record_request(record, status="error", http_status=err.status, error=err.message)
+        h.recorder.record_request(record, status="error", http_status=err.status, error=err.message)
         raise
     record["runner"] = lease.url
     headers = {"X-Hearth-Class": policy.name, "X-Hearth-Model": model_name, "X-Hearth-Node": lease.node_label}
@@ -175,7 +172,7 @@ def _serve(schema, path: str):
     return _complete(h, url, forward, ticket, lease, record, arrival_s, headers)
 
 
-def _finish(h, ticket: Ticket, lease, record: dict, outcome: relay.RelayOutcome, arrival_s: float,
+def _finish(h: Services, ticket: Ticket, lease, record: dict, outcome: relay.RelayOutcome, arrival_s: float,
             cancelled: bool = False) -> None:
     lease.release()
     h.admission.release(ticket)
@@ -184,7 +181,7 @@ def _finish(h, ticket: Ticket, lease, record: dict, outcome: relay.RelayOutcome,
     status = "ok" if outcome.status == 200 and not outcome.error else "error"
     if cancelled:
         status = "cancelled"
-    h.record_request(
+    h.recorder.record_request(
         record,
         status=status,
         http_status=outcome.status or 502,
@@ -207,13 +204,13 @@ def _ttft_ms(record: dict, outcome: relay.RelayOutcome, arrival_s: float) -> flo
     return None if runner_ttft is None else record.get("queue_ms", 0.0) + runner_ttft
 
 
-def _runner_failed(h, lease, exc: Exception) -> ApiError:
+def _runner_failed(h: Services, lease, exc: Exception) -> ApiError:
     h.residency.report_failure(lease, str(exc))
     return ApiError(502, f"the runner for '{lease.model_name}' failed ({exc}); it will be restarted on the next "
                          "request", code="runner_failed", err_type="server_error")
 
 
-def _relay(h, send, url, forward, ticket, lease, record, arrival_s):
+def _relay(h: Services, send, url, forward, ticket, lease, record, arrival_s):
     """Send to the runner; if it cannot be reached, end the request's bookkeeping and answer 502."""
     try:
         return send(url, forward)
@@ -222,7 +219,7 @@ def _relay(h, send, url, forward, ticket, lease, record, arrival_s):
         raise _runner_failed(h, lease, exc)
 
 
-def _complete(h, url, forward, ticket, lease, record, arrival_s, headers):
+def _complete(h: Services, url, forward, ticket, lease, record, arrival_s, headers):
     resp, outcome = _relay(h, relay.post, url, forward, ticket, lease, record, arrival_s)
     _finish(h, ticket, lease, record, outcome, arrival_s)
     if resp.status_code >= 500 and "generation_failed" not in resp.text:
@@ -233,7 +230,7 @@ def _complete(h, url, forward, ticket, lease, record, arrival_s, headers):
     return Response(resp.content, status=resp.status_code, headers=out_headers, mimetype="application/json")
 
 
-def _stream(h, url, forward, ticket, lease, record, arrival_s, headers):
+def _stream(h: Services, url, forward, ticket, lease, record, arrival_s, headers):
     resp, outcome = _relay(h, relay.open_stream, url, forward, ticket, lease, record, arrival_s)
     if resp.status_code != 200:
         content = resp.read()

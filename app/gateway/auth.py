@@ -9,8 +9,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cachetools import TTLCache
+
 TOKEN_PREFIX = "hth_"
 PREFIX_CHARS = 12  # what lists show of a token: enough to recognise it, useless to use it
+MAX_CACHED_TOKENS = 1024  # a household has a few dozen tokens: room for all, a bound for safety
 
 
 def new_token() -> str:
@@ -38,28 +41,35 @@ class Principal:
 
 
 class TokenCache:
-    """Maps token hashes to principals; entries expire after ttl_s so revocations apply quickly."""
+    """Maps token hashes to principals for ttl_s, so revocations made elsewhere (the CLI) apply quickly.
+
+    Only known tokens are kept, at most max_entries of them (least recently used go first): a flood
+    of random bearer tokens costs one indexed lookup each and no memory.
+    """
 
     def __init__(self, load: Callable[[str], Principal | None], ttl_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, max_entries: int = MAX_CACHED_TOKENS):
         self._load = load
-        self._ttl_s = ttl_s
-        self._clock = clock
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[float, Principal | None]] = {}
+        self._entries: TTLCache = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=clock)
 
     def lookup(self, token: str) -> Principal | None:
         """The principal for a presented token, or None when it is unknown or revoked."""
         key = hash_token(token)
-        now = self._clock()
         with self._lock:
-            hit = self._entries.get(key)
-            if hit and now - hit[0] < self._ttl_s:
-                return hit[1]
+            principal = self._entries.get(key)
+        if principal is not None:
+            return principal
         principal = self._load(key)
-        with self._lock:
-            self._entries[key] = (now, principal)
+        if principal is not None:
+            with self._lock:
+                self._entries[key] = principal
         return principal
+
+    def num_cached(self) -> int:
+        """How many tokens are cached now."""
+        with self._lock:
+            return len(self._entries)
 
     def clear(self) -> None:
         """Forget everything (after a revocation made in this process)."""

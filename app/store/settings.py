@@ -113,7 +113,7 @@ REGISTRY = {
         SettingDef("api_open_class", "chat", "class of tokenless LAN requests when api_open_on_lan is on",
                    "choice", "Network and access", "Class of LAN requests"),
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned",
-                   "int", "Models and runners", "Models folder rescan", "s", 5, 86400, restart=True),
+                   "int", "Models and runners", "Models folder rescan", "s", 1, 86400, restart=True),
         SettingDef("models_dir", None, "folder scanned for .gguf models (default: <data>/models; $HEARTH_MODELS_DIR wins)",
                    "path", "Models and runners", "Models folder", restart=True, env="HEARTH_MODELS_DIR"),
         SettingDef("bind", None, "host:port hearth serve listens on (default 127.0.0.1:8080; --bind and $HEARTH_BIND win)",

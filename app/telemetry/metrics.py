@@ -3,12 +3,14 @@ residency gauges. Readers never drive collection: gauges read state the services
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from app.engine.metrics import TPOT_BUCKETS_S, TTFT_BUCKETS_S
 from app.store.writer import LOSS_REASONS
-from app.telemetry.sampler import sampler_for
+from app.telemetry.sampler import Sampler
 
 QUEUE_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 
@@ -16,8 +18,12 @@ QUEUE_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 class _ResidencyCollector:
     """Per-model gauges from the residency manager and per-class admission from the gateway."""
 
-    def __init__(self, hearth):
-        self.hearth = hearth
+    def __init__(self, runner_status: Callable[[], list[dict]], gateway_status: Callable[[], dict[str, dict]],
+                 sampler: Sampler, writer_health: Callable[[], dict]):
+        self.runner_status = runner_status
+        self.gateway_status = gateway_status
+        self.sampler = sampler
+        self.writer_health = writer_health
 
     def collect(self):
         state = GaugeMetricFamily("hearth:model_resident", "1 when the model's local runner is ready", labels=["model"])
@@ -25,7 +31,7 @@ class _ResidencyCollector:
         estimate = GaugeMetricFamily("hearth:model_estimate_bytes", "Estimated memory of the model's runner",
                                      labels=["model"])
         in_flight = GaugeMetricFamily("hearth:model_in_flight", "Requests leased to the model's nodes", labels=["model"])
-        for m in self.hearth.residency.status():
+        for m in self.runner_status():
             name = m["name"]
             state.add_metric([name], 1.0 if m["state"] == "ready" else 0.0)
             rss.add_metric([name], float(m.get("rss_bytes") or 0))
@@ -35,7 +41,7 @@ class _ResidencyCollector:
         # KV usage per model and node from the sampler's latest 1-second scrape of each runner.
         kv = GaugeMetricFamily("hearth:model_kv_used_percent", "KV cache cells in use, latest 1-s sample",
                                labels=["model", "node"])
-        for source, values in sampler_for(self.hearth).latest.items():
+        for source, values in self.sampler.latest.items():
             if source.startswith("runner:") and "kv_used_pct" in values:
                 model, _, node = source.removeprefix("runner:").partition("@")
                 kv.add_metric([model, node], values["kv_used_pct"])
@@ -43,16 +49,16 @@ class _ResidencyCollector:
         scrape_failures = CounterMetricFamily(
             "hearth:runner_scrape_failures", "Failed 1-s scrapes of a runner's /metrics (unreachable, error, unreadable)",
             labels=["model", "node"])
-        for (model, node), n in sorted(sampler_for(self.hearth).scrape_failures.totals().items()):
+        for (model, node), n in sorted(self.sampler.scrape_failures.totals().items()):
             scrape_failures.add_metric([model, node], float(n))
         yield scrape_failures
         waiting = GaugeMetricFamily("hearth:class_waiting", "Requests waiting for admission", labels=["class"])
         running = GaugeMetricFamily("hearth:class_in_flight", "Requests admitted and not finished", labels=["class"])
-        for name, snap in self.hearth.admission.snapshot().items():
+        for name, snap in self.gateway_status().items():
             waiting.add_metric([name], snap["waiting"])
             running.add_metric([name], snap["in_flight"])
         yield from (waiting, running)
-        health = self.hearth.telemetry_health()
+        health = self.writer_health()
         lost = CounterMetricFamily("hearth:telemetry_lost", "Telemetry rows that never reached the store, by reason",
                                    labels=["reason"])
         for reason in LOSS_REASONS:
@@ -65,11 +71,12 @@ class _ResidencyCollector:
 
 
 class GatewayMetrics:
-    """The registry behind `hearth serve`'s /metrics."""
+    """The registry behind `hearth serve`'s /metrics: request counters, and gauges read from the services' state."""
 
-    def __init__(self, hearth):
+    def __init__(self, runner_status: Callable[[], list[dict]], gateway_status: Callable[[], dict[str, dict]],
+                 sampler: Sampler, writer_health: Callable[[], dict]):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_ResidencyCollector(hearth))
+        self.registry.register(_ResidencyCollector(runner_status, gateway_status, sampler, writer_health))
         r = self.registry
         self.requests = Counter("hearth:gateway_requests", "Requests by class, model and outcome",
                                 ["class", "model", "status"], registry=r)

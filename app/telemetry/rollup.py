@@ -7,13 +7,14 @@ from its caller, so tests choose the time. Times in these tables are integer Uni
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from app.store.models import Series, utcnow
+from app.store.writer import StoreWriter
 
 MINUTE_S = 60
 HOUR_S = 3600
@@ -143,11 +144,19 @@ def series(session: Session, source: str, metric: str, start: datetime, end: dat
     return [(from_unix(t), float(v)) for t, v in rows]
 
 
-def rollup_samples(hearth: Any) -> None:
-    """The `rollup_samples` job: queue a rollup up to now on the store writer."""
-    hearth.writer.submit(lambda session: rollup(session, utcnow()))
+class Rollups:
+    """The `rollup_samples` and `prune_samples` jobs: each queues one pass on the store writer."""
 
+    def __init__(self, writer: StoreWriter, clock: Callable[[], datetime] = utcnow):
+        self.writer = writer
+        self.clock = clock
 
-def prune_samples(hearth: Any) -> None:
-    """The `prune_samples` job: queue the retention pass on the store writer."""
-    hearth.writer.submit(lambda session: prune(session, utcnow()))
+    def rollup_samples(self) -> None:
+        """Queue a rollup up to now on the store writer."""
+        now = self.clock()
+        self.writer.submit(lambda session: rollup(session, now))
+
+    def prune_samples(self) -> None:
+        """Queue the retention pass on the store writer."""
+        now = self.clock()
+        self.writer.submit(lambda session: prune(session, now))

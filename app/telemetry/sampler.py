@@ -18,7 +18,6 @@ import logging
 import math
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ from sqlalchemy.orm import Session
 from app.exposition import parse_exposition
 from app.hardware import nvml_gpus, report_nvml_error
 from app.store.models import Sample, Series
+from app.store.writer import StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -301,9 +301,13 @@ def _httpx_get() -> HttpGet:
 class Sampler:
     """The `sample_telemetry` job: one collected batch per call, written through the store writer."""
 
-    def __init__(self, hearth: Any, clock: Callable[[], float] = time.time, http_get: HttpGet | None = None,
-                 nvml: Any = None, ps: Any = psutil):
-        self.hearth = hearth
+    def __init__(self, writer: StoreWriter, runner_status: Callable[[], list[dict]],
+                 gateway_status: Callable[[], dict[str, dict]], clock: Callable[[], float] = time.time,
+                 http_get: HttpGet | None = None, nvml: Any = None, ps: Any = psutil):
+        self.writer = writer
+        # The residency manager's and the admission's status (read only, no I/O).
+        self.runner_status = runner_status
+        self.gateway_status = gateway_status
         self.clock = clock
         self.http_get = http_get or _httpx_get()
         self.nvml = nvml
@@ -316,8 +320,8 @@ class Sampler:
 
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
-        readings = sample_host(self.ps) + sample_gpus(self.nvml) + sample_gateway(self.hearth.admission.snapshot())
-        readings += sample_runners(self.hearth.residency.status(), self.http_get, self.rates, now, self.scrape_failures)
+        readings = sample_host(self.ps) + sample_gpus(self.nvml) + sample_gateway(self.gateway_status())
+        readings += sample_runners(self.runner_status(), self.http_get, self.rates, now, self.scrape_failures)
         return readings
 
     def sample_all(self) -> int:
@@ -329,25 +333,6 @@ class Sampler:
         for source, metric, value in readings:
             latest.setdefault(source, {})[metric] = value
         self.latest, self.latest_at = latest, at
-        self.hearth.writer.submit(lambda session: store_readings(session, at, readings))
+        self.writer.submit(lambda session: store_readings(session, at, readings))
         return len(readings)
 
-
-# One Sampler per Hearth, so the job can be a plain function the scheduler names by reference.
-_samplers: weakref.WeakKeyDictionary[Any, Sampler] = weakref.WeakKeyDictionary()
-
-
-def sampler_for(hearth: Any) -> Sampler:
-    """The Hearth's sampler (created on first use); readers take `.latest` from it."""
-    sampler = _samplers.get(hearth)
-    if sampler is None:
-        sampler = _samplers[hearth] = Sampler(hearth)
-    return sampler
-
-
-def sample_all(hearth: Any, clock: Callable[[], float] | None = None) -> int:
-    """The `sample_telemetry` job: collect one batch and queue it for the store."""
-    sampler = sampler_for(hearth)
-    if clock is not None:
-        sampler.clock = clock
-    return sampler.sample_all()

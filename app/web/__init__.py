@@ -2,8 +2,8 @@
 
 Each module named in BLUEPRINTS exposes `bp`; pages append their module here. Templates live in
 the repository's `templates/`, static files in `static/`, front-end libraries in `node_modules/`
-(served by app.web.assets). Views read services from `current_app.extensions["hearth"]`; they
-never drive collection.
+(served by app.web.assets). Views read the typed services from `app.gateway.context.services()`;
+they never drive collection.
 """
 
 from __future__ import annotations
@@ -150,11 +150,12 @@ def fmt_duration_s(value) -> str:
 
 def init_app(app: Flask) -> None:
     """Session, CSRF, rate limiting, proxy trust, then every blueprint in BLUEPRINTS."""
+    from app.gateway.context import services
     from app.secrets import secret
 
-    hearth = app.extensions["hearth"]
+    svc = services(app)
     if not app.config.get("SECRET_KEY"):
-        app.config["SECRET_KEY"] = secret(hearth.data_dir, "session_key")
+        app.config["SECRET_KEY"] = secret(svc.data_dir, "session_key")
     app.config.update(
         SESSION_COOKIE_NAME="hearth_session",
         SESSION_COOKIE_HTTPONLY=True,
@@ -165,7 +166,7 @@ def init_app(app: Flask) -> None:
         PERMANENT_SESSION_LIFETIME=timedelta(days=14),
     )
     app.session_interface = _SchemeAwareSessions()
-    hops = int(hearth.setting("proxy_hops") or 0)
+    hops = int(svc.settings.get("proxy_hops") or 0)
     if hops:
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_prefix=hops)
     csrf.init_app(app)
@@ -181,7 +182,7 @@ def init_app(app: Flask) -> None:
     app.add_template_filter(fmt_num, "num")
     app.add_template_filter(fmt_bytes, "bytes")
     app.add_template_filter(fmt_duration_s, "duration")
-    app.add_template_global(hearth.telemetry_health, "telemetry_health")
+    app.add_template_global(svc.writer.health, "telemetry_health")
     for module in BLUEPRINTS:
         app.register_blueprint(import_module(module).bp)
 

@@ -28,6 +28,7 @@ from flask import (
 )
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from app.gateway.context import services
 from app.secrets import read_secret, write_secret
 from app.web import limiter
 
@@ -39,7 +40,7 @@ DEFAULT_LOGIN_RATE_LIMIT = "10 per minute"
 
 
 def _data_dir():
-    return current_app.extensions["hearth"].data_dir
+    return services().data_dir
 
 
 def password_hash() -> str | None:

@@ -28,6 +28,7 @@ from flask import (
     url_for,
 )
 
+from app.gateway.context import services
 from app.llama_tools import stock_llama_server
 from app.store.models import BenchRun, BenchSession
 from app.verdict import sessions as store
@@ -61,10 +62,6 @@ class BenchJob:
     started_s: float = field(default_factory=time.monotonic)
 
 
-def _hearth():
-    return current_app.extensions["hearth"]
-
-
 def _jobs() -> dict:
     return current_app.extensions.setdefault("hearth_bench", {"job": None, "lock": threading.Lock()})
 
@@ -80,7 +77,7 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def _start_thread(app, cfg: BenchConfig, job: BenchJob) -> threading.Thread:
-    sessions = app.extensions["hearth"].sessions
+    sessions = services(app).sessions
 
     def progress(run: RunResult, done: int, total: int) -> None:
         job.done = done
@@ -127,8 +124,7 @@ def _charts(runs: list[RunResult]) -> dict:
 
 
 def _page_context(session_id: int | None) -> dict:
-    hearth = _hearth()
-    with hearth.sessions() as s:
+    with services().sessions() as s:
         past = store.list_sessions(s)
         if session_id is None:
             session_id = next((p.id for p in past if p.status == "done"), None)
@@ -169,11 +165,11 @@ def start():
     llama = _llama_server_path() if request.form.get("llama_server") else None
     if not modes and not llama:
         abort(400, description="choose at least one mode (or the stock llama-server) to measure")
-    hearth = _hearth()
-    model = hearth.default_model
+    svc = services()
+    model = svc.catalog.default_model
     if model is None:
         abort(409, description="no default model to bench: set HEARTH_DEFAULT_MODEL or add a model")
-    with hearth.sessions() as s:
+    with svc.sessions() as s:
         from app.store.settings import get_setting
 
         threads = get_setting(s, "runner_threads")
@@ -209,7 +205,7 @@ def chart(session_id: int, metric: str):
     """One metric against overlap level, a series per mode: {x, series, unit}."""
     if metric not in CHART_METRICS:
         abort(400, description=f"metric: one of {', '.join(CHART_METRICS)}")
-    with _hearth().sessions() as s:
+    with services().sessions() as s:
         if s.get(BenchSession, session_id) is None:
             abort(404, description=f"no bench session {session_id}")
         runs = store.load_runs(s, session_id)
@@ -220,7 +216,7 @@ def chart(session_id: int, metric: str):
 @login_required
 def export_json(session_id: int):
     """The session as JSON: constants, verdict, summaries recomputed from raw rows, raw rows."""
-    with _hearth().sessions() as s:
+    with services().sessions() as s:
         try:
             doc = store.session_document(s, session_id)
         except LookupError as exc:
@@ -233,7 +229,7 @@ def export_json(session_id: int):
 @login_required
 def export_csv(session_id: int):
     """Every raw request of the session as CSV (one row per request)."""
-    with _hearth().sessions() as s:
+    with services().sessions() as s:
         if s.get(BenchSession, session_id) is None:
             abort(404, description=f"no bench session {session_id}")
         runs = store.load_runs(s, session_id)
@@ -252,7 +248,7 @@ def export_csv(session_id: int):
 @login_required
 def run_evidence(run_id: int):
     """The raw evidence of one run: every request's timings as the client saw them, and the samples."""
-    with _hearth().sessions() as s:
+    with services().sessions() as s:
         run = s.get(BenchRun, run_id)
         if run is None:
             abort(404, description=f"no bench run {run_id}")
@@ -266,7 +262,7 @@ def run_evidence(run_id: int):
 @login_required
 def apply(session_id: int, index: int):
     """Apply one recommendation: runner settings change now, recorded with who and when."""
-    with _hearth().sessions() as s:
+    with services().sessions() as s:
         try:
             row = store.apply_recommendation(s, session_id, index, applied_by="admin")
         except store.ApplyError as exc:
@@ -276,7 +272,7 @@ def apply(session_id: int, index: int):
         model = row.model_name
     # The catalog reads runner settings at its next rescan; do it now so the change is not silent.
     try:
-        _hearth().rescan()
+        services().catalog.rescan()
     except OSError:
         pass
     flash(f"Applied to {model}: {changes}. Runners started from now on use it.", "ok")

@@ -17,6 +17,7 @@ from flask import (
 )
 
 from app.admin import CLASS_FIELDS, AdminError, ClassFieldErrors, update_class
+from app.gateway.context import services
 from app.web.auth import login_required
 from app.web.queries import (
     RANGE_LABELS,
@@ -45,10 +46,6 @@ FORM_FIELDS = [
 ]
 
 
-def _hearth():
-    return current_app.extensions["hearth"]
-
-
 def _range() -> str:
     key = request.args.get("range", DEFAULT_RANGE)
     if key not in RANGES:
@@ -58,13 +55,12 @@ def _range() -> str:
 
 def _model_names() -> list[str]:
     """Servable model names and their aliases, as /v1/models lists them."""
-    return [m["id"] for m in _hearth().model_list()]
+    return [m["id"] for m in services().router.model_list()]
 
 
 def _context(range_key: str, editing: str | None = None, values: dict | None = None,
              errors: dict | None = None, saved: str | None = None) -> dict:
-    hearth = _hearth()
-    with hearth.sessions() as s:
+    with services().sessions() as s:
         rows = class_rows(s)
         try:
             stats = class_stats(s, range_key, utc_now(current_app.config.get("HEARTH_CLOCK")))
@@ -83,7 +79,7 @@ def index():
 
 
 def _row_values(name: str) -> dict[str, str]:
-    with _hearth().sessions() as s:
+    with services().sessions() as s:
         row = next((r for r in class_rows(s) if r.name == name), None)
     if row is None:
         abort(404, description=f"no class '{name}'")
@@ -111,14 +107,14 @@ def save(name: str):
     # An unticked checkbox is absent from the form.
     values["preemptible"] = "yes" if form.get("preemptible") else "no"
     range_key = form.get("range") if form.get("range") in RANGES else DEFAULT_RANGE
-    hearth = _hearth()
+    svc = services()
     # A default model the gateway cannot resolve would turn every request of the class into a 404.
     extra = {}
     model = values["default_model"].strip()
     if model and model not in _model_names():
         extra["default_model"] = f"no model '{model}'; choose one of {', '.join(_model_names()) or 'none'}, or leave empty"
     try:
-        with hearth.sessions() as s:
+        with svc.sessions() as s:
             update_class(s, name, values)
             if extra:
                 raise ClassFieldErrors(extra)
@@ -129,7 +125,7 @@ def save(name: str):
         return render_template(template, **ctx), 422
     except AdminError as exc:
         abort(404, description=str(exc))
-    hearth.classes.invalidate()
+    svc.classes.invalidate()
     if request.headers.get("HX-Request"):
         return render_template("classes/_saved.html", **_context(range_key, saved=name))
     return redirect(url_for("classes.index", range=range_key, saved=name))

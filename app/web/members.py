@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, current_app, render_template, request
 
+from app.gateway.context import services
 from app.gateway.tokens import TokenError, create_token, revoke_token
 from app.web.auth import login_required
 from app.web.queries import class_rows, members_with_tokens
@@ -18,12 +19,8 @@ bp = Blueprint("members", __name__)
 MAX_MEMBER_NAME = 128
 
 
-def _hearth():
-    return current_app.extensions["hearth"]
-
-
 def _context(**extra) -> dict:
-    with _hearth().sessions() as s:
+    with services().sessions() as s:
         members = members_with_tokens(s)
         classes = [c.name for c in class_rows(s)]
     ctx = {"members": members, "classes": classes, "form": {"member": "", "default_class": "chat" if "chat" in classes
@@ -67,7 +64,7 @@ def create():
         errors["default_class"] = "Choose the class this token's requests get by default."
     if not errors:
         try:
-            with _hearth().sessions() as s:
+            with services().sessions() as s:
                 token, info = create_token(s, member, default_class, allow)
         except TokenError as exc:
             errors["default_class"] = str(exc)
@@ -81,16 +78,16 @@ def create():
 def revoke(token_id: int):
     """Revoke a token (confirmed in the browser; without JavaScript, a confirmation page first)."""
     if request.form.get("confirm") != "yes":
-        with _hearth().sessions() as s:
+        with services().sessions() as s:
             token = next((t for m in members_with_tokens(s) for t in m.tokens if t.id == token_id), None)
         if token is None:
             abort(404, description=f"no token with id {token_id}")
         return render_template("members/confirm_revoke.html", token=token)
     try:
-        with _hearth().sessions() as s:
+        with services().sessions() as s:
             info = revoke_token(s, str(token_id))
     except TokenError as exc:
         abort(404, description=str(exc))
     # The gateway caches tokens for a few seconds: forget them so the revocation applies now.
-    _hearth().tokens.clear()
+    services().tokens.clear()
     return _render(revoked=info)

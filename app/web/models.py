@@ -15,8 +15,10 @@ import time
 from flask import Blueprint, abort, current_app, render_template, request
 
 from app.admin import AdminError, set_model_policy
+from app.gateway.context import services
 from app.policy import MODEL_POLICIES
 from app.residency.manager import ModelBusy, ResidencyError
+from app.services.settings import budget_bytes
 from app.web.auth import login_required
 from app.web.queries import EVENT_LIMIT, model_cards, recent_events
 
@@ -30,19 +32,15 @@ POLICY_LABELS = {"pinned": "Pinned: always resident", "keep_alive": "Keep alive:
                  "on_demand": "On demand: unload as soon as idle"}
 
 
-def _hearth():
-    return current_app.extensions["hearth"]
-
-
 def _errors() -> dict[str, str]:
     """Per model, why the last background load from this page failed (shown on its card until the next action)."""
     return current_app.extensions.setdefault("models_page_errors", {})
 
 
 def _card(name: str):
-    hearth = _hearth()
-    with hearth.sessions() as s:
-        cards = model_cards(hearth, s, only=name)
+    svc = services()
+    with svc.sessions() as s:
+        cards = model_cards(svc.catalog, svc.residency.status(), s, only=name)
     if not cards:
         abort(404, description=f"no model '{name}' in the catalog; the page lists the models Hearth found")
     return cards[0]
@@ -62,30 +60,30 @@ def _render_card(name: str, status: int = 200, message: str | None = None, messa
 
 
 def _summary() -> dict:
-    hearth = _hearth()
-    with hearth.sessions() as s:
-        cards = model_cards(hearth, s)
+    svc = services()
+    with svc.sessions() as s:
+        cards = model_cards(svc.catalog, svc.residency.status(), s)
     resident = sum(c.estimate.total_bytes for c in cards if c.state in ("resident", "loading") and c.estimate)
-    return {"cards": cards, "resident_bytes": resident, "budget_bytes": hearth.budget_bytes()}
+    return {"cards": cards, "resident_bytes": resident, "budget_bytes": budget_bytes(svc.settings)}
 
 
 def _page(outcomes: dict[str, dict] | None = None) -> str:
-    hearth = _hearth()
-    with hearth.sessions() as s:
+    svc = services()
+    with svc.sessions() as s:
         events = recent_events(s, EVENT_LIMIT)
-    return render_template("models/index.html", events=events, models_dir=hearth.models_dir, errors=_errors(),
+    return render_template("models/index.html", events=events, models_dir=svc.catalog.models_dir, errors=_errors(),
                            policies=POLICY_LABELS, outcomes=outcomes or {}, **_summary())
 
 
 def _start_load(name: str) -> None:
     """Load `name` on a background thread; a failure is kept for its card."""
-    hearth = _hearth()
+    residency = services().residency
     errors = _errors()
     errors.pop(name, None)
 
     def load() -> None:
         try:
-            hearth.residency.load(name)
+            residency.load(name)
         except ResidencyError as exc:
             errors[name] = str(exc)
 
@@ -93,7 +91,7 @@ def _start_load(name: str) -> None:
     # Answer with the loading state rather than the state from before the click.
     deadline = time.monotonic() + LOAD_START_WAIT_S
     while time.monotonic() < deadline and name not in errors:
-        state = next((m["state"] for m in hearth.residency.status() if m["name"] == name), None)
+        state = next((m["state"] for m in residency.status() if m["name"] == name), None)
         if state in ("loading", "ready", "failed"):
             return
         time.sleep(0.02)
@@ -119,14 +117,14 @@ def card(name: str):
 @login_required
 def events():
     """The recent residency events table."""
-    with _hearth().sessions() as s:
+    with services().sessions() as s:
         rows = recent_events(s, EVENT_LIMIT)
     return render_template("models/_events.html", events=rows)
 
 
 def _unservable(name: str):
     """The card with a 409 when the model is in the catalog but cannot be served; None when it can."""
-    if name in _hearth().model_specs():
+    if name in services().catalog.model_specs():
         return None
     card = _card(name)  # 404 when not in the catalog at all
     return _render_card(name, 409, message=f"{name} cannot be served: {card.unusable_reason or 'not usable'}",
@@ -153,7 +151,7 @@ def unload(name: str):
         return refused
     _errors().pop(name, None)
     try:
-        stopped = _hearth().residency.unload(name)
+        stopped = services().residency.unload(name)
     except ModelBusy as exc:
         return _render_card(name, 409, message=str(exc), message_state="bad")
     return _render_card(name, message="Unloaded: its memory is free again." if stopped else "It was not loaded.")
@@ -164,7 +162,7 @@ def unload(name: str):
 def policy(name: str):
     """Residency policy (pinned / keep-alive / on demand) and keep-alive TTL; a pinned model is loaded now."""
     _card(name)
-    hearth = _hearth()
+    svc = services()
     form = {"policy": request.form.get("policy", ""), "keep_alive_s": request.form.get("keep_alive_s", "").strip()}
     errors = {}
     if form["policy"] not in MODEL_POLICIES:
@@ -176,17 +174,17 @@ def policy(name: str):
         errors["keep_alive_s"] = f"{form['keep_alive_s']!r} is not a whole number of seconds (e.g. 300 for five minutes)."
     if not errors:
         try:
-            with hearth.sessions() as s:
+            with svc.sessions() as s:
                 set_model_policy(s, name, form["policy"], ttl)
                 s.commit()
         except AdminError as exc:
             errors["keep_alive_s"] = str(exc)
     if errors:
         return _render_card(name, 422, form=form, form_errors=errors)
-    hearth.rescan()
+    svc.catalog.rescan()
     message = f"Saved: {POLICY_LABELS[form['policy']].lower()}" + (f", {ttl} s." if form["policy"] == "keep_alive" else ".")
-    if form["policy"] == "pinned" and name in hearth.model_specs():
-        state = next((m["state"] for m in hearth.residency.status() if m["name"] == name), None)
+    if form["policy"] == "pinned" and name in svc.catalog.model_specs():
+        state = next((m["state"] for m in svc.residency.status() if m["name"] == name), None)
         if state not in ("loading", "ready"):
             _start_load(name)
             message += " Loading it now."

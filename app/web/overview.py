@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, render_template, request
 from sqlalchemy import select
 
+from app.gateway.context import Services, services
 from app.store.models import Series
-from app.telemetry.sampler import sampler_for
 from app.web.auth import login_required
 from app.web.series import RANGES
 
@@ -53,17 +53,17 @@ def _sum(values: list[float]) -> float | None:
     return sum(values) if values else None
 
 
-def live_state(hearth) -> Live:
+def live_state(svc: Services) -> Live:
     """The latest readings (never collects: the sampler job does) plus residency and admission state."""
-    sampler = sampler_for(hearth)
+    sampler = svc.sampler
     latest, latest_at = sampler.latest, sampler.latest_at
     runners = [vals for src, vals in latest.items() if src.startswith("runner:")]
 
     def per_runner(metric: str) -> list[float]:
         return [r[metric] for r in runners if metric in r]
 
-    models = hearth.residency.status()
-    admission = hearth.admission.snapshot().values()
+    models = svc.residency.status()
+    admission = svc.admission.snapshot().values()
     kv = per_runner("kv_used_pct")
     return Live(
         up=True,
@@ -84,19 +84,19 @@ def live_state(hearth) -> Live:
     )
 
 
-def has_gpu(hearth, live: Live) -> bool:
+def has_gpu(svc: Services, live: Live) -> bool:
     """True when a GPU has reported now or ever (one indexed lookup in `series`)."""
     if live.gpus:
         return True
-    with hearth.sessions() as session:
+    with svc.sessions() as session:
         return session.scalar(select(Series.id).where(Series.source.startswith("gpu:")).limit(1)) is not None
 
 
-def admission_policy(hearth, models: list[dict]) -> dict:
+def admission_policy(svc: Services, models: list[dict]) -> dict:
     """The policy in force: per servable model its runner settings, per class its priority and limits."""
     states = {m["name"]: m for m in models}
     rows = []
-    for name, spec in sorted(hearth.model_specs().items()):
+    for name, spec in sorted(svc.catalog.model_specs().items()):
         runner = spec.runner
         rows.append({
             "name": name,
@@ -111,11 +111,11 @@ def admission_policy(hearth, models: list[dict]) -> dict:
             "threads": runner.threads if runner else None,
             "mode_rule": MODE_RULES.get(runner.mode, "") if runner else "Served by remote nodes.",
         })
-    classes = [hearth.classes.get(n) for n in hearth.classes.names()]
+    classes = [svc.classes.get(n) for n in svc.classes.names()]
     return {
         "models": rows,
         "classes": [c for c in classes if c is not None],
-        "max_in_flight_total": hearth.setting("max_in_flight_total"),
+        "max_in_flight_total": svc.settings.get("max_in_flight_total"),
         "kv_rule": KV_RULE,
     }
 
@@ -129,11 +129,11 @@ def _range_arg() -> str:
 @login_required
 def index():
     """The overview page."""
-    hearth = current_app.extensions["hearth"]
-    live = live_state(hearth)
+    svc = services()
+    live = live_state(svc)
     return render_template(
-        "overview/index.html", live=live, gpu=has_gpu(hearth, live),
-        policy=admission_policy(hearth, live.models), range=_range_arg(), MIB=MIB,
+        "overview/index.html", live=live, gpu=has_gpu(svc, live),
+        policy=admission_policy(svc, live.models), range=_range_arg(), MIB=MIB,
     )
 
 
@@ -141,14 +141,14 @@ def index():
 @login_required
 def tiles():
     """The number tiles, polled by htmx every 2 s."""
-    hearth = current_app.extensions["hearth"]
-    live = live_state(hearth)
-    return render_template("overview/_tiles.html", live=live, gpu=has_gpu(hearth, live), MIB=MIB)
+    svc = services()
+    live = live_state(svc)
+    return render_template("overview/_tiles.html", live=live, gpu=has_gpu(svc, live), MIB=MIB)
 
 
 @bp.get("/partials/overview/policy")
 @login_required
 def policy_panel():
     """The admission policy panel, polled every 5 s (models load and unload meanwhile)."""
-    hearth = current_app.extensions["hearth"]
-    return render_template("overview/_policy.html", policy=admission_policy(hearth, hearth.residency.status()))
+    svc = services()
+    return render_template("overview/_policy.html", policy=admission_policy(svc, svc.residency.status()))

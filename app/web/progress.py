@@ -6,7 +6,9 @@ page (no admin exists yet) must show it too.
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, render_template
+from flask import Blueprint, render_template
+
+from app.gateway.context import services
 
 bp = Blueprint("progress", __name__)
 
@@ -15,7 +17,7 @@ STOP_POLLING = 286
 
 
 def _progress() -> dict | None:
-    return current_app.extensions["hearth"].default_model_progress()
+    return services().catalog.default_model_progress()
 
 
 @bp.app_context_processor

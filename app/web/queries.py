@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.gateway.tokens import TokenInfo, list_tokens
 from app.residency.estimate import MemoryEstimate, estimate_memory
+from app.services.catalog import Catalog
 from app.store.models import (
     REQUEST_STATUSES,
     Member,
@@ -368,12 +369,12 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
-def model_cards(hearth: Any, session: Session, only: str | None = None) -> list[ModelCard]:
+def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, only: str | None = None) -> list[ModelCard]:
     """Catalog entries (usable and not) joined with their policy, estimate, residency state and history."""
-    entries = [e for e in hearth.catalog if only is None or e.name == only]
+    entries = [e for e in catalog.entries if only is None or e.name == only]
     rows = {m.name: m for m in session.scalars(select(ModelRow).where(ModelRow.name.in_([e.name for e in entries])))}
-    statuses = {s["name"]: s for s in hearth.residency.status()}
-    specs = hearth.model_specs()
+    statuses = {s["name"]: s for s in runner_status}
+    specs = catalog.model_specs()
     history = load_history(session, [e.name for e in entries])
     cards = []
     for e in entries:

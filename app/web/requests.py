@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, render_template, request
 
+from app.gateway.context import services
 from app.web.auth import login_required
 from app.web.queries import (
     PAGE_SIZE,
@@ -29,7 +30,6 @@ bp = Blueprint("requests", __name__)
 @login_required
 def index():
     """The filtered log (the whole page, or the log partial for htmx)."""
-    hearth = current_app.extensions["hearth"]
     error = None
     page = None
     try:
@@ -38,7 +38,7 @@ def index():
         error, filters = str(exc), RequestFilters(
             member=request.args.get("member", ""), class_name=request.args.get("class", ""),
             model=request.args.get("model", ""))
-    with hearth.sessions() as s:
+    with services().sessions() as s:
         if error is None:
             try:
                 page = request_page(s, filters, utc_now(current_app.config.get("HEARTH_CLOCK")),

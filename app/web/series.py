@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from flask import Blueprint, abort, current_app, jsonify, request
 from sqlalchemy import select, text
 
+from app.gateway.context import services
 from app.store.models import Series
 from app.telemetry.rollup import HOUR_S, MINUTE_S, resolution
 from app.telemetry.sampler import METRICS
@@ -156,8 +157,7 @@ def series_json():
     if len(metrics) > MAX_METRICS:
         abort(400, description=f"at most {MAX_METRICS} metrics per chart")
     range_name, _ = parse_range(request.args.get("range"))
-    hearth = current_app.extensions["hearth"]
-    with hearth.sessions() as session:
+    with services().sessions() as session:
         return jsonify(read_series(session, metrics, range_name, _now_s(), request.args.get("source")))
 
 
@@ -169,6 +169,5 @@ def latency_json():
     if name not in LATENCY_METRICS:
         abort(400, description=f"metric must be one of {', '.join(LATENCY_METRICS)} (got {name!r})")
     range_name, _ = parse_range(request.args.get("range"))
-    hearth = current_app.extensions["hearth"]
-    with hearth.sessions() as session:
+    with services().sessions() as session:
         return jsonify(read_latency(session, LATENCY_METRICS[name], range_name, _now_s()))

@@ -13,7 +13,6 @@ from collections.abc import Collection
 
 from flask import (
     Blueprint,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -22,6 +21,7 @@ from flask import (
 )
 from werkzeug.security import check_password_hash
 
+from app.gateway.context import Services, services
 from app.store.settings import (
     REGISTRY,
     SECTIONS,
@@ -44,10 +44,10 @@ from app.web.auth import (
 bp = Blueprint("settings", __name__)
 
 
-def _choices(hearth, session, name: str) -> Collection[str] | None:
+def _choices(svc: Services, session, name: str) -> Collection[str] | None:
     """A choice setting's options: the models this serve can serve now, the classes in the store."""
     if name == "default_model":
-        return set(hearth.model_specs()) | {m["id"] for m in hearth.model_list()}
+        return set(svc.catalog.model_specs()) | {m["id"] for m in svc.router.model_list()}
     return run_time_choices(session, name)
 
 
@@ -56,7 +56,7 @@ def _env(d: SettingDef) -> str | None:
     return d.env if d.env and os.environ.get(d.env) else None
 
 
-def _rows(hearth, session, values: dict, errors: dict) -> dict[str, list[dict]]:
+def _rows(svc: Services, session, values: dict, errors: dict) -> dict[str, list[dict]]:
     """Settings grouped by section, with what to show for each."""
     sections: dict[str, list[dict]] = {s: [] for s in SECTIONS}
     for name, d in REGISTRY.items():
@@ -65,7 +65,7 @@ def _rows(hearth, session, values: dict, errors: dict) -> dict[str, list[dict]]:
         options: list[str] = []
         if d.kind == "choice":
             # What is stored or was typed stays offered even when it is no longer a choice, so the form shows it.
-            offered = set(_choices(hearth, session, name) or ()) | set(d.choices)
+            offered = set(_choices(svc, session, name) or ()) | set(d.choices)
             options = sorted(offered | ({str(shown)} if shown not in (None, "") else set()))
         sections[d.section].append({
             "name": name,
@@ -83,27 +83,27 @@ def _rows(hearth, session, values: dict, errors: dict) -> dict[str, list[dict]]:
     return {k: v for k, v in sections.items() if v}
 
 
-def _render(hearth, session, values: dict, errors: dict, password_error: str | None):
-    return render_template("settings/index.html", sections=_rows(hearth, session, values, errors), errors=errors,
-                           password_error=password_error, models_dir=hearth.models_dir)
+def _render(svc: Services, session, values: dict, errors: dict, password_error: str | None):
+    return render_template("settings/index.html", sections=_rows(svc, session, values, errors), errors=errors,
+                           password_error=password_error, models_dir=svc.catalog.models_dir)
 
 
 @bp.get("/settings")
 @login_required
 def index():
     """The settings form."""
-    hearth = current_app.extensions["hearth"]
-    with hearth.sessions() as session:
-        return _render(hearth, session, {}, {}, None)
+    svc = services()
+    with svc.sessions() as session:
+        return _render(svc, session, {}, {}, None)
 
 
 @bp.post("/settings")
 @login_required
 def save():
     """Validate every submitted setting with the registry; store them only when all are valid."""
-    hearth = current_app.extensions["hearth"]
+    svc = services()
     values, errors = {}, {}
-    with hearth.sessions() as session:
+    with svc.sessions() as session:
         for name, d in REGISTRY.items():
             if _env(d):
                 continue
@@ -112,7 +112,7 @@ def save():
             # An unticked checkbox is not sent at all.
             raw = request.form.get(name, "off") if d.kind == "bool" else request.form.get(name)
             try:
-                values[name] = validate(name, raw, _choices(hearth, session, name))
+                values[name] = validate(name, raw, _choices(svc, session, name))
             except Invalid as exc:
                 errors[name] = str(exc)
                 values[name] = raw
@@ -120,7 +120,7 @@ def save():
             effective = {n: get_setting(session, n) for n in REGISTRY} | values
             errors = conflicts(effective)
         if errors:
-            return _render(hearth, session, values, errors, None), 400
+            return _render(svc, session, values, errors, None), 400
         changed = [n for n, v in values.items() if get_setting(session, n) != (REGISTRY[n].default if v is None else v)]
         for name in changed:
             set_setting(session, name, values[name])
@@ -140,7 +140,7 @@ def save():
 @login_required
 def change_password():
     """Change the admin password (the current one is required); other sessions are logged out."""
-    hearth = current_app.extensions["hearth"]
+    svc = services()
     current = request.form.get("current", "")
     error = None
     if not check_password_hash(password_hash() or "", current):
@@ -148,8 +148,8 @@ def change_password():
     else:
         error = password_problem(request.form.get("password", ""), request.form.get("confirm", ""))
     if error:
-        with hearth.sessions() as session:
-            return _render(hearth, session, {}, {}, error), 400
+        with svc.sessions() as session:
+            return _render(svc, session, {}, {}, error), 400
     set_password(request.form["password"])
     log_in(password_hash())
     flash("Admin password changed; other sessions are logged out.", "ok")

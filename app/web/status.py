@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import functools
 
-from flask import Blueprint, current_app, render_template
+from flask import Blueprint, render_template
 
+from app.gateway.context import services
 from app.web.auth import login_required
 from app.web.overview import has_gpu, live_state
 
@@ -24,7 +25,7 @@ def public_or_login(view):
 
     @functools.wraps(view)
     def wrapped(*args, **kwargs):
-        if current_app.extensions["hearth"].setting("status_public"):
+        if services().settings.get("status_public"):
             return view(*args, **kwargs)
         return guarded(*args, **kwargs)
 
@@ -32,8 +33,8 @@ def public_or_login(view):
 
 
 def _context() -> dict:
-    hearth = current_app.extensions["hearth"]
-    live = live_state(hearth)
+    svc = services()
+    live = live_state(svc)
     failed = [m for m in live.models if m["state"] == "failed"]
     if live.sample_age_s is not None and live.sample_age_s > STALE_SAMPLE_S:
         health, health_text = "warn", "Degraded: telemetry stalled"
@@ -41,8 +42,8 @@ def _context() -> dict:
         health, health_text = "warn", "Up, " + ", ".join(m["name"] for m in failed) + " failed"
     else:
         health, health_text = "ok", "Up"
-    return {"live": live, "gpu": has_gpu(hearth, live), "health": health, "health_text": health_text,
-            "public": bool(hearth.setting("status_public"))}
+    return {"live": live, "gpu": has_gpu(svc, live), "health": health, "health_text": health_text,
+            "public": bool(svc.settings.get("status_public"))}
 
 
 @bp.get("/status")

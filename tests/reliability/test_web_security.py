@@ -11,7 +11,8 @@ import sqlite3
 
 import pytest
 
-from app.factory import create_app
+from app.factory import create_app, shutdown_app
+from app.gateway.context import services
 
 PASSWORD = "correct horse battery"
 _TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"|"X-CSRFToken": "([^"]+)"')
@@ -25,7 +26,7 @@ def app(tmp_path, gemma_path):
     app = create_app({"HEARTH_DATA": str(tmp_path / "data"), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
                       "HEARTH_DEFAULT_MODEL": str(gemma_path), "SCHEDULER": False, "TESTING": True})
     yield app
-    app.extensions["hearth_shutdown"]()
+    shutdown_app(app)
 
 
 def token_of(client, path: str) -> str:
@@ -63,7 +64,7 @@ def _build(rule: str, values: dict) -> str:
 def test_every_dashboard_mutation_needs_the_admin_session_and_a_csrf_token(app, admin):
     found = mutations(app)
     assert {"auth.logout", "members.create", "models.unload", "settings.save", "classes.save"} <= {e for e, _ in found}
-    with sqlite3.connect(app.extensions["hearth"].data_dir / "hearth.db") as db:
+    with sqlite3.connect(services(app).data_dir / "hearth.db") as db:
         before = db.execute("select count(*) from api_tokens").fetchone()
     anonymous = app.test_client()
     token = token_of(admin, "/")
@@ -76,7 +77,7 @@ def test_every_dashboard_mutation_needs_the_admin_session_and_a_csrf_token(app, 
         r = admin.post(url, data={"member": "mallory", "default_class": "chat"})
         assert r.status_code == 400, (endpoint, r.status_code)
         assert "CSRF" in r.get_data(as_text=True), endpoint
-    with sqlite3.connect(app.extensions["hearth"].data_dir / "hearth.db") as db:
+    with sqlite3.connect(services(app).data_dir / "hearth.db") as db:
         assert db.execute("select count(*) from api_tokens").fetchone() == before
 
 
@@ -84,7 +85,7 @@ def test_an_api_token_never_opens_the_dashboard(app, admin):
     with app.app_context():
         from app.gateway.tokens import create_token
 
-        with app.extensions["hearth"].sessions() as s:
+        with services(app).sessions() as s:
             token, _ = create_token(s, "alice", "chat")
     c = app.test_client()
     r = c.get("/", headers={"Authorization": f"Bearer {token}"})
@@ -101,7 +102,7 @@ def test_session_cookie_is_httponly_and_samesite(app):
 
 
 def test_pages_show_no_secret(app, admin):
-    data = app.extensions["hearth"].data_dir
+    data = services(app).data_dir
     secrets = [p.read_text().strip() for p in (data / "secrets").glob("*")]
     assert secrets  # the session key and the admin password hash exist by now
     for path in ("/", "/settings", "/members", "/models", "/status", "/classes", "/requests"):
@@ -111,7 +112,7 @@ def test_pages_show_no_secret(app, admin):
 
 
 def test_telemetry_losses_are_shown_on_the_overview(app, admin):
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     assert "telemetry-health" not in admin.get("/").get_data(as_text=True)
     writer = hearth.writer
     # What a full disk leaves behind (the writer's own bookkeeping; test_telemetry_loss.py makes it
@@ -129,10 +130,12 @@ def test_telemetry_losses_are_shown_on_the_overview(app, admin):
 
 def test_a_runner_crash_is_shown_on_the_models_page(app, admin):
     from app.residency.manager import ResidencyEvent
+    from app.services.records import record_residency_event
 
-    hearth = app.extensions["hearth"]
-    hearth.on_residency_event(ResidencyEvent("gemma-3-270m-q4_k_m", "crash", "runner exited with -9 (SIGKILL)",
-                                             node="local", pid=4242))
-    assert hearth.writer.flush(10)
+    writer = services(app).writer
+    # What the residency manager's on_event does when a runner dies.
+    record_residency_event(writer, ResidencyEvent("gemma-3-270m-q4_k_m", "crash", "runner exited with -9 (SIGKILL)",
+                                                  node="local", pid=4242))
+    assert writer.flush(10)
     page = admin.get("/models").get_data(as_text=True)
     assert "crash" in page and "SIGKILL" in page

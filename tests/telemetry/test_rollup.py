@@ -195,3 +195,22 @@ def test_migration_0003_upgrades_a_0002_store_and_matches_the_models(make_store)
     db.upgrade(engine)
     with engine.connect() as connection:
         assert connection.execute(text("SELECT count(*) FROM samples")).scalar() == 0
+
+
+def test_the_rollup_jobs_run_on_the_store_writer_at_their_clocks_time(engine, sessions):
+    from app.store.writer import StoreWriter
+    from app.telemetry.rollup import Rollups
+
+    put(sessions, "host", "cpu_pct", [(U0, 1.0), (U0 - 49 * 3600, 5.0)])
+    writer = StoreWriter(engine)
+    writer.start()
+    try:
+        jobs = Rollups(writer, clock=lambda: T0 + timedelta(seconds=60 + GRACE_S))
+        jobs.rollup_samples()
+        assert writer.flush(timeout_s=10)
+        assert rows(sessions, Rollup1m)[-1] == (U0, 1.0, 1.0, 1.0, 1)
+        jobs.prune_samples()  # the default retention, 48 h, before the clock's time
+        assert writer.flush(timeout_s=10)
+        assert count(sessions, Sample) == 1
+    finally:
+        writer.stop(timeout_s=5)

@@ -292,15 +292,6 @@ class FakeAdmission:
         return {"chat": {"waiting": 2, "in_flight": 4}, "voice": {"waiting": 1, "in_flight": 0}}
 
 
-class FakeHearth:
-    """What the sampler uses of Hearth: residency status, the gateway's admission and the store writer."""
-
-    def __init__(self, statuses, writer):
-        self.residency = FakeResidency(statuses)
-        self.admission = FakeAdmission()
-        self.writer = writer
-
-
 @pytest.fixture
 def writer(engine):
     w = StoreWriter(engine)
@@ -311,10 +302,10 @@ def writer(engine):
 
 def test_sample_all_writes_one_batch_through_the_writer(engine, sessions, writer):
     t = [1000.0]
-    hearth = FakeHearth([status()], writer)
     http = FakeHttp([metrics_text(0, 0), metrics_text(30, 90)])
     nogpu = SimpleNamespace(nvmlDeviceGetCount=lambda: 0)
-    sampler = Sampler(hearth, clock=lambda: t[0], http_get=http, nvml=nogpu)
+    sampler = Sampler(writer, FakeResidency([status()]).status, FakeAdmission().snapshot, clock=lambda: t[0],
+                      http_get=http, nvml=nogpu)
     sampler.sample_all()
     t[0] = 1001.0
     n = sampler.sample_all()
@@ -328,10 +319,11 @@ def test_sample_all_writes_one_batch_through_the_writer(engine, sessions, writer
     assert ("runner:gemma@local", "prompt_tok_s", 90.0) in at_1001
 
 
-def test_sample_all_function_keeps_one_sampler_per_hearth(monkeypatch, writer):
-    hearth = FakeHearth([], writer)
-    monkeypatch.setattr(hardware, "open_nvml", lambda: None)
-    assert sampler_mod.sample_all(hearth, clock=lambda: 5.0) == 5  # host and gateway: no GPU, no runner
-    assert sampler_mod.sampler_for(hearth).latest["gateway"] == {"queue_waiting": 3.0, "in_flight": 4.0}
-    assert sampler_mod.sampler_for(hearth) is sampler_mod.sampler_for(hearth)
-    assert sampler_mod.sampler_for(hearth).latest_at == 5
+def test_the_sampler_reads_gateway_and_runners_through_what_it_was_given(writer):
+    runners = []
+    nogpu = SimpleNamespace(nvmlDeviceGetCount=lambda: 0)
+    sampler = Sampler(writer, lambda: runners, FakeAdmission().snapshot, clock=lambda: 5.0,
+                      http_get=FakeHttp([]), nvml=nogpu)
+    assert sampler.sample_all() == 5  # host and gateway: no GPU, no runner
+    assert sampler.latest["gateway"] == {"queue_waiting": 3.0, "in_flight": 4.0}
+    assert sampler.latest_at == 5

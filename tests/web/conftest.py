@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from app.factory import create_app
+from app.factory import create_app, shutdown_app
 
 ADMIN_PASSWORD = "correct horse battery"
 # A form's hidden field, or the htmx header every page carries on <body>.
@@ -23,7 +23,7 @@ def app(tmp_path, gemma_path):
     app = create_app({"HEARTH_DATA": str(tmp_path / "data"), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
                       "HEARTH_DEFAULT_MODEL": str(gemma_path), "SCHEDULER": False, "TESTING": True})
     yield app
-    app.extensions["hearth_shutdown"]()
+    shutdown_app(app)
 
 
 @pytest.fixture

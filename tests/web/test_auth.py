@@ -6,6 +6,8 @@ import stat
 
 import pytest
 
+from app.factory import shutdown_app
+from app.gateway.context import services
 from app.secrets import read_secret
 
 # Blueprints anyone may reach: the login pages, the API (its own bearer tokens), vendor files, the
@@ -44,7 +46,7 @@ def test_first_run_sends_every_dashboard_page_to_setup(app, client):
 def test_setup_stores_a_hash_and_logs_in(app, client, admin_password, csrf_token, set_up_admin):
     response = set_up_admin(client)
     assert response.headers["Location"] == "/"
-    data = app.extensions["hearth"].data_dir
+    data = services(app).data_dir
     stored = read_secret(data, "admin_password")
     assert stored and admin_password not in stored and stored.startswith("scrypt:")
     mode = stat.S_IMODE(os.stat(data / "secrets" / "admin_password").st_mode)
@@ -66,7 +68,7 @@ def test_setup_refuses_bad_passwords(app, client, password, confirm, message, cs
                                            "csrf_token": csrf_token(client, "/setup")})
     assert response.status_code == 400
     assert message in response.get_data(as_text=True)
-    assert read_secret(app.extensions["hearth"].data_dir, "admin_password") is None
+    assert read_secret(services(app).data_dir, "admin_password") is None
 
 
 def test_login_logout_and_wrong_password(app, client, admin_password, csrf_token, set_up_admin):
@@ -211,4 +213,4 @@ def test_behind_a_trusted_proxy_https_and_client_ip_come_from_its_headers(tmp_pa
         # The limit is per client behind the proxy, not per proxy.
         assert guesser.post("/login", data=wrong, headers={"X-Forwarded-For": "192.168.1.21"}).status_code == 401
     finally:
-        app.extensions["hearth_shutdown"]()
+        shutdown_app(app)

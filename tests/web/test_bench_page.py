@@ -7,6 +7,7 @@ import time
 import pytest
 from sqlalchemy import select
 
+from app.gateway.context import services
 from app.store.models import BenchApplied, Model, RunnerSettings
 from app.verdict import sessions as store
 from app.verdict.decide import Recommendation, Verdict
@@ -25,14 +26,10 @@ SAMPLES = [{"t_s": 0.2, "in_flight": 2, "util": 0.9, "kv_util": 0.1, "running": 
             "preemptions_total": 0}]
 
 
-def hearth(app):
-    return app.extensions["hearth"]
-
-
 def make_session(app, verdict=True):
     """A finished session with continuous and serial runs at levels 1 and 2; returns (session id, run ids)."""
-    h = hearth(app)
-    model = h.default_model.stem
+    h = services(app)
+    model = h.catalog.default_model.stem
     run_ids = []
     with h.sessions() as s:
         policies = store.policies(s)
@@ -100,16 +97,16 @@ def test_exports(app, admin):
 
 def test_apply_needs_csrf_changes_settings_and_records_who(app, admin, csrf_token):
     sid, _ = make_session(app)
-    model = hearth(app).default_model.stem
+    model = services(app).catalog.default_model.stem
     assert admin.post(f"/bench/sessions/{sid}/apply/1").status_code == 400  # no CSRF token
-    with hearth(app).sessions() as s:
+    with services(app).sessions() as s:
         assert s.scalar(select(RunnerSettings)) is None
     token = csrf_token(admin, "/bench")
     r = admin.post(f"/bench/sessions/{sid}/apply/1", data={"csrf_token": token})
     assert r.status_code == 302
     page = admin.get(r.headers["Location"]).get_data(as_text=True)
     assert f"Applied to {model}: parallel default → 2" in page and "admin applied" in page
-    with hearth(app).sessions() as s:
+    with services(app).sessions() as s:
         m = s.scalar(select(Model).where(Model.name == model))
         rs = s.scalar(select(RunnerSettings).where(RunnerSettings.model_id == m.id))
         assert rs.parallel == 2 and rs.mode is None
@@ -147,7 +144,7 @@ def test_start_runs_in_the_background_and_polling_stops_when_done(app, admin, cs
     body = r.get_data(as_text=True)
     assert 'hx-get="/bench/progress"' in body and "of 4 runs" in body
     assert seen["cfg"].modes == ("continuous", "serial") and seen["cfg"].levels == (1, 2)
-    assert seen["cfg"].model_path == str(hearth(app).default_model)
+    assert seen["cfg"].model_path == str(services(app).catalog.default_model)
     # A second start while one runs is refused.
     again = admin.post("/bench/start", data={"csrf_token": token, "mode_serial": "1"})
     assert again.status_code == 409

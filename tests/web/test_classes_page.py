@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from app.gateway.context import services
 from app.store.models import RequestClass, RequestRecord
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -23,13 +24,13 @@ def _request(klass, minutes_ago, ttft, tpot, tokens, status="ok"):
 
 
 def _add(app, *rows):
-    with app.extensions["hearth"].sessions() as s:
+    with services(app).sessions() as s:
         s.add_all(rows)
         s.commit()
 
 
 def _class(app, name):
-    with app.extensions["hearth"].sessions() as s:
+    with services(app).sessions() as s:
         return s.get(RequestClass, name)
 
 
@@ -89,7 +90,7 @@ def _form(app, name, **changes):
 
 
 def test_save_persists_and_applies_to_the_gateway_at_once(app, admin, csrf_token):
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     assert hearth.classes.get("chat").ttft_target_ms != 777
     data = _form(app, "chat", ttft_target_ms="777", weight="2.5", preemptible="yes", csrf_token=csrf_token(admin, "/classes"))
     r = admin.post("/classes/chat", data=data, headers={"HX-Request": "true"})
@@ -127,7 +128,7 @@ def test_bad_input_comes_back_inline_and_nothing_is_saved(app, admin, csrf_token
 
 
 def test_default_model_accepts_a_catalog_name(app, admin, csrf_token):
-    name = app.extensions["hearth"].catalog[0].name
+    name = services(app).catalog.entries[0].name
     data = _form(app, "coding", default_model=name, csrf_token=csrf_token(admin, "/classes"))
     assert admin.post("/classes/coding", data=data).status_code == 302
     assert _class(app, "coding").default_model == name

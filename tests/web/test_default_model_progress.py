@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from app.factory import create_app
+from app.factory import create_app, shutdown_app
+from app.gateway.context import services
 from app.gateway.tokens import create_token
 from app.residency import default_model
 
@@ -25,18 +26,18 @@ def assembling(tmp_path, gemma_path, monkeypatch):
     monkeypatch.setattr(default_model, "ensure_default_model", blocked_ensure)
     app = create_app({"HEARTH_DATA": str(tmp_path / "data"), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
                       "HEARTH_DEFAULT_MODEL": None, "SCHEDULER": False, "TESTING": True})
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     with hearth.sessions() as s:
         token, _ = create_token(s, "alice", "chat")
         s.commit()
     yield app, release, {"Authorization": f"Bearer {token}"}
     release.set()
-    app.extensions["hearth_shutdown"]()
+    shutdown_app(app)
 
 
 def test_default_model_assembles_while_the_server_answers(assembling, set_up_admin):
     app, release, auth = assembling
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     client = app.test_client()
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -70,7 +71,7 @@ def test_default_model_assembles_while_the_server_answers(assembling, set_up_adm
         assert r.status_code == 200 and '<progress max="100" value="42">' in r.get_data(as_text=True), page
 
     release.set()
-    hearth.default_model_assembly.join(30)
+    hearth.catalog.default_model_assembly.join(30)
     done = client.get("/partials/default-model")
     assert done.status_code == 286
     assert "The default model is ready" in done.get_data(as_text=True) and "<progress" not in done.get_data(as_text=True)
@@ -85,17 +86,17 @@ def test_a_failed_assembly_is_shown_and_stops_polling(tmp_path, monkeypatch):
     app = create_app({"HEARTH_DATA": str(tmp_path / "data"), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
                       "HEARTH_DEFAULT_MODEL": None, "SCHEDULER": False, "TESTING": True})
     try:
-        app.extensions["hearth"].default_model_assembly.join(30)
+        services(app).catalog.default_model_assembly.join(30)
         client = app.test_client()
         r = client.get("/partials/default-model")
         assert r.status_code == 286 and "could not be assembled" in r.get_data(as_text=True)
         assert "reinstall" in r.get_data(as_text=True)
         assert client.get("/healthz").get_json()["default_model"]["state"] == "failed"
     finally:
-        app.extensions["hearth_shutdown"]()
+        shutdown_app(app)
 
 
 def test_a_given_default_model_is_used_at_once(app):
-    hearth = app.extensions["hearth"]
-    assert hearth.default_model_assembly is None and hearth.default_model_progress() is None
+    hearth = services(app)
+    assert hearth.catalog.default_model_assembly is None and hearth.catalog.default_model_progress() is None
     assert app.test_client().get("/partials/default-model").status_code == 286

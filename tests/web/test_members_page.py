@@ -3,13 +3,14 @@
 import re
 
 from app.gateway.auth import hash_token
+from app.gateway.context import services
 from app.store.models import ApiToken
 
 TOKEN = re.compile(r'id="token-value">([^<]+)</code>')
 
 
 def _token_rows(app):
-    with app.extensions["hearth"].sessions() as s:
+    with services(app).sessions() as s:
         return s.query(ApiToken).order_by(ApiToken.id).all()
 
 
@@ -30,7 +31,7 @@ def test_token_is_shown_once_and_never_again(app, admin, csrf_token):
     row = _token_rows(app)[0]
     assert row.token_hash == hash_token(token) and row.allowed_classes == ["chat", "coding", "voice"]
     # The gateway accepts it.
-    assert app.extensions["hearth"].tokens.lookup(token).member == "alice"
+    assert services(app).tokens.lookup(token).member == "alice"
     # Never again: not on the page, not in any partial.
     again = admin.get("/members").get_data(as_text=True)
     assert token not in again and token[:12] in again and 'id="member-alice"' in again
@@ -60,7 +61,7 @@ def test_bad_input_is_explained_and_kept(app, admin, csrf_token):
 
 
 def test_revoke_confirms_then_revokes(app, admin, csrf_token):
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     created = admin.post("/members/tokens", data={"member": "bob", "default_class": "chat",
                                                   "csrf_token": csrf_token(admin, "/members")})
     token = TOKEN.search(created.get_data(as_text=True)).group(1)

@@ -3,7 +3,8 @@ histograms, residency gauges and KV usage per model."""
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.telemetry.sampler import RateTracker, sample_runners, sampler_for
+from app.gateway.context import services
+from app.telemetry.sampler import RateTracker, sample_runners
 
 
 def families(client) -> dict:
@@ -13,10 +14,10 @@ def families(client) -> dict:
 
 
 def test_metrics_cover_classes_residency_and_kv(app, client):
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     hearth.metrics.observe({"class_name": "voice", "model": "gemma", "status": "ok", "prompt_tokens": 5,
                             "completion_tokens": 7, "ttft_ms": 120.0, "tpot_ms": 20.0, "queue_ms": 3.0})
-    sampler_for(hearth).latest = {"runner:gemma@local": {"kv_used_pct": 37.5}, "host": {"cpu_pct": 1.0}}
+    hearth.sampler.latest = {"runner:gemma@local": {"kv_used_pct": 37.5}, "host": {"cpu_pct": 1.0}}
     found = families(client)
     requests = found["hearth:gateway_requests"].samples
     assert any(s.labels == {"class": "voice", "model": "gemma", "status": "ok"} and s.value == 1 for s in requests)
@@ -29,7 +30,7 @@ def test_metrics_cover_classes_residency_and_kv(app, client):
 
 
 def test_failed_runner_scrapes_are_exported_per_model_and_node(app, client):
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
 
     def refused(url, timeout_s):
         raise OSError("connection refused")
@@ -37,7 +38,7 @@ def test_failed_runner_scrapes_are_exported_per_model_and_node(app, client):
     ready = [{"name": "gemma", "state": "ready",
               "nodes": [{"label": "local", "url": "http://127.0.0.1:9", "healthy": True}]}]
     for now in (1.0, 2.0):
-        sample_runners(ready, refused, RateTracker(), now, sampler_for(hearth).scrape_failures)
+        sample_runners(ready, refused, RateTracker(), now, hearth.sampler.scrape_failures)
     found = families(client)["hearth:runner_scrape_failures"]
     assert found.type == "counter"
     assert [(s.name, s.labels, s.value) for s in found.samples] == [

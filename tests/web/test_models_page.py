@@ -5,6 +5,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from app.gateway.context import services
 from app.residency.manager import ModelLoadFailed
 from app.store.models import Model, ResidencyEvent
 
@@ -13,12 +14,12 @@ from app.store.models import Model, ResidencyEvent
 def app(app, tmp_path):
     """The dashboard with a broken GGUF beside the embedded model (rescanned so the catalog sees it)."""
     (tmp_path / "models" / "broken.gguf").write_bytes(b"GGUF\x03\x00")
-    app.extensions["hearth"].rescan()
+    services(app).catalog.rescan()
     return app
 
 
 def _gemma(app):
-    return next(e.name for e in app.extensions["hearth"].catalog if e.usable)
+    return next(e.name for e in services(app).catalog.entries if e.usable)
 
 
 def _post(admin, csrf_token, url, **data):
@@ -38,7 +39,7 @@ def test_catalog_with_estimates_and_unusable_reason(app, admin):
 
 def test_measured_footprint_cold_starts_and_events_from_history(app, admin):
     gemma = _gemma(app)
-    with app.extensions["hearth"].sessions() as s:
+    with services(app).sessions() as s:
         for ms in (1000.0, 2000.0, 3000.0):
             s.add(ResidencyEvent(at=datetime.now(UTC), model_name=gemma, event="load", reason="first request",
                                  cold_start_ms=ms, estimate_bytes=400 * 2**20, measured_bytes=420 * 2**20))
@@ -57,7 +58,7 @@ def test_load_failure_is_shown_on_the_card(app, admin, csrf_token, monkeypatch):
     def fail(name):
         raise ModelLoadFailed(name, "runner exited with code 1 while loading")
 
-    monkeypatch.setattr(app.extensions["hearth"].residency, "load", fail)
+    monkeypatch.setattr(services(app).residency, "load", fail)
     _post(admin, csrf_token, f"/models/{gemma}/load")
     card = admin.get(f"/models/{gemma}/card")
     assert card.status_code == 286  # not loading: htmx stops polling
@@ -82,11 +83,11 @@ def test_policy_and_keep_alive_validation(app, admin, csrf_token):
     assert _post(admin, csrf_token, f"/models/{gemma}/policy", policy="keep_alive", keep_alive_s="0").status_code == 422
     r = _post(admin, csrf_token, f"/models/{gemma}/policy", policy="on_demand", keep_alive_s="900")
     assert r.status_code == 200 and "Saved: on demand" in r.get_data(as_text=True)
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     with hearth.sessions() as s:
         row = s.query(Model).filter_by(name=gemma).one()
         assert (row.policy, row.keep_alive_s) == ("on_demand", 900)
-    assert hearth.model_specs()[gemma].policy == "on_demand"  # applied at once, not at the next rescan
+    assert hearth.catalog.model_specs()[gemma].policy == "on_demand"  # applied at once, not at the next rescan
 
 
 def test_controls_need_csrf(app, admin):
@@ -118,13 +119,13 @@ def test_load_polls_until_resident_then_unload(app, admin, csrf_token):
     r = _post(admin, csrf_token, f"/models/{gemma}/unload")
     assert r.status_code == 200 and "Unloaded" in r.get_data(as_text=True)
     assert 'data-state="unloaded"' in r.get_data(as_text=True)
-    assert [e["state"] for e in app.extensions["hearth"].residency.status() if e["name"] == gemma] == ["unloaded"]
+    assert [e["state"] for e in services(app).residency.status() if e["name"] == gemma] == ["unloaded"]
 
 
 def test_pinning_loads_the_model(app, admin, csrf_token, monkeypatch):
     gemma = _gemma(app)
     loads = []
-    monkeypatch.setattr(app.extensions["hearth"].residency, "load", loads.append)
+    monkeypatch.setattr(services(app).residency, "load", loads.append)
     r = _post(admin, csrf_token, f"/models/{gemma}/policy", policy="pinned", keep_alive_s="300")
     assert r.status_code == 200 and "Pinned" in r.get_data(as_text=True) and "Loading it now" in r.get_data(as_text=True)
     deadline = time.monotonic() + 5

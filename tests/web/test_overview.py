@@ -4,9 +4,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from app.gateway.context import services
 from app.store.models import RequestRecord
 from app.telemetry.rollup import rollup
-from app.telemetry.sampler import sampler_for, store_readings
+from app.telemetry.sampler import store_readings
 from app.web import NAV
 from app.web.series import percentile
 
@@ -23,7 +24,7 @@ def clocked(app):
 
 def put_samples(app, seconds: range, source=RUNNER, metric="gen_tok_s", value=lambda t: float(t % 7)):
     """1-second samples at NOW_S - s for each s in `seconds`."""
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     with hearth.sessions() as s:
         for back in seconds:
             at = NOW_S - back
@@ -59,7 +60,7 @@ def test_overview_range_picker_and_nav(app, admin):
 
 
 def test_tiles_show_the_sampler_latest_readings(app, admin):
-    sampler = sampler_for(app.extensions["hearth"])
+    sampler = services(app).sampler
     sampler.latest = {
         "host": {"cpu_pct": 37.0, "ram_used_bytes": 3 * 1024**3, "ram_total_bytes": 8 * 1024**3},
         RUNNER: {"gen_tok_s": 123.4, "prompt_tok_s": 56.0, "running": 3, "waiting": 2, "kv_used_pct": 91.5,
@@ -80,7 +81,7 @@ def test_policy_partial_polls_and_names_the_policy(app, admin):
     assert response.status_code == 200
     html = response.get_data(as_text=True)
     assert 'hx-trigger="every 5s' in html
-    name = next(iter(app.extensions["hearth"].model_specs()))
+    name = next(iter(services(app).catalog.model_specs()))
     assert name in html and "unloaded" in html and "512 tokens / iteration" in html
 
 
@@ -118,7 +119,7 @@ def test_series_one_hour_is_averaged_into_ten_second_points(clocked, admin):
 ])
 def test_long_ranges_read_rollups(clocked, admin, range_name, resolution, step_s):
     put_samples(clocked, range(0, 3 * 3600, 5), value=lambda t: 4.0)
-    hearth = clocked.extensions["hearth"]
+    hearth = services(clocked)
     with hearth.sessions() as s:
         rollup(s, datetime.fromtimestamp(NOW_S + 3600, UTC))
         s.commit()
@@ -138,7 +139,7 @@ def test_series_refuses_bad_arguments(admin):
 
 
 def test_latency_percentiles_per_class(clocked, admin):
-    hearth = clocked.extensions["hearth"]
+    hearth = services(clocked)
     now = datetime.fromtimestamp(NOW_S, UTC)
     with hearth.sessions() as s:
         for i in range(20):
@@ -170,7 +171,7 @@ def test_percentile_nearest_rank():
 
 def test_a_gpu_box_charts_gpu_utilisation_and_vram(app, admin):
     put_samples(app, range(3), source="gpu:0", metric="gpu_util_pct", value=lambda t: 80.0)
-    sampler = sampler_for(app.extensions["hearth"])
+    sampler = services(app).sampler
     sampler.latest = {"gpu:0": {"gpu_util_pct": 80.0, "vram_used_bytes": 5 * 1024**3,
                                 "vram_total_bytes": 24 * 1024**3, "gpu_temp_c": 61.0}}
     sampler.latest_at = datetime.now(UTC).timestamp()

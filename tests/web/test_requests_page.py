@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from app.gateway.context import services
 from app.store.models import RequestRecord
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -28,7 +29,7 @@ def _fill(app, n=130):
             class_name="voice" if i % 2 else "chat", model="other" if bob else "gemma", status="error" if bob else "ok",
             http_status=502 if bob else 200, error="runner crashed" if bob else None, ttft_ms=100.0 + i, tpot_ms=20.0,
             total_ms=900.0, prompt_tokens=10, completion_tokens=20, queue_ms=1.0))
-    with app.extensions["hearth"].sessions() as s:
+    with services(app).sessions() as s:
         s.add_all(rows)
         s.commit()
 

@@ -3,11 +3,12 @@ the admin password change."""
 
 import pytest
 
+from app.gateway.context import services
 from app.store.settings import REGISTRY, get_setting
 
 
 def stored(app, name):
-    with app.extensions["hearth"].sessions() as s:
+    with services(app).sessions() as s:
         return get_setting(s, name)
 
 
@@ -97,7 +98,7 @@ def test_a_batch_smaller_than_the_slots_is_refused_on_both_fields_together(app, 
 
 
 def test_default_model_accepts_a_catalog_name(app, admin, post):
-    name = next(iter(app.extensions["hearth"].model_specs()))
+    name = next(iter(services(app).catalog.model_specs()))
     assert post(admin, {"default_model": name}).status_code == 302
     assert stored(app, "default_model") == name
 

@@ -2,16 +2,16 @@
 
 import time
 
+from app.gateway.context import services
 from app.store.settings import set_setting
-from app.telemetry.sampler import sampler_for
 
 
 def make_public(app, value=True):
-    hearth = app.extensions["hearth"]
+    hearth = services(app)
     with hearth.sessions() as s:
         set_setting(s, "status_public", value)
         s.commit()
-    hearth._settings_cache.clear()
+    hearth.settings.invalidate()
 
 
 def test_status_needs_login_by_default(client, set_up_admin):
@@ -37,7 +37,7 @@ def test_status_public_setting_opens_it(app, client, set_up_admin):
 
 
 def test_status_content_from_latest_samples(app, admin):
-    sampler = sampler_for(app.extensions["hearth"])
+    sampler = services(app).sampler
     sampler.latest = {
         "host": {"cpu_pct": 12.0, "ram_used_bytes": 2 * 1024**3, "ram_total_bytes": 4 * 1024**3},
         "runner:gemma@local": {"gen_tok_s": 88.0, "waiting": 2, "kv_used_pct": 42.0},
@@ -52,7 +52,7 @@ def test_status_content_from_latest_samples(app, admin):
 
 
 def test_status_shows_gpu_and_stale_sampler(app, admin):
-    sampler = sampler_for(app.extensions["hearth"])
+    sampler = services(app).sampler
     sampler.latest = {"gpu:0": {"gpu_temp_c": 64.0, "vram_used_bytes": 6 * 1024**3, "vram_total_bytes": 24 * 1024**3}}
     sampler.latest_at = time.time() - 60
     html = admin.get("/status").get_data(as_text=True)

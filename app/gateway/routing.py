@@ -1,0 +1,70 @@
+"""Routing a request to a model: the one place where catalog and residency errors become HTTP answers.
+
+The catalog resolves names (aliases, class default, household default); the residency manager
+leases a node serving the model. Both raise domain errors; this module maps them to ApiErrors.
+"""
+
+from __future__ import annotations
+
+from app.engine.api import ApiError
+from app.policy import ClassPolicy
+from app.residency.manager import Lease, ModelLoadFailed, NotEnoughMemory, ResidencyManager, UnknownModel
+from app.services.catalog import Catalog, DefaultModelPending, ModelNotFound, ModelUnusable
+
+
+def pending_error(progress: dict) -> ApiError:
+    """The 503 for a request that needs the default model while it is assembled (or failed to be)."""
+    if progress["error"]:
+        return ApiError(503, f"the default model could not be assembled: {progress['error']}",
+                        code="default_model_failed", err_type="unavailable_error", headers={"Retry-After": "60"})
+    being = "assembled" if progress["phase"] == "assembling" else "verified"
+    return ApiError(503, f"the default model is being {being} ({progress['percent']} %); retry in a few seconds",
+                    code="default_model_assembling", err_type="unavailable_error", headers={"Retry-After": "5"})
+
+
+class Router:
+    """Model names to leases on runners, with the household's HTTP errors for what cannot be served."""
+
+    def __init__(self, catalog: Catalog, residency: ResidencyManager):
+        self.catalog = catalog
+        self.residency = residency
+
+    def resolve(self, requested: str | None, policy: ClassPolicy) -> str:
+        """The catalog name for a request's model; 404 if unknown or unusable, 503 while the default is assembled."""
+        try:
+            return self.catalog.resolve(requested, policy.default_model)
+        except DefaultModelPending as exc:
+            raise pending_error(exc.progress)
+        except ModelUnusable as exc:
+            raise ApiError(404, str(exc), param="model", code="model_unusable")
+        except ModelNotFound as exc:
+            raise ApiError(404, str(exc), param="model", code="model_not_found")
+
+    def acquire(self, name: str) -> Lease:
+        """A lease on a node serving the model; 404 if it left the catalog, 503 if it cannot be loaded now."""
+        try:
+            return self.residency.acquire(name)
+        except UnknownModel:
+            raise ApiError(404, f"unknown model '{name}'", param="model", code="model_not_found")
+        except ModelLoadFailed as exc:
+            raise ApiError(503, f"model '{name}' could not be loaded: {exc.reason}", code="model_load_failed",
+                           err_type="unavailable_error", headers={"Retry-After": "10"})
+        except NotEnoughMemory as exc:
+            raise ApiError(503, str(exc), code="not_enough_memory", err_type="unavailable_error",
+                           headers={"Retry-After": "30"})
+
+    def model_list(self) -> list[dict]:
+        """/v1/models: servable models with their state, plus aliases."""
+        states = {m["name"]: m for m in self.residency.status()}
+        aliases = self.catalog.aliases()
+        out = []
+        for name, spec in self.catalog.model_specs().items():
+            st = states.get(name, {})
+            out.append({"id": name, "object": "model", "created": 0, "owned_by": "hearth",
+                        "hearth": {"state": st.get("state", "unloaded"), "policy": spec.policy,
+                                   "estimate_bytes": spec.estimate_bytes,
+                                   "aliases": sorted(a for a, n in aliases.items() if n == name)}})
+        for alias, name in sorted(aliases.items()):
+            out.append({"id": alias, "object": "model", "created": 0, "owned_by": "hearth",
+                        "hearth": {"alias_of": name}})
+        return out

@@ -1,0 +1,219 @@
+"""The model catalog as `hearth serve` and `hearth models list` see it: the models folder, each model's
+runner spec and memory estimate (per-model runner settings over the stored defaults), aliases, and the
+embedded default model while it is assembled. Names that cannot be served raise domain errors; the
+gateway (app.gateway.routing) turns them into HTTP answers."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.residency.catalog import CatalogEntry, scan
+from app.residency.default_model import BackgroundAssembly
+from app.residency.estimate import estimate_memory
+from app.residency.manager import ModelSpec
+from app.residency.supervisor import RunnerSpec
+from app.services.settings import SettingsCache
+from app.store import models as db
+from app.store.settings import get_setting
+
+RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads")  # the stored runner_* settings a spec falls back on
+
+
+class ModelNotServable(Exception):
+    """A request names a model the catalog cannot serve now."""
+
+    def __init__(self, name: str | None, message: str):
+        super().__init__(message)
+        self.name = name
+
+
+class ModelNotFound(ModelNotServable):
+    """No model or alias of that name; `known` lists those there are."""
+
+    def __init__(self, name: str | None, known: list[str]):
+        super().__init__(name, f"unknown model '{name}'; available: {', '.join(known) or 'none'}")
+        self.known = known
+
+
+class ModelUnusable(ModelNotServable):
+    """The file is in the models folder but cannot be served (`reason` says why)."""
+
+    def __init__(self, name: str, reason: str | None):
+        super().__init__(name, f"model '{name}' cannot be served: {reason}")
+        self.reason = reason
+
+
+class DefaultModelPending(ModelNotServable):
+    """The embedded default model is still being assembled or verified, or its assembly failed."""
+
+    def __init__(self, name: str, progress: dict):
+        super().__init__(name, progress["error"] or f"the default model is being {progress['phase']}")
+        self.progress = progress
+
+
+def resolve_models_dir(data_dir: Path, stored: str | None, override: str | None) -> Path:
+    """The models folder: $HEARTH_MODELS_DIR (override) wins over the stored `models_dir`, then <data>/models."""
+    return Path(override or stored or Path(data_dir) / "models").expanduser()
+
+
+def record_catalog(session: Session, entries: list[CatalogEntry], now: datetime) -> list[db.Model]:
+    """Upsert one `models` row per catalog entry (the admin's policy, keep-alive and alias are kept)."""
+    rows = []
+    for e in entries:
+        row = session.scalar(select(db.Model).where(db.Model.name == e.name))
+        if row is None:
+            row = db.Model(name=e.name, first_seen_at=now)
+            session.add(row)
+        row.path, row.source, row.size_bytes = str(e.path), e.source, e.size_bytes
+        row.architecture, row.n_params, row.quantization = e.architecture, e.n_params, e.quantization
+        row.n_ctx_train, row.n_layers, row.n_head_kv = e.n_ctx_train, e.n_layers, e.n_head_kv
+        row.head_dim_k, row.head_dim_v = e.head_dim_k, e.head_dim_v
+        row.has_chat_template, row.usable, row.unusable_reason = e.has_chat_template, e.usable, e.unusable_reason
+        row.last_seen_at = now
+        rows.append(row)
+    session.flush()
+    return rows
+
+
+def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict) -> RunnerSpec:
+    """How a model's runner starts: its own runner settings where set, else the stored runner_* defaults."""
+    return RunnerSpec(
+        model_name=entry.name,
+        model_path=str(entry.path),
+        kind=(rs.kind if rs else "hearth"),
+        binary_path=rs.binary_path if rs else None,
+        n_ctx=(rs and rs.n_ctx) or int(defaults["ctx"]),
+        parallel=(rs and rs.parallel) or int(defaults["parallel"]),
+        n_batch=(rs and rs.n_batch) or int(defaults["batch"]),
+        threads=(rs and rs.threads) or int(defaults["threads"] or os.cpu_count() or 1),
+        gpu_layers=(rs and rs.gpu_layers) or 0,
+        mode=(rs and rs.mode) or "continuous",
+    )
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """One rescan's result, swapped in whole so readers never see half of two scans."""
+
+    entries: list[CatalogEntry] = field(default_factory=list)
+    specs: dict[str, ModelSpec] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+
+
+class Catalog:
+    """The models folder's entries, what of it can be served (specs) and under which names (aliases)."""
+
+    def __init__(self, sessions: sessionmaker, settings: SettingsCache, data_dir: Path, models_dir: Path,
+                 default_model: Path | None):
+        self.sessions = sessions
+        self.settings = settings
+        self.data_dir = data_dir
+        self.models_dir = models_dir
+        self.default_model = default_model
+        # Set while the embedded default model is assembled in the background (first run).
+        self.default_model_assembly: BackgroundAssembly | None = None
+        self._lock = threading.Lock()
+        self._scan = _Scan()
+
+    @classmethod
+    def open(cls, data_dir: Path, sessions: sessionmaker, settings: SettingsCache, default_model: Path | None,
+             models_dir_override: str | None = None) -> Catalog:
+        """The catalog over the folder serve uses (see resolve_models_dir), created if missing, scanned once."""
+        models_dir = resolve_models_dir(data_dir, settings.get("models_dir"), models_dir_override)
+        models_dir.mkdir(parents=True, exist_ok=True)
+        catalog = cls(sessions, settings, data_dir, models_dir, default_model)
+        catalog.rescan()
+        return catalog
+
+    @property
+    def entries(self) -> list[CatalogEntry]:
+        """Every model file found by the last scan, usable or not."""
+        return self._scan.entries
+
+    def model_specs(self) -> dict[str, ModelSpec]:
+        """Servable models by name (cheap: rebuilt only on rescan)."""
+        return self._scan.specs
+
+    def aliases(self) -> dict[str, str]:
+        """Alias → model name, as the admin set them."""
+        return self._scan.aliases
+
+    def rescan(self) -> list[CatalogEntry]:
+        """The `rescan_catalog` job: scan the folder, record every model in the store, rebuild what can be served."""
+        with self._lock:
+            entries = scan(self.models_dir, self.default_model, previous=self._scan.entries)
+            specs: dict[str, ModelSpec] = {}
+            aliases: dict[str, str] = {}
+            with self.sessions() as s:
+                defaults = {k: get_setting(s, f"runner_{k}") for k in RUNNER_DEFAULTS}
+                for e, row in zip(entries, record_catalog(s, entries, datetime.now(UTC))):
+                    if not e.usable:
+                        continue
+                    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
+                    spec = runner_spec(e, rs, defaults)
+                    estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch)
+                    nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()
+                    specs[e.name] = ModelSpec(
+                        name=e.name, path=str(e.path), estimate_bytes=estimate.total_bytes, policy=row.policy,
+                        keep_alive_s=row.keep_alive_s, runner=spec,
+                        remote=tuple((n.url, n.label or n.url) for n in nodes),
+                    )
+                    if row.alias:
+                        aliases[row.alias] = e.name
+                s.commit()
+            self._scan = _Scan(entries, specs, aliases)
+            return entries
+
+    # -- the embedded default model ------------------------------------------------------------
+
+    def assemble_default_model(self, after_ready: Callable[[], None] = lambda: None) -> None:
+        """Assemble the embedded default model in the background; once ready, list it, then call after_ready."""
+        self.default_model_assembly = BackgroundAssembly(self.data_dir, self._default_model_ready,
+                                                         after_ready=after_ready)
+        self.default_model_assembly.start()
+
+    def _default_model_ready(self, path: Path) -> None:
+        self.default_model = path
+        self.rescan()
+
+    def default_model_progress(self) -> dict | None:
+        """How far the background assembly of the default model is (phase, bytes, percent, error); None when ready."""
+        assembly = self.default_model_assembly
+        return None if assembly is None else assembly.progress()
+
+    def default_model_name(self) -> str | None:
+        """The model a request gets when neither it nor its class names one."""
+        configured = self.settings.get("default_model")
+        if configured:
+            return configured
+        if self.default_model_progress() is not None:
+            return self.default_model_assembly.model_name
+        defaults = [e.name for e in self.entries if e.source == "default" and e.usable]
+        return defaults[0] if defaults else next(iter(self.model_specs()), None)
+
+    def resolve(self, requested: str | None, class_default: str | None = None) -> str:
+        """The catalog name for a request's model (aliases, class default, household default).
+
+        Raises DefaultModelPending, ModelUnusable or ModelNotFound when it cannot be served now."""
+        current = self._scan
+        name = requested or class_default or self.default_model_name()
+        if name in ("default", None, ""):
+            name = self.default_model_name()
+        name = current.aliases.get(name, name)
+        progress = self.default_model_progress()
+        if progress is not None and name == progress["model"]:
+            raise DefaultModelPending(name, progress)
+        if name not in current.specs:
+            unusable = {e.name: e.unusable_reason for e in current.entries if not e.usable}
+            if name in unusable:
+                raise ModelUnusable(name, unusable[name])
+            raise ModelNotFound(name, sorted(set(current.specs) | set(current.aliases)))
+        return name

@@ -1,0 +1,57 @@
+"""Stored settings as the request path reads them: cached a few seconds, so serving never waits on SQLite."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cachetools import TTLCache
+from sqlalchemy.orm import sessionmaker
+
+from app.residency.budget import detect_budget
+from app.store.settings import REGISTRY, get_setting
+
+MIB = 1024 * 1024
+SETTINGS_TTL_S = 5.0
+_MISSING = object()  # a stored setting may be None, so a miss needs its own marker
+
+
+class SettingsCache:
+    """Settings by name; an edit made anywhere (dashboard, CLI) applies within ttl_s."""
+
+    def __init__(self, sessions: sessionmaker, ttl_s: float = SETTINGS_TTL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self._sessions = sessions
+        self._lock = threading.Lock()
+        # One entry per registered setting at most: the registry bounds the cache.
+        self._cache: TTLCache = TTLCache(maxsize=max(1, len(REGISTRY)), ttl=ttl_s, timer=clock)
+
+    def get(self, name: str) -> Any:
+        """The stored value (or the registry default) of a setting; raises UnknownSetting for a bad name."""
+        with self._lock:
+            value = self._cache.get(name, _MISSING)
+        if value is not _MISSING:
+            return value
+        with self._sessions() as s:
+            value = get_setting(s, name)
+        with self._lock:
+            self._cache[name] = value
+        return value
+
+    def invalidate(self) -> None:
+        """Read every setting again on its next lookup."""
+        with self._lock:
+            self._cache.clear()
+
+
+def budget_bytes(settings: SettingsCache) -> int:
+    """Memory resident models may use, under the stored limit and reserve."""
+    limit = settings.get("memory_limit_mb")
+    reserve = settings.get("memory_reserve_mb")
+    budget = detect_budget(
+        reserve_bytes=None if reserve is None else int(reserve) * MIB,
+        limit_bytes=None if limit is None else int(limit) * MIB,
+    )
+    return budget.usable_bytes
