@@ -14,14 +14,14 @@ from tests.browser.conftest import _watch, shot
 
 
 @pytest.fixture
-def first_run(tmp_path, gemma_path, monkeypatch):
+def first_run(tmp_path, standin_model, monkeypatch):
     """An in-process server on a fresh data folder whose default model is held at 42 % until released."""
     release = threading.Event()
 
     def blocked_ensure(data_dir, progress=True, on_progress=None):
         on_progress("assembling", 42, 100)
         assert release.wait(60), "the test never released the assembly"
-        return Path(gemma_path)
+        return Path(standin_model)
 
     monkeypatch.delenv("HEARTH_DEFAULT_MODEL", raising=False)
     monkeypatch.setattr(default_model, "ensure_default_model", blocked_ensure)
