@@ -134,6 +134,7 @@ def _occupy(serve, klass, tokens=300):
 
 def test_full_class_queue_is_429_with_retry_after(serve):
     # coding: 1 at a time, 1 waiting.
+    assert chat(serve).status_code == 200  # the runner is up: no cold start inside the queue wait
     t1, o1 = _occupy(serve, "coding", tokens=150)
     wait_until(lambda: class_gauge(serve, "class_in_flight", "coding") == 1, 30, "the first coding request never ran")
     t2, o2 = _occupy(serve, "coding", tokens=4)
@@ -144,7 +145,7 @@ def test_full_class_queue_is_429_with_retry_after(serve):
     assert r.json()["error"]["code"] == "queue_full"
     t1.join()
     t2.join()
-    assert o1["r"].status_code == 200 and o2["r"].status_code == 200
+    assert o1["r"].status_code == 200 and o2["r"].status_code == 200, (o1["r"].text, o2["r"].text)
     assert o2["r"].headers["X-Hearth-Queue-Position"] == "1"
     rows_once(serve, lambda got: ("rejected", 429) in got,
               "select status, http_status from requests where class_name='coding'")
