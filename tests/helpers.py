@@ -4,6 +4,7 @@
 - `query(db_path, sql, *args)`: rows from a store as another process's reader sees them; `store_now()` to compare
   with its datetimes.
 - `metric(client, sample)`: one sample of a Prometheus /metrics page.
+- `store_points(session, source, metric, points)`: many seconds of one telemetry series in one insert.
 - `write_standin_gguf(path)`: a tiny GGUF with the embedded model's header facts, for tests that read a catalog
   entry but never load weights.
 - `ServeStarter`: real `hearth serve` processes on fresh data folders (behind the `start_serve` fixtures).
@@ -15,7 +16,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,6 +65,22 @@ def metric(client, sample: str) -> float | None:
         if line.startswith(sample + " "):
             return float(line.split()[-1])
     return None
+
+
+def store_points(session, source: str, metric: str, points: Iterable[tuple[int, float]]) -> None:
+    """Store finite (unix second, value) samples of one series in one insert (its series row made by store_readings)."""
+    from sqlalchemy import insert, select
+
+    from app.store.models import Sample, Series
+    from app.telemetry.sampler import store_readings
+
+    # Hours of 1-second samples through store_readings, one second per call, cost seconds of a fast test.
+    (first_at, first_value), *rest = points
+    store_readings(session, first_at, [(source, metric, first_value)])
+    if rest:
+        series_id = session.scalar(select(Series.id).where(Series.source == source, Series.metric == metric))
+        session.execute(insert(Sample).prefix_with("OR REPLACE"),
+                        [{"series_id": series_id, "at": at, "value": value} for at, value in rest])
 
 
 # --- a stand-in for the embedded model -------------------------------------------------------
