@@ -17,7 +17,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,7 +50,8 @@ def wait_until(predicate: Callable[[], T], timeout_s: float = 10.0, message: str
 
 def query(db_path: Path, sql: str, *args: Any) -> list[tuple]:
     """Rows of one query on a SQLite file, through a connection of its own (sees only committed rows)."""
-    with sqlite3.connect(db_path) as db:
+    # closing(): sqlite3's own context manager only ends the transaction, it leaves the connection open.
+    with closing(sqlite3.connect(db_path)) as db:
         return db.execute(sql, args).fetchall()
 
 
