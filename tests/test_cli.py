@@ -11,9 +11,9 @@ from app.store.settings import REGISTRY, get_setting
 
 
 @pytest.fixture()
-def data(tmp_path, monkeypatch, gemma_path):
+def data(tmp_path, monkeypatch, standin_model):
     monkeypatch.setenv("HEARTH_DATA", str(tmp_path))
-    monkeypatch.setenv("HEARTH_DEFAULT_MODEL", str(gemma_path))
+    monkeypatch.setenv("HEARTH_DEFAULT_MODEL", str(standin_model))
     monkeypatch.setenv("HEARTH_MODELS_DIR", str(tmp_path / "models"))
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "broken.gguf").write_bytes(b"GGUF\x03\x00")

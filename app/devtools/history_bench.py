@@ -460,7 +460,9 @@ def run_history(args, default_model: str) -> int:
             print(f"  {label:<32} {p['median_ms']:7.1f} ms median  (min {p['min_ms']:.1f}, max {p['max_ms']:.1f}; "
                   f"HTTP {p['status']}, {p['bytes'] / 1024:.0f} KiB)  {url}")
         out["pages"] = pages
-        app.extensions["hearth_shutdown"]()
+        from app.factory import shutdown_app
+
+        shutdown_app(app)
     verdict = []
     if "overview" in pages:
         verdict.append(f"overview {pages['overview']['median_ms']:.1f} ms (target ≤ {TARGETS['overview_ms']:g})")

@@ -9,13 +9,10 @@ import time
 
 import httpx
 import psutil
-import pytest
 
 from app.devtools.serve_process import ServeProcess, prepare_data
 from app.residency.supervisor import RunnerProcess
 from app.serve import DRAIN_S, GRACEFUL_TIMEOUT_S
-
-pytestmark = pytest.mark.model
 
 
 def test_drain_and_runner_stop_fit_inside_the_kill_deadline():

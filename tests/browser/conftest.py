@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from app.devtools.serve_process import ServeProcess, prepare_data
-
 ADMIN_PASSWORD = "browser admin password"
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -39,14 +37,11 @@ def shot(page, name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def served(tmp_path_factory, gemma_path):
+def served(start_shared_serve):
     """A real hearth serve on a fresh data folder (no admin password yet) with one API token."""
-    data = tmp_path_factory.mktemp("browser-serve")
-    models = tmp_path_factory.mktemp("browser-models")
-    tokens = prepare_data(data, settings={"runner_ctx": 1024, "runner_parallel": 4, "runner_threads": 2},
-                          tokens=[("browser", "chat", ["voice"])])
-    s = ServeProcess(data, models, gemma_path, data / "serve.log")
-    s.token = tokens["browser"]
+    s = start_shared_serve(settings={"runner_ctx": 1024, "runner_parallel": 4, "runner_threads": 2},
+                           tokens=[("browser", "chat", ["voice"])])
+    s.token = s.tokens["browser"]
     yield s
     s.stop()
 

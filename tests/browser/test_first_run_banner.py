@@ -7,21 +7,21 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from app.factory import create_app
+from app.factory import create_app, shutdown_app
 from app.residency import default_model
 from app.residency.supervisor import free_port
 from tests.browser.conftest import _watch, shot
 
 
 @pytest.fixture
-def first_run(tmp_path, gemma_path, monkeypatch):
+def first_run(tmp_path, standin_model, monkeypatch):
     """An in-process server on a fresh data folder whose default model is held at 42 % until released."""
     release = threading.Event()
 
     def blocked_ensure(data_dir, progress=True, on_progress=None):
         on_progress("assembling", 42, 100)
         assert release.wait(60), "the test never released the assembly"
-        return Path(gemma_path)
+        return Path(standin_model)
 
     monkeypatch.delenv("HEARTH_DEFAULT_MODEL", raising=False)
     monkeypatch.setattr(default_model, "ensure_default_model", blocked_ensure)
@@ -33,7 +33,7 @@ def first_run(tmp_path, gemma_path, monkeypatch):
     yield f"http://127.0.0.1:{server.server_port}", release
     release.set()
     server.shutdown()
-    app.extensions["hearth_shutdown"]()
+    shutdown_app(app)
 
 
 def test_setup_shows_the_bar_until_the_model_is_ready(browser, first_run):

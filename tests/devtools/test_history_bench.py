@@ -48,8 +48,8 @@ def test_size_store_keeps_seconds_only_for_the_retention_window(tmp_path):
     assert got and all(a == b for a, b in got)
 
 
-def test_command_builds_times_pages_and_writes_json(tmp_path, monkeypatch, gemma_path, capsys):
-    monkeypatch.setenv("HEARTH_DEFAULT_MODEL", str(gemma_path))
+def test_command_builds_times_pages_and_writes_json(tmp_path, monkeypatch, standin_model, capsys):
+    monkeypatch.setenv("HEARTH_DEFAULT_MODEL", str(standin_model))
     out = tmp_path / "history.json"
     assert main(["bench", "history", "--days", "0.05", "--size-days", "0.1", "--retention-h", "1", "--runners", "1",
                  "--gpus", "0", "--requests", "400", "--repeat", "2", "--quiet", "--data", str(tmp_path / "stores"),

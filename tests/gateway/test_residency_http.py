@@ -2,48 +2,37 @@
 
 import os
 import signal
-import sqlite3
-import time
 
 import psutil
 
-from app.devtools.serve_process import ServeProcess as Serve
-from app.devtools.serve_process import prepare_data
 from app.residency.catalog import scan
 from app.residency.estimate import estimate_memory
+from tests.helpers import SMALL_RUNNERS, query, wait_until
 
 
-def test_budget_that_fits_one_model_evicts_the_idle_one(tmp_path, gemma_path, models_dir):
+def test_budget_that_fits_one_model_evicts_the_idle_one(start_serve, gemma_path, models_dir):
     one = estimate_memory(scan(None, gemma_path)[0], 512, 2).total_bytes
-    data = tmp_path / "data"
-    tokens = prepare_data(data, settings={"runner_ctx": 512, "runner_parallel": 2, "runner_threads": 2,
-                                          "memory_limit_mb": int(one * 1.5 / 2**20)},
-                          tokens=[("alice", "chat", [])])
-    s = Serve(data, models_dir, gemma_path, tmp_path / "serve.log")
-    try:
-        hdr = {"Authorization": f"Bearer {tokens['alice']}"}
-        for model in ("gemma-3-270m-q4_k_m", "gemma-b", "gemma-3-270m-q4_k_m"):
-            r = s.client.post("/v1/completions", headers=hdr, json={"model": model, "prompt": "Hi", "max_tokens": 2})
-            assert r.status_code == 200, r.text
-            assert len(s.runner_arbiters()) == 1
-        time.sleep(0.5)
-        with sqlite3.connect(data / "hearth.db") as db:
-            events = db.execute("select model_name, event, cold_start_ms from residency_events order by id").fetchall()
-        assert [(m, e) for m, e, _ in events] == [
-            ("gemma-3-270m-q4_k_m", "load"), ("gemma-3-270m-q4_k_m", "evict"), ("gemma-b", "load"),
-            ("gemma-b", "evict"), ("gemma-3-270m-q4_k_m", "load"),
-        ]
-        assert all(ms > 0 for _, e, ms in events if e == "load")
-    finally:
-        s.stop()
+    s = start_serve(models_dir, settings={**SMALL_RUNNERS, "memory_limit_mb": int(one * 1.5 / 2**20)})
+    hdr = {"Authorization": f"Bearer {s.tokens['alice']}"}
+    for model in ("gemma-3-270m-q4_k_m", "gemma-b", "gemma-3-270m-q4_k_m"):
+        r = s.client.post("/v1/completions", headers=hdr, json={"model": model, "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert len(s.runner_arbiters()) == 1
+    expected = [("gemma-3-270m-q4_k_m", "load"), ("gemma-3-270m-q4_k_m", "evict"), ("gemma-b", "load"),
+                ("gemma-b", "evict"), ("gemma-3-270m-q4_k_m", "load")]
+
+    def all_five():
+        events = query(s.data / "hearth.db", "select model_name, event, cold_start_ms from residency_events order by id")
+        return events if len(events) >= len(expected) else None
+
+    events = wait_until(all_five, 10, "the five residency events were never all recorded")
+    assert [(m, e) for m, e, _ in events] == expected
+    assert all(ms > 0 for _, e, ms in events if e == "load")
 
 
-def test_runners_do_not_outlive_a_killed_serve(tmp_path, gemma_path, models_dir):
-    data = tmp_path / "data"
-    tokens = prepare_data(data, settings={"runner_ctx": 512, "runner_parallel": 2, "runner_threads": 2},
-                          tokens=[("alice", "chat", [])])
-    s = Serve(data, models_dir, gemma_path, tmp_path / "serve.log")
-    r = s.client.post("/v1/completions", headers={"Authorization": f"Bearer {tokens['alice']}"},
+def test_runners_do_not_outlive_a_killed_serve(start_serve, models_dir):
+    s = start_serve(models_dir)
+    r = s.client.post("/v1/completions", headers={"Authorization": f"Bearer {s.tokens['alice']}"},
                       json={"prompt": "Hi", "max_tokens": 2})
     assert r.status_code == 200
     runners = s.runner_processes()
@@ -59,12 +48,9 @@ def test_runners_do_not_outlive_a_killed_serve(tmp_path, gemma_path, models_dir)
     s.stop()
 
 
-def test_sigterm_stops_runners_cleanly(tmp_path, gemma_path, models_dir):
-    data = tmp_path / "data"
-    tokens = prepare_data(data, settings={"runner_ctx": 512, "runner_parallel": 2, "runner_threads": 2},
-                          tokens=[("alice", "chat", [])])
-    s = Serve(data, models_dir, gemma_path, tmp_path / "serve.log")
-    s.client.post("/v1/completions", headers={"Authorization": f"Bearer {tokens['alice']}"},
+def test_sigterm_stops_runners_cleanly(start_serve, models_dir):
+    s = start_serve(models_dir)
+    s.client.post("/v1/completions", headers={"Authorization": f"Bearer {s.tokens['alice']}"},
                   json={"prompt": "Hi", "max_tokens": 2})
     runners = s.runner_processes()
     assert runners
@@ -72,5 +58,5 @@ def test_sigterm_stops_runners_cleanly(tmp_path, gemma_path, models_dir):
     assert s.proc.returncode == 0
     gone, alive = psutil.wait_procs(runners, timeout=5)
     assert not alive
-    with sqlite3.connect(data / "hearth.db") as db:
-        assert ("unload",) in db.execute("select event from residency_events").fetchall()
+    # Stopped: everything it wrote is committed.
+    assert ("unload",) in query(s.data / "hearth.db", "select event from residency_events")

@@ -14,16 +14,15 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 
-from app.devtools.serve_process import ServeProcess, prepare_data
+from app.devtools.serve_process import ServeProcess
 from app.residency.catalog import scan
 from app.residency.estimate import estimate_memory
 from app.store.db import open_store
 from app.store.models import Model, RunnerSettings
+from tests.helpers import SMALL_RUNNERS, metric, query, wait_until
 
 DEFAULT = "gemma-3-270m-q4_k_m"
-SMALL = {"runner_ctx": 512, "runner_parallel": 2, "runner_threads": 2}
 
 
 def auth(token: str, **extra) -> dict:
@@ -38,19 +37,7 @@ def chat(s: ServeProcess, token: str, model: str | None = None, **body) -> httpx
 
 
 def rows(data: Path, sql: str, *args) -> list[tuple]:
-    with sqlite3.connect(data / "hearth.db") as db:
-        return db.execute(sql, args).fetchall()
-
-
-def wait_for(predicate, timeout_s: float = 30.0, every_s: float = 0.2):
-    """Poll until predicate() is truthy; returns its value (fails the test on timeout)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"not true within {timeout_s} s: {predicate}")
+    return query(data / "hearth.db", sql, *args)
 
 
 def model_state(s: ServeProcess, token: str, name: str) -> str | None:
@@ -60,33 +47,9 @@ def model_state(s: ServeProcess, token: str, name: str) -> str | None:
     return None
 
 
-def metric(s: ServeProcess, name: str) -> float:
-    for line in s.client.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-@pytest.fixture
-def start_serve(tmp_path, gemma_path):
-    """Factory: a serve on its own data folder (prepare_data kwargs), stopped at the end."""
-    started: list[ServeProcess] = []
-
-    def start(models: Path | None = None, data: Path | None = None, **prepare) -> ServeProcess:
-        data = data or tmp_path / f"data{len(started)}"
-        models = models or tmp_path / "models"
-        models.mkdir(exist_ok=True)
-        prepare.setdefault("settings", SMALL)
-        prepare.setdefault("tokens", [("alice", "chat", ["voice", "background"])])
-        tokens = prepare_data(data, **prepare)
-        s = ServeProcess(data, models, gemma_path, tmp_path / f"serve{len(started)}.log")
-        s.tokens = tokens
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.stop()
+def gauge(s: ServeProcess, sample: str) -> float:
+    """A sample of the serve's /metrics; 0 while it is absent (a counter nothing has counted yet)."""
+    return metric(s.client, sample) or 0.0
 
 
 def test_runner_killed_with_requests_in_flight_fails_each_clearly_and_restarts(start_serve):
@@ -122,12 +85,17 @@ def test_runner_killed_with_requests_in_flight_fails_each_clearly_and_restarts(s
     assert model_state(s, token, DEFAULT) in ("crashed", "unloaded")
     assert chat(s, token).status_code == 200
     assert model_state(s, token, DEFAULT) == "ready"
-    events = wait_for(lambda: rows(s.data, "select event, reason, pid from residency_events where model_name=? "
-                                           "order by id", DEFAULT))
+
+    def crash_and_reload():
+        got = rows(s.data, "select event, reason, pid from residency_events where model_name=? order by id", DEFAULT)
+        return got if [e[0] for e in got].count("load") == 2 else None
+
+    events = wait_until(crash_and_reload, 30, "the restart's load was never recorded")
     crash = [e for e in events if e[0] == "crash"]
     assert crash and crash[0][2] == pid and crash[0][1]
     assert [e[0] for e in events].count("load") == 2
-    assert ("error", 502) in rows(s.data, "select status, http_status from requests")
+    wait_until(lambda: ("error", 502) in rows(s.data, "select status, http_status from requests"), 10,
+               "the failed request was never recorded")
 
 
 def test_truncated_and_corrupt_files_get_clear_states_and_the_rest_keeps_serving(start_serve, tmp_path,
@@ -157,18 +125,18 @@ def test_model_file_deleted_while_resident(start_serve, tmp_path, gemma_path):
     models = tmp_path / "models"
     models.mkdir()
     shutil.copyfile(gemma_path, models / "gemma-b.gguf")
-    s = start_serve(models=models, settings={**SMALL, "rescan_interval_s": 1})
+    s = start_serve(models=models, settings={**SMALL_RUNNERS, "rescan_interval_s": 1})
     token = s.tokens["alice"]
     assert chat(s, token, model="gemma-b").status_code == 200
     runner = next(p for p in s.runner_arbiters() if "gemma-b" in " ".join(p.cmdline()))
     (models / "gemma-b.gguf").unlink()
     # The next rescan drops it: clients are told it is gone, and its runner is let go.
-    wait_for(lambda: chat(s, token, model="gemma-b").status_code == 404, 30)
+    wait_until(lambda: chat(s, token, model="gemma-b").status_code == 404, 30, "gemma-b was never dropped")
     assert chat(s, token, model="gemma-b").json()["error"]["code"] == "model_not_found"
     assert "gemma-b" not in [m["id"] for m in s.client.get("/v1/models", headers=auth(token)).json()["data"]]
     assert psutil.wait_procs([runner], timeout=30)[1] == []
-    assert ("gemma-b", "unload") in wait_for(lambda: rows(s.data, "select model_name, event from residency_events "
-                                                                    "where event='unload'"))
+    wait_until(lambda: ("gemma-b", "unload") in rows(s.data, "select model_name, event from residency_events "
+                                                             "where event='unload'"), 30, "the unload was never recorded")
     assert chat(s, token).status_code == 200
 
 
@@ -177,7 +145,7 @@ def test_a_model_that_does_not_fit_is_refused_with_sizes_and_the_other_keeps_ser
     models = tmp_path / "models"
     models.mkdir()
     shutil.copyfile(gemma_path, models / "gemma-big.gguf")
-    one = estimate_memory(scan(None, gemma_path)[0], SMALL["runner_ctx"], SMALL["runner_parallel"]).total_bytes
+    one = estimate_memory(scan(None, gemma_path)[0], SMALL_RUNNERS["runner_ctx"], SMALL_RUNNERS["runner_parallel"]).total_bytes
     data = tmp_path / "data-big"
     engine, sessions = open_store(data)
     with sessions() as db:
@@ -187,7 +155,7 @@ def test_a_model_that_does_not_fit_is_refused_with_sizes_and_the_other_keeps_ser
         db.add(RunnerSettings(model_id=row.id, kind="hearth", n_ctx=131072))  # KV alone: far over budget
         db.commit()
     engine.dispose()
-    s = start_serve(models=models, data=data, settings={**SMALL, "memory_limit_mb": int(one * 2.5 / 2**20)})
+    s = start_serve(models=models, data=data, settings={**SMALL_RUNNERS, "memory_limit_mb": int(one * 2.5 / 2**20)})
     token = s.tokens["alice"]
     assert chat(s, token).status_code == 200
     r = chat(s, token, model="gemma-big")
@@ -208,23 +176,24 @@ def test_full_data_folder_serving_continues_losses_counted_and_writing_resumes(s
     filler = fill_disk(data)
     # Requests and the 1-second samples keep writing; the writer retries, gives up batches by count.
     deadline = time.monotonic() + 60
-    while metric(s, 'hearth:telemetry_lost_total{reason="disk_full"}') == 0:
+    while gauge(s, 'hearth:telemetry_lost_total{reason="disk_full"}') == 0:
         assert time.monotonic() < deadline, s.client.get("/metrics").text[-2000:]
         assert chat(s, token).status_code == 200  # serving never waits on the disk
-    assert metric(s, "hearth:telemetry_failing") == 1.0
+    assert gauge(s, "hearth:telemetry_failing") == 1.0
     assert s.client.get("/healthz").status_code == 200
     filler.unlink()
     before = rows(data, "select count(*) from requests")[0][0]
     assert chat(s, token, max_tokens=3).status_code == 200
-    wait_for(lambda: rows(data, "select count(*) from requests")[0][0] > before, 60)
-    wait_for(lambda: metric(s, "hearth:telemetry_failing") == 0.0, 30)
-    assert metric(s, 'hearth:telemetry_lost_total{reason="disk_full"}') > 0  # the count stays for the admin
+    wait_until(lambda: rows(data, "select count(*) from requests")[0][0] > before, 60, "writing never resumed")
+    wait_until(lambda: gauge(s, "hearth:telemetry_failing") == 0.0, 30, "telemetry_failing never cleared")
+    assert gauge(s, 'hearth:telemetry_lost_total{reason="disk_full"}') > 0  # the count stays for the admin
     assert rows(data, "pragma integrity_check") == [("ok",)]
 
 
 def test_serve_killed_during_heavy_logging_keeps_every_committed_row_and_leaves_no_runner(start_serve, tmp_path):
     # background: one at a time and no queue, so a burst is mostly instant 429s, each one a logged row.
-    s = start_serve(classes={"background": {"max_concurrent": 1, "max_queue": 0}})
+    s = start_serve(classes={"background": {"max_concurrent": 1, "max_queue": 0}},
+                    tokens=[("alice", "chat", ["voice", "background"])])
     token = s.tokens["alice"]
     assert chat(s, token).status_code == 200
     runners = s.runner_processes()

@@ -7,18 +7,30 @@ import hashlib
 import secrets
 import shutil
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest
 
-from app.devtools.serve_process import ServeProcess, prepare_data
 from app.gateway.api import _from_lan
 from app.gateway.auth import TokenCache, hash_token
 from app.residency.catalog import OUTSIDE_REASON, scan
 from app.store.settings import REGISTRY
+from tests.helpers import SMALL_RUNNERS, query, store_now, wait_until
 
 HELLO = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2}
+
+
+def written_through(serve) -> None:
+    """Return once the store writer has written everything submitted before this call.
+
+    The writer is one queue: a request answered now is recorded after every earlier write, so once
+    its row is in the store, so is whatever came before it.
+    """
+    since = store_now()
+    r = serve.client.post("/v1/chat/completions", json=HELLO, headers={"Authorization": f"Bearer {serve.tokens['kid']}"})
+    assert r.status_code == 200, r.text
+    wait_until(lambda: query(serve.data / "hearth.db", "select id from requests where member_name='kid' and arrival_at >= ?",
+                             since), 10, "the marker request was never recorded")
 
 
 def test_the_api_is_closed_without_a_token_by_default(serve):
@@ -36,33 +48,27 @@ def test_only_private_addresses_count_as_lan(addr, lan):
     assert _from_lan(addr) is lan
 
 
-def test_an_api_opened_to_the_lan_serves_tokenless_requests_as_one_member(tmp_path, gemma_path):
-    data = tmp_path / "data"
-    models = tmp_path / "models"
-    models.mkdir()
-    tokens = prepare_data(data, settings={"runner_ctx": 512, "runner_parallel": 2, "runner_threads": 2,
-                                          "api_open_on_lan": True, "api_open_class": "voice"},
-                          tokens=[("alice", "chat", [])])
-    s = ServeProcess(data, models, gemma_path, tmp_path / "serve.log")
-    try:
-        r = s.client.post("/v1/chat/completions", json=HELLO)
-        assert r.status_code == 200, r.text
-        assert r.headers["X-Hearth-Class"] == "voice"
-        # Opening the LAN does not make a bad token acceptable, nor widen the classes.
-        r = s.client.post("/v1/chat/completions", json=HELLO, headers={"Authorization": "Bearer hth_wrong"})
-        assert r.status_code == 401
-        r = s.client.post("/v1/chat/completions", json=HELLO, headers={"X-Hearth-Class": "chat"})
-        assert r.status_code == 403
-        r = s.client.post("/v1/chat/completions", json=HELLO, headers={"Authorization": f"Bearer {tokens['alice']}"})
-        assert r.status_code == 200 and r.headers["X-Hearth-Class"] == "chat"
-        s.client.get("/healthz")
-        time.sleep(0.5)  # the store writer's batch window
-        with sqlite3.connect(data / "hearth.db") as db:
-            members = db.execute("select member_name, token_id, class_name from requests where status='ok' "
-                                 "order by id").fetchall()
-        assert members[0] == ("lan", None, "voice") and members[-1][0] == "alice"
-    finally:
-        s.stop()
+def test_an_api_opened_to_the_lan_serves_tokenless_requests_as_one_member(start_serve):
+    s = start_serve(settings={**SMALL_RUNNERS, "api_open_on_lan": True, "api_open_class": "voice"},
+                    tokens=[("alice", "chat", [])])
+    r = s.client.post("/v1/chat/completions", json=HELLO)
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Hearth-Class"] == "voice"
+    # Opening the LAN does not make a bad token acceptable, nor widen the classes.
+    r = s.client.post("/v1/chat/completions", json=HELLO, headers={"Authorization": "Bearer hth_wrong"})
+    assert r.status_code == 401
+    r = s.client.post("/v1/chat/completions", json=HELLO, headers={"X-Hearth-Class": "chat"})
+    assert r.status_code == 403
+    r = s.client.post("/v1/chat/completions", json=HELLO, headers={"Authorization": f"Bearer {s.tokens['alice']}"})
+    assert r.status_code == 200 and r.headers["X-Hearth-Class"] == "chat"
+
+    def answered():
+        rows = query(s.data / "hearth.db", "select member_name, token_id, class_name from requests where status='ok' "
+                                           "order by id")
+        return rows if len(rows) >= 2 else None
+
+    members = wait_until(answered, 10, "the two answered requests were never recorded")
+    assert members == [("lan", None, "voice"), ("alice", members[1][1], "chat")] and members[1][1] is not None
 
 
 def test_tokens_are_stored_only_as_sha256_and_looked_up_by_hash(serve):
@@ -81,15 +87,15 @@ def test_tokens_are_stored_only_as_sha256_and_looked_up_by_hash(serve):
     assert asked == [hash_token(token)]
 
 
-def test_model_files_must_lie_inside_the_models_folder(tmp_path, gemma_path):
+def test_model_files_must_lie_inside_the_models_folder(tmp_path, standin_model):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    shutil.copyfile(gemma_path, outside / "secret-model.gguf")
+    shutil.copyfile(standin_model, outside / "secret-model.gguf")
     folder = tmp_path / "models"
     folder.mkdir()
     (folder / "escape.gguf").symlink_to(outside / "secret-model.gguf")
     (folder / "dotdot.gguf").symlink_to(Path("..") / "elsewhere" / "secret-model.gguf")
-    shutil.copyfile(gemma_path, folder / "real.gguf")
+    shutil.copyfile(standin_model, folder / "real.gguf")
     (folder / "inside-link.gguf").symlink_to(folder / "real.gguf")
     entries = {e.name: e for e in scan(folder, None)}
     assert entries["escape"].unusable_reason == OUTSIDE_REASON
@@ -110,7 +116,7 @@ def test_secrets_never_appear_in_logs_responses_or_the_store(serve):
     pages.append(serve.client.get("/metrics").text)
     pages.append(serve.client.get("/v1/models", headers={"Authorization": f"Bearer {token}"}).text)
     pages.append(serve.client.get("/openapi.json").text)
-    time.sleep(0.5)
+    written_through(serve)
     stored = b"".join(p.read_bytes() for p in serve.data.rglob("*") if p.is_file() and "secrets" not in p.parts)
     log = serve.log_path.read_bytes()
     secret_values = [token, wrong]

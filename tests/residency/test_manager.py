@@ -6,7 +6,6 @@ import os
 import shutil
 import signal
 import threading
-import time
 
 import httpx
 import psutil
@@ -21,6 +20,7 @@ from app.residency.manager import (
     UnknownModel,
 )
 from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, free_port
+from tests.helpers import wait_until
 
 MiB = 2**20
 # Runners the tests start themselves as remote nodes: not the manager's.
@@ -70,15 +70,6 @@ def gone(pid: int) -> bool:
         return True
 
 
-def wait_for(predicate, timeout_s: float = 10):
-    """Poll until `predicate()` is truthy."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-    return value
-
-
 class Harness:
     """A manager over a mutable catalog and budget, a settable clock, and the events it emitted."""
 
@@ -89,6 +80,17 @@ class Harness:
         self.events = []
         self.manager = ResidencyManager(lambda: self.catalog, lambda: self.budget, self.events.append,
                                         clock=lambda: self.now, start_timeout_s=120)
+        # PIDs whose exit a runner's watcher thread has reported to the manager (its last act for that
+        # runner): the marker an absence check waits for.
+        self.exits_reported: list[int] = []
+        on_exit = self.manager._runner_exited
+
+        def record(runner, returncode, expected):
+            on_exit(runner, returncode, expected)
+            self.exits_reported.append(runner.pid)
+
+        # RunnerProcess is handed manager._runner_exited when a load starts: this instance attribute is what it gets.
+        self.manager._runner_exited = record
 
     def kinds(self, model: str | None = None) -> list[tuple[str, str]]:
         """(model, event) pairs in order."""
@@ -112,7 +114,7 @@ def harness():
     yield make
     for h in made:
         h.manager.shutdown()
-    wait_for(lambda: not runner_children(), 10)
+    wait_until(lambda: not runner_children(), 10, lambda: f"runners left: {runner_children()}")
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +250,7 @@ def test_crashed_runner_is_restarted_by_the_next_acquire(harness, gemma_path):
     lease = h.manager.acquire("a")
     worker = psutil.Process(lease.pid).children()[0].pid
     os.kill(worker, signal.SIGKILL)
-    wait_for(lambda: ("a", "crash") in h.kinds())
+    wait_until(lambda: ("a", "crash") in h.kinds(), 10, "the crash was never reported")
     crash = h.events[-1]
     assert crash.pid == lease.pid and crash.reason.startswith("runner exited with code 70")
     assert "exited unexpectedly" in crash.reason  # the runner's own log line, from the tail
@@ -268,10 +270,11 @@ def test_report_failure_marks_a_dead_runner_crashed_once(harness, gemma_path):
     h.manager.report_failure(lease, "connection reset")  # alive: one failed request is not a crash
     assert h.state("a")["state"] == "ready"
     os.kill(lease.pid, signal.SIGKILL)
-    wait_for(lambda: gone(lease.pid))
+    wait_until(lambda: gone(lease.pid), 10, "the killed runner is still there")
     h.manager.report_failure(lease, "connection refused")
     assert h.state("a")["state"] == "crashed"
-    time.sleep(1)  # the watcher's report of the same exit must not count twice
+    # The watcher's report of the same exit must not count twice: once it has reported, nothing new was emitted.
+    wait_until(lambda: lease.pid in h.exits_reported, 10, "the runner's watcher never reported its exit")
     assert h.kinds() == [("a", "load"), ("a", "crash")]
     assert h.events[-1].reason.startswith("runner exited with code -9")
     lease.release()
@@ -326,7 +329,7 @@ def test_load_based_choice_between_local_and_remote(harness, gemma_path, remote_
     t = threading.Thread(target=stream)
     t.start()
     try:
-        wait_for(lambda: local.load() == 1, 30)
+        wait_until(lambda: local.load() == 1, 30, "the local runner never reported the stream as its load")
         with h.manager.acquire("a") as lease:
             assert lease.node_label == "nas"
         h.manager.check_nodes()

@@ -10,6 +10,12 @@ from app.store.backup import BackupError, backup, restore
 from app.store.db import open_store
 from app.store.models import RequestRecord, utcnow
 from app.store.writer import StoreWriter
+from tests.helpers import query, wait_until
+
+
+def committed(db_path) -> int:
+    """Rows of the requests table another connection sees."""
+    return query(db_path, "select count(*) from requests")[0][0]
 
 
 def test_backup_during_writes_restores_to_a_sound_store(tmp_path):
@@ -29,9 +35,11 @@ def test_backup_during_writes_restores_to_a_sound_store(tmp_path):
 
     t = threading.Thread(target=write)
     t.start()
-    time.sleep(0.3)
+    wait_until(lambda: committed(data / "hearth.db") > 0, 10, "the writer committed nothing")
     size = backup(data, tmp_path / "copy.db")
-    time.sleep(0.2)
+    copied = committed(tmp_path / "copy.db")
+    # Rows keep arriving after the copy: the live store outgrows it.
+    wait_until(lambda: committed(data / "hearth.db") > copied, 10, "nothing was written after the backup")
     stop.set()
     t.join()
     writer.stop(5)

@@ -19,7 +19,7 @@ from app.telemetry.rollup import (
     series,
     to_unix,
 )
-from app.telemetry.sampler import store_readings
+from tests.helpers import store_points
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)  # on an hour boundary
 U0 = to_unix(T0)
@@ -28,8 +28,7 @@ U0 = to_unix(T0)
 def put(sessions, source, metric, points):
     """Store (unix seconds, value) points of one series."""
     with sessions.begin() as s:
-        for at, value in points:
-            store_readings(s, at, [(source, metric, value)])
+        store_points(s, source, metric, points)
 
 
 def rows(sessions, model):
@@ -153,9 +152,7 @@ def test_resolution_by_range(span, table):
 
 def test_series_reads_the_table_its_range_calls_for(sessions):
     # Three hours of 1-second samples: value = seconds since T0 (so means are easy to know).
-    with sessions.begin() as s:
-        for at in range(U0, U0 + 3 * 3600):
-            store_readings(s, at, [("runner:gemma@local", "gen_tok_s", float(at - U0))])
+    put(sessions, "runner:gemma@local", "gen_tok_s", [(at, float(at - U0)) for at in range(U0, U0 + 3 * 3600)])
     run_rollup(sessions, T0 + timedelta(hours=3, minutes=1))
     with sessions() as s:
         raw = series(s, "runner:gemma@local", "gen_tok_s", T0, T0 + timedelta(minutes=5))

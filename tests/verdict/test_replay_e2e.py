@@ -12,8 +12,6 @@ from app.verdict import sessions as store
 from app.verdict.replay import BenchConfig, run_bench
 from app.verdict.results import request_times
 
-pytestmark = pytest.mark.model
-
 TINY = """
 name = "tiny"
 description = "two classes, short prompts, a few tokens each"

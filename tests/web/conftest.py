@@ -3,49 +3,33 @@
 Reusable by every dashboard page's tests (as fixtures, no imports): `app`, `client` (anonymous),
 `admin` (logged in), `csrf_token` (the function csrf_token(client, path="/login"): a valid token
 for that client's session), `set_up_admin` (the function that does the first-run setup on a client),
-`admin_password`.
+`admin_password`. The embedded model is `default_model_path`: the stand-in GGUF (a catalog entry,
+nothing to load); a test that loads it overrides `default_model_path` with `gemma_path` (and so
+becomes a `model` test).
 """
-
-import re
 
 import pytest
 
-from app.factory import create_app, shutdown_app
-
-ADMIN_PASSWORD = "correct horse battery"
-# A form's hidden field, or the htmx header every page carries on <body>.
-_TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"|"X-CSRFToken": "([^"]+)"')
+from tests.helpers import ADMIN_PASSWORD, csrf_token, dashboard_app, set_up_admin
 
 
 @pytest.fixture
-def app(tmp_path, gemma_path):
-    """create_app on a temporary HEARTH_DATA; the embedded model is the shared Gemma file (nothing assembled)."""
-    app = create_app({"HEARTH_DATA": str(tmp_path / "data"), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
-                      "HEARTH_DEFAULT_MODEL": str(gemma_path), "SCHEDULER": False, "TESTING": True})
-    yield app
-    shutdown_app(app)
+def default_model_path(standin_model):
+    """The file the app takes as its embedded model."""
+    return standin_model
+
+
+@pytest.fixture
+def app(tmp_path, default_model_path):
+    """create_app on a temporary HEARTH_DATA; the embedded model is `default_model_path` (nothing assembled)."""
+    with dashboard_app(tmp_path, default_model_path) as app:
+        yield app
 
 
 @pytest.fixture
 def client(app):
     """An anonymous browser."""
     return app.test_client()
-
-
-def csrf_token(client, path: str = "/login", **get_options) -> str:
-    """A CSRF token bound to this client's session, read from a page (redirects followed)."""
-    page = client.get(path, follow_redirects=True, **get_options)
-    match = _TOKEN.search(page.get_data(as_text=True))
-    assert match, f"no csrf_token on {path} ({page.status_code})"
-    return match.group(1) or match.group(2)
-
-
-def set_up_admin(client, password: str = ADMIN_PASSWORD):
-    """First run: create the admin password through /setup (which also logs this client in)."""
-    response = client.post("/setup", data={"password": password, "confirm": password,
-                                           "csrf_token": csrf_token(client, "/setup")})
-    assert response.status_code == 302, response.get_data(as_text=True)
-    return response
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import stat
 
 import pytest
 
-from app.factory import shutdown_app
 from app.gateway.context import services
 from app.secrets import read_secret
+from tests.helpers import dashboard_app
 
 # Blueprints anyone may reach: the login pages, the API (its own bearer tokens), vendor files, the
 # default model's first-run progress (shown on /setup; see test_default_model_progress.py).
@@ -181,22 +181,17 @@ def test_every_dashboard_page_opens_for_the_admin(app, admin):
             assert response.status_code in (200, 286), path
 
 
-def test_behind_a_trusted_proxy_https_and_client_ip_come_from_its_headers(tmp_path, gemma_path, admin_password,
+def test_behind_a_trusted_proxy_https_and_client_ip_come_from_its_headers(tmp_path, default_model_path, admin_password,
                                                                            csrf_token, set_up_admin):
-    from app.factory import create_app
     from app.store.db import open_store
     from app.store.settings import set_setting
 
-    data = tmp_path / "proxied"
-    engine, sessions = open_store(data)
+    engine, sessions = open_store(tmp_path / "data")
     with sessions() as s:
         set_setting(s, "proxy_hops", 1)
         s.commit()
     engine.dispose()
-    app = create_app({"HEARTH_DATA": str(data), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
-                      "HEARTH_DEFAULT_MODEL": str(gemma_path), "SCHEDULER": False, "TESTING": True,
-                      "LOGIN_RATE_LIMIT": "2 per minute"})
-    try:
+    with dashboard_app(tmp_path, default_model_path, LOGIN_RATE_LIMIT="2 per minute") as app:
         client = app.test_client()
         set_up_admin(client)
         client.post("/logout", data={"csrf_token": csrf_token(client, "/")})
@@ -212,5 +207,3 @@ def test_behind_a_trusted_proxy_https_and_client_ip_come_from_its_headers(tmp_pa
         assert guesser.post("/login", data=wrong, headers=same_ip).status_code == 429
         # The limit is per client behind the proxy, not per proxy.
         assert guesser.post("/login", data=wrong, headers={"X-Forwarded-For": "192.168.1.21"}).status_code == 401
-    finally:
-        shutdown_app(app)

@@ -12,7 +12,7 @@ from app.residency import default_model
 
 
 @pytest.fixture
-def assembling(tmp_path, gemma_path, monkeypatch):
+def assembling(tmp_path, standin_model, monkeypatch):
     """create_app on a fresh data folder whose default model is held at 42 % until `release` is set."""
     release = threading.Event()
 
@@ -20,7 +20,7 @@ def assembling(tmp_path, gemma_path, monkeypatch):
         on_progress("assembling", 42, 100)
         assert release.wait(30), "the test never released the assembly"
         on_progress("verifying", 100, 100)
-        return Path(gemma_path)
+        return Path(standin_model)
 
     monkeypatch.delenv("HEARTH_DEFAULT_MODEL", raising=False)
     monkeypatch.setattr(default_model, "ensure_default_model", blocked_ensure)

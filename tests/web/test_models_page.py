@@ -1,6 +1,5 @@
 """The Models page: catalog with estimates and unusable files, load/unload/policy controls, polling card, events."""
 
-import time
 from datetime import UTC, datetime
 
 import pytest
@@ -8,6 +7,7 @@ import pytest
 from app.gateway.context import services
 from app.residency.manager import ModelLoadFailed
 from app.store.models import Model, ResidencyEvent
+from tests.helpers import wait_until
 
 
 @pytest.fixture
@@ -96,30 +96,37 @@ def test_controls_need_csrf(app, admin):
     assert admin.post(f"/models/{gemma}/policy", data={"policy": "pinned", "keep_alive_s": "5"}).status_code == 400
 
 
-@pytest.mark.model
-def test_load_polls_until_resident_then_unload(app, admin, csrf_token):
-    gemma = _gemma(app)
-    r = _post(admin, csrf_token, f"/models/{gemma}/load")
-    assert r.status_code == 200
-    html = r.get_data(as_text=True)
-    assert 'data-state="loading"' in html and 'hx-trigger="every 1s"' in html and "Loading for" in html
-    deadline = time.monotonic() + 120
-    while True:
-        card = admin.get(f"/models/{gemma}/card")
-        if card.status_code == 286:
-            break
-        assert card.status_code == 200 and time.monotonic() < deadline
-        time.sleep(0.3)
-    html = card.get_data(as_text=True)
-    assert 'data-state="resident"' in html and "hx-trigger" not in html and "Unload" in html
-    # The page's tiles come along out of band, so "Resident" no longer says 0.
-    tiles = html[html.index('id="model-tiles" hx-swap-oob="true"'):]
-    assert '<div class="tile-label">Resident</div>\n  <div class="tile-value">1' in tiles
-    assert "Runner log" in html and "Measured after the last load" in html
-    r = _post(admin, csrf_token, f"/models/{gemma}/unload")
-    assert r.status_code == 200 and "Unloaded" in r.get_data(as_text=True)
-    assert 'data-state="unloaded"' in r.get_data(as_text=True)
-    assert [e["state"] for e in services(app).residency.status() if e["name"] == gemma] == ["unloaded"]
+class TestWithTheEmbeddedModel:
+    """The real GGUF is the embedded model here (so these are `model` tests): a load starts a real runner."""
+
+    @pytest.fixture
+    def default_model_path(self, gemma_path):
+        """The embedded Gemma GGUF instead of the stand-in."""
+        return gemma_path
+
+    def test_load_polls_until_resident_then_unload(self, app, admin, csrf_token):
+        gemma = _gemma(app)
+        r = _post(admin, csrf_token, f"/models/{gemma}/load")
+        assert r.status_code == 200
+        html = r.get_data(as_text=True)
+        assert 'data-state="loading"' in html and 'hx-trigger="every 1s"' in html and "Loading for" in html
+
+        def resident_card():
+            card = admin.get(f"/models/{gemma}/card")
+            assert card.status_code in (200, 286)
+            return card if card.status_code == 286 else None
+
+        card = wait_until(resident_card, 120, "the card never said resident (HTTP 286)", every_s=0.3)
+        html = card.get_data(as_text=True)
+        assert 'data-state="resident"' in html and "hx-trigger" not in html and "Unload" in html
+        # The page's tiles come along out of band, so "Resident" no longer says 0.
+        tiles = html[html.index('id="model-tiles" hx-swap-oob="true"'):]
+        assert '<div class="tile-label">Resident</div>\n  <div class="tile-value">1' in tiles
+        assert "Runner log" in html and "Measured after the last load" in html
+        r = _post(admin, csrf_token, f"/models/{gemma}/unload")
+        assert r.status_code == 200 and "Unloaded" in r.get_data(as_text=True)
+        assert 'data-state="unloaded"' in r.get_data(as_text=True)
+        assert [e["state"] for e in services(app).residency.status() if e["name"] == gemma] == ["unloaded"]
 
 
 def test_pinning_loads_the_model(app, admin, csrf_token, monkeypatch):
@@ -128,9 +135,7 @@ def test_pinning_loads_the_model(app, admin, csrf_token, monkeypatch):
     monkeypatch.setattr(services(app).residency, "load", loads.append)
     r = _post(admin, csrf_token, f"/models/{gemma}/policy", policy="pinned", keep_alive_s="300")
     assert r.status_code == 200 and "Pinned" in r.get_data(as_text=True) and "Loading it now" in r.get_data(as_text=True)
-    deadline = time.monotonic() + 5
-    while not loads and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: loads, 5, "pinning never asked residency to load the model")
     assert loads == [gemma]
 
 

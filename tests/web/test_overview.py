@@ -7,9 +7,9 @@ import pytest
 from app.gateway.context import services
 from app.store.models import RequestRecord
 from app.telemetry.rollup import rollup
-from app.telemetry.sampler import store_readings
 from app.web import NAV
 from app.web.series import percentile
+from tests.helpers import store_points
 
 NOW_S = 1_790_000_000  # a fixed "now" for the chart endpoints (HEARTH_CLOCK)
 RUNNER = "runner:gemma-3-270m-q4_k_m@local"
@@ -26,9 +26,7 @@ def put_samples(app, seconds: range, source=RUNNER, metric="gen_tok_s", value=la
     """1-second samples at NOW_S - s for each s in `seconds`."""
     hearth = services(app)
     with hearth.sessions() as s:
-        for back in seconds:
-            at = NOW_S - back
-            store_readings(s, at, [(source, metric, value(at))])
+        store_points(s, source, metric, [(NOW_S - back, value(NOW_S - back)) for back in seconds])
         s.commit()
 
 
