@@ -41,7 +41,8 @@ REGISTRY = {
         SettingDef("verdict_rare_overlap_share", 0.1, "below this share of busy time with 2 or more requests active, requests 'rarely overlap' and residency comes first"),
         SettingDef("verdict_default_overlap", 4, "overlap level the verdict uses when the request log has no traffic yet"),
         SettingDef("verdict_interactive_max_priority", 1, "classes with this priority or lower are interactive: their p95 TTFT must stay within target"),
-        SettingDef("verdict_flat_gain", 1.1, "throughput step between overlap levels below which more parallel slots stop paying"),
+        SettingDef("verdict_flat_gain", 1.1, "throughput step between measured slot counts below which more parallel slots stop paying"),
+        SettingDef("verdict_burst_overlap", 8, "this many requests at once or more in the request log is a burst (a batch job, agent branches): named apart, left out of the typical overlap, and the verdict must hold at its peak"),
         SettingDef("samples_retention_h", 48, "hours of 1-second telemetry samples kept; longer ranges read 1-minute rollups (kept 30 days) and hourly ones (365 days)"),
     ]
 }

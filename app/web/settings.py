@@ -69,6 +69,7 @@ FIELDS = {
     "verdict_default_overlap": Field("int", "Bench verdict", 1, 64, label="Default overlap level"),
     "verdict_interactive_max_priority": Field("int", "Bench verdict", 0, 100, label="Interactive up to priority"),
     "verdict_flat_gain": Field("float", "Bench verdict", 1, 100, "×", label="Flat gain step"),
+    "verdict_burst_overlap": Field("int", "Bench verdict", 2, 1024, "requests", label="Burst: requests at once"),
 }
 SECTIONS = ("Memory", "Models and runners", "Gateway", "Telemetry", "Network and access", "Bench verdict", "Other")
 # Environment variables that override a stored setting.
