@@ -33,6 +33,11 @@ LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 MAX_LEVEL = LEVELS[-1]
 # (label, lowest count in the bucket); a bucket runs up to the next one's lowest count.
 BUCKETS: tuple[tuple[str, int], ...] = (("1", 1), ("2", 2), ("4", 4), ("8", 8), ("16", 16), ("32+", 32))
+# What each bucket is called where people read it: "2–3", "32+".
+BUCKET_LABELS: dict[str, str] = {
+    name: (name if i + 1 == len(BUCKETS) or BUCKETS[i + 1][1] - 1 == low else f"{low}–{BUCKETS[i + 1][1] - 1}")
+    for i, (name, low) in enumerate(BUCKETS)
+}
 WEEK_S = 7 * 24 * 3600
 TYPICAL_QUANTILE = 0.9  # the overlap the household meets in 90 % of its busy time outside bursts
 BURST_GAP_S = 60.0  # hot stretches closer than this are one burst (a job that submits in waves)
@@ -301,7 +306,7 @@ def format_distribution(t: dict, width: int = 40) -> list[str]:
     for name, _ in BUCKETS:
         share = t["busy_shares"][name]
         bar = "█" * round(share * width)
-        lines.append(f"  {name:>4} at once  {bar:<{width}} {share * 100:5.1f}%")
+        lines.append(f"  {BUCKET_LABELS[name]:>5} at once  {bar:<{width}} {share * 100:5.1f}%")
     return lines
 
 

@@ -33,7 +33,7 @@ from app.llama_tools import stock_llama_server
 from app.store.models import BenchRun, BenchSession
 from app.verdict import sessions as store
 from app.verdict.decide import thresholds_from
-from app.verdict.overlap import BUCKETS, MAX_LEVEL, describe_burst, is_rare
+from app.verdict.overlap import BUCKET_LABELS, BUCKETS, MAX_LEVEL, describe_burst, is_rare
 from app.verdict.overlap import traffic as read_traffic
 from app.verdict.replay import HEARTH_MODES, BenchConfig, run_bench, total_runs
 from app.verdict.results import RunResult, request_times
@@ -142,13 +142,8 @@ def _charts(runs: list[RunResult]) -> dict:
 
 def _overlap_view(traffic: dict, rare_share: float) -> dict:
     """The request log's overlap for the page: bars per bucket, bursts in words, the typical overlap."""
-    lows = [low for _, low in BUCKETS]
-    bars = []
-    for i, (name, low) in enumerate(BUCKETS):
-        high = lows[i + 1] - 1 if i + 1 < len(lows) else None
-        label = name if high is None or high == low else f"{low}–{high}"
-        bars.append({"bucket": name, "label": label, "share": traffic["busy_shares"][name],
-                     "burst": low >= traffic["burst_overlap"]})
+    bars = [{"bucket": name, "label": BUCKET_LABELS[name], "share": traffic["busy_shares"][name],
+             "burst": low >= traffic["burst_overlap"]} for name, low in BUCKETS]
     top = max((b["share"] for b in bars), default=0.0)
     bursts = sorted(traffic["bursts"], key=lambda b: (-b["peak"], -b["requests"]))
     return {"t": traffic, "bars": bars, "top": top or 1.0, "rare": is_rare(traffic, rare_share),

@@ -6,12 +6,13 @@ import pytest
 
 from app.store.db import open_store
 from app.store.models import Model, RequestRecord, ResidencyEvent
-from app.verdict.overlap import Interval, bucket_of, format_traffic, histogram, level_for, traffic
+from app.verdict.overlap import BUCKET_LABELS, Interval, bucket_of, format_traffic, histogram, level_for, traffic
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
 
 def test_buckets_and_levels():
+    assert list(BUCKET_LABELS.values()) == ["1", "2–3", "4–7", "8–15", "16–31", "32+"]
     assert [bucket_of(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 300)] == [
         "1", "2", "2", "4", "4", "8", "8", "16", "16", "32+", "32+"]
     assert [level_for(n) for n in (1, 3, 4, 9, 24, 33, 100)] == [1, 4, 4, 16, 32, 64, 64]
@@ -120,7 +121,7 @@ def test_traffic_over_the_store_with_an_injected_clock(tmp_path):
     assert "burst 2026-03-02 02:00 UTC, 21 s: 12 requests, up to 12 at once (background 12)" in text
     assert "typical overlap (90% of the busy time outside bursts): 2" in text
     # The distribution is drawn as bars, one per bucket.
-    assert "  32+ at once" in text and "█" in text
+    assert "  32+ at once" in text and "  2–3 at once" in text and "█" in text
     # A burst means requests do not rarely overlap, even when most busy time is single.
     assert "rarely overlap" not in text
 
