@@ -119,22 +119,27 @@ def test_stored_raw_rows_recompute_the_live_summaries_and_the_verdict_links_them
     assert {r.level for r in outcome.runs if r.run_id in rec["evidence"]} == {4}
 
 
-def test_cli_replay_writes_json_and_csv(gemma_path, tmp_path, monkeypatch, capsys):
+def test_cli_replay_sweeps_slots_and_writes_json_and_csv(gemma_path, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HEARTH_DATA", str(tmp_path / "data"))
     (tmp_path / "tiny.toml").write_text(TINY)
-    rc = main(["bench", "replay", "--scenario", str(tmp_path / "tiny.toml"), "--levels", "1", "--modes", "continuous",
-               "--model", str(gemma_path), "--ctx", "512", "--parallel", "2", "--batch", "128", "--threads", "2",
-               "--json", str(tmp_path / "out.json"), "--csv", str(tmp_path / "out.csv")])
+    rc = main(["bench", "replay", "--scenario", str(tmp_path / "tiny.toml"), "--levels", "2", "--slots", "1,2",
+               "--modes", "continuous,serial", "--model", str(gemma_path), "--ctx", "512", "--parallel", "2",
+               "--batch", "128", "--threads", "2", "--json", str(tmp_path / "out.json"),
+               "--csv", str(tmp_path / "out.csv")])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "held constant" in out and "verdict" in out and "continuous" in out
+    assert "held constant" in out and "verdict" in out and "household overlap" in out
+    assert "1 slots, 256 KV cells: levels [2], modes continuous, serial" in out
+    assert "2 slots, 512 KV cells: levels [2], modes continuous" in out
     doc = json.loads((tmp_path / "out.json").read_text())
-    assert [(s["mode"], s["level"]) for s in doc["summaries"]] == [("continuous", 1)]
+    # Serial runs one request at a time whatever its slots: measured once.
+    assert [(s["mode"], s["level"], s["slots"]) for s in doc["summaries"]] == [
+        ("continuous", 2, 1), ("serial", 2, 1), ("continuous", 2, 2)]
     assert doc["constants"]["n_ctx"] == 512
-    # One level, below the default overlap of 4: no verdict, and the run that would give one.
+    # Level 2, below the default overlap of 4: no verdict, and the run that would give one.
     rec = doc["verdict"]["recommendations"][0]
     assert rec["kind"] == "not_enough_evidence" and rec["measure"] == {"levels": [1, 2, 4],
                                                                      "modes": ["continuous", "serial"]}
     assert "--levels 1,2,4 --modes continuous,serial" in out
-    assert len(doc["raw"][0]["requests"]) == 1
-    assert (tmp_path / "out-requests.csv").read_text().count("\n") == 2
+    assert [len(r["requests"]) for r in doc["raw"]] == [2, 2, 2]
+    assert (tmp_path / "out-requests.csv").read_text().count("\n") == 7
