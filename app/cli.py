@@ -158,7 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep = bench_sub.add_parser("replay", help="replay a household scenario over HTTP: modes × overlap levels, verdict")
     _add_model_args(rep, ctx=8192, parallel=8)
     rep.add_argument("--scenario", default="household", help="shipped scenario name or a .toml file (default %(default)s)")
-    rep.add_argument("--levels", type=_levels, default=[1, 2, 4, 8])
+    rep.add_argument("--levels", type=_levels, default=[1, 2, 4, 8],
+                     help="requests at once (default %(default)s); a level above --parallel gets a runner with that many slots")
+    rep.add_argument("--slots", type=_levels, default=None,
+                     help="sweep the runner's slots instead, e.g. 4,8,16: every level on every slot count")
     rep.add_argument("--modes", type=lambda t: ["none"] if t == "none" else _modes(t),
                      default=list(MODES), help="hearth runner modes, or 'none'")
     rep.add_argument("--target", help="also measure this OpenAI-compatible server (base URL)")
@@ -300,7 +303,8 @@ def _traffic(args) -> int:
     engine, sessions = open_store(data_dir())
     try:
         with sessions() as session:
-            print(format_traffic(traffic(session, args.days), float(get_setting(session, "verdict_rare_overlap_share"))))
+            t = traffic(session, args.days, burst_overlap=int(get_setting(session, "verdict_burst_overlap")))
+            print(format_traffic(t, float(get_setting(session, "verdict_rare_overlap_share"))))
     finally:
         engine.dispose()
     return 0

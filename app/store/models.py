@@ -348,6 +348,8 @@ class BenchRun(Base):
     target: Mapped[str] = mapped_column(String(64))
     mode: Mapped[str] = mapped_column(String(32))
     level: Mapped[int] = mapped_column(Integer)
+    # The runner's sequence slots (parallel) during the run; None when unknown (an external target).
+    slots: Mapped[int | None] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     wall_s: Mapped[float] = mapped_column(Float)
     # Runner /metrics and utilisation samples: [{t_s, kv_used, kv_total, running, waiting, ...}].

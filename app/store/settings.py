@@ -130,8 +130,10 @@ REGISTRY = {
                    "int", "Bench verdict", "Default overlap level", "requests", 1, 64),
         SettingDef("verdict_interactive_max_priority", 1, "classes with this priority or lower are interactive: their p95 TTFT must stay within target",
                    "int", "Bench verdict", "Interactive up to priority", "", 0, 100),
-        SettingDef("verdict_flat_gain", 1.1, "throughput step between overlap levels below which more parallel slots stop paying",
+        SettingDef("verdict_flat_gain", 1.1, "throughput step between measured slot counts below which more parallel slots stop paying",
                    "float", "Bench verdict", "Flat gain step", "×", 1, 100),
+        SettingDef("verdict_burst_overlap", 8, "this many requests at once or more in the request log is a burst (a batch job, agent branches): named apart, left out of the typical overlap, and the verdict must hold at its peak",
+                   "int", "Bench verdict", "Burst: requests at once", "requests", 2, 1024),
         SettingDef("samples_retention_h", 48, "hours of 1-second telemetry samples kept; longer ranges read 1-minute rollups (kept 30 days) and hourly ones (365 days)",
                    "float", "Telemetry", "Keep 1-second samples", "h", 1, 24 * 365),
     ]

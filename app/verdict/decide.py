@@ -1,19 +1,34 @@
 """The verdict: does this household's concurrent demand justify continuous batching? Pure functions on evidence.
 
-Evidence is the bench's run summaries (hearth runner per mode × overlap level, each with its run
-id), the class policies, the thresholds (settings `verdict_*`), the overlap histogram from the
-request log (app.verdict.overlap.traffic) and the model's current runner settings. Each
-recommendation carries the numbers it rests on and the run ids of its raw evidence; what it
-would change is in `apply` and nothing changes until an admin applies it.
+Evidence is the bench's run summaries (hearth runner per mode × overlap level × slot count, each
+with its run id), the class policies, the thresholds (settings `verdict_*`), the overlap
+distribution and bursts from the request log (app.verdict.overlap.traffic) and the model's
+current runner settings. Each recommendation carries the numbers it rests on and the run ids of
+its raw evidence; what it would change is in `apply`, what it would measure next in `measure`,
+and nothing changes until an admin applies it.
+
+The verdict never judges below the household's overlap: the level it judges at is the smallest
+measured one at or above it. When no measured level reaches it, the answer is "not enough
+evidence: measure at N" with the run that would settle it. Only when the request log shows that
+requests rarely overlap may a lower level stand in (batching then has little to share anyway).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from app.policy import MODES, ClassPolicy
+from app.policy import MODES, ClassPolicy, Mode
+from app.verdict.overlap import DEFAULT_BURST_OVERLAP, LEVELS, MAX_LEVEL, TYPICAL_QUANTILE, describe_burst, is_rare, level_for
 
 KV_ROOM = 0.8  # below this peak KV utilisation, more slots would still fit
+# The two modes the batching judgement compares, so a "measure at N" run starts exactly these.
+JUDGED_MODES = (Mode.CONTINUOUS.value, Mode.SERIAL.value)
+# What each statistic the household's overlap can come from is called in the verdict.
+STATISTICS = {
+    "burst_peak": "peak of the largest burst",
+    "typical": f"typical overlap ({TYPICAL_QUANTILE * 100:.0f} % of the busy time outside bursts)",
+    "default": "default overlap (the request log is empty)",
+}
 
 
 @dataclass(frozen=True)
@@ -25,11 +40,12 @@ class Thresholds:
     default_overlap: int = 4
     interactive_max_priority: int = 1
     flat_gain: float = 1.1
+    burst_overlap: int = DEFAULT_BURST_OVERLAP
 
 
 @dataclass(frozen=True)
 class Recommendation:
-    """One piece of advice: what, why (with numbers), from which runs, and what Apply would change."""
+    """One piece of advice: what, why (with numbers), from which runs, what Apply would change, what to measure."""
 
     kind: str
     title: str
@@ -37,6 +53,7 @@ class Recommendation:
     numbers: dict
     evidence: tuple[int, ...] = ()
     apply: dict | None = None
+    measure: dict | None = None  # {"levels": [...], "modes": [...], "slots": [...]?}: the bench run that would settle it
 
     def as_dict(self) -> dict:
         """Plain dict for JSON and templates."""
@@ -44,17 +61,29 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The recommendations, the overlap they were judged at, and where that overlap came from."""
+class HouseholdOverlap:
+    """The overlap the verdict must hold at: its value, which statistic it is, where from and why."""
 
-    typical_overlap: int
-    overlap_source: str
+    overlap: int
+    statistic: str  # a key of STATISTICS
+    source: str
+    why: str
+    typical: int | None = None  # the typical overlap outside bursts, when the log has any
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The recommendations, the household overlap they were judged against, and the level judged at."""
+
+    overlap: HouseholdOverlap
     level: int | None
     recommendations: tuple[Recommendation, ...] = field(default_factory=tuple)
 
     def as_dict(self) -> dict:
         """Plain dict for JSON and the store."""
-        return {"typical_overlap": self.typical_overlap, "overlap_source": self.overlap_source, "level": self.level,
+        o = self.overlap
+        return {"household_overlap": o.overlap, "statistic": o.statistic, "statistic_label": STATISTICS[o.statistic],
+                "why": o.why, "overlap_source": o.source, "typical_overlap": o.typical, "level": self.level,
                 "recommendations": [r.as_dict() for r in self.recommendations]}
 
 
@@ -66,15 +95,24 @@ def thresholds_from(settings: dict) -> Thresholds:
         default_overlap=int(settings["verdict_default_overlap"]),
         interactive_max_priority=int(settings["verdict_interactive_max_priority"]),
         flat_gain=float(settings["verdict_flat_gain"]),
+        burst_overlap=int(settings.get("verdict_burst_overlap") or DEFAULT_BURST_OVERLAP),
     )
-
-
-def _run(runs: list[dict], mode: str, level: int) -> dict | None:
-    return next((r for r in runs if r["mode"] == mode and r["level"] == level), None)
 
 
 def _ids(*runs: dict | None) -> tuple[int, ...]:
     return tuple(r["run_id"] for r in runs if r is not None and r.get("run_id") is not None)
+
+
+def _rate(run: dict) -> float:
+    return run["summary"].get("gen_tok_s") or 0.0
+
+
+def measure_up_to(level: int, slots: list[int] | None = None) -> dict:
+    """The bench run that measures levels 1, 2, 4 … up to `level` in the judged modes (and slot counts)."""
+    out = {"levels": [lv for lv in LEVELS if lv < level] + [level], "modes": list(JUDGED_MODES)}
+    if slots:
+        out["slots"] = slots
+    return out
 
 
 def interactive_misses(run: dict, policies: dict[str, ClassPolicy], t: Thresholds) -> dict[str, tuple[float, float]]:
@@ -89,31 +127,36 @@ def interactive_misses(run: dict, policies: dict[str, ClassPolicy], t: Threshold
     return out
 
 
-def typical_overlap(traffic: dict | None, t: Thresholds) -> tuple[int, str]:
-    """The household's typical overlap from the request log, or the default when the log is empty."""
-    if traffic and traffic.get("busy_s", 0) > 0:
-        return max(1, int(traffic["typical_overlap"])), f"request log, last {traffic['days']:g} days"
-    return t.default_overlap, "default (no traffic in the request log yet)"
+def household_overlap(traffic: dict | None, t: Thresholds) -> HouseholdOverlap:
+    """The overlap to judge at: the largest burst's peak when the log has bursts, else the typical overlap."""
+    if not traffic or traffic.get("busy_s", 0) <= 0:
+        return HouseholdOverlap(t.default_overlap, "default", "default (no traffic in the request log yet)",
+                                "no traffic in the request log yet: the setting verdict_default_overlap stands in")
+    source = f"request log, last {traffic['days']:g} days"
+    typical = traffic["typical_overlap"] if traffic.get("typical_busy_s", traffic["busy_s"]) > 0 else None
+    bursts = traffic.get("bursts") or []
+    if bursts:
+        top = max(bursts, key=lambda b: (b["peak"], b["requests"]))
+        outside = f"{typical} outside bursts" if typical else "no busy time outside bursts"
+        why = (f"burst {describe_burst(top)}; serial would queue every request of a burst behind the others, "
+               f"so the verdict must hold at the burst's peak, not at the typical overlap ({outside})")
+        return HouseholdOverlap(top["peak"], "burst_peak", source, why, typical)
+    why = (f"{TYPICAL_QUANTILE * 100:.0f} % of the busy time had at most {typical} requests at once; no bursts of "
+           f"{traffic.get('burst_overlap', t.burst_overlap)} or more")
+    return HouseholdOverlap(max(1, typical or 1), "typical", source, why, typical)
 
 
-def _level_for(levels: list[int], overlap: int) -> int | None:
-    """The smallest measured level at or above the overlap (the largest if none is)."""
-    if not levels:
-        return None
-    above = [lv for lv in sorted(levels) if lv >= overlap]
-    return above[0] if above else max(levels)
-
-
-def residency_first(traffic: dict, t: Thresholds) -> Recommendation | None:
-    """When requests rarely overlap: say so, and which models to pin for their cold-start cost."""
-    if not traffic or traffic.get("busy_s", 0) <= 0 or traffic["overlap_share"] >= t.rare_overlap_share:
+def residency_first(traffic: dict | None, t: Thresholds) -> Recommendation | None:
+    """When requests rarely overlap (and never burst): say so, and which models to pin for their cold starts."""
+    if not is_rare(traffic, t.rare_overlap_share):
         return None
     pins = [r for r in traffic.get("residency", []) if r["pin"]]
     reasons = [
         (f"only {traffic['overlap_share'] * 100:.1f}% of the busy time had 2 or more requests at once "
-        f"(threshold {t.rare_overlap_share * 100:.0f}%); typical overlap {traffic['typical_overlap']}"),
+         f"(threshold {t.rare_overlap_share * 100:.0f}%), and no burst of {t.burst_overlap} or more; "
+         f"typical overlap {traffic['typical_overlap']}"),
         ("with little overlap batching has little to share: keeping the right models resident and "
-        "starting fast matter more"),
+         "starting fast matter more"),
     ]
     for r in pins:
         reasons.append(f"pin {r['model']}: {r['requests_per_week']:.0f} requests/week paid {r['cold_starts']} cold "
@@ -124,7 +167,7 @@ def residency_first(traffic: dict, t: Thresholds) -> Recommendation | None:
         kind="residency_first",
         title="Requests rarely overlap: put residency first" + (f" (pin {top['model']})" if top else ""),
         reasons=tuple(reasons),
-        numbers={"overlap_share": traffic["overlap_share"], "shares": traffic["shares"],
+        numbers={"overlap_share": traffic["overlap_share"], "busy_shares": traffic["busy_shares"],
                  "typical_overlap": traffic["typical_overlap"],
                  "pins": [{k: r[k] for k in ("model", "requests_per_week", "cold_starts", "cold_start_s_per_week")}
                           for r in pins]},
@@ -132,111 +175,168 @@ def residency_first(traffic: dict, t: Thresholds) -> Recommendation | None:
     )
 
 
-def batching(runs: list[dict], level: int, policies: dict[str, ClassPolicy], t: Thresholds,
-             current: dict) -> Recommendation:
-    """Continuous or serial at the typical overlap: the throughput gain, and the interactive tail it costs."""
-    cont, ser = _run(runs, "continuous", level), _run(runs, "serial", level)
-    if cont is None or ser is None or not ser["summary"].get("gen_tok_s") or not cont["summary"].get("gen_tok_s"):
+def not_enough_evidence(ov: HouseholdOverlap, levels: list[int]) -> Recommendation:
+    """No verdict below the household's overlap: which level to measure, and the run that measures it."""
+    need = level_for(ov.overlap)
+    reasons = [f"the household's overlap is {ov.overlap} requests at once ({STATISTICS[ov.statistic]}): {ov.why}",
+               (f"this session measured at most {max(levels)} at once" if levels else
+                "this session measured no hearth mode"),
+               ("a verdict from fewer requests at once than the household sends would not hold where it matters "
+                "(batching pays where requests overlap), so none is given"),
+               f"measure levels up to {need} in {' and '.join(JUDGED_MODES)}"]
+    if ov.overlap > MAX_LEVEL:
+        reasons.append(f"the bench measures at most {MAX_LEVEL} at once: {MAX_LEVEL} is the nearest it can judge")
+    return Recommendation("not_enough_evidence", f"Not enough evidence: measure at {need}", tuple(reasons),
+                          {"household_overlap": ov.overlap, "statistic": ov.statistic, "measured_levels": levels,
+                           "need_level": need}, measure=measure_up_to(need))
+
+
+def _slot_curve(runs: list[dict], level: int) -> list[tuple[int, dict]]:
+    """Continuous runs at `level`, one per measured slot count, in slot order."""
+    by: dict[int, dict] = {}
+    for r in runs:
+        if r["mode"] == Mode.CONTINUOUS.value and r["level"] == level and r.get("slots") and _rate(r):
+            by.setdefault(int(r["slots"]), r)
+    return sorted(by.items())
+
+
+def slots(runs: list[dict], level: int, policies: dict[str, ClassPolicy], t: Thresholds,
+          current: dict) -> Recommendation | None:
+    """Fewer, more or the same parallel slots, from continuous runs at the judged level with different slot counts."""
+    curve = _slot_curve(runs, level)
+    if len(curve) < 2:
+        return None
+    parallel = int(current.get("parallel") or 4)
+    rates = {s: _rate(r) for s, r in curve}
+    hurt = {s: interactive_misses(r, policies, t) for s, r in curve}
+    # Slot counts that keep every interactive class within target, when there are any.
+    fine = [s for s, _ in curve if not hurt[s]] or [s for s, _ in curve]
+    best = max(rates[s] for s in fine)
+    pick = min(s for s in fine if rates[s] * t.flat_gain >= best)
+    kv = {s: r["summary"].get("kv_peak_util") for s, r in curve}
+    preempted = {s: r["summary"].get("preemptions") for s, r in curve if r["summary"].get("preemptions")}
+    numbers = {"level": level, "gen_tok_s_by_slots": rates, "kv_peak_util_by_slots": kv,
+               "preemptions_by_slots": preempted,
+               "misses_by_slots": {s: {n: p for n, (p, _) in m.items()} for s, m in hurt.items() if m},
+               "parallel": parallel, "flat_gain": t.flat_gain, "pick": pick}
+    reasons = [f"at overlap {level}, continuous batching with " +
+               ", ".join(f"{s} slots: {rates[s]:.1f} tok/s" for s, _ in curve),
+               f"{pick} slots reach within {t.flat_gain:.2f}× of the best ({best:.1f} tok/s); more add little"]
+    if any(hurt.values()):
+        reasons.append("interactive p95 TTFT goes past target with " +
+                       ", ".join(f"{s} slots" for s, m in hurt.items() if m))
+    if preempted:
+        reasons.append("the KV cache preempts sequences with " +
+                       ", ".join(f"{s} slots ({n})" for s, n in preempted.items()))
+    measure = None
+    top, prev = curve[-1][0], curve[-2][0]
+    step = rates[top] / rates[prev] if rates[prev] else 0.0
+    if pick == top and step >= t.flat_gain and (kv[top] is None or kv[top] < KV_ROOM):
+        reasons.append(f"throughput still rises {step:.2f}× from {prev} to {top} slots with KV room left: "
+                       f"{2 * top} slots may pay more")
+        measure = measure_up_to(level_for(level), [top, 2 * top])
+    evidence = _ids(*(r for _, r in curve))
+    if pick < parallel:
+        return Recommendation("smaller_slots", f"Fewer parallel slots: {pick} give the throughput at overlap {level}",
+                              tuple(reasons), numbers, evidence, {"parallel": pick}, measure)
+    if pick > parallel:
+        return Recommendation("larger_slots", f"More parallel slots: {pick} (measured at overlap {level})",
+                              tuple(reasons), numbers, evidence, {"parallel": pick}, measure)
+    return Recommendation("keep_slots", f"Keep {parallel} parallel slots (measured {', '.join(str(s) for s in rates)} "
+                          f"at overlap {level})", tuple(reasons), numbers, evidence, None, measure)
+
+
+def _continuous_at(runs: list[dict], level: int, pick: int | None, parallel: int) -> dict | None:
+    """The continuous run the batching judgement uses: at the slot count the slot advice picks, else the household's."""
+    at = [r for r in runs if r["mode"] == Mode.CONTINUOUS.value and r["level"] == level]
+    for want in (pick, parallel):
+        hit = next((r for r in at if want is not None and r.get("slots") == want), None)
+        if hit is not None:
+            return hit
+    return max(at, key=_rate, default=None)
+
+
+def batching(runs: list[dict], level: int, policies: dict[str, ClassPolicy], t: Thresholds, current: dict,
+             ov: HouseholdOverlap, pick: int | None = None, slot_notes: dict[int, str] | None = None) -> Recommendation:
+    """Continuous or serial at the judged level: the throughput gain, and the interactive tail it costs."""
+    cont = _continuous_at(runs, level, pick, int(current.get("parallel") or 4))
+    ser = next((r for r in runs if r["mode"] == Mode.SERIAL.value and r["level"] == level), None)
+    if cont is None or ser is None or not _rate(ser) or not _rate(cont):
         return Recommendation("insufficient", f"No verdict: continuous and serial were not both measured at L={level}",
-                              (f"run the bench with --modes continuous,serial and a level ≥ {level}",), {"level": level},
-                              _ids(cont, ser))
-    gain = cont["summary"]["gen_tok_s"] / ser["summary"]["gen_tok_s"]
-    numbers = {"level": level, "gain": gain, "continuous_gen_tok_s": cont["summary"]["gen_tok_s"],
-               "serial_gen_tok_s": ser["summary"]["gen_tok_s"], "min_gain": t.min_gain,
+                              (f"run the bench with continuous and serial at levels up to {level}",),
+                              {"level": level}, _ids(cont, ser), measure=measure_up_to(level))
+    gain = _rate(cont) / _rate(ser)
+    numbers = {"level": level, "household_overlap": ov.overlap, "statistic": ov.statistic, "gain": gain,
+               "continuous_gen_tok_s": _rate(cont), "serial_gen_tok_s": _rate(ser), "min_gain": t.min_gain,
+               "continuous_slots": cont.get("slots"),
                "continuous_ttft_p95_ms": {n: c.get("ttft_p95_ms") for n, c in cont["summary"]["per_class"].items()},
                "serial_ttft_p95_ms": {n: c.get("ttft_p95_ms") for n, c in ser["summary"]["per_class"].items()}}
-    head = (f"at overlap {level}, continuous batching generates {cont['summary']['gen_tok_s']:.1f} tok/s against "
-            f"{ser['summary']['gen_tok_s']:.1f} serial: {gain:.2f}× (threshold {t.min_gain:.2f}×)")
+    judged = (f"judged at {level} requests at once, for a household overlap of {ov.overlap} "
+              f"({STATISTICS[ov.statistic]}): {ov.why}")
+    if level < ov.overlap:
+        judged += f"; requests rarely overlap, so the largest measured level ({level}) stands in"
+    head = [judged, (f"at overlap {level}, continuous batching generates {_rate(cont):.1f} tok/s against "
+                     f"{_rate(ser):.1f} serial: {gain:.2f}× (threshold {t.min_gain:.2f}×)")]
+    slots_used = cont.get("slots")
+    if slots_used and slots_used < level:
+        note = (slot_notes or {}).get(level)
+        head.append(f"continuous ran {slots_used} slots at overlap {level}" + (f": {note}" if note else ""))
     if gain < t.min_gain:
         return Recommendation("serial", "Continuous batching is not justified at this household's overlap",
-                              (head, "the gain is below the threshold: batching off (serial) serves as well"),
-                              numbers, _ids(cont, ser), {"mode": "serial"})
+                              (*head, "the gain is below the threshold: batching off (serial) serves as well"),
+                              numbers, _ids(cont, ser), {"mode": Mode.SERIAL.value})
     misses = interactive_misses(cont, policies, t)
     if not misses:
         return Recommendation("continuous", f"Use continuous batching ({gain:.2f}× the throughput at overlap {level})",
-                              (head, "every interactive class keeps its p95 TTFT within target"),
-                              numbers, _ids(cont, ser), {"mode": "continuous"})
+                              (*head, "every interactive class keeps its p95 TTFT within target"),
+                              numbers, _ids(cont, ser), {"mode": Mode.CONTINUOUS.value})
     smaller = max(64, int(current.get("n_batch") or 512) // 2)
     numbers["misses"] = {n: {"ttft_p95_ms": p, "target_ms": tgt} for n, (p, tgt) in misses.items()}
-    reasons = [head] + [f"but {n}'s p95 TTFT is {p:.0f} ms against a {tgt:.0f} ms target" for n, (p, tgt) in
-                        misses.items()]
+    reasons = head + [f"but {n}'s p95 TTFT is {p:.0f} ms against a {tgt:.0f} ms target" for n, (p, tgt) in
+                      misses.items()]
     reasons.append(f"a smaller per-iteration token budget (n_batch {smaller}) bounds how long a long prefill "
                    "holds back a first token (chunked prefill)")
     return Recommendation("smaller_budget", "Use continuous batching with a smaller batch budget",
-                          tuple(reasons), numbers, _ids(cont, ser), {"mode": "continuous", "n_batch": smaller})
-
-
-def slots(runs: list[dict], policies: dict[str, ClassPolicy], t: Thresholds, current: dict) -> Recommendation | None:
-    """Smaller or larger parallel slots, where the continuous throughput curve says so."""
-    curve = sorted((r for r in runs if r["mode"] == "continuous" and r["summary"].get("gen_tok_s")),
-                   key=lambda r: r["level"])
-    parallel = int(current.get("parallel") or 4)
-    if len(curve) < 2:
-        return None
-    rates = {r["level"]: r["summary"]["gen_tok_s"] for r in curve}
-    numbers = {"gen_tok_s_by_level": rates, "parallel": parallel, "flat_gain": t.flat_gain}
-    top, prev = curve[-1], curve[-2]
-    step = top["summary"]["gen_tok_s"] / prev["summary"]["gen_tok_s"]
-    kv_peak = top["summary"].get("kv_peak_util")
-    if top["level"] >= parallel and step >= t.flat_gain and (kv_peak is None or kv_peak < KV_ROOM):
-        numbers.update(step=step, kv_peak_util=kv_peak)
-        return Recommendation(
-            "larger_slots", f"More parallel slots: throughput still rises at overlap {top['level']}",
-            ((f"from overlap {prev['level']} to {top['level']} generated tok/s rose {step:.2f}× "
-             f"(flat below {t.flat_gain:.2f}×)"),
-             f"KV peak {'n/a' if kv_peak is None else f'{kv_peak * 100:.0f}%'}: room for more sequences"),
-            numbers, _ids(prev, top), {"parallel": parallel * 2})
-    # The knee: the first level after which no step gains flat_gain any more.
-    knee = None
-    for i, r in enumerate(curve[:-1]):
-        if all(curve[j + 1]["summary"]["gen_tok_s"] / curve[j]["summary"]["gen_tok_s"] < t.flat_gain
-               for j in range(i, len(curve) - 1)):
-            knee = r
-            break
-    if knee is None or knee["level"] >= parallel:
-        return None
-    beyond = [r for r in curve if r["level"] > knee["level"]]
-    hurt = {r["level"]: interactive_misses(r, policies, t) for r in beyond}
-    preempted = {r["level"]: r["summary"].get("preemptions") for r in beyond if r["summary"].get("preemptions")}
-    if not any(hurt.values()) and not preempted:
-        return None
-    numbers.update(knee=knee["level"], preemptions=preempted,
-                   misses={lv: {n: p for n, (p, _) in m.items()} for lv, m in hurt.items() if m})
-    reasons = [f"past overlap {knee['level']} generated tok/s gains less than {t.flat_gain:.2f}× per step"]
-    if any(hurt.values()):
-        reasons.append("while interactive p95 TTFT goes past target at " +
-                       ", ".join(f"L={lv}" for lv, m in hurt.items() if m))
-    if preempted:
-        reasons.append("and the KV cache preempts sequences (" +
-                       ", ".join(f"{n} at L={lv}" for lv, n in preempted.items()) + ")")
-    return Recommendation("smaller_slots", f"Fewer parallel slots: {knee['level']} give the throughput",
-                          tuple(reasons), numbers, _ids(knee, *beyond), {"parallel": knee["level"]})
+                          tuple(reasons), numbers, _ids(cont, ser), {"mode": Mode.CONTINUOUS.value, "n_batch": smaller})
 
 
 def decide(runs: list[dict], policies: dict[str, ClassPolicy], t: Thresholds, traffic: dict | None,
-           current: dict) -> Verdict:
-    """All recommendations for one bench session: residency first when requests rarely overlap."""
-    overlap, source = typical_overlap(traffic, t)
+           current: dict, slot_notes: dict[int, str] | None = None) -> Verdict:
+    """All recommendations for one bench session, judged at (never below) the household's overlap."""
+    ov = household_overlap(traffic, t)
     hearth = [r for r in runs if r["mode"] in MODES]
-    level = _level_for(sorted({r["level"] for r in hearth}), overlap)
+    levels = sorted({r["level"] for r in hearth})
+    want = min(ov.overlap, MAX_LEVEL)
     recs: list[Recommendation] = []
     rare = residency_first(traffic, t)
     if rare is not None:
         recs.append(rare)
-    if level is not None:
-        recs.append(batching(hearth, level, policies, t, current))
-        s = slots(hearth, policies, t, current)
-        if s is not None:
-            recs.append(s)
-    return Verdict(overlap, source, level, tuple(recs))
+    level = next((lv for lv in levels if lv >= want), None)
+    if level is None and rare is not None and levels:
+        level = max(levels)
+    if level is None:
+        recs.append(not_enough_evidence(ov, levels))
+        return Verdict(ov, None, tuple(recs))
+    s = slots(hearth, level, policies, t, current)
+    recs.append(batching(hearth, level, policies, t, current, ov, s.numbers["pick"] if s else None, slot_notes))
+    if s is not None:
+        recs.append(s)
+    return Verdict(ov, level, tuple(recs))
 
 
 def format_verdict(v: Verdict) -> str:
     """The verdict as the CLI prints it."""
-    lines = [f"verdict (typical overlap {v.typical_overlap}, from {v.overlap_source}; judged at L={v.level}):"]
+    o = v.overlap
+    judged = f"judged at L={v.level}" if v.level is not None else "not judged"
+    lines = [f"verdict ({judged}; household overlap {o.overlap} = {STATISTICS[o.statistic]}, from {o.source}):",
+             f"  why this statistic: {o.why}"]
     for r in v.recommendations:
         lines.append(f"  * {r.title}")
         lines += [f"      - {x}" for x in r.reasons]
         if r.apply:
             lines.append(f"      apply: {r.apply}   evidence: runs {list(r.evidence) or 'n/a'}")
+        if r.measure:
+            slots = f" --slots {','.join(map(str, r.measure['slots']))}" if r.measure.get("slots") else ""
+            lines.append(f"      measure: hearth bench replay --levels {','.join(map(str, r.measure['levels']))} "
+                         f"--modes {','.join(r.measure['modes'])}{slots}")
     return "\n".join(lines)

@@ -30,6 +30,7 @@ from app.paths import sha256_of
 from app.policy import MODES, ClassPolicy
 from app.telemetry.stats import median
 from app.verdict.results import RunResult, median_runs, request_times, summarise
+from app.verdict.runners import ONCE_MODES, RunnerPlan, plan_runners
 from app.verdict.scenarios import (
     PlannedRequest,
     PromptCutter,
@@ -53,6 +54,7 @@ class Target:
     pid: int | None = None  # the process whose CPU is the device's utilisation
     threads: int | None = None
     process: object = None  # RunnerProcess to stop at the end
+    slots: int | None = None  # sequence slots it was started with; None when the bench did not start it
 
     @property
     def mode(self) -> str:
@@ -216,7 +218,7 @@ def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str,
     lost = [planned[i].idx for i, r in enumerate(rows) if r is None]
     if lost:
         raise RuntimeError(f"requests {lost} did not finish within {timeout_s} s on {target.label}")
-    run = RunResult(target.label, target.kind, level, [r for r in rows if r is not None], samples)
+    run = RunResult(target.label, target.kind, level, [r for r in rows if r is not None], samples, slots=target.slots)
     run.summary = summarise(run.requests, run.samples, policies)
     return run
 
@@ -246,7 +248,8 @@ def start_hearth(c: Constants, mode: str, timeout_s: float = 180) -> Target:
                       parallel=c.parallel, n_batch=c.n_batch, threads=c.threads, gpu_layers=c.gpu_layers,
                       mode=mode, extra_args=extra)
     proc = RunnerProcess(spec).start(timeout_s)
-    return Target(mode, proc.url, "hearth", c.model_name, pid=proc.pid, threads=c.threads, process=proc)
+    return Target(mode, proc.url, "hearth", c.model_name, pid=proc.pid, threads=c.threads, process=proc,
+                  slots=c.parallel)
 
 
 def start_llama_server(c: Constants, binary: str, timeout_s: float = 180) -> Target:
@@ -258,7 +261,7 @@ def start_llama_server(c: Constants, binary: str, timeout_s: float = 180) -> Tar
                       gpu_layers=c.gpu_layers)
     proc = RunnerProcess(spec).start(timeout_s)
     return Target("llama-server", proc.url, "llama-server", c.model_name, pid=proc.pid, threads=c.threads,
-                  process=proc)
+                  process=proc, slots=c.parallel)
 
 
 def external_target(url: str, model: str) -> Target:
@@ -304,17 +307,20 @@ def levels_of(scenario: Scenario, levels: list[int]) -> list[int]:
 
 def replay(scenario: Scenario, targets: list[Target], levels: list[int], policies: dict[str, ClassPolicy],
            cutter: PromptCutter, progress: Callable[[RunResult], None] | None = None,
-           repeats: int = 1) -> list[RunResult]:
+           repeats: int = 1, once_levels: tuple[int, ...] | None = None) -> list[RunResult]:
     """Every level on every target, targets interleaved within a level; same prompts for all targets.
 
     With repeats, each level runs again with the targets in reverse order (A B, B A, ...), so load
     that drifts during a level hits every target alike; ratios are taken within one repetition.
+    Targets measured once per level (serial, an external server) skip levels not in once_levels.
     """
     results = []
     for level in levels_of(scenario, levels):
         planned = plan(scenario, level, cutter)
+        here = [t for t in targets if once_levels is None or level in once_levels
+                or (t.mode not in ONCE_MODES and t.kind != "external")]
         for rep in range(repeats):
-            for target in (targets if rep % 2 == 0 else list(reversed(targets))):
+            for target in (here if rep % 2 == 0 else list(reversed(here))):
                 run = run_level(target, planned, policies, level)
                 run.rep = rep
                 results.append(run)
@@ -331,14 +337,14 @@ def _f(v, spec: str = ".1f", scale: float = 1.0) -> str:
 
 def format_table(results: list[RunResult]) -> str:
     """The per target × level table, plus per-class p95s."""
-    head = (f"{'target':<13}{'L':>3}{'gen tok/s':>10}{'prm tok/s':>10}{'TTFT p50':>9}{'TTFT p95':>9}"
+    head = (f"{'target':<13}{'L':>3}{'slots':>6}{'gen tok/s':>10}{'prm tok/s':>10}{'TTFT p50':>9}{'TTFT p95':>9}"
             f"{'TPOT p50':>9}{'done p50':>9}{'done p95':>9}{'KV mean':>8}{'KV peak':>8}{'preempt':>8}"
             f"{'Jain':>6}{'util':>6}{'gap':>6}{'err':>4}")
     lines = [head, "-" * len(head)]
     for r in results:
         s = r.summary
         lines.append(
-            f"{r.target:<13}{r.level:>3}{_f(s['gen_tok_s']):>10}{_f(s['prompt_tok_s'], '.0f'):>10}"
+            f"{r.target:<13}{r.level:>3}{_f(r.slots, 'd'):>6}{_f(s['gen_tok_s']):>10}{_f(s['prompt_tok_s'], '.0f'):>10}"
             f"{_f(s['ttft_p50_ms'], '.0f'):>9}{_f(s['ttft_p95_ms'], '.0f'):>9}{_f(s['tpot_p50_ms'], '.0f'):>9}"
             f"{_f(s['completion_p50_ms'], '.0f'):>9}{_f(s['completion_p95_ms'], '.0f'):>9}"
             f"{_f(s['kv_mean_util'], '.0f', 100):>7}%{_f(s['kv_peak_util'], '.0f', 100):>7}%"
@@ -350,25 +356,26 @@ def format_table(results: list[RunResult]) -> str:
     for r in results:
         parts = [f"{n} {_f(c['ttft_p95_ms'], '.0f')}/{_f(c['completion_p95_ms'], '.0f')}"
                  f" slo {_f(c['slo_attainment'], '.0f', 100)}%" for n, c in r.summary["per_class"].items()]
-        lines.append(f"  {r.target:<13}L={r.level:<3} " + "; ".join(parts))
+        lines.append(f"  {r.target:<13}L={r.level:<3}S={_f(r.slots, 'd'):<4}" + "; ".join(parts))
     return "\n".join(lines)
 
 
 def comparison(results: list[RunResult]) -> list[dict]:
-    """Each hearth mode against the reference server (llama-server, else --target), same level and repetition.
+    """Each hearth mode against the reference server (llama-server, else --target), same level, slots and repetition.
 
     Ratios are taken within one repetition (same prompts, neighbouring in time); with repeats the
     row holds the median of each ratio and all of them.
     """
     for ref_label in ("llama-server", "target"):
-        refs = {(r.level, r.rep): r for r in results if r.target == ref_label}
+        refs = {(r.level, r.slots, r.rep): r for r in results if r.target == ref_label}
         if refs:
             break
     else:
         return []
-    pairs: dict[tuple[str, int], list[dict]] = {}
+    pairs: dict[tuple[str, int, int | None], list[dict]] = {}
     for r in results:
-        ref = refs.get((r.level, r.rep))
+        # An external reference was not started by the bench: its slots are unknown, any will do.
+        ref = refs.get((r.level, r.slots, r.rep)) or refs.get((r.level, None, r.rep))
         if ref is None or r.target not in HEARTH_MODES:
             continue
         a, b = r.summary, ref.summary
@@ -381,10 +388,10 @@ def comparison(results: list[RunResult]) -> list[dict]:
                 # The slowest request of the class, ours over theirs: "finishes within 1.2×" is about all of them.
                 "completion_max_ratio": _ratio(_max_done(r.requests, name), _max_done(ref.requests, name)),
             }
-        pairs.setdefault((r.target, r.level), []).append(one)
+        pairs.setdefault((r.target, r.level, r.slots), []).append(one)
     out = []
-    for (mode, level), ones in pairs.items():
-        row = {"mode": mode, "reference": ref_label, "level": level, "repeats": len(ones),
+    for (mode, level, slots), ones in pairs.items():
+        row = {"mode": mode, "reference": ref_label, "level": level, "slots": slots, "repeats": len(ones),
                "gen_tok_s_ratio": median([o["gen_tok_s_ratio"] for o in ones]),
                "gen_tok_s_ratios": [o["gen_tok_s_ratio"] for o in ones], "per_class": {}}
         for name in ones[0]["per_class"]:
@@ -414,7 +421,8 @@ def format_comparison(rows: list[dict]) -> str:
         parts = [f"{n}: TTFT p95 {_f(c['ttft_p95_ratio'], '.3f')}×, done p95 {_f(c['completion_p95_ratio'], '.2f')}×,"
                  f" slowest {_f(c['completion_max_ratio'], '.2f')}×" for n, c in row["per_class"].items()]
         reps = f" (median of {row['repeats']})" if row["repeats"] > 1 else ""
-        lines.append(f"  {row['mode']} / {row['reference']} at L={row['level']}{reps}: generated tok/s "
+        slots = f", {row['slots']} slots" if row.get("slots") else ""
+        lines.append(f"  {row['mode']} / {row['reference']} at L={row['level']}{slots}{reps}: generated tok/s "
                      f"{_f(row['gen_tok_s_ratio'], '.2f')}×; " + "; ".join(parts))
     return "\n".join(lines)
 
@@ -439,6 +447,7 @@ class BenchConfig:
     llama_server: str | None = None  # binary of a stock llama-server to start with the same settings
     traffic_days: float = 7.0
     repeats: int = 1
+    slots: tuple[int, ...] | None = None  # slot counts to sweep; None: enough slots for each level
 
 
 @dataclass
@@ -452,14 +461,48 @@ class BenchOutcome:
     traffic: dict
 
 
+def _batch_for(n_batch: int, slots: int) -> int:
+    """n_batch for a runner with `slots` slots: a decode must hold one token of every slot."""
+    return max(n_batch, slots)
+
+
+def _memory_check(cfg: BenchConfig) -> tuple[Callable[[int, int], int] | None, int | None, str]:
+    """One runner's estimated bytes by (n_ctx, slots), the headroom now, and what it was compared against."""
+    from app.residency.budget import detect_budget
+    from app.residency.catalog import scan
+    from app.residency.estimate import estimate_memory
+
+    entries = scan(None, Path(cfg.model_path))
+    entry = entries[0] if entries else None
+    if entry is None or not entry.usable:
+        return None, None, f"not checked: {entry.unusable_reason if entry else 'no model file'}"
+    budget = detect_budget(use_gpu=cfg.gpu_layers > 0)
+
+    def runner_bytes(n_ctx: int, slots: int) -> int:
+        return estimate_memory(entry, n_ctx, slots, _batch_for(cfg.n_batch, slots)).total_bytes
+
+    return runner_bytes, budget.headroom_bytes(0), f"{budget.kind.upper()} free now, less the reserve"
+
+
+def plan_for(cfg: BenchConfig, scenario: Scenario, check_memory: bool = True) -> RunnerPlan:
+    """The runner groups the session starts: enough slots per level (or the sweep), checked against free memory."""
+    levels = levels_of(scenario, list(cfg.levels))
+    # A script's level is its number of requests, not an overlap: it keeps the configured slots.
+    axis = cfg.slots or ((cfg.parallel,) if scenario.kind == "script" else None)
+    runner_bytes, headroom, memory = None, None, "not checked"
+    if check_memory and cfg.model_path and (cfg.modes or cfg.llama_server):
+        runner_bytes, headroom, memory = _memory_check(cfg)
+    return plan_runners(levels, cfg.modes, cfg.parallel, cfg.n_ctx, axis, bool(cfg.llama_server),
+                        bool(cfg.target_url), runner_bytes, headroom, memory)
+
+
 def total_runs(cfg: BenchConfig, scenario: Scenario) -> int:
-    """Runs the session will make (targets × levels), for progress bars."""
-    n_targets = len(cfg.modes) + bool(cfg.llama_server) + bool(cfg.target_url)
-    return n_targets * len(levels_of(scenario, list(cfg.levels))) * cfg.repeats
+    """Runs the session will make (targets × levels × slot groups), for progress bars."""
+    return plan_for(cfg, scenario).runs(cfg.repeats)
 
 
 def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, class_policies: dict,
-                       cutter_exact: bool, props: dict | None) -> dict:
+                       cutter_exact: bool, props: dict | None, runner_plan: RunnerPlan | None = None) -> dict:
     """Everything held constant, printed before the runs and kept with them."""
     model = (props or {}).get("model") or {}
     return {
@@ -469,11 +512,14 @@ def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, cl
         "model": cfg.model_path, "model_name": model_name,
         "model_sha256": sha256_of(cfg.model_path) if cfg.model_path else None,
         "model_desc": model.get("desc"), "n_ctx": cfg.n_ctx, "parallel": cfg.parallel, "n_batch": cfg.n_batch,
+        "slots": list(cfg.slots) if cfg.slots else "enough for each level (at least parallel)",
+        "kv_cells_per_slot": -(-cfg.n_ctx // cfg.parallel),
         "token_budget": cfg.token_budget or cfg.n_batch, "threads": cfg.threads, "gpu_layers": cfg.gpu_layers,
         "repack": not cpu_has_amx(), "kv_unified": True,
         "sampling": "temperature 0, ignore_eos (fixed output lengths), cache_prompt off",
         "prompt_lengths": "exact (target's tokenizer)" if cutter_exact else "estimated (4 chars/token)",
         "llama_server": cfg.llama_server, "target_url": cfg.target_url,
+        "runner_plan": runner_plan.as_dict() if runner_plan else None,
         "classes": {n: asdict(p) for n, p in class_policies.items()},
         "machine": machine(),
     }
@@ -481,7 +527,9 @@ def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, cl
 
 def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, int], None] | None = None,
               log: Callable[[str], None] = lambda line: None) -> BenchOutcome:
-    """Start the targets, replay, store every run as it ends, judge; stops what it started."""
+    """Start each group of runners, replay, store every run as it ends, judge; stops what it started."""
+    from dataclasses import replace
+
     from app.store.settings import all_settings
     from app.verdict import sessions as store
     from app.verdict.decide import decide, thresholds_from
@@ -489,46 +537,62 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
     from app.verdict.scenarios import load_scenario
 
     scenario = load_scenario(cfg.scenario)
+    if not cfg.modes and not cfg.llama_server and not cfg.target_url:
+        raise ValueError("nothing to measure: give --modes, --llama-server or --target")
     # The catalog names a model file by its stem: Apply finds the model under the same name.
     model_name = Path(cfg.model_path).stem if cfg.model_path else "target"
     with sessions() as s:
         class_policies = store.policies(s)
-    consts = Constants(cfg.model_path, model_name, cfg.n_ctx, cfg.parallel, cfg.n_batch, cfg.threads,
-                       cfg.gpu_layers, cfg.token_budget)
+    runner_plan = plan_for(cfg, scenario)
+    for lv, note in runner_plan.notes.items():
+        log(f"level {lv}: {note}")
+    for line in runner_plan.skipped:
+        log(f"not measured: {line}")
+    if not runner_plan.groups:
+        raise ValueError("nothing can be measured here: " + "; ".join(runner_plan.skipped))
+    base = Constants(cfg.model_path, model_name, cfg.n_ctx, cfg.parallel, cfg.n_batch, cfg.threads,
+                     cfg.gpu_layers, cfg.token_budget)
+    total = runner_plan.runs(cfg.repeats)
     targets: list[Target] = []
     session_id = None
-    try:
-        for mode in cfg.modes:
-            log(f"starting hearth runner ({mode})")
-            targets.append(start_hearth(consts, mode))
-        if cfg.llama_server:
-            log("starting llama-server")
-            targets.append(start_llama_server(consts, cfg.llama_server))
-        if cfg.target_url:
-            targets.append(external_target(cfg.target_url, model_name))
-        if not targets:
-            raise ValueError("nothing to measure: give --modes, --llama-server or --target")
-        cutter = http_cutter(targets[0].url)
-        props = None
-        if targets[0].kind == "hearth":
-            props = httpx.get(f"{targets[0].url}/props", timeout=10).json()
-        constants = describe_constants(cfg, scenario, model_name, class_policies, cutter.exact, props)
+    runs: list[RunResult] = []
+    done = [0]
+
+    def on_run(run: RunResult) -> None:
         with sessions() as s:
-            session_id = store.create_session(s, scenario.name, model_name, constants)
-        for t in targets:
-            warm_up(t)
-        total = total_runs(cfg, scenario)
-        done = [0]
+            store.save_run(s, session_id, run)
+        done[0] += 1
+        if progress is not None:
+            progress(run, done[0], total)
 
-        def on_run(run: RunResult) -> None:
-            with sessions() as s:
-                store.save_run(s, session_id, run)
-            done[0] += 1
-            if progress is not None:
-                progress(run, done[0], total)
-
-        runs = replay(scenario, targets, list(cfg.levels), class_policies, cutter, progress=on_run,
-                      repeats=cfg.repeats)
+    try:
+        for group in runner_plan.groups:
+            c = replace(base, n_ctx=group.n_ctx, parallel=group.slots, n_batch=_batch_for(cfg.n_batch, group.slots))
+            for mode in group.modes:
+                log(f"starting hearth runner ({mode}, {group.slots} slots, {group.n_ctx} KV cells)")
+                targets.append(start_hearth(c, mode))
+            if group.llama_server:
+                log(f"starting llama-server ({group.slots} slots)")
+                targets.append(start_llama_server(c, cfg.llama_server))
+            if cfg.target_url and group.external:
+                targets.append(external_target(cfg.target_url, model_name))
+            if not targets:
+                continue
+            cutter = http_cutter(targets[0].url)
+            if session_id is None:
+                props = None
+                if targets[0].kind == "hearth":
+                    props = httpx.get(f"{targets[0].url}/props", timeout=10).json()
+                constants = describe_constants(cfg, scenario, model_name, class_policies, cutter.exact, props,
+                                               runner_plan)
+                with sessions() as s:
+                    session_id = store.create_session(s, scenario.name, model_name, constants)
+            for t in targets:
+                warm_up(t)
+            runs += replay(scenario, targets, list(group.levels), class_policies, cutter, progress=on_run,
+                           repeats=cfg.repeats, once_levels=group.once_levels)
+            stop_targets(targets)
+            targets = []
     except BaseException as exc:
         if session_id is not None:
             with sessions() as s:
@@ -538,15 +602,28 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
         stop_targets(targets)
     with sessions() as s:
         t = thresholds_from(all_settings(s))
-        traffic = read_traffic(s, cfg.traffic_days)
+        traffic = read_traffic(s, cfg.traffic_days, burst_overlap=t.burst_overlap)
         current = store.current_runner_settings(s, model_name)
-        verdict = decide(store.evidence(median_runs(runs)), class_policies, t, traffic, current)
+        verdict = decide(store.evidence(median_runs(runs)), class_policies, t, traffic, current, runner_plan.notes)
         store.finish_session(s, session_id, verdict.as_dict())
     return BenchOutcome(session_id, constants, runs, verdict, traffic)
 
 
+def format_plan(p: dict) -> list[str]:
+    """The runner groups of a session's constants, one line each, for the CLI."""
+    lines = []
+    for g in p["groups"]:
+        est = f", est. {g['estimate_bytes'] / 1024 ** 3:.2f} GiB" if g.get("estimate_bytes") else ""
+        lines.append(f"  {g['slots']} slots, {g['n_ctx']} KV cells: levels {g['levels']}, "
+                     f"modes {', '.join(g['modes']) or 'none'}{est}")
+    lines += [f"  level {lv}: {note}" for lv, note in p["notes"].items()]
+    lines += [f"  not measured: {line}" for line in p["skipped"]]
+    lines.append(f"  memory check: {p['memory']}")
+    return lines
+
+
 def run_from_args(args, model_path: str) -> int:
-    """`hearth bench replay`: run, print the constants, table and verdict; write JSON/CSV if asked."""
+    """`hearth bench replay`: run, print the constants, table, overlap and verdict; write JSON/CSV if asked."""
     import sys
 
     from tqdm import tqdm
@@ -555,6 +632,7 @@ def run_from_args(args, model_path: str) -> int:
     from app.store.db import open_store
     from app.verdict import sessions as store
     from app.verdict.decide import format_verdict
+    from app.verdict.overlap import format_overlap
     from app.verdict.scenarios import ScenarioError, load_scenario
 
     try:
@@ -570,12 +648,14 @@ def run_from_args(args, model_path: str) -> int:
                       model_path=model_path, n_ctx=args.ctx, parallel=args.parallel,
                       n_batch=args.batch, token_budget=args.budget, threads=args.threads,
                       gpu_layers=args.gpu_layers, target_url=args.target, llama_server=llama,
-                      traffic_days=args.days, repeats=args.repeats)
+                      traffic_days=args.days, repeats=args.repeats,
+                      slots=tuple(args.slots) if getattr(args, "slots", None) else None)
     engine, sessions = open_store(data_dir())
     bar = tqdm(total=total_runs(cfg, scenario), desc="bench replay", unit="run", file=sys.stderr)
 
     def progress(run: RunResult, done: int, total: int) -> None:
-        bar.set_postfix_str(f"{run.target} L={run.level}: {_f(run.summary['gen_tok_s'])} tok/s")
+        bar.total = total
+        bar.set_postfix_str(f"{run.target} L={run.level} S={run.slots}: {_f(run.summary['gen_tok_s'])} tok/s")
         bar.update(1)
 
     from app.residency.supervisor import RunnerStartFailed
@@ -584,13 +664,16 @@ def run_from_args(args, model_path: str) -> int:
         outcome = run_bench(cfg, sessions, progress=progress, log=lambda line: bar.write(line, file=sys.stderr))
     except (ValueError, RunnerStartFailed) as exc:
         print(f"hearth bench replay: {exc}", file=sys.stderr)
+        engine.dispose()
         return 2
     finally:
         bar.close()
     print("hearth bench replay — held constant:")
     for k, v in outcome.constants.items():
-        if k != "classes":
+        if k not in ("classes", "runner_plan"):
             print(f"  {k}: {v}")
+    print("runners started (slots per level):")
+    print("\n".join(format_plan(outcome.constants["runner_plan"])))
     print()
     print(format_table(outcome.runs))
     compared = comparison(outcome.runs)
@@ -598,11 +681,15 @@ def run_from_args(args, model_path: str) -> int:
         print("\nhearth over the reference server, same run, same client, same prompts:")
         print(format_comparison(compared))
     print()
+    print(f"household overlap ({outcome.verdict.overlap.source}):")
+    print(format_overlap(outcome.traffic))
+    print()
     print(format_verdict(outcome.verdict))
     print(f"\nstored as bench session {outcome.session_id} (raw per-request rows kept)")
     doc = store.document(scenario.name, outcome.constants, outcome.verdict.as_dict(), outcome.runs,
                          outcome.session_id)
     doc["comparison"] = compared
+    doc["traffic"] = outcome.traffic
     if args.json_path:
         store.write_json(doc, args.json_path)
         print(f"wrote {args.json_path}", file=sys.stderr)

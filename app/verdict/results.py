@@ -30,6 +30,7 @@ class RunResult:
     summary: dict = field(default_factory=dict)
     run_id: int | None = None
     rep: int = 0
+    slots: int | None = None  # the runner's sequence slots; None for an external target
 
 
 def request_times(row: dict) -> dict:
@@ -111,10 +112,10 @@ def summarise(requests: list[dict], samples: list[dict], policies: dict[str, Cla
 
 
 def median_runs(results: list[RunResult]) -> list[RunResult]:
-    """One run per target × level: the repetition with the median generated tok/s (a real run, not a blend)."""
-    groups: dict[tuple[str, int], list[RunResult]] = {}
+    """One run per target × level × slots: the repetition with the median generated tok/s (a real run, not a blend)."""
+    groups: dict[tuple[str, int, int | None], list[RunResult]] = {}
     for r in results:
-        groups.setdefault((r.target, r.level), []).append(r)
+        groups.setdefault((r.target, r.level, r.slots), []).append(r)
     out = []
     for runs in groups.values():
         ordered = sorted(runs, key=lambda r: r.summary.get("gen_tok_s") or 0.0)
@@ -127,7 +128,8 @@ def summary_rows(results: list[RunResult]) -> list[dict]:
     out = []
     for r in results:
         s = r.summary
-        out.append({"target": r.target, "level": r.level, "requests": s["requests"], "errors": s["errors"],
+        out.append({"target": r.target, "level": r.level, "slots": r.slots, "requests": s["requests"],
+                    "errors": s["errors"],
                     "wall_s": s["wall_s"], "gen_tok_s": s["gen_tok_s"], "prompt_tok_s": s["prompt_tok_s"],
                     "ttft_p50_ms": s["ttft_p50_ms"], "ttft_p95_ms": s["ttft_p95_ms"],
                     "tpot_p50_ms": s["tpot_p50_ms"], "tpot_p95_ms": s["tpot_p95_ms"],

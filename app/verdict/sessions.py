@@ -48,7 +48,7 @@ def create_session(session: Session, scenario: str, model_name: str | None, cons
 
 def save_run(session: Session, session_id: int, run: RunResult) -> int:
     """One run with every request's raw row; sets run.run_id. Commits."""
-    row = BenchRun(session_id=session_id, target=run.target, mode=run.target, level=run.level,
+    row = BenchRun(session_id=session_id, target=run.target, mode=run.target, level=run.level, slots=run.slots,
                    wall_s=run.summary["wall_s"], samples=run.samples, summary=run.summary)
     session.add(row)
     session.flush()
@@ -83,13 +83,15 @@ def load_runs(session: Session, session_id: int, class_policies: dict[str, Class
         kept = (session.get(BenchSession, session_id).constants or {}).get("classes")
         class_policies = {n: ClassPolicy(**p) for n, p in kept.items()} if kept else policies(session)
     out = []
-    seen: dict[tuple[str, int], int] = {}
+    seen: dict[tuple[str, int, int | None], int] = {}
     for row in session.scalars(select(BenchRun).where(BenchRun.session_id == session_id).order_by(BenchRun.id)):
         reqs = raw_requests(session, row.id)
-        # Repetitions of a target × level were stored in order: the n-th one is repetition n.
-        rep = seen.get((row.target, row.level), 0)
-        seen[(row.target, row.level)] = rep + 1
-        run = RunResult(row.target, "", row.level, reqs, list(row.samples or []), run_id=row.id, rep=rep)
+        # Repetitions of a target × level × slots were stored in order: the n-th one is repetition n.
+        key = (row.target, row.level, row.slots)
+        rep = seen.get(key, 0)
+        seen[key] = rep + 1
+        run = RunResult(row.target, "", row.level, reqs, list(row.samples or []), run_id=row.id, rep=rep,
+                        slots=row.slots)
         run.summary = summarise(reqs, run.samples, class_policies) if recompute else dict(row.summary)
         out.append(run)
     return out
@@ -97,7 +99,8 @@ def load_runs(session: Session, session_id: int, class_policies: dict[str, Class
 
 def evidence(results: list[RunResult]) -> list[dict]:
     """Run summaries in the shape app.verdict.decide reads."""
-    return [{"mode": r.target, "level": r.level, "summary": r.summary, "run_id": r.run_id} for r in results]
+    return [{"mode": r.target, "level": r.level, "slots": r.slots, "summary": r.summary, "run_id": r.run_id}
+            for r in results]
 
 
 def list_sessions(session: Session, limit: int = 20) -> list[BenchSession]:
@@ -122,8 +125,9 @@ def document(scenario: str, constants: dict, verdict: dict | None, runs: list[Ru
         "scenario": scenario,
         "constants": constants,
         "verdict": verdict,
-        "summaries": [{"run_id": r.run_id, "mode": r.target, "level": r.level, "summary": r.summary} for r in runs],
-        "raw": [{"run_id": r.run_id, "mode": r.target, "level": r.level, "requests": r.requests,
+        "summaries": [{"run_id": r.run_id, "mode": r.target, "level": r.level, "slots": r.slots, "summary": r.summary}
+                      for r in runs],
+        "raw": [{"run_id": r.run_id, "mode": r.target, "level": r.level, "slots": r.slots, "requests": r.requests,
                  "samples": r.samples} for r in runs],
     }
 
@@ -143,12 +147,12 @@ def write_csv(runs: list[RunResult], path: str | Path) -> Path:
         w.writerows(rows)
     raw_path = path.with_name(path.stem + "-requests" + (path.suffix or ".csv"))
     with raw_path.open("w", newline="") as f:
-        fields = ["run_id", "target", "level", *REQUEST_FIELDS]
+        fields = ["run_id", "target", "level", "slots", *REQUEST_FIELDS]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in runs:
             for req in r.requests:
-                w.writerow({"run_id": r.run_id, "target": r.target, "level": r.level,
+                w.writerow({"run_id": r.run_id, "target": r.target, "level": r.level, "slots": r.slots,
                             **{k: (json.dumps(req[k]) if k == "server_timings" else req[k]) for k in REQUEST_FIELDS}})
     return raw_path
 

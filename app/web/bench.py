@@ -1,9 +1,11 @@
-"""The Bench page: start a replay (background job, live progress), past sessions, curves per mode, verdict, Apply.
+"""The Bench page: the household's overlap, start a replay (background job, live progress), sessions, verdict, Apply.
 
 The job runs app.verdict.replay.run_bench in one background thread per `hearth serve` (a second
 Start while one runs is refused with 409); its progress lives in memory and its runs in the store
-as each one ends. Views read the store; Apply is a POST with CSRF that changes runner settings and
-records who applied what.
+as each one ends. When the job ends, the progress poll's last answer also swaps in the finished
+session and the past-runs list (htmx out-of-band), so the page shows it without a reload. Views
+read the store; Apply is a POST with CSRF that changes runner settings and records who applied what;
+a verdict's "measure" is a Start with the levels, modes and slots it names.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from app.gateway.context import services
 from app.llama_tools import stock_llama_server
 from app.store.models import BenchRun, BenchSession
 from app.verdict import sessions as store
+from app.verdict.decide import thresholds_from
+from app.verdict.overlap import BUCKET_LABELS, BUCKETS, MAX_LEVEL, describe_burst, is_rare
+from app.verdict.overlap import traffic as read_traffic
 from app.verdict.replay import HEARTH_MODES, BenchConfig, run_bench, total_runs
 from app.verdict.results import RunResult, request_times
 from app.verdict.scenarios import ScenarioError, load_scenario, shipped_names
@@ -41,7 +46,9 @@ log = logging.getLogger(__name__)
 
 bp = Blueprint("bench", __name__)
 
-MAX_LEVEL = 64
+MAX_SLOTS = 256
+TRAFFIC_DAYS = BenchConfig.traffic_days
+MAX_BURSTS_SHOWN = 5
 CHART_METRICS = {"gen_tok_s": "tok/s", "ttft_p95_ms": "ms", "kv_peak_util": "", "kv_mean_util": "",
                  "completion_p95_ms": "ms"}
 # htmx stops polling on this status (the partial then stays as it is).
@@ -66,14 +73,15 @@ def _jobs() -> dict:
     return current_app.extensions.setdefault("hearth_bench", {"job": None, "lock": threading.Lock()})
 
 
-def _levels(text: str) -> tuple[int, ...]:
+def _counts(text: str, what: str, most: int) -> tuple[int, ...]:
+    """Comma-separated whole numbers between 1 and `most`, or a 400 that says so."""
     try:
-        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+        values = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
     except ValueError:
-        abort(400, description=f"levels: comma-separated whole numbers, e.g. 1,2,4,8 (got {text!r})")
-    if not levels or min(levels) < 1 or max(levels) > MAX_LEVEL:
-        abort(400, description=f"levels: between 1 and {MAX_LEVEL} (got {text!r})")
-    return levels
+        abort(400, description=f"{what}: comma-separated whole numbers, e.g. 1,2,4,8 (got {text!r})")
+    if not values or min(values) < 1 or max(values) > most:
+        abort(400, description=f"{what}: between 1 and {most} (got {text!r})")
+    return values
 
 
 def _start_thread(app, cfg: BenchConfig, job: BenchJob) -> threading.Thread:
@@ -81,6 +89,7 @@ def _start_thread(app, cfg: BenchConfig, job: BenchJob) -> threading.Thread:
 
     def progress(run: RunResult, done: int, total: int) -> None:
         job.done = done
+        job.total = total
         job.session_id = job.session_id or _session_of(sessions, run.run_id)
         rate = run.summary.get("gen_tok_s")
         job.last = f"{run.target} L={run.level}: {rate:.1f} tok/s" if rate else f"{run.target} L={run.level}"
@@ -110,32 +119,62 @@ def _session_of(sessions, run_id: int | None) -> int | None:
         return run.session_id if run else None
 
 
+def _series_names(runs: list[RunResult]) -> dict[tuple[str, int | None], str]:
+    """A series per target, or per target × slots where one target ran a level with several slot counts."""
+    swept = {r.target for r in runs if len({x.slots for x in runs if x.target == r.target and x.level == r.level}) > 1}
+    return {(r.target, r.slots): (f"{r.target} · {r.slots} slots" if r.target in swept else r.target) for r in runs}
+
+
 def _charts(runs: list[RunResult]) -> dict:
-    """{metric: {x: [levels], series: {target: [value per level]}}} for the page's uPlot charts."""
+    """{metric: {x: [levels], series: {name: [value per level]}, unit}} for the page's uPlot charts."""
     levels = sorted({r.level for r in runs})
+    names = _series_names(runs)
     out = {}
     for metric, unit in CHART_METRICS.items():
-        series = {}
-        for target in dict.fromkeys(r.target for r in runs):
-            by_level = {r.level: r.summary.get(metric) for r in runs if r.target == target}
-            series[target] = [by_level.get(lv) for lv in levels]
+        series: dict[str, list] = {}
+        for (target, slots), name in names.items():
+            by_level = {r.level: r.summary.get(metric) for r in runs if (r.target, r.slots) == (target, slots)}
+            line = series.setdefault(name, [None] * len(levels))
+            for i, lv in enumerate(levels):
+                if by_level.get(lv) is not None:
+                    line[i] = by_level[lv]
         out[metric] = {"x": levels, "series": series, "unit": unit}
     return out
 
 
-def _page_context(session_id: int | None) -> dict:
-    with services().sessions() as s:
-        past = store.list_sessions(s)
-        if session_id is None:
-            session_id = next((p.id for p in past if p.status == "done"), None)
-        current = s.get(BenchSession, session_id) if session_id is not None else None
-        if session_id is not None and current is None:
-            abort(404, description=f"no bench session {session_id}")
-        runs = store.load_runs(s, session_id) if current else []
-        applied = store.applied_history(s, limit=10)
+def _overlap_view(traffic: dict, rare_share: float) -> dict:
+    """The request log's overlap for the page: bars per bucket, bursts in words, the typical overlap."""
+    bars = [{"bucket": name, "label": BUCKET_LABELS[name], "share": traffic["busy_shares"][name],
+             "burst": low >= traffic["burst_overlap"]} for name, low in BUCKETS]
+    top = max((b["share"] for b in bars), default=0.0)
+    bursts = sorted(traffic["bursts"], key=lambda b: (-b["peak"], -b["requests"]))
+    return {"t": traffic, "bars": bars, "top": top or 1.0, "rare": is_rare(traffic, rare_share),
+            "bursts": [describe_burst(b) for b in bursts[:MAX_BURSTS_SHOWN]],
+            "more_bursts": max(0, len(bursts) - MAX_BURSTS_SHOWN)}
+
+
+def _session_context(s, session_id: int | None) -> dict:
+    """One session (the given one, else the latest done) and the past-runs list, for their partials."""
+    past = store.list_sessions(s)
+    if session_id is None:
+        session_id = next((p.id for p in past if p.status == "done"), None)
+    current = s.get(BenchSession, session_id) if session_id is not None else None
+    if session_id is not None and current is None:
+        abort(404, description=f"no bench session {session_id}")
+    runs = store.load_runs(s, session_id) if current else []
     return {"past": past, "current": current, "runs": runs, "charts": _charts(runs) if runs else None,
-            "applied": applied, "scenarios": shipped_names(), "modes": HEARTH_MODES, "job": _jobs()["job"],
-            "has_llama_server": _llama_server_path() is not None}
+            "applied": store.applied_history(s, limit=10), "scenarios": shipped_names()}
+
+
+def _page_context(session_id: int | None) -> dict:
+    from app.store.settings import all_settings
+
+    with services().sessions() as s:
+        ctx = _session_context(s, session_id)
+        t = thresholds_from(all_settings(s))
+        traffic = read_traffic(s, TRAFFIC_DAYS, burst_overlap=t.burst_overlap)
+    return {**ctx, "overlap": _overlap_view(traffic, t.rare_overlap_share), "modes": HEARTH_MODES,
+            "job": _jobs()["job"], "has_llama_server": _llama_server_path() is not None, "max_level": MAX_LEVEL}
 
 
 def _llama_server_path() -> str | None:
@@ -160,7 +199,9 @@ def start():
     scenario = request.form.get("scenario", "household")
     if scenario not in shipped_names():
         abort(400, description=f"scenario: one of {', '.join(shipped_names())} (got {scenario!r})")
-    levels = _levels(request.form.get("levels", "1,2,4,8"))
+    levels = _counts(request.form.get("levels", "1,2,4,8"), "levels", MAX_LEVEL)
+    slots_text = request.form.get("slots", "").strip()
+    slots = _counts(slots_text, "slots", MAX_SLOTS) if slots_text else None
     modes = tuple(m for m in HEARTH_MODES if request.form.get(f"mode_{m}"))
     llama = _llama_server_path() if request.form.get("llama_server") else None
     if not modes and not llama:
@@ -174,7 +215,7 @@ def start():
 
         threads = get_setting(s, "runner_threads")
     cfg = BenchConfig(scenario=scenario, levels=levels, modes=modes, model_path=str(model), llama_server=llama,
-                      **({"threads": int(threads)} if threads else {}))
+                      slots=slots, **({"threads": int(threads)} if threads else {}))
     with jobs["lock"]:
         job = jobs["job"]
         if job is not None and not job.finished:
@@ -193,10 +234,21 @@ def start():
 @bp.get("/bench/progress")
 @login_required
 def progress():
-    """The live progress partial; answers 286 once the job is over so htmx stops polling."""
+    """The live progress partial; once the job is over, 286 (htmx stops polling) with the finished session swapped in."""
     job = _jobs()["job"]
     body = render_template("bench/_progress.html", job=job)
-    return body, (STOP_POLLING if job is None or job.finished else 200)
+    if job is None:
+        return body, STOP_POLLING
+    if not job.finished:
+        return body, 200
+    if job.session_id is not None:
+        # The last poll also replaces the session shown and the past runs, out of band, so the
+        # page shows the session that just finished instead of the one it was opened on.
+        with services().sessions() as s:
+            ctx = _session_context(s, job.session_id)
+        body += render_template("bench/_session.html", oob=True, **ctx)
+        body += render_template("bench/_past.html", oob=True, **ctx)
+    return body, STOP_POLLING
 
 
 @bp.get("/bench/sessions/<int:session_id>/chart/<metric>.json")

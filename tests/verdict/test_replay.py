@@ -13,7 +13,7 @@ from app.policy import ClassPolicy
 from app.store.db import open_store
 from app.store.models import BenchApplied, Model, RunnerSettings
 from app.verdict import sessions as store
-from app.verdict.decide import Recommendation, Verdict
+from app.verdict.decide import HouseholdOverlap, Recommendation, Verdict
 from app.verdict.replay import format_table
 from app.verdict.results import RunResult, request_times, summarise
 from app.verdict.scenarios import (
@@ -142,7 +142,8 @@ def test_summary_from_raw_rows():
     assert s["preemptions"] == 2 and s["peak_running"] == 2
     # One sample of three had requests in flight on an idle device.
     assert s["util_gap_share"] == pytest.approx(1 / 3)
-    assert "voice" in format_table([RunResult("serial", "hearth", 2, ROWS, SAMPLES, s)])
+    table = format_table([RunResult("serial", "hearth", 2, ROWS, SAMPLES, s, slots=4)])
+    assert "voice" in table and "slots" in table.splitlines()[0] and "S=4" in table
 
 
 def test_summary_without_server_metrics_says_na():
@@ -153,14 +154,15 @@ def test_summary_without_server_metrics_says_na():
 
 def test_store_round_trip_recomputes_the_live_summary(tmp_path):
     engine, sessions = open_store(tmp_path)
-    live = RunResult("continuous", "hearth", 2, ROWS, SAMPLES, summarise(ROWS, SAMPLES, POLICIES))
+    live = RunResult("continuous", "hearth", 2, ROWS, SAMPLES, summarise(ROWS, SAMPLES, POLICIES), slots=16)
     with sessions() as s:
         sid = store.create_session(s, "household", "gemma", {"classes": {n: p.__dict__ for n, p in POLICIES.items()}})
         run_id = store.save_run(s, sid, live)
     with sessions() as s:
         (back,) = store.load_runs(s, sid)
     assert back.run_id == run_id == live.run_id
-    assert back.requests == ROWS
+    assert back.requests == ROWS and back.slots == 16
+    assert store.evidence([back])[0]["slots"] == 16
     assert back.summary == live.summary
     doc = json.loads(json.dumps(store.document("household", {}, None, [back], sid)))
     assert doc["summaries"][0]["summary"]["gen_tok_s"] == 12.0 and len(doc["raw"][0]["requests"]) == 4
@@ -172,7 +174,7 @@ def test_store_round_trip_recomputes_the_live_summary(tmp_path):
 
 def test_apply_updates_runner_settings_and_records_who(tmp_path):
     engine, sessions = open_store(tmp_path)
-    verdict = Verdict(4, "default", 4, (
+    verdict = Verdict(HouseholdOverlap(4, "default", "default", "no traffic"), 4, (
         Recommendation("continuous", "Use continuous", ("r",), {"gain": 1.5}, (1,), {"mode": "continuous"}),
         Recommendation("smaller_slots", "Fewer slots", ("r",), {}, (2,), {"parallel": 2}),
         Recommendation("insufficient", "No verdict", ("r",), {}, (), None),
@@ -211,7 +213,8 @@ def test_cli_arguments():
     args = build_parser().parse_args(["bench", "replay", "--levels", "1,2", "--modes", "serial", "--llama-server",
                                       "--json", "x.json"])
     assert args.levels == [1, 2] and args.modes == ["serial"] and args.llama_server == "auto"
-    assert args.scenario == "household" and args.ctx == 8192 and args.parallel == 8
+    assert args.scenario == "household" and args.ctx == 8192 and args.parallel == 8 and args.slots is None
+    assert build_parser().parse_args(["bench", "replay", "--slots", "4,8,16"]).slots == [4, 8, 16]
     assert build_parser().parse_args(["bench", "replay", "--modes", "none"]).modes == ["none"]
     assert build_parser().parse_args(["traffic"]).days == 7.0
     with pytest.raises(SystemExit):

@@ -33,13 +33,13 @@ output_tokens = [6, 8]
 
 @pytest.fixture(scope="module")
 def bench(gemma_path, tmp_path_factory):
-    """One session: levels 1 and 2 on continuous, serial and static runners."""
+    """One session: levels 1, 2 and 4 on continuous, serial and static runners of 2 slots (4 for level 4)."""
     data = tmp_path_factory.mktemp("bench-data")
     scenario = data / "tiny.toml"
     scenario.write_text(TINY)
     engine, sessions = open_store(data)
     seen = []
-    cfg = BenchConfig(scenario=str(scenario), levels=(1, 2), model_path=str(gemma_path), n_ctx=1024, parallel=2,
+    cfg = BenchConfig(scenario=str(scenario), levels=(1, 2, 4), model_path=str(gemma_path), n_ctx=1024, parallel=2,
                       n_batch=256, threads=2)
     outcome = run_bench(cfg, sessions, progress=lambda run, done, total: seen.append((done, total)))
     yield outcome, sessions, seen
@@ -48,11 +48,14 @@ def bench(gemma_path, tmp_path_factory):
 
 def test_every_mode_and_level_ran_with_progress(bench):
     outcome, _, seen = bench
-    assert [(r.target, r.level) for r in outcome.runs] == [
-        (m, lv) for lv in (1, 2) for m in ("continuous", "serial", "static")]
-    assert seen == [(i, 6) for i in range(1, 7)]
+    assert [(r.target, r.level, r.slots) for r in outcome.runs] == [
+        (m, lv, 2 if lv <= 2 else 4) for lv in (1, 2, 4) for m in ("continuous", "serial", "static")]
+    assert seen == [(i, 9) for i in range(1, 10)]
     c = outcome.constants
     assert (c["n_ctx"], c["parallel"], c["n_batch"], c["threads"]) == (1024, 2, 256, 2)
+    # Level 4 ran on runners with 4 slots and as many KV cells per slot.
+    assert [(g["slots"], g["n_ctx"], g["levels"]) for g in c["runner_plan"]["groups"]] == [
+        (2, 1024, [1, 2]), (4, 2048, [4])]
     assert c["model_sha256"] and c["prompt_lengths"].startswith("exact") and c["machine"]["cores"] >= 1
 
 
@@ -101,27 +104,40 @@ def test_stored_raw_rows_recompute_the_live_summaries_and_the_verdict_links_them
         back = store.load_runs(s, outcome.session_id)
         row = s.get(BenchSession, outcome.session_id)
         assert row.status == "done"
-        assert s.query(BenchRequest).join(BenchRun).filter(BenchRun.session_id == outcome.session_id).count() == 9
+        assert s.query(BenchRequest).join(BenchRun).filter(BenchRun.session_id == outcome.session_id).count() == 21
         stored_verdict = row.verdict
     assert [b.summary for b in back] == [r.summary for r in outcome.runs]
     assert stored_verdict == json.loads(json.dumps(outcome.verdict.as_dict()))
     run_ids = {r.run_id for r in outcome.runs}
+    # An empty request log: judged at the default overlap (4), which this session measured.
+    assert (stored_verdict["household_overlap"], stored_verdict["statistic"], stored_verdict["level"]) == (
+        4, "default", 4)
     rec = stored_verdict["recommendations"][0]
     assert rec["kind"] in ("continuous", "serial", "smaller_budget") and set(rec["evidence"]) <= run_ids
-    assert rec["evidence"]
+    assert {r.level for r in outcome.runs if r.run_id in rec["evidence"]} == {4}
 
 
-def test_cli_replay_writes_json_and_csv(gemma_path, tmp_path, monkeypatch, capsys):
+def test_cli_replay_sweeps_slots_and_writes_json_and_csv(gemma_path, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HEARTH_DATA", str(tmp_path / "data"))
     (tmp_path / "tiny.toml").write_text(TINY)
-    rc = main(["bench", "replay", "--scenario", str(tmp_path / "tiny.toml"), "--levels", "1", "--modes", "continuous",
-               "--model", str(gemma_path), "--ctx", "512", "--parallel", "2", "--batch", "128", "--threads", "2",
-               "--json", str(tmp_path / "out.json"), "--csv", str(tmp_path / "out.csv")])
+    rc = main(["bench", "replay", "--scenario", str(tmp_path / "tiny.toml"), "--levels", "2", "--slots", "1,2",
+               "--modes", "continuous,serial", "--model", str(gemma_path), "--ctx", "512", "--parallel", "2",
+               "--batch", "128", "--threads", "2", "--json", str(tmp_path / "out.json"),
+               "--csv", str(tmp_path / "out.csv")])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "held constant" in out and "verdict" in out and "continuous" in out
+    assert "held constant" in out and "verdict" in out and "household overlap" in out
+    assert "1 slots, 256 KV cells: levels [2], modes continuous, serial" in out
+    assert "2 slots, 512 KV cells: levels [2], modes continuous" in out
     doc = json.loads((tmp_path / "out.json").read_text())
-    assert [(s["mode"], s["level"]) for s in doc["summaries"]] == [("continuous", 1)]
-    assert doc["constants"]["n_ctx"] == 512 and doc["verdict"]["recommendations"][0]["kind"] == "insufficient"
-    assert len(doc["raw"][0]["requests"]) == 1
-    assert (tmp_path / "out-requests.csv").read_text().count("\n") == 2
+    # Serial runs one request at a time whatever its slots: measured once.
+    assert [(s["mode"], s["level"], s["slots"]) for s in doc["summaries"]] == [
+        ("continuous", 2, 1), ("serial", 2, 1), ("continuous", 2, 2)]
+    assert doc["constants"]["n_ctx"] == 512
+    # Level 2, below the default overlap of 4: no verdict, and the run that would give one.
+    rec = doc["verdict"]["recommendations"][0]
+    assert rec["kind"] == "not_enough_evidence" and rec["measure"] == {"levels": [1, 2, 4],
+                                                                     "modes": ["continuous", "serial"]}
+    assert "--levels 1,2,4 --modes continuous,serial" in out
+    assert [len(r["requests"]) for r in doc["raw"]] == [2, 2, 2]
+    assert (tmp_path / "out-requests.csv").read_text().count("\n") == 7

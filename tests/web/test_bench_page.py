@@ -1,16 +1,18 @@
 """The Bench page: start (background job, live progress that stops itself), sessions, charts, evidence, Apply."""
 
 import json
+import re
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
 
 from app.gateway.context import services
-from app.store.models import BenchApplied, Model, RunnerSettings
+from app.store.models import BenchApplied, Model, RequestRecord, RunnerSettings, utcnow
 from app.verdict import sessions as store
-from app.verdict.decide import Recommendation, Verdict
+from app.verdict.decide import HouseholdOverlap, Recommendation, Verdict
 from app.verdict.results import RunResult, summarise
 from app.web import bench as bench_page
 
@@ -38,9 +40,9 @@ def make_session(app, verdict=True):
         for level in (1, 2):
             for mode, scale in (("continuous", 1.0), ("serial", 2.0)):
                 rows = [dict(r, end_s=r["end_s"] * scale * level) for r in ROWS]
-                run = RunResult(mode, "hearth", level, rows, SAMPLES, summarise(rows, SAMPLES, policies))
+                run = RunResult(mode, "hearth", level, rows, SAMPLES, summarise(rows, SAMPLES, policies), slots=8)
                 run_ids.append(store.save_run(s, sid, run))
-        v = Verdict(2, "default", 2, (
+        v = Verdict(HouseholdOverlap(2, "default", "default (no traffic in the request log yet)", "no traffic"), 2, (
             Recommendation("continuous", "Use continuous batching (1.50× at overlap 2)", ("gain 1.50×",),
                            {"gain": 1.5}, (run_ids[2], run_ids[3]), {"mode": "continuous"}),
             Recommendation("smaller_slots", "Fewer parallel slots", ("flat",), {"knee": 2}, (run_ids[2],),
@@ -127,6 +129,7 @@ def test_start_runs_in_the_background_and_polling_stops_when_done(app, admin, cs
         release.wait(10)
         with sessions() as s:
             sid = store.create_session(s, "household", "gemma", {})
+            seen["sid"] = sid
             run = RunResult("continuous", "hearth", 1, ROWS, SAMPLES, summarise(ROWS, SAMPLES, {}))
             store.save_run(s, sid, run)
             store.finish_session(s, sid, None)
@@ -155,7 +158,13 @@ def test_start_runs_in_the_background_and_polling_stops_when_done(app, admin, cs
         assert time.monotonic() < deadline
         time.sleep(0.05)
     done = p.get_data(as_text=True)
-    assert "Done" in done and "hx-trigger" not in done and "See session" in done
+    sid = seen["sid"]
+    assert "Done" in done and "hx-trigger" not in done and "see session" in done
+    # The last poll brings the finished session and the past runs with it, to swap in out of band.
+    current = done[done.index('<div id="bench-current" hx-swap-oob="true">'):]
+    assert f'id="bench-session" data-session="{sid}" data-status="done"' in current
+    past = done[done.index('<section class="card" id="bench-past" hx-swap-oob="true">'):]
+    assert f'data-session="{sid}">' in past and '<td class="past-status">done</td>' in past
 
 
 def test_a_failed_job_says_so_on_the_page_and_keeps_its_traceback_in_the_log(admin, csrf_token, monkeypatch, caplog):
@@ -186,3 +195,99 @@ def test_start_refuses_bad_input(admin, csrf_token):
         r = admin.post("/bench/start", data={"csrf_token": token, **data})
         assert r.status_code == 400 and message in r.get_data(as_text=True)
     assert admin.get("/bench/progress").status_code == 286  # nothing started
+
+
+def log_burst(app, singles=20, burst=24):
+    """A request log of one-at-a-time chat over the last hours and one background job of `burst` at once."""
+    now = utcnow()
+    with services(app).sessions() as s:
+        for i in range(singles):
+            s.add(RequestRecord(arrival_at=now - timedelta(minutes=10 * (i + 1)), total_ms=5000, class_name="chat",
+                                model="gemma", status="ok"))
+        for i in range(burst):
+            s.add(RequestRecord(arrival_at=now - timedelta(hours=5), total_ms=30_000 + 100 * i,
+                                class_name="background", model="gemma", status="ok"))
+        s.commit()
+
+
+def test_the_page_shows_the_households_overlap_with_bursts_named_apart(app, admin):
+    html = admin.get("/bench").get_data(as_text=True)
+    assert "Household overlap" in html and "No requests in the request log yet" in html
+    log_burst(app)
+    html = admin.get("/bench").get_data(as_text=True)
+    # One bar per bucket; the burst's time is at 16–31 at once, the rest at 1.
+    for bucket in ("1", "2", "4", "8", "16", "32+"):
+        assert f'data-bucket="{bucket}"' in html
+    assert ">16–31</span>" in html and ">32+</span>" in html
+    assert '<strong id="overlap-typical">1</strong>' in html
+    assert "1 burst</strong> of 8 or more at once" in html
+    assert "24 requests, up to 24 at once (background 24)" in html
+
+
+def test_not_enough_evidence_offers_exactly_the_run_that_settles_it(app, admin, csrf_token, monkeypatch):
+    from app.store.settings import all_settings
+    from app.verdict.decide import decide, thresholds_from
+    from app.verdict.overlap import traffic
+
+    log_burst(app)
+    h = services(app)
+    with h.sessions() as s:
+        policies = store.policies(s)
+        sid = store.create_session(s, "household", h.catalog.default_model.stem, {"scenario_kind": "mix"})
+        for level in (1, 2):
+            for mode in ("continuous", "serial"):
+                rows = [dict(r, end_s=r["end_s"] * level) for r in ROWS]
+                store.save_run(s, sid, RunResult(mode, "hearth", level, rows, SAMPLES,
+                                                 summarise(rows, SAMPLES, policies), slots=8))
+        t = thresholds_from(all_settings(s))
+        v = decide(store.evidence(store.load_runs(s, sid)), policies, t, traffic(s, 7), {"parallel": 8})
+        store.finish_session(s, sid, json.loads(json.dumps(v.as_dict())))
+    html = admin.get(f"/bench?session={sid}").get_data(as_text=True)
+    assert "Not enough evidence: measure at 32" in html and "Apply: mode = serial" not in html
+    assert "peak of the largest burst" in html and "Not judged: no measured level reaches it." in html
+    form = html[html.index('<form class="bench-measure"'):]
+    form = form[:form.index("</form>")]
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form))
+    assert fields.pop("csrf_token")
+    assert fields == {"scenario": "household", "levels": "1,2,4,8,16,32", "mode_continuous": "1", "mode_serial": "1"}
+    seen = {}
+
+    def fake_run_bench(cfg, sessions, progress=None, log=None):
+        seen["cfg"] = cfg
+        raise RuntimeError("not today")
+
+    monkeypatch.setattr(bench_page, "run_bench", fake_run_bench)
+    r = admin.post("/bench/start", data={"csrf_token": csrf_token(admin, "/bench"), **fields},
+                   headers={"HX-Request": "true"})
+    assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    while "cfg" not in seen:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert seen["cfg"].levels == (1, 2, 4, 8, 16, 32) and seen["cfg"].modes == ("continuous", "serial")
+    assert seen["cfg"].slots is None
+
+
+def test_slots_are_swept_from_the_form_and_drawn_apart(app, admin, csrf_token, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(bench_page, "run_bench", lambda cfg, sessions, progress=None, log=None: seen.setdefault("cfg", cfg))
+    token = csrf_token(admin, "/bench")
+    bad = admin.post("/bench/start", data={"csrf_token": token, "mode_serial": "1", "slots": "0,4"})
+    assert bad.status_code == 400 and "slots" in bad.get_data(as_text=True)
+    assert admin.post("/bench/start", data={"csrf_token": token, "mode_continuous": "1", "levels": "8",
+                                            "slots": "4, 8"}).status_code == 302
+    deadline = time.monotonic() + 10
+    while "cfg" not in seen:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert seen["cfg"].slots == (4, 8)
+    h = services(app)
+    with h.sessions() as s:
+        sid = store.create_session(s, "household", "gemma", {})
+        for mode, slots in (("continuous", 4), ("continuous", 8), ("serial", 4)):
+            store.save_run(s, sid, RunResult(mode, "hearth", 8, ROWS, SAMPLES, summarise(ROWS, SAMPLES, {}), slots=slots))
+        store.finish_session(s, sid, None)
+    chart = admin.get(f"/bench/sessions/{sid}/chart/gen_tok_s.json").get_json()
+    assert set(chart["series"]) == {"continuous · 4 slots", "continuous · 8 slots", "serial"}
+    html = admin.get(f"/bench?session={sid}").get_data(as_text=True)
+    assert '<td class="right">8</td><td class="right">4</td>' in html  # L and slots columns
