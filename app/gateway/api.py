@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from flask import Blueprint, Response, current_app, request, stream_with_context
 from pydantic import BaseModel
 
-from app.engine.api import MAX_BODY_BYTES, ApiError, ChatBody, CompletionBody, parse_body, too_large
+from app.engine.api import MAX_BODY_BYTES, ApiError, ChatBody, CompletionBody, EmbeddingBody, parse_body, too_large
 from app.gateway import relay
 from app.gateway.admission import QueueFull, QueueTimeout, Ticket
 from app.gateway.auth import Principal, bearer_token
@@ -116,6 +116,12 @@ def chat_completions():
 def completions():
     """OpenAI text completions through the household's classes."""
     return _serve(CompletionBody, "/v1/completions")
+
+
+@bp.post("/v1/embeddings")
+def embeddings():
+    """OpenAI embeddings through the household's classes (the model's runner embeds them)."""
+    return _serve(EmbeddingBody, "/v1/embeddings")
 
 
 @bp.get("/v1/models")

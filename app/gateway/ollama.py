@@ -22,7 +22,7 @@ from typing import Any
 from flask import Blueprint, Response, request
 from pydantic import ValidationError
 
-from app.engine.api import ApiError, ChatBody, CompletionBody, validation_error
+from app.engine.api import ApiError, ChatBody, CompletionBody, EmbeddingBody, validation_error
 from app.engine.chat import load_chat_template
 from app.gateway.api import _authenticate, _serve, hearth
 from app.gguf_meta import GgufArray, GgufError, read_metadata
@@ -384,6 +384,34 @@ class Shape:
         yield _ndjson(self._line("", True, done_reason=_done_reason(finish), **_stats(usage, timings, self.started_s)))
 
 
+class EmbedShape(Shape):
+    """/api/embed (many inputs) or the older /api/embeddings (one prompt) as /v1/embeddings."""
+
+    def parse(self, schema):
+        """The Ollama body as an OpenAI embeddings body."""
+        if self.kind == "embeddings":
+            inputs = self.body.get("prompt")
+        else:
+            inputs = self.body.get("input")
+        openai_body = {"model": _catalog_name(self.body["model"]), "input": inputs}
+        for key in ("truncate", "dimensions"):
+            if self.body.get(key) is not None:
+                openai_body[key] = self.body[key]
+        try:
+            return schema.model_validate(openai_body), openai_body
+        except ValidationError as exc:
+            raise validation_error(exc)
+
+    def answer(self, payload: dict) -> dict:
+        """Vectors in Ollama's shape."""
+        vectors = [d["embedding"] for d in sorted(payload.get("data") or [], key=lambda d: d["index"])]
+        if self.kind == "embeddings":
+            return {"embedding": vectors[0] if vectors else []}
+        usage = payload.get("usage") or {}
+        return {"model": self.model, "embeddings": vectors, "total_duration": int((time.monotonic() - self.started_s) * 1e9),
+                "load_duration": 0, "prompt_eval_count": usage.get("prompt_tokens", 0)}
+
+
 def _ndjson(obj: dict) -> bytes:
     return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
 
@@ -597,6 +625,26 @@ def chat():
 def generate():
     """Ollama generate through the household's classes: the prompt in the model's template, or raw."""
     return _generation("generate")
+
+
+def _embedding(kind: str):
+    _authenticate()
+    body = _json_body()
+    body["model"] = _model_field(body)
+    _apply_keep_alive(_catalog_name(body["model"]), body)
+    return _serve(EmbeddingBody, "/v1/embeddings", EmbedShape(kind, body, body["model"]))
+
+
+@bp.post("/api/embed")
+def embed():
+    """Embeddings of one input or many (batched by the model's runner), L2-normalised."""
+    return _embedding("embed")
+
+
+@bp.post("/api/embeddings")
+def embeddings():
+    """The older single-prompt embeddings endpoint."""
+    return _embedding("embeddings")
 
 
 @bp.post("/api/create")

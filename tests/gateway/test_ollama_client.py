@@ -157,3 +157,34 @@ def test_tools_with_arguments_as_objects(client):
     messages += [r.message, {"role": "tool", "content": str(result), "tool_name": call.function.name}]
     again = client.chat(model=DEFAULT, messages=messages, tools=[add_two_numbers], options=SHORT, stream=False)
     assert again.done
+
+
+def test_embed_many_and_the_older_single_prompt(client):
+    r = client.embed(model=DEFAULT, input=["The cat sat on the mat.", "Quarterly revenue grew."])
+    assert len(r.embeddings) == 2 and len(r.embeddings[0]) == 640 and r.prompt_eval_count > 4
+    assert abs(sum(x * x for x in r.embeddings[0]) - 1) < 1e-4
+    one = client.embed(model=f"{DEFAULT}:latest", input="The cat sat on the mat.")
+    assert sum(a * b for a, b in zip(one.embeddings[0], r.embeddings[0])) > 0.999
+    old = client.embeddings(model=DEFAULT, prompt="The cat sat on the mat.")
+    assert len(old.embedding) == 640
+    short = client.embed(model=DEFAULT, input="The cat", dimensions=64)
+    assert len(short.embeddings[0]) == 64
+
+
+def test_openai_client_embeddings_create(oserve):
+    import base64
+
+    import numpy as np
+    import openai
+
+    with openai.OpenAI(base_url=oserve.url + "/v1", api_key=oserve.tokens["alice"], max_retries=0) as c:
+        r = c.embeddings.create(model=DEFAULT, input=["Hello there", "General Kenobi"])
+        assert [d.index for d in r.data] == [0, 1] and len(r.data[0].embedding) == 640
+        assert r.usage.prompt_tokens > 2
+        raw = c.embeddings.create(model=DEFAULT, input="Hello there", encoding_format="base64")
+        # Asked for explicitly, base64 comes back as sent: little-endian float32, the same vector.
+        vec = np.frombuffer(base64.b64decode(raw.data[0].embedding), dtype="<f4")
+        # Alone or batched with another input, the vector agrees to float noise.
+        assert vec.shape == (640,) and float(vec @ np.array(r.data[0].embedding)) > 0.999
+        with pytest.raises(openai.BadRequestError):
+            c.embeddings.create(model=DEFAULT, input="Hi", dimensions=10_000)
