@@ -137,7 +137,39 @@ def run(args) -> int:
     return 0
 
 
+def pull_model(s, data: Path, source: str) -> Path:
+    """`hearth models pull SOURCE`: download a GGUF into the models folder with a progress bar, checked
+    against the disk and the memory budget (the runner settings of the store) before the weights come."""
+    from tqdm import tqdm
+
+    from app.residency.budget import detect_budget
+    from app.residency.library import PullError, budget_refusal, pull, resolve
+    from app.store.settings import get_setting
+
+    ctx, parallel, batch = (int(get_setting(s, f"runner_{k}")) for k in ("ctx", "parallel", "batch"))
+    limit, reserve = get_setting(s, "memory_limit_mb"), get_setting(s, "memory_reserve_mb")
+    budget = detect_budget(reserve_bytes=None if reserve is None else int(reserve) * MIB,
+                           limit_bytes=None if limit is None else int(limit) * MIB).usable_bytes
+    models_dir = Path(get_setting(s, "models_dir") or _models_dir(data)).expanduser()
+    if os.environ.get("HEARTH_MODELS_DIR"):
+        models_dir = _models_dir(data)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        src = resolve(source, get_setting(s, "hf_endpoint"))
+        with tqdm(total=src.size_bytes, unit="B", unit_scale=True, desc=src.filename, file=sys.stderr) as bar:
+            def progress(p) -> None:
+                bar.total = p.total_bytes
+                bar.update(p.done_bytes - bar.n)
+
+            return pull(src, models_dir, lambda m: budget_refusal(m, ctx, parallel, batch, budget), progress)
+    except PullError as exc:
+        raise AdminError(str(exc))
+
+
 def _models(args, s, data: Path) -> None:
+    if args.models_command == "pull":
+        print(pull_model(s, data, args.source))
+        return
     if args.models_command == "list":
         from app.residency.catalog import scan
         from app.residency.estimate import estimate_memory

@@ -22,8 +22,10 @@ from app.residency.budget import detect_budget
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import estimate_memory
+from app.residency.library import Library, budget_refusal
 from app.residency.manager import (
     Lease,
+    ModelBusy,
     ModelLoadFailed,
     ModelSpec,
     NotEnoughMemory,
@@ -96,6 +98,8 @@ class Hearth:
         self._specs: dict[str, ModelSpec] = {}
         self._aliases: dict[str, str] = {}
         self.residency = ResidencyManager(self.model_specs, self.budget_bytes, self.on_residency_event)
+        self.library = Library(models_dir or data_dir / "models", self.pull_refusal, lambda path: self.rescan(),
+                               endpoint=lambda: self.setting("hf_endpoint"))
         self.metrics = GatewayMetrics(self)
         self.rescan()
 
@@ -160,6 +164,26 @@ class Hearth:
         """How far the background assembly of the default model is (phase, bytes, percent, error); None when ready."""
         assembly = self.default_model_assembly
         return None if assembly is None else assembly.progress()
+
+    def pull_refusal(self, metadata) -> str | None:
+        """Why a model being pulled (its header arrived) cannot be served or would not fit the budget; None if it can."""
+        ctx, parallel, batch = (int(self.setting(f"runner_{k}")) for k in ("ctx", "parallel", "batch"))
+        return budget_refusal(metadata, ctx, parallel, batch, self.budget_bytes())
+
+    def delete_model(self, name: str) -> Path:
+        """Delete a model file of the models folder (unloaded first; refused while it serves); its path."""
+        entry = next((e for e in self.catalog if e.name == name), None)
+        if entry is None:
+            raise ApiError(404, f"model '{name}' not found", param="model", code="model_not_found")
+        if entry.source != "folder":
+            raise ApiError(409, f"'{name}' is Hearth's embedded default model: it is not deleted", code="model_embedded")
+        try:
+            self.residency.unload(name, "deleted")
+        except ModelBusy as exc:
+            raise ApiError(409, f"'{name}' is busy ({exc}); delete it when it is idle", code="model_busy")
+        Path(entry.path).unlink(missing_ok=True)
+        self.rescan()
+        return Path(entry.path)
 
     def model_specs(self) -> dict[str, ModelSpec]:
         """Servable models by name (cheap: rebuilt only on rescan)."""

@@ -19,14 +19,16 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, request, stream_with_context
 from pydantic import ValidationError
+from sqlalchemy import select
 
 from app.engine.api import ApiError, ChatBody, CompletionBody, EmbeddingBody, validation_error
 from app.engine.chat import load_chat_template
 from app.gateway.api import _authenticate, _serve, hearth
 from app.gguf_meta import GgufArray, GgufError, read_metadata
 from app.residency.manager import ModelBusy, UnknownModel
+from app.store import models as db
 
 bp = Blueprint("ollama", __name__)
 
@@ -35,6 +37,7 @@ OLLAMA_VERSION = "0.12.6"
 DEFAULT_TAG = "latest"
 NDJSON = "application/x-ndjson"
 NS_PER_MS = 1_000_000
+PULL_POLL_S = 0.25
 # What /api/ps says for a model that never expires (pinned, or keep_alive -1), as Ollama does.
 NEVER = datetime(2318, 1, 1, tzinfo=UTC)
 # Ollama's option names with their OpenAI (and Hearth) names; other options are ignored, as Ollama
@@ -645,6 +648,82 @@ def embed():
 def embeddings():
     """The older single-prompt embeddings endpoint."""
     return _embedding("embeddings")
+
+
+def _may_manage() -> None:
+    _authenticate()
+    if not hearth().setting("api_manage_models"):
+        raise ApiError(403, "changing the models folder through the API is off; the household's admin can turn on "
+                            "the setting api_manage_models, or pull and delete on the dashboard's Models page",
+                       code="manage_models_off", err_type="permission_error")
+
+
+def pull_lines(p) -> Iterator[dict]:
+    """A pull's progress as Ollama's NDJSON statuses, until it ends (success or an error line)."""
+    yield {"status": "pulling manifest"}
+    while p.state == "resolving":
+        time.sleep(PULL_POLL_S)
+    while p.state == "downloading":
+        digest = f"sha256:{p.sha256}" if p.sha256 else ""
+        yield {"status": f"pulling {p.filename}", "digest": digest, "total": p.total_bytes or 0,
+               "completed": p.done_bytes}
+        time.sleep(PULL_POLL_S)
+    while p.state == "verifying":
+        time.sleep(PULL_POLL_S)
+    if p.state != "done":
+        yield {"error": p.error or f"the pull {p.state}"}
+        return
+    yield {"status": f"pulling {p.filename}", "digest": f"sha256:{p.sha256}", "total": p.total_bytes or p.done_bytes,
+           "completed": p.done_bytes}
+    yield {"status": "verifying sha256 digest"}
+    yield {"status": "writing manifest"}
+    yield {"status": "success"}
+
+
+@bp.post("/api/pull")
+def pull():
+    """Pull a GGUF (hf.co/owner/repo:QUANT, owner/repo/file.gguf or a URL) into the models folder, with progress."""
+    _may_manage()
+    body = _json_body()
+    p = hearth().library.start(_model_field(body))
+    if body.get("stream") is not False:
+        # The pull runs on its own thread; this response only reports on it, so a client that
+        # goes away leaves the download going (the dashboard shows it).
+        return Response(stream_with_context(_ndjson(line) for line in pull_lines(p)), mimetype=NDJSON)
+    lines = list(pull_lines(p))
+    if "error" in lines[-1]:
+        status = 507 if "disk" in lines[-1]["error"] else 409 if p.state == "refused" else 502
+        raise ApiError(status, lines[-1]["error"], code="pull_" + p.state)
+    return lines[-1]
+
+
+@bp.delete("/api/delete")
+def delete():
+    """Delete a model file (refused while it serves, and for the embedded default model)."""
+    _may_manage()
+    hearth().delete_model(_catalog_name(_model_field(_json_body())))
+    return {}
+
+
+@bp.post("/api/copy")
+def copy():
+    """Ollama's copy, as Hearth's alias: the destination name becomes another name of the source."""
+    _may_manage()
+    body = _json_body()
+    source = _catalog_name(body.get("source") or "")
+    destination = body.get("destination")
+    if not isinstance(destination, str) or not destination:
+        raise ApiError(400, "'destination' is required", param="destination")
+    alias = destination.removesuffix(f":{DEFAULT_TAG}")
+    h = hearth()
+    if alias in h.model_specs() or h._aliases.get(alias, source) != source:
+        raise ApiError(409, f"'{destination}' already names another model", param="destination")
+    with h.sessions() as s:
+        row = s.scalar(select(db.Model).where(db.Model.name == source))
+        row.alias = alias
+        s.commit()
+    h.rescan()
+    return {}
 
 
 @bp.post("/api/create")

@@ -35,6 +35,8 @@ REGISTRY = {
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned"),
         SettingDef("models_dir", None, "folder scanned for .gguf models (default: <data>/models; $HEARTH_MODELS_DIR wins; restart to apply)"),
         SettingDef("bind", None, "host:port hearth serve listens on (default 127.0.0.1:8080; --bind and $HEARTH_BIND win; restart to apply)"),
+        SettingDef("hf_endpoint", None, "Hugging Face endpoint models are pulled from (a mirror's URL; default: $HF_ENDPOINT, else huggingface.co)"),
+        SettingDef("api_manage_models", False, "let API tokens pull, copy and delete models through Ollama's /api/pull, /api/copy and /api/delete (the dashboard and `hearth models pull` always can)"),
         SettingDef("status_public", False, "show the phone status page (/status) without the admin login"),
         SettingDef("proxy_hops", 0, "reverse proxies in front of hearth serve whose X-Forwarded-* headers are trusted (0: none; restart to apply)"),
         SettingDef("verdict_min_gain", 1.3, "throughput gain of continuous over serial batching, at the household's typical overlap, that justifies continuous batching"),

@@ -7,6 +7,7 @@ import httpx
 import ollama
 import pytest
 
+from app.devtools.hub_server import HubServer, tiny_gguf
 from app.devtools.serve_process import ServeProcess, prepare_data
 
 DEFAULT = "gemma-3-270m-q4_k_m"
@@ -14,16 +15,28 @@ SHORT = {"num_predict": 4, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def oserve(tmp_path_factory, gemma_path):
-    """A serve of its own: keep_alive tests load and unload its models; 'gemma-b' is pinned by the admin."""
+def hub(tmp_path_factory):
+    """A loopback Hugging Face hub with one small GGUF, for pulls."""
+    src = tmp_path_factory.mktemp("hub")
+    server = HubServer({"tiny-Q4_K_M.gguf": tiny_gguf(src / "tiny.gguf")})
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def oserve(tmp_path_factory, gemma_path, hub):
+    """A serve of its own: keep_alive tests load and unload its models; 'gemma-b' is pinned by the admin;
+    API tokens may pull from the loopback hub."""
     data = tmp_path_factory.mktemp("ollama-serve")
     models = tmp_path_factory.mktemp("ollama-models")
     # A copy, not a link: the catalog lists one file once, however many names it has.
     shutil.copyfile(gemma_path, models / "gemma-b.gguf")
-    tokens = prepare_data(data, settings={"runner_ctx": 1024, "runner_parallel": 2, "runner_threads": 2},
+    tokens = prepare_data(data, settings={"runner_ctx": 1024, "runner_parallel": 2, "runner_threads": 2,
+                                          "api_manage_models": True, "hf_endpoint": hub.url},
                           tokens=[("alice", "chat", ["voice"])], policies={"gemma-b": "pinned"})
     s = ServeProcess(data, models, gemma_path, data / "serve.log")
     s.tokens = tokens
+    s.models = models
     yield s
     s.stop()
 
@@ -188,3 +201,29 @@ def test_openai_client_embeddings_create(oserve):
         assert vec.shape == (640,) and float(vec @ np.array(r.data[0].embedding)) > 0.999
         with pytest.raises(openai.BadRequestError):
             c.embeddings.create(model=DEFAULT, input="Hi", dimensions=10_000)
+
+
+def test_pull_copy_and_delete(client, oserve, hub):
+    parts = list(client.pull("hf.co/owner/repo:Q4_K_M", stream=True))
+    statuses = [p.status for p in parts]
+    assert statuses[0] == "pulling manifest" and statuses[-3:] == ["verifying sha256 digest", "writing manifest",
+                                                                    "success"]
+    progress = [p for p in parts if p.total]
+    assert progress[-1].completed == progress[-1].total == hub.files["tiny-Q4_K_M.gguf"].stat().st_size
+    assert progress[-1].digest == "sha256:" + hub.sha256("tiny-Q4_K_M.gguf")
+    assert (oserve.models / "tiny-Q4_K_M.gguf").exists()
+    assert "tiny-Q4_K_M:latest" in {m.model for m in client.list().models}
+    client.copy("tiny-Q4_K_M", "tiny:latest")
+    assert "tiny:latest" in {m.model for m in client.list().models}
+    with pytest.raises(ollama.ResponseError) as e:
+        client.pull("hf.co/owner/repo:Q8_0", stream=False)
+    assert "no GGUF file of quantisation 'Q8_0'" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.pull("llama3.2")
+    assert "Ollama registry" in e.value.error
+    client.delete("tiny-Q4_K_M:latest")
+    assert not (oserve.models / "tiny-Q4_K_M.gguf").exists()
+    assert "tiny-Q4_K_M:latest" not in {m.model for m in client.list().models}
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete(DEFAULT)
+    assert e.value.status_code == 409
