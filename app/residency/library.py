@@ -199,8 +199,9 @@ def part_path(target: Path) -> Path:
 def pull(source: Source, models_dir: Path, check_header: Callable[[GgufMetadata], str | None] = lambda m: None,
          progress: Callable[[Pull], None] = lambda p: None, state: Pull | None = None,
          disk_free: Callable[[Path], int] | None = None,
-         max_retries: int = MAX_RETRIES) -> Path:
-    """Download `source` into `models_dir` (resuming a part left by an earlier pull); its path."""
+         max_retries: int = MAX_RETRIES, on_landed: Callable[[Path], None] = lambda path: None) -> Path:
+    """Download `source` into `models_dir` (resuming a part left by an earlier pull); its path.
+    `on_landed` runs once the file has its name and before the pull reads as done (a rescan)."""
     p = state or Pull(source.spec)
     p.filename, p.total_bytes, p.sha256 = source.filename, source.size_bytes, source.sha256
     target = models_dir / source.filename
@@ -247,6 +248,7 @@ def pull(source: Source, models_dir: Path, check_header: Callable[[GgufMetadata]
                 _check(read_metadata_prefix(f.read(MAX_HEADER_BYTES), part.stat().st_size, source.filename), check_header)
         p.sha256 = actual
         os.replace(part, target)
+        on_landed(target)
         p.state, p.path, p.finished_s = "done", target, time.monotonic()
         progress(p)
         return target
@@ -454,8 +456,9 @@ class Library:
             with httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
                               follow_redirects=True) as client:
                 source = resolve(p.spec, self._endpoint(), client)
-                path = pull(source, self.models_dir, self._check_header, state=p, disk_free=self._disk_free)
-            self._on_done(path)
+                # Done only once the catalog lists it: a client told "success" may use the model at once.
+                pull(source, self.models_dir, self._check_header, state=p, disk_free=self._disk_free,
+                     on_landed=self._on_done)
         except PullError as exc:
             if p.active:
                 p.state, p.error, p.finished_s = ("refused" if exc.refused else "failed"), str(exc), time.monotonic()
