@@ -136,6 +136,45 @@ def run(args) -> int:
     return 0
 
 
+def pull_model(s, data: Path, source: str) -> Path:
+    """`hearth models pull SOURCE`: download a GGUF into the models folder with a progress bar, checked
+    against the disk and the memory budget (the runner settings of the store) before the weights come."""
+    from tqdm import tqdm
+
+    from app.residency.library import PullError, budget_refusal, pull, resolve
+    from app.services.catalog import resolve_models_dir
+    from app.services.settings import budget_bytes
+    from app.store.settings import get_setting
+
+    ctx, parallel, batch = (int(get_setting(s, f"runner_{k}")) for k in ("ctx", "parallel", "batch"))
+    budget = budget_bytes(_SessionSettings(s))
+    models_dir = resolve_models_dir(data, get_setting(s, "models_dir"), os.environ.get("HEARTH_MODELS_DIR"))
+    models_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        src = resolve(source, get_setting(s, "hf_endpoint"))
+        with tqdm(total=src.size_bytes, unit="B", unit_scale=True, desc=src.filename, file=sys.stderr) as bar:
+            def progress(p) -> None:
+                bar.total = p.total_bytes
+                bar.update(p.done_bytes - bar.n)
+
+            return pull(src, models_dir, lambda m: budget_refusal(m, ctx, parallel, batch, budget), progress)
+    except PullError as exc:
+        raise AdminError(str(exc)) from exc
+
+
+class _SessionSettings:
+    """Settings read straight from one session, shaped like the serve's settings cache."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def get(self, name: str):
+        """The stored (or default) value of a setting."""
+        from app.store.settings import get_setting
+
+        return get_setting(self.session, name)
+
+
 def list_models(data: Path, sessions: sessionmaker) -> None:
     """`hearth models list`: scan and record the catalog as serve does (same folder, same runner settings), print it."""
     from app.services.catalog import Catalog
@@ -164,6 +203,9 @@ def list_models(data: Path, sessions: sessionmaker) -> None:
 
 
 def _models(args, s, data: Path) -> None:
+    if args.models_command == "pull":
+        print(pull_model(s, data, args.source))
+        return
     row = s.scalar(select(db.Model).where(db.Model.name == args.name))
     if row is None:
         raise AdminError(f"no model '{args.name}'; `hearth models list` scans the models folder and shows "

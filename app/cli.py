@@ -180,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
     models_sub.add_parser("list", help="scan the models folder now: usable models, estimates, unusable files and why")
+    mpull = models_sub.add_parser("pull", help="download a GGUF into the models folder (resumable, checked before the weights)")
+    mpull.add_argument("source", help="hf.co/owner/repo:Q4_K_M, owner/repo/file.gguf, or an http(s) URL (#sha256=... to check)")
     mset = models_sub.add_parser("set", help="residency policy and runner settings of one model")
     mset.add_argument("name")
     mset.add_argument("--policy", choices=MODEL_POLICIES)

@@ -53,6 +53,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     """Build the app: store (migrated), catalog, residency, gateway, jobs."""
     from app import web
     from app.gateway.api import bp as gateway_bp
+    from app.gateway.ollama import bp as ollama_bp
     from app.paths import data_dir
     from app.residency.default_model import verified_default_model
     from app.store.db import open_store
@@ -81,6 +82,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     if default_model is None:
         svc.catalog.assemble_default_model(after_ready=partial(_start_pinned, svc.residency))
     app.register_blueprint(gateway_bp)
+    app.register_blueprint(ollama_bp)
     web.init_app(app)
 
     @app.errorhandler(HTTPException)

@@ -129,13 +129,25 @@ def read_metadata(path: str | PathLike[str]) -> GgufMetadata:
             return _HeaderWalker(view, os.fspath(path)).metadata()
 
 
+def read_metadata_prefix(prefix: bytes, file_size: int, name: str) -> GgufMetadata:
+    """Reads the header from the first bytes of a GGUF of `file_size` bytes (a download under way);
+    raises GgufError, "truncated" while the prefix is too short to hold the whole header."""
+    walker = _HeaderWalker(prefix, name, file_size=file_size)
+    metadata = walker.metadata()
+    if walker._offset > len(prefix):
+        raise walker._truncated()
+    return metadata
+
+
 class _HeaderWalker:
     """Sequential reader over a GGUF header: magic, version, key/values, tensor infos."""
 
-    def __init__(self, view: mmap.mmap, path: str) -> None:
+    def __init__(self, view: mmap.mmap | bytes, path: str, file_size: int | None = None) -> None:
         self._view = view
         self._path = path
-        self._size = len(view)
+        # The file's size; larger than the view when only its first bytes have arrived (a download).
+        self._size = len(view) if file_size is None else file_size
+        self._end = len(view)
         self._offset = 0
         self._byte_order = "<"
 
@@ -311,7 +323,7 @@ class _HeaderWalker:
     def _decode(self, start: int, length: int) -> str:
         """Decodes bytes as UTF-8; invalid sequences are replaced, never fatal."""
         end = start + length
-        if end > self._size:
+        if end > self._end:
             raise self._truncated()
         return self._view[start:end].decode("utf-8", errors="replace")
 
@@ -356,5 +368,5 @@ class _HeaderWalker:
                 self._skip_array_items(self._read_value_type("array item"), self._read("Q"))
         else:
             self._offset += count * struct.calcsize(_SCALAR_FORMATS[item_type])
-        if self._offset > self._size:
+        if self._offset > self._end:
             raise self._truncated()

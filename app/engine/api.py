@@ -177,6 +177,38 @@ class ChatBody(_Body):
         return params
 
 
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's own limit per request
+
+
+class EmbeddingBody(BaseModel):
+    """POST /v1/embeddings (OpenAI's shape, plus Ollama's truncate)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    input: (Annotated[str, Field(min_length=1)]
+            | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+            | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+            | Annotated[list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
+                        Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)])
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    truncate: bool = True
+    # The gateway's path is shared with generation: an embedding streams nothing, and the class's
+    # max_tokens the gateway forwards is ignored (no token is generated).
+    stream: Literal[False] = False
+    max_tokens: int | None = None
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    hearth_class: str = Field(default="default", min_length=1, max_length=64)
+
+    def inputs(self) -> list[str | list[int]]:
+        """The inputs as a list: texts or token lists."""
+        if isinstance(self.input, str):
+            return [self.input]
+        if self.input and isinstance(self.input[0], int):
+            return [list(self.input)]
+        return list(self.input)
+
+
 class TokenizeBody(BaseModel):
     """POST /tokenize (llama-server's shape)."""
 

@@ -100,6 +100,11 @@ class LlamaModel:
         return self._piece(token, special=True).decode("utf-8", "replace")
 
     @property
+    def llama_model(self):
+        """The loaded llama_model, for another context on the same weights (app.engine.embeddings)."""
+        return self._model
+
+    @property
     def bos_token(self) -> int:
         """Beginning-of-sequence token id."""
         return llama_cpp.llama_vocab_bos(self._vocab)

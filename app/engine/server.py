@@ -7,6 +7,7 @@ of the web app.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import select
@@ -30,6 +31,7 @@ from app.engine.api import (
     ChatBody,
     CompletionBody,
     DetokenizeBody,
+    EmbeddingBody,
     TokenizeBody,
     parse_body,
     too_large,
@@ -74,6 +76,17 @@ class RunnerState:
         self.metrics = None
         self.template: ChatTemplate | None = None
         self.load_s: float | None = None
+        self._embedder = None
+        self._embedder_lock = threading.Lock()
+
+    def embedder(self):
+        """The embedding context on the loaded model, made on first use (a runner that never embeds never pays for it)."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                from app.engine.embeddings import EmbeddingContext
+
+                self._embedder = EmbeddingContext(self.model, self.config.model.n_threads)
+            return self._embedder
 
     def load(self) -> None:
         """Load the model, create the engine and start its thread; records any failure for /health."""
@@ -150,6 +163,8 @@ class RunnerApp:
                 Rule("/completions", endpoint="completions", methods=["POST"]),
                 Rule("/v1/chat/completions", endpoint="chat", methods=["POST"]),
                 Rule("/chat/completions", endpoint="chat", methods=["POST"]),
+                Rule("/v1/embeddings", endpoint="embeddings", methods=["POST"]),
+                Rule("/embeddings", endpoint="embeddings", methods=["POST"]),
             ]
         )
 
@@ -233,6 +248,48 @@ class RunnerApp:
                            param="tokens")
         raw = b"".join(model.token_bytes(t) for t in body.tokens)
         return _json({"content": raw.decode("utf-8", "replace")})
+
+    def on_embeddings(self, req):
+        body = self._parse(req, EmbeddingBody)
+        self._ready()
+        model = self.state.model
+        inputs = []
+        for i, item in enumerate(body.inputs()):
+            if isinstance(item, str):
+                inputs.append(model.tokenize(item, add_special=True, parse_special=False))
+                continue
+            bad = next((t for t in item if t >= model.n_vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"'input.{i}': token id {bad} is outside the vocabulary (0..{model.n_vocab - 1})",
+                               param="input")
+            inputs.append(item)
+        embedder = self.state.embedder()
+        if body.dimensions is not None and body.dimensions > embedder.n_embd:
+            raise ApiError(400, f"'dimensions': {body.dimensions} is more than the model's {embedder.n_embd}",
+                           param="dimensions")
+        from app.engine.embeddings import InputTooLong, normalise
+
+        t0 = time.monotonic()
+        try:
+            result = embedder.embed(inputs, truncate=body.truncate)
+        except InputTooLong as exc:
+            raise ApiError(400, str(exc), param="input", code="context_length_exceeded")
+        data = []
+        for i, vec in enumerate(result.vectors):
+            if body.dimensions is not None:
+                # Shortened as Matryoshka-trained models mean it: the leading dimensions, renormalised.
+                vec = normalise(vec[: body.dimensions])
+            if body.encoding_format == "base64":
+                value = base64.b64encode(vec.astype("<f4").tobytes()).decode()
+            else:
+                value = vec.tolist()
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        return _json({
+            "object": "list", "data": data, "model": self.state.config.model_name,
+            "usage": {"prompt_tokens": result.num_tokens, "total_tokens": result.num_tokens},
+            "timings": {"total_ms": (time.monotonic() - t0) * 1000, "num_decodes": result.num_decodes,
+                        "pooling": embedder.pooling},
+        })
 
     # -- generation --------------------------------------------------------------------------------
 

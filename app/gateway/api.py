@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from flask import Blueprint, Response, request, stream_with_context
 from pydantic import BaseModel
 
-from app.engine.api import MAX_BODY_BYTES, ApiError, ChatBody, CompletionBody, parse_body, too_large
+from app.engine.api import MAX_BODY_BYTES, ApiError, ChatBody, CompletionBody, EmbeddingBody, parse_body, too_large
 from app.gateway import relay
 from app.gateway.admission import QueueFull, QueueTimeout, Ticket
 from app.gateway.auth import Principal, bearer_token
@@ -115,6 +115,12 @@ def completions():
     return _serve(CompletionBody, "/v1/completions")
 
 
+@bp.post("/v1/embeddings")
+def embeddings():
+    """OpenAI embeddings through the household's classes (the model's runner embeds them)."""
+    return _serve(EmbeddingBody, "/v1/embeddings")
+
+
 @bp.get("/v1/models")
 def models():
     """Usable models (resident or loadable) and their aliases."""
@@ -122,11 +128,12 @@ def models():
     return {"object": "list", "data": services().router.model_list()}
 
 
-def _serve(schema, path: str):
+def _serve(schema, path: str, shape=None):
+    """Relay one generation; `shape` (app.gateway.ollama's) reads the body and writes the answer in its own API."""
     arrival_s = time.monotonic()
     arrival_at = datetime.now(UTC)
     principal = _authenticate()
-    body, raw = _parse(schema)
+    body, raw = _parse(schema) if shape is None else shape.parse(schema)
     policy = _choose_class(principal, raw.get("hearth_class"))
     h = services()
     model_name = h.router.resolve(body.model, policy)
@@ -168,8 +175,8 @@ def _serve(schema, path: str):
         headers["X-Hearth-Queue-Position"] = str(ticket.queue_position)
     url = lease.url.rstrip("/") + path
     if body.stream:
-        return _stream(h, url, forward, ticket, lease, record, arrival_s, headers)
-    return _complete(h, url, forward, ticket, lease, record, arrival_s, headers)
+        return _stream(h, url, forward, ticket, lease, record, arrival_s, headers, shape)
+    return _complete(h, url, forward, ticket, lease, record, arrival_s, headers, shape)
 
 
 def _finish(h: Services, ticket: Ticket, lease, record: dict, outcome: relay.RelayOutcome, arrival_s: float,
@@ -219,7 +226,7 @@ def _relay(h: Services, send, url, forward, ticket, lease, record, arrival_s):
         raise _runner_failed(h, lease, exc)
 
 
-def _complete(h: Services, url, forward, ticket, lease, record, arrival_s, headers):
+def _complete(h: Services, url, forward, ticket, lease, record, arrival_s, headers, shape=None):
     resp, outcome = _relay(h, relay.post, url, forward, ticket, lease, record, arrival_s)
     _finish(h, ticket, lease, record, outcome, arrival_s)
     if resp.status_code >= 500 and "generation_failed" not in resp.text:
@@ -227,10 +234,11 @@ def _complete(h: Services, url, forward, ticket, lease, record, arrival_s, heade
     out_headers = dict(headers)
     if "retry-after" in resp.headers:
         out_headers["Retry-After"] = resp.headers["retry-after"]
-    return Response(resp.content, status=resp.status_code, headers=out_headers, mimetype="application/json")
+    content = resp.content if shape is None else shape.complete(resp.status_code, resp.content)
+    return Response(content, status=resp.status_code, headers=out_headers, mimetype="application/json")
 
 
-def _stream(h: Services, url, forward, ticket, lease, record, arrival_s, headers):
+def _stream(h: Services, url, forward, ticket, lease, record, arrival_s, headers, shape=None):
     resp, outcome = _relay(h, relay.open_stream, url, forward, ticket, lease, record, arrival_s)
     if resp.status_code != 200:
         content = resp.read()
@@ -240,12 +248,15 @@ def _stream(h: Services, url, forward, ticket, lease, record, arrival_s, headers
         except ValueError:
             outcome.error = content[:500].decode(errors="replace")
         _finish(h, ticket, lease, record, outcome, arrival_s)
+        if shape is not None:
+            content = shape.complete(resp.status_code, content)
         return Response(content, status=resp.status_code, headers=headers, mimetype="application/json")
 
     def generate():
         completed = False
         try:
-            yield from relay.stream_chunks(resp, outcome)
+            chunks = relay.stream_chunks(resp, outcome)
+            yield from (chunks if shape is None else shape.stream(chunks))
             completed = True
         finally:
             # Runs on normal end and when the client goes away (the generator is closed):
@@ -256,4 +267,4 @@ def _stream(h: Services, url, forward, ticket, lease, record, arrival_s, headers
             _finish(h, ticket, lease, record, outcome, arrival_s, cancelled=not completed)
 
     return Response(stream_with_context(generate()), status=200, headers={**headers, "Cache-Control": "no-cache"},
-                    mimetype="text/event-stream")
+                    mimetype="text/event-stream" if shape is None else shape.stream_mimetype)

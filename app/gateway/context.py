@@ -21,8 +21,9 @@ from app.gateway.auth import TokenCache
 from app.gateway.classes import ClassRegistry
 from app.gateway.routing import Router
 from app.gateway.tokens import principal_loader
+from app.residency.library import Library
 from app.residency.manager import ResidencyManager
-from app.services.catalog import Catalog
+from app.services.catalog import Catalog, pull_refusal
 from app.services.records import Recorder, record_residency_event
 from app.services.settings import SettingsCache, budget_bytes
 from app.store.writer import StoreWriter
@@ -51,6 +52,7 @@ class Services:
     sampler: Sampler
     rollups: Rollups
     metrics: GatewayMetrics
+    library: Library
 
     def shutdown(self) -> None:
         """Stop every runner, then flush the store."""
@@ -75,6 +77,8 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
         residency=residency, router=Router(catalog, residency), recorder=Recorder(writer, metrics),
         admission=admission, classes=ClassRegistry(sessions), tokens=TokenCache(principal_loader(sessions)),
         sampler=sampler, rollups=Rollups(writer), metrics=metrics,
+        library=Library(catalog.models_dir, partial(pull_refusal, settings), lambda path: catalog.rescan(),
+                        endpoint=lambda: settings.get("hf_endpoint")),
     )
 
 

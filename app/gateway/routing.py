@@ -6,10 +6,12 @@ leases a node serving the model. Both raise domain errors; this module maps them
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from app.engine.api import ApiError
 from app.policy import ClassPolicy
-from app.residency.manager import Lease, ModelLoadFailed, NotEnoughMemory, ResidencyManager, UnknownModel
-from app.services.catalog import Catalog, DefaultModelPending, ModelNotFound, ModelUnusable
+from app.residency.manager import Lease, ModelBusy, ModelLoadFailed, NotEnoughMemory, ResidencyManager, UnknownModel
+from app.services.catalog import Catalog, DefaultModelPending, ModelEmbedded, ModelNotFound, ModelUnusable
 
 
 def pending_error(progress: dict) -> ApiError:
@@ -29,10 +31,10 @@ class Router:
         self.catalog = catalog
         self.residency = residency
 
-    def resolve(self, requested: str | None, policy: ClassPolicy) -> str:
+    def resolve(self, requested: str | None, policy: ClassPolicy | None) -> str:
         """The catalog name for a request's model; 404 if unknown or unusable, 503 while the default is assembled."""
         try:
-            return self.catalog.resolve(requested, policy.default_model)
+            return self.catalog.resolve(requested, policy.default_model if policy else None)
         except DefaultModelPending as exc:
             raise pending_error(exc.progress)
         except ModelUnusable as exc:
@@ -52,6 +54,17 @@ class Router:
         except NotEnoughMemory as exc:
             raise ApiError(503, str(exc), code="not_enough_memory", err_type="unavailable_error",
                            headers={"Retry-After": "30"})
+
+    def delete_model(self, name: str) -> Path:
+        """Delete a model file of the models folder; 404 if unknown, 409 for the embedded model or while it serves."""
+        try:
+            return self.catalog.delete(name, self.residency)
+        except ModelNotFound:
+            raise ApiError(404, f"model '{name}' not found", param="model", code="model_not_found")
+        except ModelEmbedded:
+            raise ApiError(409, f"'{name}' is Hearth's embedded default model: it is not deleted", code="model_embedded")
+        except ModelBusy as exc:
+            raise ApiError(409, f"'{name}' is busy ({exc}); delete it when it is idle", code="model_busy")
 
     def model_list(self) -> list[dict]:
         """/v1/models: servable models with their state, plus aliases."""

@@ -93,6 +93,25 @@ class NotEnoughMemory(ResidencyError):
         super().__init__(message)
 
 
+def _ttl_s(m: _Model) -> float | None:
+    """How long `m` may stay idle before it is unloaded; None: never (pinned, or a client's inf)."""
+    if m.spec.policy == "pinned":
+        return None
+    ttl = m.client_keep_alive_s
+    if ttl is None:
+        ttl = 0.0 if m.spec.policy == "on_demand" else m.spec.keep_alive_s
+    return None if ttl == float("inf") else ttl
+
+
+def _expires_in_s(m: _Model, now: float) -> float | None:
+    """Seconds until `m`'s idle expiry (its full TTL while it serves); None when it never expires."""
+    ttl = _ttl_s(m)
+    if ttl is None or m.state != "ready" or m.spec.runner is None:
+        return None
+    idle_s = 0.0 if m.in_flight or m.last_used is None else now - m.last_used
+    return max(0.0, ttl - idle_s)
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -140,6 +159,8 @@ class _Model:
         self.error: str | None = None
         self.error_log: list[str] = []
         self.returncode: int | None = None
+        # A client's keep-alive (Ollama's keep_alive) for the current residency; None: the admin's.
+        self.client_keep_alive_s: float | None = None
 
     @property
     def resident(self) -> bool:
@@ -428,8 +449,9 @@ class ResidencyManager:
             lease._node.in_flight -= 1
             m.in_flight -= 1
             m.last_used = self._clock()
-            if m.in_flight == 0 and m.state == "ready" and m.spec.policy == "on_demand":
-                runner, event = self._detach(m, "unload", "on demand: the last request finished")
+            if m.in_flight == 0 and m.state == "ready" and _ttl_s(m) == 0:
+                why = "on demand" if m.client_keep_alive_s is None else "keep_alive 0 from a client"
+                runner, event = self._detach(m, "unload", f"{why}: the last request finished")
         if runner is not None:
             self._emit([event])
             runner.stop()
@@ -496,6 +518,7 @@ class ResidencyManager:
         ev = ResidencyEvent(m.name, event, reason, node=LOCAL, estimate_bytes=m.spec.estimate_bytes,
                             measured_bytes=runner.rss_bytes(), pid=runner.pid)
         m.state, m.runner, m.local, m.resident_bytes = "unloaded", None, None, 0
+        m.client_keep_alive_s = None
         return runner, ev
 
     def expire_idle(self) -> list[str]:
@@ -510,12 +533,14 @@ class ResidencyManager:
                     continue
                 spec = catalog.get(m.name)
                 idle_s = now - (m.last_used if m.last_used is not None else now)
+                ttl_s = _ttl_s(m)
                 if spec is None:
                     reason = "removed from the catalog"
-                elif spec.policy == "keep_alive" and idle_s >= spec.keep_alive_s:
-                    reason = f"idle {idle_s:.0f} s, keep-alive {spec.keep_alive_s:g} s"
-                elif spec.policy == "on_demand":
-                    reason = "on demand: idle"
+                elif ttl_s == 0:
+                    reason = "on demand: idle" if m.client_keep_alive_s is None else "keep_alive 0 from a client: idle"
+                elif ttl_s is not None and idle_s >= ttl_s:
+                    whose = "keep-alive" if m.client_keep_alive_s is None else "client keep_alive"
+                    reason = f"idle {idle_s:.0f} s, {whose} {ttl_s:g} s"
                 else:
                     continue
                 runner, event = self._detach(m, "unload", reason)
@@ -524,6 +549,18 @@ class ResidencyManager:
         self._emit(events)
         self._stop_all(stops)
         return [e.model_name for e in events]
+
+    def set_client_keep_alive(self, name: str, keep_alive_s: float | None) -> None:
+        """A client's wish for how long `name` stays resident once idle (Ollama's keep_alive): seconds,
+        inf to keep it, 0 to unload it after its requests, None for the admin's setting. It lasts
+        until the model is unloaded, and a pinned model stays pinned whatever a client asks."""
+        if keep_alive_s is not None and keep_alive_s < 0:
+            raise ValueError(f"keep_alive must be ≥ 0 s or inf (got {keep_alive_s})")
+        spec = self._models_fn().get(name)
+        if spec is None:
+            raise UnknownModel(name)
+        with self._lock:
+            self._sync(spec).client_keep_alive_s = keep_alive_s
 
     def load(self, name: str) -> None:
         """Make `name` resident without leasing it (the dashboard's Load); raises ResidencyError."""
@@ -613,6 +650,9 @@ class ResidencyManager:
                     "state": state,
                     "policy": m.spec.policy,
                     "keep_alive_s": m.spec.keep_alive_s,
+                    "client_keep_alive_s": m.client_keep_alive_s,
+                    # Seconds until an idle expiry unloads it: None never (pinned, inf, remote-only).
+                    "expires_in_s": _expires_in_s(m, now),
                     "estimate_bytes": m.spec.estimate_bytes,
                     "measured_bytes": m.measured_bytes,
                     "rss_bytes": m.runner.rss_bytes() if m.runner else None,

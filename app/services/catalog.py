@@ -18,9 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import estimate_memory
-from app.residency.manager import ModelSpec
+from app.residency.library import budget_refusal
+from app.residency.manager import ModelSpec, ResidencyManager
 from app.residency.supervisor import RunnerSpec
-from app.services.settings import SettingsCache
+from app.services.settings import SettingsCache, budget_bytes
 from app.store import models as db
 from app.store.settings import get_setting
 
@@ -57,6 +58,19 @@ class DefaultModelPending(ModelNotServable):
     def __init__(self, name: str, progress: dict):
         super().__init__(name, progress["error"] or f"the default model is being {progress['phase']}")
         self.progress = progress
+
+
+class ModelEmbedded(ModelNotServable):
+    """The embedded default model: it is Hearth's own, not a file of the models folder to delete."""
+
+    def __init__(self, name: str):
+        super().__init__(name, f"'{name}' is Hearth's embedded default model")
+
+
+def pull_refusal(settings: SettingsCache, metadata) -> str | None:
+    """Why a model being pulled (its header arrived) cannot be served or would not fit the budget; None if it can."""
+    ctx, parallel, batch = (int(settings.get(f"runner_{k}")) for k in ("ctx", "parallel", "batch"))
+    return budget_refusal(metadata, ctx, parallel, batch, budget_bytes(settings))
 
 
 def resolve_models_dir(data_dir: Path, stored: str | None, override: str | None) -> Path:
@@ -145,6 +159,20 @@ class Catalog:
     def aliases(self) -> dict[str, str]:
         """Alias → model name, as the admin set them."""
         return self._scan.aliases
+
+    def delete(self, name: str, residency: ResidencyManager) -> Path:
+        """Delete a model file of the models folder (unloaded first); its path.
+
+        Raises ModelNotFound, ModelEmbedded, or ModelBusy while it serves."""
+        entry = next((e for e in self.entries if e.name == name), None)
+        if entry is None:
+            raise ModelNotFound(name, sorted(self.model_specs()))
+        if entry.source != "folder":
+            raise ModelEmbedded(name)
+        residency.unload(name, "deleted")
+        Path(entry.path).unlink(missing_ok=True)
+        self.rescan()
+        return Path(entry.path)
 
     def rescan(self) -> list[CatalogEntry]:
         """The `rescan_catalog` job: scan the folder, record every model in the store, rebuild what can be served."""

@@ -170,10 +170,10 @@ def init_app(app: Flask) -> None:
     if hops:
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_prefix=hops)
     csrf.init_app(app)
-    # The OpenAI API authenticates every call by bearer token, never by cookie: no CSRF there.
-    gateway = app.blueprints.get("gateway")
-    if gateway is not None:
-        csrf.exempt(gateway)
+    # The OpenAI and Ollama APIs authenticate every call by bearer token, never by cookie: no CSRF there.
+    for name in ("gateway", "ollama"):
+        if name in app.blueprints:
+            csrf.exempt(app.blueprints[name])
     # The limiter object is shared by every app in this process, and flask-limiter keeps the last
     # app's RATELIMIT_ENABLED as its own default: state it per app, so a bench app built without
     # limits never switches the login limit off for the next one.

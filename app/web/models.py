@@ -12,9 +12,10 @@ from __future__ import annotations
 import threading
 import time
 
-from flask import Blueprint, abort, current_app, render_template, request
+from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
 from app.admin import AdminError, set_model_policy
+from app.engine.api import ApiError
 from app.gateway.context import services
 from app.policy import MODEL_POLICIES
 from app.residency.manager import ModelBusy, ResidencyError
@@ -67,12 +68,13 @@ def _summary() -> dict:
     return {"cards": cards, "resident_bytes": resident, "budget_bytes": budget_bytes(svc.settings)}
 
 
-def _page(outcomes: dict[str, dict] | None = None) -> str:
+def _page(outcomes: dict[str, dict] | None = None, pull_source: str | None = None) -> str:
     svc = services()
     with svc.sessions() as s:
         events = recent_events(s, EVENT_LIMIT)
     return render_template("models/index.html", events=events, models_dir=svc.catalog.models_dir, errors=_errors(),
-                           policies=POLICY_LABELS, outcomes=outcomes or {}, **_summary())
+                           policies=POLICY_LABELS, outcomes=outcomes or {}, pulls=svc.library.pulls(),
+                           pull_source=pull_source, **_summary())
 
 
 def _start_load(name: str) -> None:
@@ -189,3 +191,38 @@ def policy(name: str):
             _start_load(name)
             message += " Loading it now."
     return _render_card(name, message=message)
+
+
+@bp.post("/models/pull")
+@login_required
+def pull():
+    """Start pulling a model into the models folder; the pulls section comes back and polls itself."""
+    source = request.form.get("source", "").strip()
+    if source:
+        services().library.start(source)
+    if not request.headers.get("HX-Request"):
+        return redirect(url_for("models.index"))
+    return render_template("models/_pulls.html", pulls=services().library.pulls())
+
+
+@bp.get("/models/pulls")
+@login_required
+def pulls():
+    """The pulls' progress, polled every second; 286 (stop) once none is under way."""
+    rows = services().library.pulls()
+    html = render_template("models/_pulls.html", pulls=rows)
+    return html, 200 if any(p.active for p in rows) else STOP_POLLING
+
+
+@bp.post("/models/<name>/delete")
+@login_required
+def delete(name: str):
+    """Delete a model file of the models folder (refused while it serves, and for the embedded default model)."""
+    _card(name)
+    try:
+        services().router.delete_model(name)
+    except ApiError as err:
+        return _render_card(name, err.status, message=err.message, message_state="bad")
+    if not request.headers.get("HX-Request"):
+        return redirect(url_for("models.index"))
+    return render_template("models/_tiles.html", oob=True, **_summary())

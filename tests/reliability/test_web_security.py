@@ -15,7 +15,10 @@ from app.gateway.context import services
 from tests.helpers import ADMIN_PASSWORD, csrf_token, dashboard_app, set_up_admin
 
 # Public on purpose: the OpenAI API (bearer tokens) and the forms that create or open a session.
-NOT_ADMIN_MUTATIONS = {"gateway.chat_completions", "gateway.completions", "auth.setup", "auth.login"}
+NOT_ADMIN_MUTATIONS = {"gateway.chat_completions", "gateway.completions", "gateway.embeddings", "auth.setup",
+                       "auth.login"}
+# The Ollama API authenticates by bearer token (its model changes also need api_manage_models).
+TOKEN_BLUEPRINTS = ("ollama.",)
 
 
 @pytest.fixture
@@ -37,7 +40,8 @@ def mutations(app) -> list[tuple[str, str]]:
     """(endpoint, concrete URL) of every state-changing route of the dashboard."""
     out = []
     for rule in app.url_map.iter_rules():
-        if not rule.methods & {"POST", "PUT", "PATCH", "DELETE"} or rule.endpoint in NOT_ADMIN_MUTATIONS:
+        if not rule.methods & {"POST", "PUT", "PATCH", "DELETE"} or rule.endpoint in NOT_ADMIN_MUTATIONS \
+                or rule.endpoint.startswith(TOKEN_BLUEPRINTS):
             continue
         values = {arg: 1 if type(rule._converters.get(arg)).__name__ == "IntegerConverter" else "chat"
                   for arg in rule.arguments}

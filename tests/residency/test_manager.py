@@ -374,3 +374,27 @@ def test_remote_only_model_and_remote_fallback(harness, gemma_path, remote_runne
     states = {row["name"]: row["state"] for row in h.manager.status()}
     assert states == {"r": "ready", "down": "failed", "tight": "unloaded"}
     assert h.events == [] and not runner_children()
+
+
+def test_client_keep_alive_sets_the_ttl_but_never_unpins(harness, gemma_path):
+    h = harness([spec("a", gemma_path, keep_alive_s=60), spec("p", gemma_path, policy="pinned")])
+    h.manager.set_client_keep_alive("a", float("inf"))
+    h.manager.acquire("a").release()
+    assert h.state("a")["expires_in_s"] is None
+    h.now += 10**6
+    assert h.manager.expire_idle() == []  # kept: the client asked for -1
+    h.manager.set_client_keep_alive("a", 5)
+    assert h.state("a")["expires_in_s"] == 0  # idle for long already: the next expiry takes it
+    assert h.manager.expire_idle() == ["a"] and h.events[-1].reason.endswith("client keep_alive 5 s")
+    h.manager.set_client_keep_alive("a", 0)
+    lease = h.manager.acquire("a")
+    lease.release()
+    assert h.kinds("a")[-1] == ("a", "unload") and gone(lease.pid)
+    assert h.events[-1].reason == "keep_alive 0 from a client: the last request finished"
+    # An unload ends the client's wish: the next residency follows the admin's TTL again.
+    h.manager.acquire("a").release()
+    assert h.state("a")["expires_in_s"] == 60 and h.state("a")["client_keep_alive_s"] is None
+    h.manager.set_client_keep_alive("p", 0)
+    h.manager.acquire("p").release()
+    h.now += 10**6
+    assert h.manager.expire_idle() == ["a"] and h.state("p")["state"] == "ready"

@@ -12,7 +12,8 @@ from tests.helpers import dashboard_app
 
 # Blueprints anyone may reach: the login pages, the API (its own bearer tokens), vendor files, the
 # default model's first-run progress (shown on /setup; see test_default_model_progress.py).
-PUBLIC_BLUEPRINTS = ("auth", "gateway", "assets", "progress")
+# The OpenAI and Ollama APIs authenticate by bearer token, not by the dashboard login.
+PUBLIC_BLUEPRINTS = ("auth", "gateway", "ollama", "assets", "progress")
 # /status decides for itself (the status_public setting); see test_status.py.
 PUBLIC_PATHS = ("/status",)
 
