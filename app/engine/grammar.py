@@ -1,0 +1,230 @@
+"""Grammars for constrained decoding: JSON Schema → GBNF, JSON mode, tool-call envelopes.
+
+The conversion is llama-cpp-python's own port of llama.cpp's json-schema-to-grammar (pure Python,
+no model needed), run once per distinct schema and cached. Before converting, a schema is checked:
+a keyword the converter would silently ignore (minimum, uniqueItems, ...) is refused by name, since
+an answer "valid against the schema" that breaks it would be a lie. The result is a `Grammar`, the
+value the engine's sampler is built from; llama.cpp parses it (and the model layer caches that too).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from dataclasses import dataclass
+
+# Keywords the converter turns into grammar rules.
+HONOURED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
+    "maxItems", "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "pattern",
+    "format", "minLength", "maxLength", "minimum", "maximum",
+})
+# Arrays in tool-call arguments without maxItems get this bound: a small model copying an enum from
+# the prompt would otherwise list every value until max_tokens and never close the call.
+MAX_CALL_ARRAY_ITEMS = 8
+# Likewise for parallel calls: a household request rarely needs more, a small model may not stop.
+MAX_PARALLEL_CALLS = 4
+# An integer range up to this many values becomes an enum of them (Home Assistant's brightness 0..100).
+MAX_INTEGER_RANGE = 1000
+# Keywords that say nothing about which values are valid.
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+    "readOnly", "writeOnly", "strict", "nullable",
+})
+FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+TYPES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
+
+# JSON forbids raw control characters inside strings; the converter's `char` rule allows them.
+_JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+# At most one space between tokens: a small model given free whitespace can fill max_tokens with it.
+_SPACE = '" "?'
+
+
+class UnsupportedSchema(ValueError):
+    """A JSON Schema keyword (or value) that constrained decoding cannot honour."""
+
+    def __init__(self, keyword: str, path: str):
+        where = path or "the schema's root"
+        super().__init__(f"JSON Schema keyword '{keyword}' (at {where}) is not supported for constrained output; "
+                         f"supported: {', '.join(sorted(HONOURED))}")
+        self.keyword = keyword
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A GBNF grammar for one sequence's sampler; lazy ones engage when a trigger appears in the output."""
+
+    gbnf: str
+    root: str = "root"
+    lazy: bool = False
+    # Regexes matched against the whole output so far (llama.cpp's lazy grammar); the grammar
+    # constrains from the first capturing group on.
+    trigger_patterns: tuple[str, ...] = ()
+    trigger_tokens: tuple[int, ...] = ()
+    kind: str = "json_schema"  # json_schema | json_object | tools, for logs and counters
+
+
+def normalise_schema(schema, path: str = "") -> dict:
+    """A checked copy of schema that the converter renders faithfully; raises UnsupportedSchema."""
+    if schema is True or schema == {}:
+        return {}
+    if not isinstance(schema, dict):
+        raise UnsupportedSchema(type(schema).__name__, path)
+    out: dict = {}
+    for key, value in schema.items():
+        here = f"{path}.{key}" if path else key
+        if key in ANNOTATIONS:
+            continue
+        if key not in HONOURED:
+            raise UnsupportedSchema(key, path)
+        if key == "properties":
+            out[key] = {name: normalise_schema(sub, f"{here}.{name}") for name, sub in value.items()}
+        elif key in ("$defs", "definitions"):
+            out[key] = {name: normalise_schema(sub, f"{here}.{name}") for name, sub in value.items()}
+        elif key in ("anyOf", "oneOf", "prefixItems"):
+            out[key] = [normalise_schema(sub, f"{here}[{i}]") for i, sub in enumerate(value)]
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = normalise_schema(value, here)
+        elif key == "format" and value not in FORMATS:
+            raise UnsupportedSchema(f"format: {value}", path)
+        elif key == "type":
+            types = value if isinstance(value, list) else [value]
+            bad = next((t for t in types if t not in TYPES), None)
+            if bad is not None:
+                raise UnsupportedSchema(f"type: {bad}", path)
+            out[key] = value
+        elif key == "$ref" and not str(value).startswith("#/"):
+            raise UnsupportedSchema(f"$ref: {value}", path)
+        else:
+            out[key] = copy.deepcopy(value)
+    if "minimum" in out or "maximum" in out:
+        out = _integer_range(out, path)
+    if "oneOf" in out:
+        # Alternatives that overlap would need "exactly one"; as a grammar oneOf is anyOf.
+        out["anyOf"] = out.pop("oneOf")
+    if "enum" in out or "const" in out:
+        # The converter checks a list type before enum/const and would drop the values.
+        out.pop("type", None)
+    elif isinstance(out.get("type"), list):
+        # ["string", "null"] with minLength etc.: one alternative per type, each with the keywords
+        # that apply to it, so none is lost.
+        rest = {k: v for k, v in out.items() if k != "type"}
+        out = {"anyOf": [{**rest, "type": t} if t != "null" else {"type": "null"} for t in out["type"]]}
+    if "anyOf" in out:
+        # The converter renders anyOf alone and would ignore keywords beside it.
+        beside = next((k for k in ("type", "properties", "required", "items", "additionalProperties") if k in out), None)
+        if beside is not None:
+            raise UnsupportedSchema(f"{beside} beside anyOf", path)
+    return out
+
+
+def _integer_range(schema: dict, path: str) -> dict:
+    """An integer schema with both bounds as the enum of its values; other ranges are refused."""
+    low, high = schema.get("minimum"), schema.get("maximum")
+    keyword = "minimum" if low is not None else "maximum"
+    if schema.get("type") != "integer" or low is None or high is None:
+        raise UnsupportedSchema(keyword, path)
+    if not (isinstance(low, int | float) and isinstance(high, int | float)) or high - low > MAX_INTEGER_RANGE:
+        raise UnsupportedSchema(f"{keyword} (integer ranges up to {MAX_INTEGER_RANGE} values only)", path)
+    values = list(range(int(-(-low // 1)), int(high // 1) + 1))
+    return {"enum": values}
+
+
+def _bound_arrays(schema):
+    """A copy of schema whose arrays without maxItems hold at most MAX_CALL_ARRAY_ITEMS."""
+    if isinstance(schema, list):
+        return [_bound_arrays(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _bound_arrays(v) if k not in ("enum", "const") else v for k, v in schema.items()}
+    if out.get("type") == "array" and "maxItems" not in out and "prefixItems" not in out:
+        out["maxItems"] = max(MAX_CALL_ARRAY_ITEMS, out.get("minItems", 0))
+    return out
+
+
+def _converter():
+    # Imported here: the gateway validates schemas with this module and never loads llama.cpp.
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    return SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
+def _finish(converter) -> str:
+    rules = converter._rules
+    rules["space"] = _SPACE
+    if "char" in rules:
+        rules["char"] = _JSON_CHAR
+    return converter.format_grammar()
+
+
+def _visit(converter, schema: dict, name: str) -> str:
+    """Adds schema's rules to the converter; returns the name of its top rule."""
+    resolved = converter.resolve_refs(schema, "input")
+    try:
+        return converter.visit(resolved, name)
+    except (AssertionError, KeyError, ValueError) as exc:
+        raise UnsupportedSchema(str(exc) or type(exc).__name__, name) from exc
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_gbnf(canonical: str) -> str:
+    converter = _converter()
+    _visit(converter, json.loads(canonical), "")
+    return _finish(converter)
+
+
+def schema_grammar(schema: dict) -> Grammar:
+    """The grammar of JSON values valid against schema (cached per schema)."""
+    normalised = normalise_schema(schema)
+    return Grammar(_schema_gbnf(json.dumps(normalised)), kind="json_schema")
+
+
+def json_object_grammar() -> Grammar:
+    """Any JSON object (OpenAI's JSON mode)."""
+    return Grammar(_schema_gbnf(json.dumps({"type": "object"})), kind="json_object")
+
+
+@functools.lru_cache(maxsize=128)
+def _calls_gbnf(canonical: str, wrapper: str) -> str:
+    spec = json.loads(canonical)
+    converter = _converter()
+    alternatives = []
+    for i, (name, parameters) in enumerate(spec["tools"]):
+        args = _visit(converter, parameters, f"tool{i}-args")
+        key = spec["args_key"]
+        alternatives.append(converter._add_rule(
+            f"tool{i}-call",
+            rf'"{{" space "\"name\"" space ":" space {converter._format_literal(json.dumps(name))} space "," space '
+            rf'"\"{key}\"" space ":" space {args} "}}" space'))
+    converter._add_rule("call", " | ".join(alternatives))
+
+    def more(separator: str) -> str:
+        return f" ({separator}){{0,{MAX_PARALLEL_CALLS - 1}}}" if spec["parallel"] else ""
+
+    calls = "call" + more('"," space call')
+    if wrapper == "generic":
+        root = rf'"{{" space "\"tool_calls\"" space ":" space "[" space {calls} "]" space "}}" space'
+    elif wrapper == "hermes":
+        one = r'"<tool_call>" "\n"? space call "\n"? "</tool_call>" "\n"?'
+        root = one + more(one)
+    elif wrapper == "mistral":
+        root = f'"[TOOL_CALLS]" space "[" space {calls} "]"'
+    else:  # llama3: one bare JSON object per call, `;`-separated
+        root = "call" + more('";" space call')
+    converter._rules["root"] = root
+    return _finish(converter)
+
+
+def tool_call_grammar(tools: list[tuple[str, dict]], wrapper: str, parallel: bool, args_key: str = "arguments",
+                      lazy: bool = False, trigger_patterns: tuple[str, ...] = (),
+                      trigger_tokens: tuple[int, ...] = ()) -> Grammar:
+    """A grammar admitting only calls to these (name, parameters schema) tools in a format's envelope."""
+    checked = [(name, _bound_arrays(normalise_schema(params or {"type": "object"}, f"tools[{name}].parameters")))
+               for name, params in tools]
+    # An empty parameters schema means "no arguments" in OpenAI's tool format, not "anything".
+    checked = [(n, p if p else {"type": "object"}) for n, p in checked]
+    canonical = json.dumps({"tools": checked, "parallel": parallel, "args_key": args_key})
+    return Grammar(_calls_gbnf(canonical, wrapper), lazy=lazy, trigger_patterns=trigger_patterns,
+                   trigger_tokens=trigger_tokens, kind="tools")
