@@ -20,6 +20,10 @@ from app.engine.request import SamplingParams
 MAX_STOP_STRINGS = 8
 MAX_TOP_LOGPROBS = 20
 MAX_TOOLS = 128
+# What a request can use beyond plain generation: recorded per request, counted per class on /metrics.
+FEATURES = ("tools", "json_object", "json_schema", "fim", "logprobs")
+# Fill-in-the-middle requests go to this class unless the client names one.
+FIM_CLASS = "coding"
 
 NonNegInt = Annotated[int, Field(ge=0)]
 INT32_MAX = 2**31 - 1  # llama.cpp takes top_k as a C int
@@ -157,6 +161,11 @@ class CompletionBody(_Body):
         """True when the request fills in the middle (a non-empty suffix)."""
         return bool(self.suffix)
 
+    @property
+    def features(self) -> tuple[str, ...]:
+        """What beyond plain completion this request uses (FEATURES)."""
+        return tuple(f for f, used in (("fim", self.fim), ("logprobs", self.logprobs is not None)) if used)
+
 
 class ExtraChunk(BaseModel):
     """One file of context for /infill (llama-server's input_extra)."""
@@ -175,6 +184,11 @@ class InfillBody(_Body):
     # Text placed after the middle marker (llama-server's meaning), e.g. the start of the line.
     prompt: str = ""
     n_predict: int | None = Field(default=None, ge=1)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """Always fill-in-the-middle."""
+        return ("fim",)
 
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         """As for completions; n_predict is llama-server's max_tokens."""

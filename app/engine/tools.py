@@ -376,9 +376,11 @@ class ToolStream:
         self._text += piece
         if self._region is None:
             self._region = split_region(self._text, self.fmt)
-        safe = len(self._text) if self._region is None else self._region
         if self._region is None:
-            safe -= self._hold()
+            safe = len(self._text) - self._hold()
+        else:
+            # Whitespace just before a call is not worth a content delta of its own.
+            safe = len(self._text[: self._region].rstrip())
         out = self._text[self._sent:safe]
         self._sent = max(self._sent, safe)
         return out
