@@ -141,13 +141,13 @@ def ha_chat_body(command: str, tool_choice: str | dict = "auto", stream: bool = 
 AI_TASK_SCHEMA = {
     "type": "object",
     "properties": {
-        "summary": {"type": "string", "maxLength": 200},
-        "room": {"type": ["string", "null"]},
+        "summary": {"type": "string", "maxLength": 120, "description": "One sentence"},
+        "room": {"type": ["string", "null"], "maxLength": 40},
         "priority": {"type": "string", "enum": ["low", "normal", "high"]},
         "people_count": {"type": ["integer", "null"]},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 5},
+        "needs_attention": {"type": "boolean"},
     },
-    "required": ["summary", "room", "priority", "people_count", "tags"],
+    "required": ["summary", "room", "priority", "people_count", "needs_attention"],
     "additionalProperties": False,
 }
 
