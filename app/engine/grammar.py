@@ -66,8 +66,24 @@ class Grammar:
     kind: str = "json_schema"  # json_schema | json_object | tools, for logs and counters
 
 
+# The JSON type each structural keyword must have; anything else is a malformed schema.
+_SHAPES = {"properties": dict, "$defs": dict, "definitions": dict, "required": list, "enum": list,
+           "anyOf": list, "oneOf": list, "prefixItems": list, "items": (dict, bool),
+           "additionalProperties": (dict, bool), "minItems": int, "maxItems": int, "minLength": int,
+           "maxLength": int, "pattern": str, "format": str, "$ref": str}
+
+
 def normalise_schema(schema, path: str = "") -> dict:
     """A checked copy of schema that the converter renders faithfully; raises UnsupportedSchema."""
+    try:
+        return _normalise(schema, path)
+    except UnsupportedSchema:
+        raise
+    except (TypeError, AttributeError, ValueError, KeyError) as exc:
+        raise UnsupportedSchema(f"malformed schema ({type(exc).__name__}: {exc})", path) from exc
+
+
+def _normalise(schema, path: str) -> dict:
     if schema is True or schema == {}:
         return {}
     if not isinstance(schema, dict):
@@ -79,14 +95,19 @@ def normalise_schema(schema, path: str = "") -> dict:
             continue
         if key not in HONOURED:
             raise UnsupportedSchema(key, path)
+        shape = _SHAPES.get(key)
+        if shape is not None and (not isinstance(value, shape) or (shape is int and isinstance(value, bool))):
+            raise UnsupportedSchema(f"{key} of the wrong type", path)
         if key == "properties":
-            out[key] = {name: normalise_schema(sub, f"{here}.{name}") for name, sub in value.items()}
+            out[key] = {name: _normalise(sub, f"{here}.{name}") for name, sub in value.items()}
         elif key in ("$defs", "definitions"):
-            out[key] = {name: normalise_schema(sub, f"{here}.{name}") for name, sub in value.items()}
+            out[key] = {name: _normalise(sub, f"{here}.{name}") for name, sub in value.items()}
         elif key in ("anyOf", "oneOf", "prefixItems"):
-            out[key] = [normalise_schema(sub, f"{here}[{i}]") for i, sub in enumerate(value)]
+            out[key] = [_normalise(sub, f"{here}[{i}]") for i, sub in enumerate(value)]
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            out[key] = normalise_schema(value, here)
+            out[key] = _normalise(value, here)
+        elif key == "required" and not all(isinstance(v, str) for v in value):
+            raise UnsupportedSchema("required of the wrong type", path)
         elif key == "format" and value not in FORMATS:
             raise UnsupportedSchema(f"format: {value}", path)
         elif key == "type":
@@ -164,8 +185,8 @@ def _visit(converter, schema: dict, name: str) -> str:
     resolved = converter.resolve_refs(schema, "input")
     try:
         return converter.visit(resolved, name)
-    except (AssertionError, KeyError, ValueError) as exc:
-        raise UnsupportedSchema(str(exc) or type(exc).__name__, name) from exc
+    except (AssertionError, KeyError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise UnsupportedSchema(f"not convertible ({type(exc).__name__}: {exc})", name) from exc
 
 
 @functools.lru_cache(maxsize=256)

@@ -39,7 +39,7 @@ from app.engine.api import (
 )
 from app.engine.chat import ChatTemplate, ChatTemplateError, fallback_template, strip_leading_bos, template_for
 from app.engine.engine import Engine
-from app.engine.grammar import Grammar, json_object_grammar, schema_grammar
+from app.engine.grammar import Grammar, UnsupportedSchema, json_object_grammar, schema_grammar
 from app.engine.model_config import ModelConfig
 from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request
 from app.policy import Mode
@@ -318,7 +318,11 @@ class RunnerApp:
             raise ApiError(400, f"'messages': {exc}", param="messages", code="chat_template")
         text, _ = strip_leading_bos(text, state.template.bos_token)
         tokens = state.model.tokenize(text, add_special=True, parse_special=True)
-        grammar = self._chat_grammar(body, tools, fmt)
+        try:
+            grammar = self._chat_grammar(body, tools, fmt)
+        except UnsupportedSchema as exc:
+            param = "tools" if tools else "response_format"
+            raise ApiError(400, f"'{param}': {exc}", param=param, code="unsupported_schema")
         top = (body.top_logprobs or 0) if body.logprobs else None
         return self._generate(req, engine, body, tokens, chat=True, grammar=grammar, logprobs=top,
                               tools=tools if tools else None)

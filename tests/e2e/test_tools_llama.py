@@ -99,11 +99,13 @@ def test_logprobs_on_chat_and_completions(runner):
 
 
 def test_home_assistant_bodies_required_and_streamed_with_history(big_runner):
+    # ~2k-token prompts: minutes of prefill on a busy two-core box.
     r = big_runner.client.post("/v1/chat/completions", json=ha_chat_body("Turn on the kitchen light", "required",
-                                                                          stream=False))
+                                                                          stream=False), timeout=900)
     assert valid_calls(r.json()["choices"][0]["message"]["tool_calls"])
     with big_runner.client.stream("POST", "/v1/chat/completions",
-                                  json=ha_chat_body("Turn off the bedroom fan", "auto", history=True)) as r:
+                                  json=ha_chat_body("Turn off the bedroom fan", "auto", history=True),
+                                  timeout=900) as r:
         assert r.status_code == 200
         chunks = sse(r)
     final = chunks[-1]
