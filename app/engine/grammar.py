@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
+import re
 from dataclasses import dataclass
 
 # Keywords the converter turns into grammar rules.
@@ -25,8 +27,7 @@ HONOURED = frozenset({
 MAX_CALL_ARRAY_ITEMS = 8
 # Likewise for parallel calls: a household request rarely needs more, a small model may not stop.
 MAX_PARALLEL_CALLS = 4
-# An integer range up to this many values becomes an enum of them (Home Assistant's brightness 0..100).
-MAX_INTEGER_RANGE = 1000
+
 # Keywords that say nothing about which values are valid.
 ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
@@ -141,16 +142,65 @@ def _normalise(schema, path: str) -> dict:
     return out
 
 
+_RANGE_MARK = "__hearth_integer_range_{}_{}__"
+_RANGE_LITERAL = re.compile(r'"\\"__hearth_integer_range_(-?\d+)_(-?\d+)__\\""')
+
+
 def _integer_range(schema: dict, path: str) -> dict:
-    """An integer schema with both bounds as the enum of its values; other ranges are refused."""
+    """An integer schema with bounds as a placeholder the GBNF gets a digit-wise range rule for."""
     low, high = schema.get("minimum"), schema.get("maximum")
     keyword = "minimum" if low is not None else "maximum"
-    if schema.get("type") != "integer" or low is None or high is None:
+    if schema.get("type") != "integer" or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                   for v in (low, high) if v is not None):
         raise UnsupportedSchema(keyword, path)
-    if not (isinstance(low, int | float) and isinstance(high, int | float)) or high - low > MAX_INTEGER_RANGE:
-        raise UnsupportedSchema(f"{keyword} (integer ranges up to {MAX_INTEGER_RANGE} values only)", path)
-    values = list(range(int(-(-low // 1)), int(high // 1) + 1))
-    return {"enum": values}
+    if high is None:
+        if low is None or low < 0 or low > 1:
+            raise UnsupportedSchema(f"{keyword} (open ranges only from 0 or 1)", path)
+        high = 10**15 - 1
+    if low is None:
+        raise UnsupportedSchema("maximum (without minimum)", path)
+    low, high = math.ceil(low), math.floor(high)
+    if low > high:
+        raise UnsupportedSchema("minimum above maximum", path)
+    return {"const": _RANGE_MARK.format(low, high)}
+
+
+def _same_length(a: str, b: str) -> list[str]:
+    """GBNF alternatives for the integers a..b written with the same number of digits."""
+    if a == b:
+        return [" ".join(f'"{c}"' for c in a)]
+    if len(a) == 1:
+        return [f"[{a}-{b}]"]
+    tail = len(a) - 1
+    if a[1:] == "0" * tail and b[1:] == "9" * tail:
+        return [f"[{a[0]}-{b[0]}]" + " [0-9]" * tail]
+    if a[0] == b[0]:
+        return [f'"{a[0]}" {x}' for x in _same_length(a[1:], b[1:])]
+    out = [f'"{a[0]}" {x}' for x in _same_length(a[1:], "9" * tail)]
+    if int(b[0]) - int(a[0]) > 1:
+        out.append(f"[{int(a[0]) + 1}-{int(b[0]) - 1}]" + " [0-9]" * tail)
+    out += [f'"{b[0]}" {x}' for x in _same_length("0" * tail, b[1:])]
+    return out
+
+
+def _non_negative_range(low: int, high: int) -> list[str]:
+    out = []
+    for digits in range(len(str(low)), len(str(high)) + 1):
+        a = max(low, 10 ** (digits - 1) if digits > 1 else 0)
+        b = min(high, 10**digits - 1)
+        if a <= b:
+            out += _same_length(str(a), str(b))
+    return out
+
+
+def integer_range_rule(low: int, high: int) -> str:
+    """A GBNF expression matching exactly the integers low..high in JSON (no leading zeros)."""
+    alternatives = []
+    if low < 0:
+        alternatives += [f'"-" {x}' for x in _non_negative_range(max(1, -high), -low)]
+    if high >= 0:
+        alternatives += _non_negative_range(max(0, low), high)
+    return "(" + " | ".join(alternatives) + ")"
 
 
 def _bound_arrays(schema):
@@ -177,7 +227,8 @@ def _finish(converter) -> str:
     rules["space"] = _SPACE
     if "char" in rules:
         rules["char"] = _JSON_CHAR
-    return converter.format_grammar()
+    text = converter.format_grammar()
+    return _RANGE_LITERAL.sub(lambda m: integer_range_rule(int(m.group(1)), int(m.group(2))), text)
 
 
 def _visit(converter, schema: dict, name: str) -> str:

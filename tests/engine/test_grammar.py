@@ -1,9 +1,12 @@
 """JSON Schema checks and conversion: what is honoured, what is refused by name, caching."""
 
+import re
+
 import pytest
 
 from app.engine.grammar import (
     UnsupportedSchema,
+    integer_range_rule,
     normalise_schema,
     schema_grammar,
     tool_call_grammar,
@@ -30,11 +33,26 @@ def test_enum_beside_a_type_list_is_not_dropped():
     assert normalise_schema({"type": ["string", "null"], "enum": ["a", None]}) == {"enum": ["a", None]}
 
 
-def test_small_integer_ranges_become_enums_and_others_are_refused():
-    assert normalise_schema({"type": "integer", "minimum": 0, "maximum": 3}) == {"enum": [0, 1, 2, 3]}
-    with pytest.raises(UnsupportedSchema, match="'minimum'"):
-        normalise_schema({"type": "integer", "minimum": 0})
-    with pytest.raises(UnsupportedSchema, match="'maximum'"):
+def _as_regex(rule: str) -> re.Pattern:
+    """The GBNF of integer_range_rule as a Python regex (its only parts: literals, classes, |)."""
+    return re.compile(rule.replace('"', "").replace(" ", ""))
+
+
+@pytest.mark.parametrize("low,high", [(0, 100), (0, 1000), (1, 9), (-15, 7), (-100, -3), (7, 7), (19, 2341), (0, 0)])
+def test_integer_ranges_match_exactly_their_values(low, high):
+    pattern = _as_regex(integer_range_rule(low, high))
+    for n in range(low - 30, high + 31):
+        assert bool(pattern.fullmatch(str(n))) == (low <= n <= high), n
+    assert not pattern.fullmatch("00")
+
+
+def test_ranges_are_honoured_and_open_or_float_ones_refused():
+    gbnf = schema_grammar({"type": "object", "properties": {"b": {"type": "integer", "minimum": 0, "maximum": 100}},
+                           "required": ["b"]}).gbnf
+    assert '"1" "0" "0"' in gbnf and "__hearth" not in gbnf
+    with pytest.raises(UnsupportedSchema, match="'minimum"):
+        normalise_schema({"type": "integer", "minimum": 5})
+    with pytest.raises(UnsupportedSchema, match="'maximum"):
         normalise_schema({"type": "number", "maximum": 1.5})
 
 
