@@ -131,7 +131,7 @@ def ha_chat_body(command: str, tool_choice: str | dict = "auto", stream: bool = 
         ]
     messages.append({"role": "user", "content": command})
     body = {"messages": messages, "tools": tools or HA_TOOLS, "tool_choice": tool_choice, "stream": stream,
-            "max_tokens": 150, "temperature": 0, "user": "01JABC"}
+            "max_tokens": 300, "temperature": 0, "user": "01JABC"}
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body

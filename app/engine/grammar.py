@@ -24,9 +24,9 @@ HONOURED = frozenset({
 })
 # Arrays in tool-call arguments without maxItems get this bound: a small model copying an enum from
 # the prompt would otherwise list every value until max_tokens and never close the call.
-MAX_CALL_ARRAY_ITEMS = 8
+MAX_CALL_ARRAY_ITEMS = 4
 # Likewise for parallel calls: a household request rarely needs more, a small model may not stop.
-MAX_PARALLEL_CALLS = 4
+MAX_PARALLEL_CALLS = 3
 
 # Keywords that say nothing about which values are valid.
 ANNOTATIONS = frozenset({
