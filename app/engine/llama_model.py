@@ -519,7 +519,8 @@ class ConstrainedSampler:
             self._awaiting = False
             if not self._admits(self._g, token):
                 token = self._resample(logits, self._g)
-            llama_cpp.llama_sampler_accept(self._g, token)
+            if not m.is_eog(token):  # llama.cpp aborts on an end token the grammar did not admit
+                llama_cpp.llama_sampler_accept(self._g, token)
             return token
         if m.is_eog(token):
             return token
