@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--requests", type=int, default=50, help="HA-shaped requests and json_schema answers to check")
     tls.add_argument("--reps", type=int, default=3, help="interleaved throughput repetitions")
     tls.add_argument("--out", help="write the figures and raw per-request data here (JSON)")
+    tls.add_argument("--parts", default="compile,throughput,validity", help="comma-separated parts to run")
     mem = bench_sub.add_parser("memory", help="resident memory of a real runner under concurrent load")
     _add_model_args(mem, ctx=4096, parallel=8)
     mem.add_argument("--requests", type=int, default=8, help="concurrent requests (default %(default)s)")
@@ -257,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.bench_command == "tools":
         from app.devtools.tools_bench import run_tools_bench
 
-        run_tools_bench(resolve_model(args.model), args.threads, args.requests, args.reps, args.out)
+        run_tools_bench(resolve_model(args.model), args.threads, args.requests, args.reps, args.out,
+                        tuple(args.parts.split(",")))
         return 0
     if args.command == "bench" and args.bench_command == "replay":
         from app.verdict.replay import run_from_args as run_replay

@@ -33,6 +33,14 @@ from app.telemetry.stats import median
 
 THROUGHPUT_STREAMS = 8
 THROUGHPUT_TOKENS = 64
+PARTS = ("compile", "throughput", "validity")
+# Long enough that no answer ends before THROUGHPUT_TOKENS: both runs then generate the same number
+# of tokens and tok/s compares the decoding itself, not shorter constrained answers.
+LONG_SCHEMA = {"type": "object", "properties": {"steps": {
+    "type": "array", "items": {"type": "string", "maxLength": 60}, "minItems": 12, "maxItems": 12}},
+    "required": ["steps"], "additionalProperties": False}
+LONG_PROMPTS = ["List twelve steps to bake bread.", "List twelve things to pack for a camping trip.",
+                "List twelve chores for a Saturday.", "List twelve ways to save energy at home."]
 
 
 def _validator():
@@ -55,10 +63,12 @@ def _throughput(client, constrained: int, reps: int) -> dict:
         for kind in ("unconstrained", "mixed"):
             bodies = []
             for i in range(THROUGHPUT_STREAMS):
-                body = ai_task_body(AI_TASK_PROMPTS[i % len(AI_TASK_PROMPTS)])
-                body["max_tokens"] = THROUGHPUT_TOKENS
-                if kind == "unconstrained" or i >= constrained:
-                    body.pop("response_format")
+                body = {"messages": [{"role": "user", "content": LONG_PROMPTS[i % len(LONG_PROMPTS)]}],
+                        "max_tokens": THROUGHPUT_TOKENS, "temperature": 0, "ignore_eos": kind == "unconstrained"
+                        or i >= constrained}
+                if kind == "mixed" and i < constrained:
+                    body["response_format"] = {"type": "json_schema",
+                                               "json_schema": {"name": "steps", "schema": LONG_SCHEMA}}
                 bodies.append(body)
             t0 = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(THROUGHPUT_STREAMS) as pool:
@@ -125,7 +135,8 @@ def _validity(client, n: int, concurrency: int) -> dict:
             "tool_calls": call_raw, "json_schema": json_raw}
 
 
-def run_tools_bench(model_path: str, threads: int, requests: int, reps: int, out: str | None) -> dict:
+def run_tools_bench(model_path: str, threads: int, requests: int, reps: int, out: str | None,
+                    parts: tuple[str, ...] = PARTS) -> dict:
     """Run the three parts and print their figures; returns the JSON written to out."""
     from werkzeug.test import Client
 
@@ -143,16 +154,22 @@ def run_tools_bench(model_path: str, threads: int, requests: int, reps: int, out
               "n_seq_max": cfg.n_seq_max, "threads": threads, "n_gpu_layers": cfg.n_gpu_layers, "mode": "continuous",
               "tool_format": app.state.tool_format, "machine": machine()}
     print(json.dumps(header))
+    compile_ = tp = val = None
     try:
-        compile_ = _compile(app.state.model)
-        print(f"grammar compile, 20 HA tools: cold {compile_['cold_ms_median']:.1f} ms, cached "
-              f"{compile_['cached_ms_median']:.2f} ms (median of 5; {compile_['gbnf_chars']} GBNF chars)")
-        tp = _throughput(client, THROUGHPUT_STREAMS // 2, reps)
-        print(f"8 streams: unconstrained {tp['unconstrained_tok_s']:.1f} tok/s, 4 of 8 json_schema "
-              f"{tp['mixed_tok_s']:.1f} tok/s, ratio {tp['ratio']:.2f} (median of {reps}, interleaved)")
-        val = _validity(client, requests, concurrency=4)
-        print(f"tool_choice required, HA-shaped: {val['tool_calls_valid']}/{requests} calls validate; "
-              f"json_schema: {val['json_schema_valid']}/{requests} answers validate")
+        if "compile" in parts:
+            compile_ = _compile(app.state.model)
+            print(f"grammar compile, 20 HA tools: cold {compile_['cold_ms_median']:.1f} ms, cached "
+                  f"{compile_['cached_ms_median']:.2f} ms (median of 5; {compile_['gbnf_chars']} GBNF chars)")
+        if "throughput" in parts:
+            tp = _throughput(client, THROUGHPUT_STREAMS // 2, reps)
+            tokens = {k: [r["completion_tokens"] for r in v] for k, v in tp["runs"].items()}
+            print(f"8 streams x {THROUGHPUT_TOKENS} tokens: unconstrained {tp['unconstrained_tok_s']:.1f} tok/s, "
+                  f"4 of 8 json_schema {tp['mixed_tok_s']:.1f} tok/s, ratio {tp['ratio']:.2f} "
+                  f"(median of {reps}, interleaved; tokens per run {tokens})")
+        if "validity" in parts:
+            val = _validity(client, requests, concurrency=4)
+            print(f"tool_choice required, HA-shaped: {val['tool_calls_valid']}/{requests} calls validate; "
+                  f"json_schema: {val['json_schema_valid']}/{requests} answers validate")
     finally:
         app.state.engine.stop()
     result = {"header": header, "compile": compile_, "throughput": tp, "validity": val}

@@ -112,7 +112,6 @@ class LlamaModel:
         self._one = np.zeros(1, dtype=_TOKEN_DATA)
         self._one_arr = llama_cpp.llama_token_data_array(
             data=self._one.ctypes.data_as(llama_cpp.llama_token_data_p), size=1, selected=-1, sorted=False)
-        self._top = llama_cpp.llama_sampler_init_top_k(GRAMMAR_CANDIDATES)
 
     # -- metadata ------------------------------------------------------------------------
 
@@ -458,11 +457,18 @@ class ConstrainedSampler:
         if constrain is None and self.chain is None:
             return int(logits.argmax())
         cand, arr = m._cand, m._cand_arr
-        cand["id"] = m._cand_ids
-        cand["logit"] = logits
-        arr.size, arr.selected, arr.sorted = m.n_vocab, -1, False
         if candidates is not None:
-            llama_cpp.llama_sampler_apply(m._top, ctypes.byref(arr))
+            # Only the likeliest candidates are written: filling all 262k entries and letting
+            # llama.cpp's top-k pick them costs ~5 ms, this ~1 ms.
+            top = np.argpartition(logits, -candidates)[-candidates:]
+            cand["id"][:candidates] = top
+            cand["logit"][:candidates] = logits[top]
+            arr.size = candidates
+        else:
+            cand["id"] = m._cand_ids
+            cand["logit"] = logits
+            arr.size = m.n_vocab
+        arr.selected, arr.sorted = -1, False
         if constrain is not None:
             llama_cpp.llama_sampler_apply(constrain, ctypes.byref(arr))
             # Only admitted tokens go on to the chain, unsorted: its top-k would otherwise trust
