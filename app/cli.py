@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--pressure-ctx", type=int, default=1024,
                      help="KV cells for the preemption scenario (8 long requests); 0 to skip")
 
+    tls = bench_sub.add_parser("tools", help="constrained decoding: throughput cost, grammar compile, call/JSON validity")
+    tls.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    tls.add_argument("--threads", type=int, default=2)
+    tls.add_argument("--requests", type=int, default=50, help="HA-shaped requests and json_schema answers to check")
+    tls.add_argument("--reps", type=int, default=3, help="interleaved throughput repetitions")
+    tls.add_argument("--out", help="write the figures and raw per-request data here (JSON)")
+    tls.add_argument("--parts", default="compile,throughput,validity", help="comma-separated parts to run")
     mem = bench_sub.add_parser("memory", help="resident memory of a real runner under concurrent load")
     _add_model_args(mem, ctx=4096, parallel=8)
     mem.add_argument("--requests", type=int, default=8, help="concurrent requests (default %(default)s)")
@@ -253,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         from app.devtools.engine_bench import run_from_args
 
         return run_from_args(args, model_config(args, resolve_model(args.model)))
+    if args.command == "bench" and args.bench_command == "tools":
+        from app.devtools.tools_bench import run_tools_bench
+
+        run_tools_bench(resolve_model(args.model), args.threads, args.requests, args.reps, args.out,
+                        tuple(args.parts.split(",")))
+        return 0
     if args.command == "bench" and args.bench_command == "replay":
         from app.verdict.replay import run_from_args as run_replay
 

@@ -14,26 +14,25 @@ from pydantic import (
     model_validator,
 )
 
+from app.engine.grammar import UnsupportedSchema, normalise_schema
 from app.engine.request import SamplingParams
 
 MAX_STOP_STRINGS = 8
+MAX_TOP_LOGPROBS = 20
+MAX_TOOLS = 128
+# What a request can use beyond plain generation: recorded per request, counted per class on /metrics.
+FEATURES = ("tools", "json_object", "json_schema", "fim", "logprobs")
+# Fill-in-the-middle requests go to this class unless the client names one.
+FIM_CLASS = "coding"
 
 NonNegInt = Annotated[int, Field(ge=0)]
 INT32_MAX = 2**31 - 1  # llama.cpp takes top_k as a C int
 
 # OpenAI parameters Hearth cannot honour, with the values that ask for nothing (those pass): ignoring
-# a request for tools, JSON mode or log-probabilities would answer a different question than asked.
+# them would answer a different question than asked.
 UNSUPPORTED = {
-    "tools": (None, []),
-    "functions": (None, []),
-    "tool_choice": (None, "none"),
-    "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "best_of": (None, 1),
     "echo": (None, False),
-    "suffix": (None, ""),
     "logit_bias": (None, {}),
 }
 
@@ -69,6 +68,14 @@ class UnsupportedParameter(ValueError):
     def __init__(self, name: str):
         super().__init__(f"'{name}' is not supported by Hearth; remove it from the request")
         self.name = name
+
+
+class BodyProblem(ValueError):
+    """A request that is well-formed field by field but inconsistent as a whole; names the field to fix."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
 class _Body(BaseModel):
@@ -145,6 +152,50 @@ class CompletionBody(_Body):
     """POST /v1/completions."""
 
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    # Fill-in-the-middle: the text after the gap; the prompt is the text before it.
+    suffix: str | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @property
+    def fim(self) -> bool:
+        """True when the request fills in the middle (a non-empty suffix)."""
+        return bool(self.suffix)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """What beyond plain completion this request uses (FEATURES)."""
+        return tuple(f for f, used in (("fim", self.fim), ("logprobs", self.logprobs is not None)) if used)
+
+
+class ExtraChunk(BaseModel):
+    """One file of context for /infill (llama-server's input_extra)."""
+
+    model_config = ConfigDict(extra="ignore")
+    filename: str = ""
+    text: str = ""
+
+
+class InfillBody(_Body):
+    """POST /infill (llama-server's code-completion endpoint)."""
+
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=64)
+    # Text placed after the middle marker (llama-server's meaning), e.g. the start of the line.
+    prompt: str = ""
+    n_predict: int | None = Field(default=None, ge=1)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """Always fill-in-the-middle."""
+        return ("fim",)
+
+    def sampling(self, default_max_tokens: int) -> SamplingParams:
+        """As for completions; n_predict is llama-server's max_tokens."""
+        params = super().sampling(default_max_tokens)
+        if self.n_predict is not None and self.max_tokens is None:
+            params = SamplingParams(**{**params.__dict__, "max_tokens": self.n_predict})
+        return params
 
 
 class TextPart(BaseModel):
@@ -155,12 +206,102 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCallIn(BaseModel):
+    """A call in an assistant message of the history."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str | dict = "{}"
+
+
+class ToolCallIn(BaseModel):
+    """An assistant message's tool_calls[] entry."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class Message(BaseModel):
     """One chat message."""
 
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class FunctionDef(BaseModel):
+    """A tool's function: name, description and a JSON Schema of its arguments."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _check_parameters(cls, v):
+        if v is not None:
+            normalise_schema(v, "parameters")
+        return v
+
+
+class Tool(BaseModel):
+    """One entry of `tools`."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    """The function of a named tool_choice."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """tool_choice naming one function."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    """response_format.json_schema."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    schema_: dict = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _check_schema(cls, v):
+        normalise_schema(v, "schema")
+        return v
+
+
+class ResponseFormat(BaseModel):
+    """response_format: text, JSON mode, or JSON valid against a schema."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs a json_schema object with a schema")
+        return self
 
 
 class ChatBody(_Body):
@@ -168,6 +309,64 @@ class ChatBody(_Body):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _map_legacy_functions(cls, data):
+        # The deprecated `functions`/`function_call` pair is the same request in older clients' words.
+        if isinstance(data, dict) and ("functions" in data or "function_call" in data):
+            data = dict(data)
+            functions = data.pop("functions", None)
+            call = data.pop("function_call", None)
+            if functions and "tools" not in data:
+                data["tools"] = [{"type": "function", "function": f} for f in functions]
+            if call is not None and "tool_choice" not in data:
+                data["tool_choice"] = {"type": "function", "function": call} if isinstance(call, dict) else call
+        return data
+
+    @model_validator(mode="after")
+    def _check_tool_choice(self):
+        names = [t.function.name for t in self.tools or []]
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise BodyProblem("tool_choice", f"'tool_choice' names '{self.tool_choice.function.name}', "
+                                             f"which is not among the tools ({', '.join(names) or 'none'})")
+        if self.tool_choice == "required" and not names:
+            raise BodyProblem("tool_choice", "'tool_choice': 'required' needs at least one tool in 'tools'")
+        if len(set(names)) != len(names):
+            raise BodyProblem("tools", "'tools': function names must be unique")
+        return self
+
+    @property
+    def tool_list(self) -> list[dict]:
+        """The offered tools as plain OpenAI dicts ([] when tool_choice is none)."""
+        if not self.tools or self.tool_choice == "none":
+            return []
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    @property
+    def choice(self):
+        """tool_choice as a plain value: "auto" (default with tools), "none", "required" or a named dict."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.model_dump()
+        return self.tool_choice or "auto"
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """What beyond plain chat this request uses (tools, json_object, json_schema, logprobs)."""
+        out = []
+        if self.tool_list:
+            out.append("tools")
+        if self.response_format is not None and self.response_format.type != "text":
+            out.append(self.response_format.type)
+        if self.logprobs:
+            out.append("logprobs")
+        return tuple(out)
 
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         """As for completions; max_completion_tokens wins over max_tokens, as in OpenAI's API."""
@@ -199,6 +398,11 @@ class EmbeddingBody(BaseModel):
     max_tokens: int | None = None
     priority: int = Field(default=0, ge=-1000, le=1000)
     hearth_class: str = Field(default="default", min_length=1, max_length=64)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """What beyond plain chat this request uses: nothing (embeddings are their own route)."""
+        return ()
 
     def inputs(self) -> list[str | list[int]]:
         """The inputs as a list: texts or token lists."""
@@ -266,6 +470,13 @@ def parse_body(raw: bytes, schema: type[BaseModel]) -> tuple[BaseModel, dict]:
 def validation_error(exc: ValidationError) -> ApiError:
     """A 400 naming the offending field and what is wrong with it."""
     errors = exc.errors()
+    schema = next((e for e in errors if isinstance(e.get("ctx", {}).get("error"), UnsupportedSchema)), None)
+    if schema is not None:
+        loc = ".".join(str(p) for p in schema["loc"] if _is_field(p) or p == "schema").replace("schema_", "schema")
+        return ApiError(400, f"'{loc}': {schema['ctx']['error']}", param=loc.split(".")[0], code="unsupported_schema")
+    problem = next((e for e in errors if isinstance(e.get("ctx", {}).get("error"), BodyProblem)), None)
+    if problem is not None:
+        return ApiError(400, str(problem["ctx"]["error"]), param=problem["ctx"]["error"].param)
     unsupported = next((e for e in errors if isinstance(e.get("ctx", {}).get("error"), UnsupportedParameter)), None)
     if unsupported is not None:
         name = unsupported["ctx"]["error"].name

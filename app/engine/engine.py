@@ -47,6 +47,7 @@ class ModelBackend(Protocol):
     def make_sampler(self, params: SamplingParams, prompt_tokens: list[int]): ...
     def sample(self, sampler, params: SamplingParams, batch_index: int) -> int: ...
     def free_sampler(self, sampler) -> None: ...
+    def logprob(self, batch_index: int, token: int, top_n: int) -> dict: ...
     def token_bytes(self, token: int) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
 
@@ -353,6 +354,7 @@ class Engine:
         if r.status is not RequestStatus.RUNNING:
             return
         token = self.model.sample(r.sampler, r.params, batch_index)
+        logprob = None if r.params.logprobs is None else self.model.logprob(batch_index, token, r.params.logprobs)
         if r.first_token_s is None:
             r.first_token_s = now
         utf8, stops = r.text_state
@@ -366,7 +368,7 @@ class Engine:
         text, hit = stops.push(utf8.push(self.model.token_bytes(token)))
         # One Delta per token keeps streamed token counts honest even when text is held back
         # (a partial UTF-8 character or a possible stop-string prefix).
-        r.events.put(Delta(text, 1))
+        r.events.put(Delta(text, 1, logprob))
         if hit:
             with self._cv:
                 self._finish(r, RequestStatus.FINISHED_STOP)

@@ -7,7 +7,10 @@ import itertools
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.engine.grammar import Grammar
 
 
 class EngineError(Exception):
@@ -51,6 +54,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Constrained decoding: only tokens the grammar admits are sampled (per sequence).
+    grammar: Grammar | None = None
+    # Log-probabilities of each chosen token and of this many alternatives (None: none computed).
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -99,6 +106,8 @@ class Delta:
 
     text: str
     num_tokens: int
+    # The token's log-probability (and its top alternatives) when the request asked for them.
+    logprob: dict | None = None
 
 
 @dataclass(frozen=True)

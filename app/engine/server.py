@@ -8,6 +8,7 @@ of the web app.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import select
@@ -25,6 +26,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
+from app.engine import tools as toolfmt
 from app.engine.api import (
     MAX_BODY_BYTES,
     ApiError,
@@ -32,12 +34,14 @@ from app.engine.api import (
     CompletionBody,
     DetokenizeBody,
     EmbeddingBody,
+    InfillBody,
     TokenizeBody,
     parse_body,
     too_large,
 )
 from app.engine.chat import ChatTemplate, ChatTemplateError, fallback_template, strip_leading_bos, template_for
 from app.engine.engine import Engine
+from app.engine.grammar import Grammar, UnsupportedSchema, json_object_grammar, schema_grammar
 from app.engine.model_config import ModelConfig
 from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request
 from app.policy import Mode
@@ -75,6 +79,8 @@ class RunnerState:
         self.engine: Engine | None = None
         self.metrics = None
         self.template: ChatTemplate | None = None
+        self.tool_format = toolfmt.GENERIC
+        self.tool_trigger_tokens: tuple[int, ...] = ()
         self.load_s: float | None = None
         self._embedder = None
         self._embedder_lock = threading.Lock()
@@ -102,6 +108,10 @@ class RunnerState:
             m = self.model
             bos, eos = m.token_text(m.bos_token), m.token_text(m.eos_token)
             self.template = template_for(m.chat_template(), m.architecture, bos, eos) or fallback_template(bos, eos)
+            self.tool_format = toolfmt.detect_format(self.template.source)
+            if self.tool_format == toolfmt.MISTRAL:
+                marker = m.tokenize(toolfmt.MISTRAL_MARK, add_special=False, parse_special=True)
+                self.tool_trigger_tokens = tuple(marker) if len(marker) == 1 else ()
             self.engine = Engine(
                 self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting
             ).start()
@@ -161,6 +171,7 @@ class RunnerApp:
                 Rule("/detokenize", endpoint="detokenize", methods=["POST"]),
                 Rule("/v1/completions", endpoint="completions", methods=["POST"]),
                 Rule("/completions", endpoint="completions", methods=["POST"]),
+                Rule("/infill", endpoint="infill", methods=["POST"]),
                 Rule("/v1/chat/completions", endpoint="chat", methods=["POST"]),
                 Rule("/chat/completions", endpoint="chat", methods=["POST"]),
                 Rule("/v1/embeddings", endpoint="embeddings", methods=["POST"]),
@@ -225,6 +236,8 @@ class RunnerApp:
             "kv_cache_bytes": self.state.model.kv_cache_bytes(),
             "model": self.state.model.describe(),
             "chat_template": self.state.template.source if self.state.template else None,
+            "tool_format": self.state.tool_format,
+            "fim_tokens": sorted(self.state.model.fim_tokens()),
         })
 
     def on_models(self, req):
@@ -304,7 +317,11 @@ class RunnerApp:
         body = self._parse(req, CompletionBody)
         engine = self._ready()
         model = self.state.model
-        if isinstance(body.prompt, str):
+        if body.fim:
+            if not isinstance(body.prompt, str):
+                raise ApiError(400, "'prompt': with 'suffix', the prompt must be text", param="prompt")
+            tokens = self._fim_tokens(body.prompt, body.suffix, [], "", "suffix")
+        elif isinstance(body.prompt, str):
             tokens = model.tokenize(body.prompt, add_special=True, parse_special=True)
         else:
             bad = next((t for t in body.prompt if t >= model.n_vocab), None)
@@ -312,26 +329,86 @@ class RunnerApp:
                 raise ApiError(400, f"'prompt': token id {bad} is outside the vocabulary (0..{model.n_vocab - 1})",
                                param="prompt")
             tokens = list(body.prompt)
-        return self._generate(req, engine, body, tokens, chat=False)
+        return self._generate(req, engine, body, tokens, chat=False, logprobs=body.logprobs)
+
+    def on_infill(self, req):
+        body = self._parse(req, InfillBody)
+        engine = self._ready()
+        tokens = self._fim_tokens(body.input_prefix, body.input_suffix, body.input_extra, body.prompt, "input_suffix")
+        return self._generate(req, engine, body, tokens, chat=False, infill=True)
+
+    def _fim_tokens(self, prefix: str | None, suffix: str, extra: list, after: str, param: str) -> list[int]:
+        """A fill-in-the-middle prompt in the model's own FIM tokens (prefix, suffix, middle)."""
+        model = self.state.model
+        fim = model.fim_tokens()
+        missing = [k for k in ("pre", "suf", "mid") if k not in fim]
+        if missing:
+            raise ApiError(400, f"'{param}': this model has no fill-in-the-middle tokens in its vocabulary "
+                                f"(missing: {', '.join('FIM ' + k for k in missing)}); use a code model that has them",
+                           param=param, code="fim_unsupported")
+
+        def text(t: str) -> list[int]:
+            return model.tokenize(t, add_special=False, parse_special=False) if t else []
+
+        tokens = [model.bos_token] if model.add_bos else []
+        for chunk in extra:
+            # Other files as repository context, the way llama-server lays out input_extra.
+            if "sep" in fim:
+                tokens += [fim["sep"]] + text(f"{chunk.filename}\n{chunk.text}")
+            else:
+                tokens += text(f"// {chunk.filename}\n{chunk.text}\n")
+        tokens += [fim["pre"]] + text(prefix or "") + [fim["suf"]] + text(suffix) + [fim["mid"]] + text(after)
+        return tokens
 
     def on_chat(self, req):
         body = self._parse(req, ChatBody)
         engine = self._ready()
-        messages = [m.model_dump(exclude_none=False) for m in body.messages]
+        state = self.state
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        tools = body.tool_list
+        fmt = state.tool_format
+        messages = toolfmt.prepare_messages(messages, fmt, tools, body.choice, body.parallel_tool_calls)
+        native_tools = tools if tools and fmt != toolfmt.GENERIC else None
         try:
-            text = self.state.template.render(messages, add_generation_prompt=True)
+            text = state.template.render(messages, add_generation_prompt=True, tools=native_tools)
         except ChatTemplateError as exc:
             raise ApiError(400, f"'messages': {exc}", param="messages", code="chat_template")
-        text, _ = strip_leading_bos(text, self.state.template.bos_token)
-        tokens = self.state.model.tokenize(text, add_special=True, parse_special=True)
-        return self._generate(req, engine, body, tokens, chat=True)
+        text, _ = strip_leading_bos(text, state.template.bos_token)
+        tokens = state.model.tokenize(text, add_special=True, parse_special=True)
+        try:
+            grammar = self._chat_grammar(body, tools, fmt)
+        except UnsupportedSchema as exc:
+            param = "tools" if tools else "response_format"
+            raise ApiError(400, f"'{param}': {exc}", param=param, code="unsupported_schema")
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        return self._generate(req, engine, body, tokens, chat=True, grammar=grammar, logprobs=top,
+                              tools=tools if tools else None)
 
-    def _generate(self, req: HttpRequest, engine: Engine, body, tokens: list[int], chat: bool):
+    def _chat_grammar(self, body: ChatBody, tools: list[dict], fmt: str) -> Grammar | None:
+        """The constraint of a chat request: a forced call, else the response format, else a lazy call grammar."""
+        forced = tools and (body.choice == "required" or isinstance(body.choice, dict))
+        calls = toolfmt.call_grammar(tools, fmt, body.choice, body.parallel_tool_calls,
+                                     self.state.tool_trigger_tokens) if tools else None
+        if forced:
+            return calls
+        rf = body.response_format
+        if rf is not None and rf.type == "json_object":
+            return json_object_grammar()
+        if rf is not None and rf.type == "json_schema":
+            return schema_grammar(rf.json_schema.schema_)
+        return calls
+
+    def _generate(self, req: HttpRequest, engine: Engine, body, tokens: list[int], chat: bool,
+                  grammar: Grammar | None = None, logprobs: int | None = None, tools: list[dict] | None = None,
+                  infill: bool = False):
         arrival_s = time.monotonic()
+        params = body.sampling(self.state.config.default_max_tokens)
+        if grammar is not None or logprobs is not None:
+            params = dataclasses.replace(params, grammar=grammar, logprobs=logprobs)
         try:
             request = engine.submit(
                 tokens,
-                body.sampling(self.state.config.default_max_tokens),
+                params,
                 priority=body.priority,
                 class_name=body.hearth_class,
                 arrival_s=arrival_s,
@@ -342,13 +419,15 @@ class RunnerApp:
             raise ApiError(503, str(exc), code="queue_full", err_type="unavailable_error",
                            headers={"Retry-After": str(exc.retry_after_s)})
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        answer = _Answer(chat=chat, tools=tools, fmt=self.state.tool_format, infill=infill,
+                         logprobs=logprobs is not None)
         if body.stream:
             return Response(
-                self._stream(req.environ, engine, request, body, rid, chat),
+                self._stream(req.environ, engine, request, body, rid, answer),
                 mimetype="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return self._complete(req.environ, engine, request, rid, chat)
+        return self._complete(req.environ, engine, request, rid, answer)
 
     def _events(self, environ, engine: Engine, request: Request) -> Iterator[Delta | Finished]:
         """The request's events; cancels it when the client goes away."""
@@ -382,12 +461,15 @@ class RunnerApp:
     def _timings(self, fin: Finished) -> dict:
         return fin.stats.as_dict()
 
-    def _complete(self, environ, engine, request, rid, chat) -> Response:
+    def _complete(self, environ, engine, request, rid, answer: _Answer) -> Response:
         parts: list[str] = []
+        logprobs: list[dict] = []
         fin: Finished | None = None
         for ev in self._events(environ, engine, request):
             if isinstance(ev, Delta):
                 parts.append(ev.text)
+                if ev.logprob is not None:
+                    logprobs.append(ev.logprob)
             else:
                 fin = ev
         if fin is None:  # client gone: nobody reads this, but answer sanely
@@ -397,58 +479,133 @@ class RunnerApp:
             return _error(ApiError(status, fin.error, code="generation_failed", err_type="server_error"))
         text = "".join(parts)
         created = int(time.time())
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": fin.finish_reason}
+        model_name = self.state.config.model_name
+        if answer.infill:
+            return _json({"content": text, "stop": True, "model": model_name, "id_slot": request.slot,
+                          "tokens_predicted": fin.stats.num_completion_tokens,
+                          "tokens_evaluated": fin.stats.num_prompt_tokens,
+                          "stop_type": "limit" if fin.finish_reason == "length" else "eos",
+                          "usage": self._usage(fin), "timings": self._timings(fin)})
+        finish = fin.finish_reason
+        if answer.chat:
+            message: dict = {"role": "assistant", "content": text}
+            if answer.tools:
+                parsed = toolfmt.parse(text, answer.fmt, answer.tools)
+                if parsed.calls:
+                    message["content"] = parsed.content.strip() or None
+                    message["tool_calls"] = [c.as_openai() for c in parsed.calls]
+                    finish = "tool_calls"
+            choice = {"index": 0, "message": message,
+                      "logprobs": {"content": logprobs} if answer.logprobs else None, "finish_reason": finish}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": fin.finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": _completion_logprobs(logprobs) if answer.logprobs else None,
+                      "finish_reason": finish}
             obj = "text_completion"
         return _json({
-            "id": rid, "object": obj, "created": created, "model": self.state.config.model_name,
+            "id": rid, "object": obj, "created": created, "model": model_name,
             "choices": [choice], "usage": self._usage(fin), "timings": self._timings(fin),
         })
 
-    def _stream(self, environ, engine, request, body, rid, chat) -> Iterator[bytes]:
+    def _stream(self, environ, engine, request, body, rid, answer: _Answer) -> Iterator[bytes]:
         created = int(time.time())
         model_name = self.state.config.model_name
+        chat = answer.chat
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(delta_text: str | None, finish: str | None, role: bool = False, extra: dict | None = None) -> bytes:
-            if chat:
+        def sse(payload: dict) -> bytes:
+            return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+        def chunk(delta_text: str | None, finish: str | None, role: bool = False, extra: dict | None = None,
+                  logprobs: list[dict] | None = None, tool_calls: list[dict] | None = None) -> bytes:
+            if answer.infill:
+                payload = {"content": delta_text or "", "stop": finish is not None, "model": model_name}
+                if finish is not None:
+                    payload["stop_type"] = "limit" if finish == "length" else "eos"
+            elif chat:
                 delta = {}
                 if role:
                     delta["role"] = "assistant"
                 if delta_text is not None:
                     delta["content"] = delta_text
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                if tool_calls is not None:
+                    delta["tool_calls"] = tool_calls
+                lp = {"content": logprobs} if logprobs else None
+                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+                payload = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
             else:
-                choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
-            payload = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
+                choice = {"index": 0, "text": delta_text or "",
+                          "logprobs": _completion_logprobs(logprobs) if logprobs else None, "finish_reason": finish}
+                payload = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice]}
             if extra:
                 payload.update(extra)
-            return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+            return sse(payload)
 
+        calls = toolfmt.ToolStream(answer.fmt, answer.tools) if chat and answer.tools else None
+        pending: list[dict] = []  # logprobs of tokens whose text is still held back
         if chat:
             yield chunk("", None, role=True)
         for ev in self._events(environ, engine, request):
             if isinstance(ev, Delta):
-                if ev.text:
-                    yield chunk(ev.text, None)
+                if ev.logprob is not None:
+                    pending.append(ev.logprob)
+                text = calls.push(ev.text) if calls is not None else ev.text
+                if text:
+                    yield chunk(text, None, logprobs=pending)
+                    pending = []
                 continue
             if ev.error:
                 err = ApiError(503 if ev.finish_reason == "cancelled" else 500, ev.error,
                                code="generation_failed", err_type="server_error")
-                yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+                yield sse(err.body())
             else:
+                finish = ev.finish_reason
+                if calls is not None:
+                    parsed = calls.finish()
+                    if parsed.content.strip() or (pending and parsed.content):
+                        yield chunk(parsed.content, None, logprobs=pending)
+                        pending = []
+                    for i, call in enumerate(parsed.calls):
+                        # OpenAI's shape: id, type and name in a call's first delta, arguments after.
+                        yield chunk(None, None, tool_calls=[{"index": i, "id": call.id, "type": "function",
+                                                             "function": {"name": call.name, "arguments": ""}}])
+                        yield chunk(None, None, tool_calls=[{"index": i, "function": {"arguments": call.arguments}}])
+                    if parsed.calls:
+                        finish = "tool_calls"
                 usage = self._usage(ev)
-                yield chunk(None if chat else "", ev.finish_reason,
-                            extra={"usage": usage, "timings": self._timings(ev)})
-                if body.include_usage:
+                yield chunk(None if chat else "", finish, extra={"usage": usage, "timings": self._timings(ev)},
+                            logprobs=pending or None)
+                if body.include_usage and not answer.infill:
                     payload = {"id": rid, "object": obj, "created": created, "model": model_name,
                                "choices": [], "usage": usage}
-                    yield b"data: " + json.dumps(payload).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"
+                    yield sse(payload)
+            if not answer.infill:
+                yield b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """How a request's answer is shaped: chat or text, tool-call parsing, infill, logprobs."""
+
+    chat: bool
+    tools: list[dict] | None = None
+    fmt: str = toolfmt.GENERIC
+    infill: bool = False
+    logprobs: bool = False
+
+
+def _completion_logprobs(entries: list[dict]) -> dict:
+    """The legacy completions logprobs object from per-token entries."""
+    offsets, pos = [], 0
+    for e in entries:
+        offsets.append(pos)
+        pos += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }
 
 
 def create_app(config: RunnerConfig, load: bool = True) -> RunnerApp:

@@ -11,7 +11,17 @@ from datetime import UTC, datetime
 from flask import Blueprint, Response, request, stream_with_context
 from pydantic import BaseModel
 
-from app.engine.api import MAX_BODY_BYTES, ApiError, ChatBody, CompletionBody, EmbeddingBody, parse_body, too_large
+from app.engine.api import (
+    FIM_CLASS,
+    MAX_BODY_BYTES,
+    ApiError,
+    ChatBody,
+    CompletionBody,
+    EmbeddingBody,
+    InfillBody,
+    parse_body,
+    too_large,
+)
 from app.gateway import relay
 from app.gateway.admission import QueueFull, QueueTimeout, Ticket
 from app.gateway.auth import Principal, bearer_token
@@ -90,8 +100,12 @@ def _parse(schema: type[BaseModel]):
     return parse_body(request.get_data(cache=False), schema)
 
 
-def _choose_class(principal: Principal, body_class: str | None):
-    wanted = request.headers.get("X-Hearth-Class") or body_class or principal.default_class
+def _choose_class(principal: Principal, body_class: str | None, fim: bool = False):
+    wanted = request.headers.get("X-Hearth-Class") or body_class
+    if wanted is None and fim and FIM_CLASS in services().classes.names() and principal.may_use(FIM_CLASS):
+        # Code completion is its own household policy, whatever app's token sends it.
+        wanted = FIM_CLASS
+    wanted = wanted or principal.default_class
     policy = services().classes.get(wanted)
     if policy is None:
         raise ApiError(400, f"unknown class '{wanted}'; known classes: {', '.join(services().classes.names())}",
@@ -121,6 +135,12 @@ def embeddings():
     return _serve(EmbeddingBody, "/v1/embeddings")
 
 
+@bp.post("/infill")
+def infill():
+    """llama-server's fill-in-the-middle endpoint (code completion plugins such as llama.vim)."""
+    return _serve(InfillBody, "/infill")
+
+
 @bp.get("/v1/models")
 def models():
     """Usable models (resident or loadable) and their aliases."""
@@ -134,22 +154,27 @@ def _serve(schema, path: str, shape=None):
     arrival_at = datetime.now(UTC)
     principal = _authenticate()
     body, raw = _parse(schema) if shape is None else shape.parse(schema)
-    policy = _choose_class(principal, raw.get("hearth_class"))
+    features = tuple(body.features)
+    policy = _choose_class(principal, raw.get("hearth_class"), fim="fim" in features)
     h = services()
     model_name = h.router.resolve(body.model, policy)
     requested = body.max_completion_tokens if isinstance(body, ChatBody) and body.max_completion_tokens else body.max_tokens
+    if isinstance(body, InfillBody) and requested is None:
+        requested = body.n_predict
     if requested is not None and requested > policy.max_output_tokens:
         raise ApiError(400, f"'max_tokens': {requested} is above class '{policy.name}''s cap of "
                             f"{policy.max_output_tokens}", param="max_tokens", code="max_tokens_above_cap")
     forward = dict(raw)
     forward["max_tokens"] = requested or policy.default_max_tokens
     forward.pop("max_completion_tokens", None)
+    forward.pop("n_predict", None)
     forward["priority"] = policy.priority
     forward["hearth_class"] = policy.name
     forward["model"] = model_name
     record = {
         "arrival_at": arrival_at, "member_name": principal.member, "token_id": principal.token_id,
         "class_name": policy.name, "model": model_name, "stream": bool(body.stream),
+        "features": ",".join(features) or None,
     }
     try:
         ticket = h.admission.admit(policy)

@@ -10,7 +10,7 @@ from functools import cache
 
 from pydantic.json_schema import models_json_schema
 
-from app.engine.api import MAX_BODY_BYTES, UNSUPPORTED, ChatBody, CompletionBody
+from app.engine.api import MAX_BODY_BYTES, UNSUPPORTED, ChatBody, CompletionBody, InfillBody
 
 REF = "#/components/schemas/{model}"
 
@@ -70,7 +70,8 @@ def _generation(schema_name: str, summary: str) -> dict:
 @cache
 def openapi_document() -> dict:
     """The OpenAPI document of the gateway (built once per process)."""
-    _, defs = models_json_schema([(ChatBody, "validation"), (CompletionBody, "validation")], ref_template=REF)
+    _, defs = models_json_schema([(ChatBody, "validation"), (CompletionBody, "validation"), (InfillBody, "validation")],
+                                 ref_template=REF)
     schemas = dict(defs["$defs"])
     schemas["Error"] = _error_schema()
     return {
@@ -79,7 +80,8 @@ def openapi_document() -> dict:
                  "description": "OpenAI-compatible API of the household's LLM server."},
         "paths": {
             "/v1/chat/completions": _generation("ChatBody", "Chat completion"),
-            "/v1/completions": _generation("CompletionBody", "Text completion"),
+            "/v1/completions": _generation("CompletionBody", "Text completion (fill-in-the-middle with suffix)"),
+            "/infill": _generation("InfillBody", "Code completion, llama-server's fill-in-the-middle shape"),
             "/v1/models": {"get": {"summary": "Models that can be served, and their aliases",
                                    "security": [{"bearerAuth": []}],
                                    "responses": _responses("Model list", errors=("401",))}},

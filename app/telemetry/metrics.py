@@ -83,6 +83,8 @@ class GatewayMetrics:
         self.prompt_tokens = Counter("hearth:gateway_prompt_tokens", "Prompt tokens by class", ["class"], registry=r)
         self.completion_tokens = Counter("hearth:gateway_completion_tokens", "Generated tokens by class", ["class"],
                                          registry=r)
+        self.features = Counter("hearth:gateway_feature_requests", "Requests using tools, structured output, "
+                                "fill-in-the-middle or logprobs, by class and feature", ["class", "feature"], registry=r)
         self.ttft = Histogram("hearth:gateway_ttft_seconds", "Time to first token (streamed requests)", ["class"],
                               buckets=TTFT_BUCKETS_S, registry=r)
         self.tpot = Histogram("hearth:gateway_tpot_seconds", "Time per output token", ["class"],
@@ -94,6 +96,9 @@ class GatewayMetrics:
         """Count one recorded request (the same values the request log stores)."""
         klass = values.get("class_name") or "unknown"
         self.requests.labels(klass, values.get("model") or "unknown", values.get("status") or "unknown").inc()
+        for feature in (values.get("features") or "").split(","):
+            if feature:
+                self.features.labels(klass, feature).inc()
         if values.get("prompt_tokens"):
             self.prompt_tokens.labels(klass).inc(values["prompt_tokens"])
         if values.get("completion_tokens"):

@@ -199,6 +199,11 @@ class FakeModel:
             token = self.ignore_eos_token
         return token
 
+    def logprob(self, batch_index: int, token: int, top_n: int) -> dict:
+        """A fixed log-probability entry (the real one comes from the logits)."""
+        entry = {"token": self.token_bytes(token).decode(), "logprob": -0.5, "bytes": list(self.token_bytes(token))}
+        return {**entry, "top_logprobs": [entry] * top_n}
+
     def next_token(self, prompt: tuple[int, ...], history: tuple[int, ...]) -> int:
         """The token that follows history: the prompt's script if it has one, else default_next_token."""
         script = self.scripts.get(tuple(prompt))

@@ -661,3 +661,21 @@ def test_requests_submitted_from_many_threads_all_finish(make_engine):
         assert r.output_tokens == model.expected_tokens(r.prompt_tokens, r.params.max_tokens)
     assert len({r.request_id for r in reqs}) == 24
     assert model.violations == [] and model.kv_used == 0 and model.live_samplers == 0
+
+
+def test_logprobs_ride_on_each_token_delta_only_when_asked():
+    from app.engine.request import Delta, SamplingParams
+
+    model = FakeModel()
+    engine = Engine(model).start()
+    try:
+        for logprobs, expect in ((2, True), (None, False)):
+            r = engine.submit([5, 6, 7], SamplingParams(max_tokens=3, temperature=0, logprobs=logprobs))
+            deltas = [ev for ev in engine.events(r) if isinstance(ev, Delta)]
+            assert len(deltas) == 3
+            assert all((d.logprob is not None) == expect for d in deltas)
+            if expect:
+                assert len(deltas[0].logprob["top_logprobs"]) == 2
+            assert r.status.finished
+    finally:
+        engine.stop()

@@ -15,7 +15,7 @@ from app.gateway.context import services
 from tests.helpers import ADMIN_PASSWORD, csrf_token, dashboard_app, set_up_admin
 
 # Public on purpose: the OpenAI API (bearer tokens) and the forms that create or open a session.
-NOT_ADMIN_MUTATIONS = {"gateway.chat_completions", "gateway.completions", "gateway.embeddings", "auth.setup",
+NOT_ADMIN_MUTATIONS = {"gateway.chat_completions", "gateway.completions", "gateway.embeddings", "gateway.infill", "auth.setup",
                        "auth.login"}
 # The Ollama API authenticates by bearer token (its model changes also need api_manage_models).
 TOKEN_BLUEPRINTS = ("ollama.",)
