@@ -304,6 +304,8 @@ class Engine:
         with self._cv:
             for r in list(self.scheduler.running) + list(self.scheduler.waiting):
                 self._finish(r, RequestStatus.FINISHED_CANCELLED, error="the runner is shutting down")
+            # The model may outlive this engine (tests, a reload in-process): it gets its cells back.
+            self.scheduler.cache.clear()
 
     def _apply_cancels(self) -> None:
         for r in self._cancels:

@@ -37,6 +37,10 @@ from typing import Protocol
 
 # llama.cpp's LLAMA_MAX_SEQ: a unified cache accepts sequence ids below it in seq_cp/seq_rm.
 MAX_SEQ_IDS = 256
+# Shorter matches (a BOS token, a chat template's first line) save no time worth a seq_cp, and change
+# where the prompt's chunks start, which can flip near-ties in greedy output (CPU kernels are not
+# batch-invariant).
+MIN_MATCH_TOKENS = 16
 
 
 class KvMemory(Protocol):
@@ -173,6 +177,8 @@ class PrefixCache:
         """The longest prefix of tokens whose cells are in the cache (NO_MATCH when the cache is off)."""
         if not self.enabled:
             return NO_MATCH
+        if len(tokens) < MIN_MATCH_TOKENS:
+            return NO_MATCH
         node, pos, running = self.root, 0, 0
         while pos < len(tokens):
             best, best_n = None, 0
@@ -187,9 +193,9 @@ class PrefixCache:
                 running = pos + best_n
             pos += best_n
             if best_n < len(best.tokens):
-                return Match(pos, running, best, best_n)
+                return Match(pos, running, best, best_n) if pos >= MIN_MATCH_TOKENS else NO_MATCH
             node = best
-        if node is self.root:
+        if node is self.root or pos < MIN_MATCH_TOKENS:
             return NO_MATCH
         return Match(pos, running, node, len(node.tokens))
 

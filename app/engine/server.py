@@ -55,6 +55,7 @@ class RunnerConfig:
     max_waiting: int = 64
     default_max_tokens: int = 512
     alias: str | None = None
+    prefix_cache: bool = True
 
     @property
     def model_name(self) -> str:
@@ -90,7 +91,8 @@ class RunnerState:
             bos, eos = m.token_text(m.bos_token), m.token_text(m.eos_token)
             self.template = template_for(m.chat_template(), m.architecture, bos, eos) or fallback_template(bos, eos)
             self.engine = Engine(
-                self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting
+                self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting,
+                prefix_cache=cfg.prefix_cache,
             ).start()
             self.metrics = RunnerMetrics(self.engine)
             self.load_s = time.monotonic() - t0
@@ -210,6 +212,14 @@ class RunnerApp:
             "kv_cache_bytes": self.state.model.kv_cache_bytes(),
             "model": self.state.model.describe(),
             "chat_template": self.state.template.source if self.state.template else None,
+            "prefix_cache": {
+                "enabled": snap.prefix_cache,
+                "note": snap.prefix_cache_note,
+                "n_swa": self.state.model.n_swa,
+                "entries": snap.prefix_cache_entries,
+                "max_entries": engine.scheduler.cache.max_entries,
+                "kv_cells_cached": snap.kv_cached,
+            },
         })
 
     def on_models(self, req):
@@ -278,6 +288,7 @@ class RunnerApp:
                 priority=body.priority,
                 class_name=body.hearth_class,
                 arrival_s=arrival_s,
+                cache_prompt=body.cache_prompt,
             )
         except ContextOverflow as exc:
             raise ApiError(400, str(exc), param="messages" if chat else "prompt", code="context_length_exceeded")
@@ -320,10 +331,13 @@ class RunnerApp:
             "prompt_tokens": s.num_prompt_tokens,
             "completion_tokens": s.num_completion_tokens,
             "total_tokens": s.num_prompt_tokens + s.num_completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.num_cached_tokens},
         }
 
     def _timings(self, fin: Finished) -> dict:
-        return fin.stats.as_dict()
+        # llama-server's names for the prompt tokens reused and computed, beside Hearth's own.
+        s = fin.stats
+        return {**s.as_dict(), "cache_n": s.num_cached_tokens, "prompt_n": s.num_prompt_tokens - s.num_cached_tokens}
 
     def _complete(self, environ, engine, request, rid, chat) -> Response:
         parts: list[str] = []

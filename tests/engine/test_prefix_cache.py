@@ -107,7 +107,7 @@ def test_two_satellites_keep_their_histories_and_share_the_system_prompt(model):
 
 def test_eviction_frees_the_least_recently_used_leaf_first(model):
     cache = PrefixCache(model, num_slots=4, clock=iter(range(100)).__next__)
-    system = tokens(1, 10)
+    system = tokens(1, 20)
     for slot, tail in ((0, [50] * 5), (1, [60] * 7)):
         cache.attach(slot, cache.match(system + tail))
         fill(model, cache, slot, (system + tail)[cache.length(slot):])
@@ -117,8 +117,8 @@ def test_eviction_frees_the_least_recently_used_leaf_first(model):
     cache.release(2, keep=True)
     freed = cache.evict(1)
     consistent(model, cache)
-    assert freed == 7 and model.kv_used == 15  # the second branch went, the shared prompt stayed
-    assert cache.evict(100) == 15 and model.kv_used == 0 and not cache.entries
+    assert freed == 7 and model.kv_used == 25  # the second branch went, the shared prompt stayed
+    assert cache.evict(100) == 25 and model.kv_used == 0 and not cache.entries
 
 
 def test_eviction_never_frees_cells_a_running_sequence_holds(model):
@@ -136,11 +136,11 @@ def test_a_released_slot_that_is_not_kept_frees_only_its_own_cells(model):
     cache = PrefixCache(model, num_slots=4)
     cache.attach(0, cache.match([]))
     fill(model, cache, 0, tokens(1, 20))
-    cache.attach(1, cache.match(tokens(1, 10)))
+    cache.attach(1, cache.match(tokens(1, 16)))
     fill(model, cache, 1, [4, 4, 4])
     cache.release(0, keep=False)
     consistent(model, cache)
-    assert model.kv_used == 13 and model.tokens_of(1) == tokens(1, 10) + [4, 4, 4]
+    assert model.kv_used == 19 and model.tokens_of(1) == tokens(1, 16) + [4, 4, 4]
 
 
 def test_entries_are_bounded_by_sequence_ids(model):
@@ -168,6 +168,14 @@ def test_the_guard_holds_every_cell_under_two_sequence_ids():
     cache.release(1, keep=False)
     cache.evict(100)
     assert model.kv_used == 0
+
+
+def test_short_matches_are_not_worth_sharing(model):
+    cache = PrefixCache(model, num_slots=4)
+    cache.attach(0, cache.match([]))
+    fill(model, cache, 0, tokens(1, 40))
+    assert cache.match(tokens(1, 15) + [3]).num_tokens == 0
+    assert cache.match(tokens(1, 16) + [3]).num_tokens == 16
 
 
 def test_a_disabled_cache_matches_nothing_and_keeps_nothing(model):
