@@ -109,7 +109,7 @@ class Hearth:
             specs: dict[str, ModelSpec] = {}
             aliases: dict[str, str] = {}
             with self.sessions() as s:
-                defaults = {k: get_setting(s, f"runner_{k}") for k in ("ctx", "parallel", "batch", "threads")}
+                defaults = {k: get_setting(s, f"runner_{k}") for k in ("ctx", "parallel", "batch", "threads", "prefix_cache")}
                 for e, row in zip(entries, record_catalog(s, entries, now)):
                     if not e.usable:
                         continue
@@ -125,6 +125,7 @@ class Hearth:
                         threads=(rs and rs.threads) or int(defaults["threads"] or os.cpu_count() or 1),
                         gpu_layers=(rs and rs.gpu_layers) or 0,
                         mode=(rs and rs.mode) or "continuous",
+                        prefix_cache=bool(defaults["prefix_cache"]),
                     )
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch)
                     nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()

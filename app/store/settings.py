@@ -30,6 +30,7 @@ REGISTRY = {
         SettingDef("runner_parallel", 4, "default sequence slots per local runner"),
         SettingDef("runner_batch", 512, "default n_batch per local runner"),
         SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)"),
+        SettingDef("runner_prefix_cache", True, "local hearth runners reuse the KV cells of prompt prefixes shared across requests (a resent system prompt, a growing chat); applies when a runner starts"),
         SettingDef("api_open_on_lan", False, "answer API requests without a token from private-network (LAN) addresses, as member 'lan' in class api_open_class; a presented token is still checked"),
         SettingDef("api_open_class", "chat", "class of tokenless LAN requests when api_open_on_lan is on"),
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned"),
