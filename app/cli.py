@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--stagger-ms", type=float, default=0.0,
                      help="gap between arrivals in the mixed workload (default %(default)s ms)")
     eng.add_argument("--repeats", type=int, default=1, help="repetitions per cell; medians are reported")
+    eng.add_argument("--shared-prefix", type=int, default=0,
+                     help="also run the shared-prefix workload with a prefix of this many tokens, cache on/off")
     eng.add_argument("--pressure-ctx", type=int, default=1024,
                      help="KV cells for the preemption scenario (8 long requests); 0 to skip")
 
