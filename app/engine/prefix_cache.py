@@ -43,6 +43,24 @@ MAX_SEQ_IDS = 256
 MIN_MATCH_TOKENS = 16
 
 
+# Architectures whose memory is (partly) a recurrent state, which llama.cpp cannot share or cut by
+# position (llama_model_is_recurrent / is_hybrid on the loaded model say so authoritatively; this list
+# lets the Models page say it from the GGUF header, before a load).
+RECURRENT_ARCHITECTURES = frozenset({
+    "arwkv7", "falcon-h1", "granitehybrid", "jamba", "kimi-linear", "lfm2", "lfm2moe", "mamba", "mamba2",
+    "nemotron_h", "nemotron_h_moe", "plamo2", "qwen3next", "rwkv6", "rwkv6qwen2", "rwkv7",
+})
+
+
+def reuse_note(architecture: str | None, n_swa: int | None) -> str:
+    """What the prefix cache can do for a model of this architecture and sliding window, in one line."""
+    if architecture in RECURRENT_ARCHITECTURES:
+        return "no prefix reuse: the model keeps a recurrent state, which cannot be shared by position"
+    if n_swa:
+        return f"prefix reuse, sliding window of {n_swa} tokens kept in a full-size SWA cache"
+    return "prefix reuse"
+
+
 class KvMemory(Protocol):
     """The two KV-cache operations the prefix cache needs (positions [p0, p1), -1 = open end)."""
 

@@ -363,3 +363,11 @@ def test_shared_prefix_traffic_under_a_small_cache_answers_as_if_alone(make_engi
     assert sum(r.num_cached_tokens for r in requests) > 0
     # The load did what it is here for: entries were evicted and, with the cache empty, sequences preempted.
     assert engine.scheduler.cache.counters.evictions_total > 0 and engine.counters.preemptions_total > 0
+
+
+def test_the_reuse_note_names_recurrent_and_sliding_window_models():
+    from app.engine.prefix_cache import reuse_note
+
+    assert reuse_note("mamba2", None).startswith("no prefix reuse")
+    assert "sliding window of 512" in reuse_note("gemma3", 512)
+    assert reuse_note("llama", None) == "prefix reuse"
