@@ -109,7 +109,7 @@ class Match:
 NO_MATCH = Match(0, 0, None, 0)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the common prefix of two token lists."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
@@ -202,7 +202,7 @@ class PrefixCache:
             best, best_n = None, 0
             for child in node.children:
                 if child.tokens[0] == tokens[pos]:
-                    n = _common_prefix(child.tokens, tokens[pos : pos + len(child.tokens)])
+                    n = common_prefix(child.tokens, tokens[pos : pos + len(child.tokens)])
                     if n > best_n:
                         best, best_n = child, n
             if best is None:

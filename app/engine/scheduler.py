@@ -9,7 +9,7 @@ import bisect
 import time
 from dataclasses import dataclass
 
-from app.engine.prefix_cache import NO_MATCH, KvMemory, NoMemory, PrefixCache
+from app.engine.prefix_cache import MIN_MATCH_TOKENS, NO_MATCH, KvMemory, Match, NoMemory, PrefixCache, common_prefix
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
 from app.policy import Mode
 
@@ -144,10 +144,14 @@ class Scheduler:
     def _admit(self, now: float) -> None:
         if not self._may_admit():
             return
-        while self.waiting and self.free_slots and len(self.running) < self.max_running:
-            candidate = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and self.free_slots and len(self.running) < self.max_running:
+            candidate = self.waiting[i]
             # The last token is always computed: its logits give the next sample.
             match = self.cache.match(candidate.all_tokens[:-1]) if candidate.cache_prompt else NO_MATCH
+            if self._awaits_prefix(candidate, match):
+                i += 1
+                continue
             # Cells the running sequences will hold once their pending tokens (the prompts of
             # sequences admitted in this very loop included) are computed, not just kv_used.
             # Cells held only by the cache count as free: they are evicted when needed.
@@ -158,7 +162,7 @@ class Scheduler:
             # The first sequence of an empty engine always gets in: alone it fits by add_request's check.
             if self.running and need + reserve > free:
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             candidate.slot = self.free_slots.pop(0)
             candidate.status = RequestStatus.RUNNING
             candidate.num_computed = self.cache.attach(candidate.slot, match)
@@ -170,6 +174,22 @@ class Scheduler:
             self.running.append(candidate)
         if self.config.mode is Mode.STATIC and self.running:
             self._static_closed = True
+
+    def _awaits_prefix(self, candidate: Request, match: Match) -> bool:
+        """True when a running request is still computing a longer prefix of this candidate's prompt.
+
+        Requests that arrive together with one long shared prefix would each compute it; the others
+        wait instead (an iteration or a few) and then take it from the cache. A static batch is
+        admitted whole, so it never waits.
+        """
+        if not candidate.cache_prompt or not self.cache.enabled or self.config.mode is Mode.STATIC:
+            return False
+        wanted = candidate.all_tokens[:-1]
+        for r in self.running:
+            n = common_prefix(wanted, r.all_tokens)
+            if n - match.num_tokens >= MIN_MATCH_TOKENS and r.num_computed < n:
+                return True
+        return False
 
     # -- batch ----------------------------------------------------------------------------
 

@@ -371,3 +371,21 @@ def test_the_reuse_note_names_recurrent_and_sliding_window_models():
     assert reuse_note("mamba2", None).startswith("no prefix reuse")
     assert "sliding window of 512" in reuse_note("gemma3", 512)
     assert reuse_note("llama", None) == "prefix reuse"
+
+
+def test_requests_arriving_together_compute_their_shared_prefix_once():
+    model = FakeModel(n_ctx=1024, n_batch=64, n_seq_max=8)
+    engine = Engine(model, clock=model.clock, token_budget=64)
+    prefix = tokens(1, 150)
+    prompts = [prefix + [20 + i] * 6 for i in range(8)]
+    reqs = [engine.submit(p, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)) for p in prompts]
+    engine.start()
+    try:
+        for r in reqs:
+            _, fin = collect(r)
+            assert r.output_tokens == model.expected_tokens(r.prompt_tokens, 3)
+    finally:
+        engine.stop()
+    assert engine.counters.prompt_tokens_total == 150 + 8 * 6  # the prefix once, then every suffix
+    assert [r.num_cached_tokens for r in reqs] == [0] + [150] * 7
+    assert model.violations == []
