@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s: loopback)")
     runner.add_argument("--port", type=int, default=8081)
     runner.add_argument("--max-waiting", type=int, default=64, help="queue length before 503 (default %(default)s)")
+    runner.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV cells of shared prompt prefixes (default: on)")
     runner.add_argument("--alias", help="model name reported to clients (default: file name)")
     runner.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process is gone (set by `hearth serve` for its runners)")
@@ -102,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--stagger-ms", type=float, default=0.0,
                      help="gap between arrivals in the mixed workload (default %(default)s ms)")
     eng.add_argument("--repeats", type=int, default=1, help="repetitions per cell; medians are reported")
+    eng.add_argument("--shared-prefix", type=int, default=0,
+                     help="also run the shared-prefix workload with a prefix of this many tokens, cache on/off")
     eng.add_argument("--pressure-ctx", type=int, default=1024,
                      help="KV cells for the preemption scenario (8 long requests); 0 to skip")
 
@@ -385,6 +389,7 @@ def _runner(args) -> int:
         token_budget=args.budget,
         max_waiting=args.max_waiting,
         alias=args.alias,
+        prefix_cache=args.prefix_cache,
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)

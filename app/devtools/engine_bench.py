@@ -5,7 +5,10 @@ Three workloads, one model, held constant:
   uniform   L identical requests (16-token prompts, 64 generated) in continuous mode, to compare the
             pure batched-decode rate with llama.cpp's own llama-batched-bench on the same settings;
   pressure  8 long requests into a KV cache too small to hold them together: preemption must keep
-            every request whole.
+            every request whole;
+  shared    (--shared-prefix N) 8 requests sharing an N-token prefix, distinct 48-token suffixes,
+            arriving together, prefix cache on and off alternating: prompt tokens computed, TTFT p95;
+            plus the mixed workload (no shared prefixes) on and off: generated tok/s.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ PRESSURE_REQUESTS = 8
 PRESSURE_PROMPT_TOKENS = 100
 PRESSURE_GEN_TOKENS = 200
 RSS_ALLOWANCE_BYTES = 150 * 1024 * 1024
+SHARED_REQUESTS = 8
+SHARED_SUFFIX_TOKENS = 48
+SHARED_GEN_TOKENS = 32
 
 
 @dataclass
@@ -97,9 +103,10 @@ def _cut(tokens: list[int], n: int, offset: int) -> list[int]:
 
 
 def run_workload(model, mode: str, specs: list[tuple[list[int], int]], token_budget: int | None,
-                 workload: str, stagger_s: float = 0.0, timeout_s: float = 1800) -> RunResult:
+                 workload: str, stagger_s: float = 0.0, timeout_s: float = 1800, prefix_cache: bool = True) -> RunResult:
     """Submit the requests to a fresh engine on the model (request i at i × stagger_s) and wait for all."""
-    engine = Engine(model, mode=mode, token_budget=token_budget, max_waiting=max(64, len(specs))).start()
+    engine = Engine(model, mode=mode, token_budget=token_budget, max_waiting=max(64, len(specs)),
+                    prefix_cache=prefix_cache).start()
     # The bench waits for completions without reading each token as it comes: a consumer thread
     # woken per token would compete with llama.cpp's threads for the cores, and that cost belongs
     # to the client (measured by the HTTP benchmarks), not to the engine.
@@ -147,6 +154,47 @@ def mixed_specs(tokens: list[int], level: int) -> list[tuple[list[int], int]]:
 def uniform_specs(tokens: list[int], level: int) -> list[tuple[list[int], int]]:
     """`level` requests shaped like llama-batched-bench's (-npp 16 -ntg 64)."""
     return [(_cut(tokens, UNIFORM_PROMPT_TOKENS, i), UNIFORM_GEN_TOKENS) for i in range(level)]
+
+
+def shared_specs(tokens: list[int], prefix_tokens: int) -> list[tuple[list[int], int]]:
+    """SHARED_REQUESTS prompts: one prefix of real text, then a suffix of their own."""
+    prefix = tokens[:prefix_tokens]
+    return [(prefix + _cut(tokens[prefix_tokens:], SHARED_SUFFIX_TOKENS, i + 1), SHARED_GEN_TOKENS)
+            for i in range(SHARED_REQUESTS)]
+
+
+def run_shared(model, args, tokens: list[int]) -> dict:
+    """Shared-prefix and no-shared-prefix workloads, cache on and off alternating per repetition."""
+    specs = shared_specs(tokens, args.shared_prefix)
+    ideal = args.shared_prefix + SHARED_REQUESTS * SHARED_SUFFIX_TOKENS
+    reps: dict[str, list[dict]] = {"on": [], "off": []}
+    mixed: dict[str, list[float]] = {"on": [], "off": []}
+    for _ in range(args.repeats):
+        for state in ("on", "off"):
+            run = run_workload(model, "continuous", specs, args.budget, "shared", prefix_cache=state == "on")
+            computed = sum(i["num_prompt_tokens"] for i in run.iterations)
+            ttfts = [r["ttft_ms"] for r in run.requests]
+            reps[state].append({"prompt_tokens_computed": computed, "ttft_p95_ms": quantile(ttfts, 0.95),
+                                "ttft_p50_ms": median(ttfts),
+                                "cached_tokens": sum(r["num_cached_tokens"] for r in run.requests),
+                                "requests": run.requests})
+            m = run_workload(model, "continuous", mixed_specs(tokens, SHARED_REQUESTS), args.budget, "mixed",
+                             prefix_cache=state == "on")
+            mixed[state].append(m.summary["gen_tok_s"])
+    ttft_ratios = [a["ttft_p95_ms"] / b["ttft_p95_ms"] for a, b in zip(reps["on"], reps["off"])]
+    gen_ratios = [a / b for a, b in zip(mixed["on"], mixed["off"])]
+    summary = {
+        "prefix_tokens": args.shared_prefix, "ideal_prompt_tokens": ideal,
+        "computed_on": median([r["prompt_tokens_computed"] for r in reps["on"]]),
+        "computed_off": median([r["prompt_tokens_computed"] for r in reps["off"]]),
+        "ttft_p95_on_ms": median([r["ttft_p95_ms"] for r in reps["on"]]),
+        "ttft_p95_off_ms": median([r["ttft_p95_ms"] for r in reps["off"]]),
+        "ttft_p95_ratio": median(ttft_ratios), "ttft_p95_ratios": ttft_ratios,
+        "mixed_gen_tok_s_on": median(mixed["on"]), "mixed_gen_tok_s_off": median(mixed["off"]),
+        "mixed_gen_ratio": median(gen_ratios), "mixed_gen_ratios": gen_ratios,
+    }
+    summary["computed_over_ideal"] = summary["computed_on"] / ideal
+    return {"summary": summary, "runs": reps, "mixed_gen_tok_s": mixed}
 
 
 def _fmt(v, spec=".1f", none="-") -> str:
@@ -262,6 +310,13 @@ def run_from_args(args, model_cfg: ModelConfig) -> int:
     model.close()
     reference = reference_reps or None
 
+    shared = None
+    if getattr(args, "shared_prefix", 0):
+        model = LlamaModel(cfg)
+        try:
+            shared = run_shared(model, args, tokens)
+        finally:
+            model.close()
     pressure = None
     if args.pressure_ctx:
         pressure = run_pressure(cfg, args.pressure_ctx, tokens_source=corpus())
@@ -305,6 +360,16 @@ def run_from_args(args, model_cfg: ModelConfig) -> int:
     mib = 1024 * 1024
     print(f"memory: RSS {rss_after / mib:.0f} MiB after the runs (before load {rss_before_load / mib:.0f} MiB); "
           f"target model {constants['model_file_bytes'] / mib:.0f} + KV {kv_bytes / mib:.0f} + 150 = {budget / mib:.0f} MiB")
+    if shared:
+        sh = summary["shared"] = shared["summary"]
+        print(f"shared prefix: {SHARED_REQUESTS} requests × ({sh['prefix_tokens']} shared + {SHARED_SUFFIX_TOKENS}) tokens "
+              f"at once: prompt tokens computed {sh['computed_on']:.0f} with the cache ({sh['computed_over_ideal']:.2f}× "
+              f"prefix + suffixes = {sh['ideal_prompt_tokens']}), {sh['computed_off']:.0f} without; TTFT p95 "
+              f"{sh['ttft_p95_on_ms']:.0f} vs {sh['ttft_p95_off_ms']:.0f} ms (ratio {sh['ttft_p95_ratio']:.3f}, "
+              f"all {', '.join(f'{r:.3f}' for r in sh['ttft_p95_ratios'])})")
+        print(f"no shared prefix (mixed L={SHARED_REQUESTS}): generated tok/s {sh['mixed_gen_tok_s_on']:.1f} with the cache, "
+              f"{sh['mixed_gen_tok_s_off']:.1f} without (ratio {sh['mixed_gen_ratio']:.3f}, "
+              f"all {', '.join(f'{r:.3f}' for r in sh['mixed_gen_ratios'])})")
     if pressure:
         summary["pressure"] = pressure["summary"]
         p = pressure["summary"]
@@ -313,6 +378,7 @@ def run_from_args(args, model_cfg: ModelConfig) -> int:
               f"{p['preemptions']} preemptions, lost {p['lost']}, duplicated {p['duplicated']}")
     if args.json_path:
         doc = {"constants": constants, "summary": summary, "reference": reference, "pressure": pressure,
+               "shared": shared,
                "runs": [asdict(r) for r in runs], "all_repetitions": [asdict(r) for r in all_runs]}
         Path(args.json_path).write_text(json.dumps(doc, indent=1))
         print(f"wrote {args.json_path}", file=sys.stderr)

@@ -99,6 +99,8 @@ class _Body(BaseModel):
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1, description="only one choice per request is supported")
     ignore_eos: bool = False
+    # llama-server's: false computes the whole prompt and leaves nothing in the prefix cache.
+    cache_prompt: bool = True
     # Hearth's extras: a stock llama-server ignores them.
     priority: int = Field(default=0, ge=-1000, le=1000)
     hearth_class: str = Field(default="default", min_length=1, max_length=64)

@@ -41,9 +41,12 @@ class ModelBackend(Protocol):
     n_ctx: int
     n_batch: int
     n_seq_max: int
+    n_swa: int  # sliding-window size of the model's SWA layers, 0 when it has none
 
     def decode(self, chunks: list[Chunk]) -> tuple[int, list[int]]: ...
-    def clear_seq(self, slot: int) -> None: ...
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None: ...
+    def kv_share_blocker(self) -> str | None: ...
     def make_sampler(self, params: SamplingParams, prompt_tokens: list[int]): ...
     def sample(self, sampler, params: SamplingParams, batch_index: int) -> int: ...
     def free_sampler(self, sampler) -> None: ...
@@ -60,13 +63,14 @@ class IterationStats:
     num_seqs: int  # sequences with tokens in the batch
     num_prompt_tokens: int
     num_decode_tokens: int
-    kv_used: int
+    kv_used: int  # cells held by running sequences
     kv_total: int
     num_running: int
     num_waiting: int
     iteration_ms: float
     decode_ms: float
     num_preemptions: int
+    kv_cached: int = 0  # cells held only by the prefix cache
 
     @property
     def outside_decode_ms(self) -> float:
@@ -106,6 +110,10 @@ class EngineSnapshot:
     token_budget: int
     slots: list[dict]
     last_iteration: IterationStats | None
+    kv_cached: int = 0
+    prefix_cache: bool = False
+    prefix_cache_note: str | None = None  # why the cache is off, or how it is kept (sliding window)
+    prefix_cache_entries: int = 0
 
 
 class Engine:
@@ -129,9 +137,23 @@ class Engine:
         iteration_history: int = 4096,
         clock: Callable[[], float] = time.monotonic,
         yield_prefill_tokens: int | None = YIELD_PREFILL_TOKENS,
+        prefix_cache: bool = True,
     ):
         self.model = model
         self.clock = clock
+        blocker = model.kv_share_blocker()
+        cache_on = prefix_cache and blocker is None
+        if not prefix_cache:
+            self.prefix_cache_note: str | None = "off: the prefix_cache setting"
+        elif blocker is not None:
+            self.prefix_cache_note = f"off: {blocker}"
+        elif model.n_swa:
+            self.prefix_cache_note = (
+                f"on; sliding window of {model.n_swa} tokens: cached cells are held under two sequence ids "
+                "in the full-size SWA cache, so llama.cpp never overwrites them"
+            )
+        else:
+            self.prefix_cache_note = None
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_seqs=model.n_seq_max,
@@ -141,7 +163,10 @@ class Engine:
                 mode=Mode(mode),
                 max_waiting=max_waiting,
                 yield_prefill_tokens=yield_prefill_tokens,
-            )
+                prefix_cache=cache_on,
+                kv_guard=cache_on and model.n_swa > 0,
+            ),
+            memory=model,
         )
         self.counters = EngineCounters()
         self.iterations: collections.deque[IterationStats] = collections.deque(maxlen=iteration_history)
@@ -177,6 +202,7 @@ class Engine:
         priority: int = 0,
         class_name: str = "default",
         arrival_s: float | None = None,
+        cache_prompt: bool = True,
     ) -> Request:
         """Queue a request; raises ContextOverflow or QueueFull at once instead of failing later."""
         params = params or SamplingParams()
@@ -188,6 +214,7 @@ class Engine:
             priority=priority,
             class_name=class_name,
             arrival_s=self.clock() if arrival_s is None else arrival_s,
+            cache_prompt=cache_prompt,
         )
         if len(request.prompt_tokens) >= self.model.n_ctx:
             raise ContextOverflow(len(request.prompt_tokens), self.model.n_ctx)
@@ -240,6 +267,7 @@ class Engine:
                         "n_prompt_tokens": len(r.prompt_tokens) if r else 0,
                         "n_decoded": len(r.output_tokens) if r else 0,
                         "n_ctx_used": r.num_computed if r else 0,
+                        "n_prompt_tokens_cache": r.num_cached_tokens if r else 0,
                         "prefilling": bool(r and not r.is_decoding),
                         "preemptions": r.num_preemptions if r else 0,
                     }
@@ -254,6 +282,10 @@ class Engine:
                 token_budget=s.config.token_budget,
                 slots=slots,
                 last_iteration=self.iterations[-1] if self.iterations else None,
+                kv_cached=s.kv_cached,
+                prefix_cache=s.cache.enabled,
+                prefix_cache_note=self.prefix_cache_note,
+                prefix_cache_entries=len(s.cache.entries),
             )
 
     # -- engine thread ------------------------------------------------------------------------
@@ -274,6 +306,8 @@ class Engine:
         with self._cv:
             for r in list(self.scheduler.running) + list(self.scheduler.waiting):
                 self._finish(r, RequestStatus.FINISHED_CANCELLED, error="the runner is shutting down")
+            # The model may outlive this engine (tests, a reload in-process): it gets its cells back.
+            self.scheduler.cache.clear()
 
     def _apply_cancels(self) -> None:
         for r in self._cancels:
@@ -296,6 +330,10 @@ class Engine:
             if rc == DECODE_OK:
                 break
             with self._cv:
+                # Cached prefixes go first: a running sequence is preempted only when none is left.
+                if self.scheduler.cache.evict(schedule.num_tokens):
+                    schedule = self.scheduler.schedule(admit=False)
+                    continue
                 victim = self.scheduler.choose_victim()
                 if len(self.scheduler.running) <= 1:
                     # Alone and still no room: it cannot fit this context at all.
@@ -306,8 +344,7 @@ class Engine:
                         f"({victim.num_tokens} tokens) even alone",
                     )
                 else:
-                    slot = self.scheduler.preempt(victim)
-                    self.model.clear_seq(slot)
+                    self.scheduler.preempt(victim)
                     num_preempted += 1
                     self.counters.preemptions_total += 1
                 schedule = self.scheduler.schedule(admit=False)
@@ -347,6 +384,7 @@ class Engine:
                     iteration_ms=iteration_s * 1000,
                     decode_ms=decode_s * 1000,
                     num_preemptions=num_preempted,
+                    kv_cached=self.scheduler.kv_cached,
                 )
             )
 
@@ -394,8 +432,6 @@ class Engine:
         (Orca, §2.2): that wait is what iteration-level scheduling removes.
         """
         slot = self.scheduler.finish(r, status, now=self.clock())
-        if slot is not None:
-            self.model.clear_seq(slot)
         self.model.free_sampler(r.sampler)
         r.sampler = None
         r.error = error

@@ -82,6 +82,9 @@ class LlamaModel:
         # compute buffer is reserved for n_batch rows × the vocabulary (512 MiB for Gemma's 262k).
         cparams.n_outputs_max = config.n_seq_max
         cparams.kv_unified = True
+        # Sliding-window layers get as many cells as the others (llama.cpp's default here, said
+        # explicitly): the prefix cache keeps positions that slid out of a sequence's window.
+        cparams.swa_full = True
         cparams.n_threads = config.n_threads
         cparams.n_threads_batch = config.n_threads
         cparams.no_perf = True
@@ -96,6 +99,7 @@ class LlamaModel:
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
         self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)
+        self.n_swa = int(llama_cpp.llama_model_n_swa(self._model))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self._eog_tokens = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
         self._init_batch(self.n_batch)
@@ -269,6 +273,25 @@ class LlamaModel:
     def clear_seq(self, slot: int) -> None:
         """Free every KV cell of one sequence."""
         llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Give sequence dst the cells of src at positions [p0, p1) (unified cache: metadata only)."""
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        """Take positions [p0, p1) out of a sequence (-1: open end); cells nobody holds are freed."""
+        if not llama_cpp.llama_memory_seq_rm(self._memory, seq, p0, p1):
+            raise RuntimeError(f"llama.cpp refused to remove positions [{p0}, {p1}) of sequence {seq}")
+
+    def seq_pos_min(self, seq: int) -> int:
+        """Smallest position a sequence holds in the KV cache (-1: none); SWA layers' view on Gemma 3."""
+        return llama_cpp.llama_memory_seq_pos_min(self._memory, seq)
+
+    def kv_share_blocker(self) -> str | None:
+        """Why sequences of this model cannot share KV cells by position (None: they can)."""
+        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
+            return "the model keeps a recurrent state, which cannot be shared or cut by position"
+        return None
 
     # -- sampling --------------------------------------------------------------------------
 

@@ -78,6 +78,14 @@ class _EngineCollector:
             finished.add_metric([reason], n)
         yield finished
         yield counter("hearth:iterations", "Engine iterations", c.iterations_total)
+        pc = e.scheduler.cache.counters
+        yield gauge("hearth:kv_cells_cached", "KV cache cells held only by the prefix cache (evictable)", snap.kv_cached)
+        yield counter("hearth:prefix_cache_query_tokens", "Prompt tokens of admitted requests looked up in the prefix cache",
+                      pc.query_tokens_total)
+        yield counter("hearth:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache instead of computed",
+                      pc.hit_tokens_total)
+        yield counter("hearth:prefix_cache_evictions", "Cached prefixes evicted to make room", pc.evictions_total)
+        yield gauge("hearth:prefix_cache_entries", "Cached prefixes (leaves of the radix tree)", snap.prefix_cache_entries)
         last = snap.last_iteration
         yield gauge(
             "hearth:last_iteration_outside_decode_ratio",

@@ -129,6 +129,7 @@ class RequestStats:
     num_prompt_tokens: int
     num_completion_tokens: int
     num_preemptions: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache at the first admission
     queue_ms: float
     ttft_ms: float | None
     tpot_ms: float | None
@@ -158,6 +159,9 @@ class Request:
     output_tokens: list[int] = field(default_factory=list)
     # Tokens of prompt+output already in the KV cache; reset to 0 on preemption (recompute).
     num_computed: int = 0
+    # False: compute the whole prompt and leave nothing in the prefix cache (llama-server's cache_prompt).
+    cache_prompt: bool = True
+    num_cached_tokens: int = 0
     slot: int | None = None
     num_preemptions: int = 0
     first_scheduled_s: float | None = None
@@ -211,6 +215,7 @@ class Request:
             num_prompt_tokens=len(self.prompt_tokens),
             num_completion_tokens=n_out,
             num_preemptions=self.num_preemptions,
+            num_cached_tokens=self.num_cached_tokens,
             queue_ms=(start_run - self.arrival_s) * 1000,
             ttft_ms=ttft_ms,
             tpot_ms=tpot_ms,

@@ -9,6 +9,7 @@ import bisect
 import time
 from dataclasses import dataclass
 
+from app.engine.prefix_cache import MIN_MATCH_TOKENS, NO_MATCH, KvMemory, Match, NoMemory, PrefixCache, common_prefix
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
 from app.policy import Mode
 
@@ -31,6 +32,10 @@ class SchedulerConfig:
     # background prompt cannot stretch the iterations a voice request's tokens wait on
     # (Sarathi-style bounded iterations, by priority). None: no limit.
     yield_prefill_tokens: int | None = None
+    # Automatic prefix caching (app/engine/prefix_cache.py); kv_guard: hold every cell under two
+    # sequence ids, which sliding-window models need for their cached cells to survive.
+    prefix_cache: bool = True
+    kv_guard: bool = False
 
     def __post_init__(self):
         if self.max_seqs < 1:
@@ -74,11 +79,16 @@ class Scheduler:
     """Keeps the waiting queue and the running set; builds one batch per iteration.
 
     Invariants: a request is in exactly one of waiting (sorted by sort_key) or running;
-    a running request holds one slot; kv_used is the sum of running requests' num_computed.
+    a running request holds one slot, and the prefix cache's path of that slot holds exactly its
+    num_computed tokens; kv_used counts the cells running sequences hold, shared cells once.
+    KV operations (sharing, freeing) go to `memory`, the model's cache.
     """
 
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, memory: KvMemory | None = None):
         self.config = config
+        self.cache = PrefixCache(
+            memory or NoMemory(), config.max_seqs, enabled=config.prefix_cache, guard=config.kv_guard
+        )
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.free_slots: list[int] = list(range(config.max_seqs))
@@ -104,8 +114,13 @@ class Scheduler:
 
     @property
     def kv_used(self) -> int:
-        """KV cells the running sequences hold."""
-        return sum(r.num_computed for r in self.running)
+        """KV cells the running sequences hold (a cell shared by several counts once)."""
+        return self.cache.cells_running
+
+    @property
+    def kv_cached(self) -> int:
+        """KV cells held only by the prefix cache: evicted before anything is preempted."""
+        return self.cache.cells_cached
 
     @property
     def has_work(self) -> bool:
@@ -129,23 +144,52 @@ class Scheduler:
     def _admit(self, now: float) -> None:
         if not self._may_admit():
             return
-        while self.waiting and self.free_slots and len(self.running) < self.max_running:
-            candidate = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and self.free_slots and len(self.running) < self.max_running:
+            candidate = self.waiting[i]
+            # The last token is always computed: its logits give the next sample.
+            match = self.cache.match(candidate.all_tokens[:-1]) if candidate.cache_prompt else NO_MATCH
+            if self._awaits_prefix(candidate, match):
+                i += 1
+                continue
             # Cells the running sequences will hold once their pending tokens (the prompts of
             # sequences admitted in this very loop included) are computed, not just kv_used.
-            free = self.config.kv_cells - sum(r.num_tokens for r in self.running)
+            # Cells held only by the cache count as free: they are evicted when needed.
+            free = self.config.kv_cells - self.kv_used - sum(r.num_pending for r in self.running)
             reserve = self.config.decode_reserve_cells * len(self.running)
+            # Shared cells count once: what running sequences already hold costs the newcomer nothing.
+            need = candidate.num_tokens - match.num_running
             # The first sequence of an empty engine always gets in: alone it fits by add_request's check.
-            if self.running and candidate.num_tokens + reserve > free:
+            if self.running and need + reserve > free:
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             candidate.slot = self.free_slots.pop(0)
             candidate.status = RequestStatus.RUNNING
+            candidate.num_computed = self.cache.attach(candidate.slot, match)
             if candidate.first_scheduled_s is None:
                 candidate.first_scheduled_s = now
+                candidate.num_cached_tokens = candidate.num_computed
+            if candidate.cache_prompt:
+                self.cache.count_query(candidate.num_tokens, candidate.num_computed)
             self.running.append(candidate)
         if self.config.mode is Mode.STATIC and self.running:
             self._static_closed = True
+
+    def _awaits_prefix(self, candidate: Request, match: Match) -> bool:
+        """True when a running request is still computing a longer prefix of this candidate's prompt.
+
+        Requests that arrive together with one long shared prefix would each compute it; the others
+        wait instead (an iteration or a few) and then take it from the cache. A static batch is
+        admitted whole, so it never waits.
+        """
+        if not candidate.cache_prompt or not self.cache.enabled or self.config.mode is Mode.STATIC:
+            return False
+        wanted = candidate.all_tokens[:-1]
+        for r in self.running:
+            n = common_prefix(wanted, r.all_tokens)
+            if n - match.num_tokens >= MIN_MATCH_TOKENS and r.num_computed < n:
+                return True
+        return False
 
     # -- batch ----------------------------------------------------------------------------
 
@@ -185,11 +229,19 @@ class Scheduler:
             chunks.append(Chunk(r, tokens, r.num_computed, n == r.num_pending))
             budget -= n
             num_prompt += n
-        return Schedule(chunks, num_decode, num_prompt)
+        schedule = Schedule(chunks, num_decode, num_prompt)
+        self.make_room(schedule.num_tokens)
+        return schedule
+
+    def make_room(self, num_cells: int) -> int:
+        """Evict cached prefixes until num_cells cells are free (as far as the cache can); returns cells freed."""
+        short = num_cells - (self.config.kv_cells - self.cache.cells_total)
+        return self.cache.evict(short) if short > 0 else 0
 
     def commit(self, schedule: Schedule) -> None:
         """Record that the batch went through the model: its tokens are now in the KV cache."""
         for c in schedule.chunks:
+            self.cache.extend(c.request.slot, c.tokens)
             c.request.num_computed += len(c.tokens)
 
     # -- preemption and release ---------------------------------------------------------
@@ -202,7 +254,7 @@ class Scheduler:
 
     def preempt(self, victim: Request) -> int:
         """Drop a running sequence's KV and requeue it for recompute; returns the slot it held."""
-        slot = self._release(victim)
+        slot = self._release(victim, keep=False)
         victim.num_computed = 0
         victim.num_preemptions += 1
         victim.status = RequestStatus.WAITING
@@ -214,17 +266,20 @@ class Scheduler:
         """Take a request out of the engine (finished, cancelled or failed); returns its freed slot."""
         slot = None
         if request in self.running:
-            slot = self._release(request)
+            # A failed iteration may have left its cells half-written: only clean ends are cached.
+            keep = request.cache_prompt and status is not RequestStatus.FINISHED_ERROR
+            slot = self._release(request, keep=keep)
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = status
         request.finished_s = time.monotonic() if now is None else now
         return slot
 
-    def _release(self, request: Request) -> int:
+    def _release(self, request: Request, keep: bool) -> int:
         self.running.remove(request)
         slot = request.slot
         assert slot is not None
+        self.cache.release(slot, keep=keep)
         request.slot = None
         bisect.insort(self.free_slots, slot)
         return slot

@@ -61,6 +61,7 @@ class RunnerConfig:
     max_waiting: int = 64
     default_max_tokens: int = 512
     alias: str | None = None
+    prefix_cache: bool = True
 
     @property
     def model_name(self) -> str:
@@ -113,7 +114,8 @@ class RunnerState:
                 marker = m.tokenize(toolfmt.MISTRAL_MARK, add_special=False, parse_special=True)
                 self.tool_trigger_tokens = tuple(marker) if len(marker) == 1 else ()
             self.engine = Engine(
-                self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting
+                self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting,
+                prefix_cache=cfg.prefix_cache,
             ).start()
             self.metrics = RunnerMetrics(self.engine)
             self.load_s = time.monotonic() - t0
@@ -238,6 +240,14 @@ class RunnerApp:
             "chat_template": self.state.template.source if self.state.template else None,
             "tool_format": self.state.tool_format,
             "fim_tokens": sorted(self.state.model.fim_tokens()),
+            "prefix_cache": {
+                "enabled": snap.prefix_cache,
+                "note": snap.prefix_cache_note,
+                "n_swa": self.state.model.n_swa,
+                "entries": snap.prefix_cache_entries,
+                "max_entries": engine.scheduler.cache.max_entries,
+                "kv_cells_cached": snap.kv_cached,
+            },
         })
 
     def on_models(self, req):
@@ -412,6 +422,7 @@ class RunnerApp:
                 priority=body.priority,
                 class_name=body.hearth_class,
                 arrival_s=arrival_s,
+                cache_prompt=body.cache_prompt,
             )
         except ContextOverflow as exc:
             raise ApiError(400, str(exc), param="messages" if chat else "prompt", code="context_length_exceeded")
@@ -456,10 +467,13 @@ class RunnerApp:
             "prompt_tokens": s.num_prompt_tokens,
             "completion_tokens": s.num_completion_tokens,
             "total_tokens": s.num_prompt_tokens + s.num_completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.num_cached_tokens},
         }
 
     def _timings(self, fin: Finished) -> dict:
-        return fin.stats.as_dict()
+        # llama-server's names for the prompt tokens reused and computed, beside Hearth's own.
+        s = fin.stats
+        return {**s.as_dict(), "cache_n": s.num_cached_tokens, "prompt_n": s.num_prompt_tokens - s.num_cached_tokens}
 
     def _complete(self, environ, engine, request, rid, answer: _Answer) -> Response:
         parts: list[str] = []

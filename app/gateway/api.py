@@ -220,6 +220,7 @@ def _finish(h: Services, ticket: Ticket, lease, record: dict, outcome: relay.Rel
         error=outcome.error,
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
+        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
         ttft_ms=_ttft_ms(record, outcome, arrival_s),
         tpot_ms=t.get("tpot_ms"),
         total_ms=(time.monotonic() - arrival_s) * 1000,

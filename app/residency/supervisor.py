@@ -46,6 +46,7 @@ class RunnerSpec:
     gpu_layers: int = 0
     mode: str = "continuous"
     extra_args: tuple[str, ...] = ()
+    prefix_cache: bool = True  # hearth runners only; llama-server keeps its own default (prompt caching on)
 
     def __post_init__(self):
         if self.kind not in RUNNER_KINDS:
@@ -78,6 +79,8 @@ class RunnerSpec:
         ]
         if parent_pid is not None:
             cmd += ["--parent-pid", str(parent_pid)]
+        if not self.prefix_cache:
+            cmd.append("--no-prefix-cache")
         return cmd + list(self.extra_args)
 
 

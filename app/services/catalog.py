@@ -25,7 +25,7 @@ from app.services.settings import SettingsCache, budget_bytes
 from app.store import models as db
 from app.store.settings import get_setting
 
-RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads")  # the stored runner_* settings a spec falls back on
+RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache")  # the stored runner_* settings a spec falls back on
 
 
 class ModelNotServable(Exception):
@@ -110,6 +110,7 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         threads=(rs and rs.threads) or int(defaults["threads"] or os.cpu_count() or 1),
         gpu_layers=(rs and rs.gpu_layers) or 0,
         mode=(rs and rs.mode) or "continuous",
+        prefix_cache=bool(defaults.get("prefix_cache", True)),
     )
 
 

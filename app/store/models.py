@@ -235,6 +235,8 @@ class RequestRecord(Base):
     stream: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("0"))
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    # Of prompt_tokens, those the runner's prefix cache served (migration 0007).
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
     queue_ms: Mapped[float | None] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     tpot_ms: Mapped[float | None] = mapped_column(Float)

@@ -132,6 +132,8 @@ REGISTRY = {
                    "int", "Bench verdict", "Interactive up to priority", "", 0, 100),
         SettingDef("verdict_flat_gain", 1.1, "throughput step between measured slot counts below which more parallel slots stop paying",
                    "float", "Bench verdict", "Flat gain step", "×", 1, 100),
+        SettingDef("runner_prefix_cache", True, "local hearth runners reuse the KV cells of prompt prefixes shared across requests (a resent system prompt, a growing chat); applies when a runner starts",
+                   "bool", "Models and runners", "Prefix cache", restart=True),
         SettingDef("hf_endpoint", None, "Hugging Face endpoint models are pulled from (a mirror's URL; default: $HF_ENDPOINT, else huggingface.co)",
                    "str", "Models and runners", "Hugging Face endpoint"),
         SettingDef("api_manage_models", False, "let API tokens pull, copy and delete models through Ollama's /api/pull, /api/copy and /api/delete (the dashboard and `hearth models pull` always can)",

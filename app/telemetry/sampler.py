@@ -62,9 +62,11 @@ METRICS = {
         Metric("gpu_power_w", "W", "GPU power draw"),
         Metric("gen_tok_s", "tok/s", "tokens generated per second"),
         Metric("prompt_tok_s", "tok/s", "prompt tokens processed per second"),
+        Metric("prompt_cached_tok_s", "tok/s", "prompt tokens per second served from the prefix cache instead of computed"),
         Metric("running", "seqs", "sequences being decoded"),
         Metric("waiting", "seqs", "requests waiting for a slot or KV space"),
         Metric("kv_used_pct", "%", "KV cache cells held by running sequences"),
+        Metric("kv_cached_pct", "%", "KV cache cells held only by the prefix cache (evicted when needed)"),
         Metric("preemptions_s", "1/s", "sequences evicted from the KV cache per second"),
         Metric("slots_busy", "slots", "sequence slots processing a request"),
         Metric("queue_waiting", "req", "requests waiting in the gateway for admission, all classes"),
@@ -77,6 +79,7 @@ RUNNER_COUNTERS = {
     "llamacpp:tokens_predicted_total": "gen_tok_s",
     "llamacpp:prompt_tokens_total": "prompt_tok_s",
     "hearth:preemptions_total": "preemptions_s",
+    "hearth:prefix_cache_hit_tokens_total": "prompt_cached_tok_s",
 }
 RUNNER_GAUGES = {
     "llamacpp:requests_processing": "running",
@@ -251,6 +254,9 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
             used, total = scrape.value("hearth:kv_cells_used"), scrape.value("hearth:kv_cells_total")
             if used is not None and total:
                 readings.append((source, "kv_used_pct", 100.0 * used / total))
+            cached = scrape.value("hearth:kv_cells_cached")
+            if cached is not None and total:
+                readings.append((source, "kv_cached_pct", 100.0 * cached / total))
             try:
                 readings.append((source, "slots_busy", float(_busy_slots(http_get(f"{url}/slots", SCRAPE_TIMEOUT_S)))))
             except Exception as error:  # /slots may be disabled on a plain llama-server

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
+from app.engine.prefix_cache import reuse_note
 from app.gateway.tokens import TokenInfo, list_tokens
 from app.residency.estimate import MemoryEstimate, estimate_memory
 from app.services.catalog import Catalog
@@ -297,6 +298,7 @@ class ModelCard:
     n_ctx_train: int | None
     size_bytes: int
     path: str
+    prefix_reuse: str
     policy: str
     keep_alive_s: float
     estimate: MemoryEstimate | None
@@ -387,6 +389,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             name=e.name, source=e.source, usable=e.usable, unusable_reason=e.unusable_reason,
             architecture=e.architecture, n_params=e.n_params, quantization=e.quantization,
             n_ctx_train=e.n_ctx_train, size_bytes=e.size_bytes, path=str(e.path),
+            prefix_reuse=reuse_note(e.architecture, e.n_swa),
             policy=(row.policy if row else "keep_alive"), keep_alive_s=(row.keep_alive_s if row else 300),
             estimate=estimate, n_ctx=spec.runner.n_ctx if spec and spec.runner else None,
             parallel=spec.runner.parallel if spec and spec.runner else None, state=state, label=label,

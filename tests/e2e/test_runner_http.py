@@ -285,3 +285,28 @@ def test_a_file_that_is_not_a_model_is_reported_by_health(tmp_path, runner_class
         assert r.status_code == 500 and "failed to load" in r.json()["error"]["message"]
     finally:
         runner.stop()
+
+
+def test_prefix_cache_reuse_is_reported_in_usage_timings_props_and_metrics(start_runner):
+    runner = start_runner("--ctx", "2048", "--parallel", "2")
+    system = "You are a helpful assistant of a family home. " * 20
+    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}],
+            "max_tokens": 4, "temperature": 0}
+    first = runner.client.post("/v1/chat/completions", json=body).json()
+    second = runner.client.post("/v1/chat/completions", json=body).json()
+    n_prompt = second["usage"]["prompt_tokens"]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
+    assert second["timings"]["cache_n"] == n_prompt - 1 and second["timings"]["prompt_n"] == 1
+    assert runner.metric("hearth:prefix_cache_hit_tokens_total") >= n_prompt - 1
+    assert runner.metric("hearth:kv_cells_cached") > 0
+    off = runner.client.post("/v1/chat/completions", json={**body, "cache_prompt": False}).json()
+    assert off["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    props = runner.client.get("/props").json()["prefix_cache"]
+    assert props["enabled"] and props["n_swa"] == 512 and "sliding window" in props["note"]
+
+
+def test_a_runner_without_the_prefix_cache_says_so(start_runner):
+    runner = start_runner("--ctx", "1024", "--parallel", "1", "--no-prefix-cache")
+    props = runner.client.get("/props").json()["prefix_cache"]
+    assert props["enabled"] is False and "setting" in props["note"]

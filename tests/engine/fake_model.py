@@ -1,9 +1,11 @@
 """A fake ModelBackend: exact unified-KV accounting, recorded batches, deterministic tokens, no llama.cpp.
 
+Cells are physical as in llama.cpp's unified cache: seq_cp gives a sequence the cells of another
+(shared, counted once), a cell is freed when no sequence holds it any more.
 The fake checks what llama.cpp would refuse or silently get wrong (a sequence's positions not
 continuing its cells, two chunks of one sequence in a batch, logits read for the wrong sequence,
-a sampler used after it was freed) and records each problem in `violations`, so a test can
-assert that the engine never did any of it.
+a sampler used after it was freed, a copy or removal that leaves a hole in a sequence) and records
+each problem in `violations`, so a test can assert that the engine never did any of it.
 """
 
 from __future__ import annotations
@@ -78,8 +80,12 @@ class FakeModel:
         decode_delay_s: float = 0.0,
         clock: FakeClock | None = None,
         on_decode: Callable[[int, list[Chunk]], None] | None = None,
+        n_swa: int = 0,
+        share_blocker: str | None = None,
     ):
         self.n_ctx = n_ctx
+        self.n_swa = n_swa
+        self.share_blocker = share_blocker
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
         self.eos_token = eos_token
@@ -95,7 +101,11 @@ class FakeModel:
         self.clock = clock or FakeClock()
         self.on_decode = on_decode
 
-        self.cells: dict[int, list[int]] = {slot: [] for slot in range(n_seq_max)}
+        self.seqs: dict[int, list[int]] = {}  # sequence id → its cell ids by position
+        self.cell_tokens: dict[int, int] = {}
+        self.refs: dict[int, int] = {}  # cell id → sequences holding it (absent: free)
+        self._next_cell = 0
+        self.kv_ops: list[tuple] = []  # seq_cp / seq_rm calls, in order
         self.batches: list[list[BatchEntry]] = []  # accepted decodes, in order
         self.rejected: list[list[BatchEntry]] = []  # decodes answered with "no KV slot"
         self.cleared: list[int] = []  # clear_seq calls, by slot
@@ -108,8 +118,52 @@ class FakeModel:
 
     @property
     def kv_used(self) -> int:
-        """Cells held by all sequences."""
-        return sum(len(c) for c in self.cells.values())
+        """Cells held by any sequence (a shared cell counts once)."""
+        return len(self.refs)
+
+    @property
+    def cells(self) -> dict[int, list[int]]:
+        """Each slot's tokens in the cache, by position."""
+        return {slot: self.tokens_of(slot) for slot in range(self.n_seq_max)}
+
+    def tokens_of(self, seq: int) -> list[int]:
+        """The tokens whose cells a sequence holds, by position."""
+        return [self.cell_tokens[c] for c in self.seqs.get(seq, [])]
+
+    def kv_share_blocker(self) -> str | None:
+        """Why sequences could not share cells (None: they can)."""
+        return self.share_blocker
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Give dst the cells of src at positions [p0, p1) (shared, not copied)."""
+        self.kv_ops.append(("cp", src, dst, p0, p1))
+        cells = self.seqs.get(src, [])
+        p0 = max(p0, 0)
+        p1 = len(cells) if p1 < 0 else p1
+        target = self.seqs.setdefault(dst, [])
+        if p1 > len(cells):
+            self.violations.append(f"seq_cp({src}, {dst}, {p0}, {p1}): source holds only {len(cells)} cells")
+        if len(target) != p0:
+            self.violations.append(f"seq_cp({src}, {dst}, {p0}, {p1}): target holds {len(target)} cells, a hole")
+        for c in cells[p0:p1]:
+            target.append(c)
+            self.refs[c] += 1
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        """Take positions [p0, p1) out of a sequence; cells nobody holds any more are free."""
+        self.kv_ops.append(("rm", seq, p0, p1))
+        cells = self.seqs.get(seq, [])
+        p0 = max(p0, 0)
+        if p1 >= 0 and p1 < len(cells):
+            self.violations.append(f"seq_rm({seq}, {p0}, {p1}) leaves a hole in {len(cells)} cells")
+        for c in cells[p0:]:
+            self.refs[c] -= 1
+            if not self.refs[c]:
+                del self.refs[c]
+                del self.cell_tokens[c]
+        del cells[p0:]
+        if p0 == 0 and seq < self.n_seq_max:
+            self.cleared.append(seq)
 
     def decode(self, chunks: list[Chunk]) -> tuple[int, list[int]]:
         """Accept the whole batch if its tokens fit the free cells, else return 1 and change nothing."""
@@ -131,11 +185,11 @@ class FakeModel:
         if len(set(slots)) != len(slots):
             self.violations.append(f"decode #{self.num_decode_calls}: a slot appears twice: {slots}")
         for e in entries:
-            if e.slot not in self.cells:
+            if e.slot is None or not 0 <= e.slot < self.n_seq_max:
                 self.violations.append(f"decode #{self.num_decode_calls}: bad slot {e.slot}")
-            elif e.start_pos != len(self.cells[e.slot]):
+            elif e.start_pos != len(self.seqs.get(e.slot, [])):
                 self.violations.append(
-                    f"decode #{self.num_decode_calls}: slot {e.slot} holds {len(self.cells[e.slot])} cells "
+                    f"decode #{self.num_decode_calls}: slot {e.slot} holds {len(self.seqs.get(e.slot, []))} cells "
                     f"but the chunk starts at {e.start_pos}"
                 )
             if not e.tokens:
@@ -150,10 +204,14 @@ class FakeModel:
             return DECODE_NO_KV_SLOT, logit_idx
         self._rows = {}
         for e, idx in zip(entries, logit_idx):
-            cells = self.cells.setdefault(e.slot, [])
-            cells.extend(e.tokens)
+            cells = self.seqs.setdefault(e.slot, [])
+            for t in e.tokens:
+                self.cell_tokens[self._next_cell] = t
+                self.refs[self._next_cell] = 1
+                cells.append(self._next_cell)
+                self._next_cell += 1
             if idx >= 0:
-                self._rows[idx] = (e.slot, tuple(cells))
+                self._rows[idx] = (e.slot, tuple(self.tokens_of(e.slot)))
         self.batches.append(entries)
         self.clock.advance(self.decode_step_s)
         if self.decode_delay_s:
@@ -162,8 +220,7 @@ class FakeModel:
 
     def clear_seq(self, slot: int) -> None:
         """Free every cell of one sequence."""
-        self.cleared.append(slot)
-        self.cells[slot] = []
+        self.seq_rm(slot, -1, -1)
 
     # -- sampling ---------------------------------------------------------------------------
 

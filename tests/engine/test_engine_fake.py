@@ -70,6 +70,11 @@ def run_all(engine: Engine, requests: list[Request]) -> dict[int, tuple[list[Del
     return {r.request_id: collect(r) for r in requests}
 
 
+def only_cache_left(engine: Engine, model: FakeModel) -> bool:
+    """No running sequence holds a cell; whatever the model still holds is the prefix cache's."""
+    return engine.scheduler.kv_used == 0 and model.kv_used == engine.scheduler.kv_cached
+
+
 def greedy(max_tokens: int, **kwargs) -> SamplingParams:
     """Deterministic settings: the fake model ignores temperature anyway, the engine does not."""
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs)
@@ -92,7 +97,7 @@ def test_one_request_streams_its_tokens_and_ends_with_length(make_engine):
     assert fin.stats.num_prompt_tokens == 4 and fin.stats.num_completion_tokens == 5
     assert model.violations == []
     assert model.live_samplers == 0
-    assert model.kv_used == 0
+    assert only_cache_left(engine, model)
     assert r.slot is None and r.sampler is None
 
 
@@ -420,7 +425,7 @@ def test_preemption_under_a_tiny_cache_completes_every_request_identically(make_
     # No request lost or duplicated: one Finished each (collect checked nothing follows it).
     assert engine.counters.requests_finished == {"length": 8}
     assert model.violations == []
-    assert model.kv_used == 0 and model.live_samplers == 0
+    assert only_cache_left(engine, model) and model.live_samplers == 0
     assert all(it.kv_used <= it.kv_total == 64 for it in engine.iterations)
 
 
@@ -447,12 +452,12 @@ def test_a_sequence_that_cannot_fit_even_alone_fails_and_the_engine_goes_on(make
     assert "cannot hold" in fin.error
     # Cells 10..20 held the prompt and ten generated tokens; the eleventh never fit.
     assert fin.stats.num_completion_tokens == len(deltas) == 11
-    assert model.kv_used == 0
+    assert only_cache_left(engine, model)
     small = engine.submit(prompt(2, 4), greedy(3, ignore_eos=True))
     _, fin_small = collect(small)
     assert fin_small.finish_reason == "length"
     assert small.output_tokens == model.expected_tokens(small.prompt_tokens, 3)
-    assert model.violations == [] and model.kv_used == 0 and model.live_samplers == 0
+    assert model.violations == [] and only_cache_left(engine, model) and model.live_samplers == 0
 
 
 # -- cancellation -------------------------------------------------------------------------------
@@ -503,7 +508,7 @@ def test_cancelling_a_running_request_frees_its_slot_within_one_iteration(make_e
     assert b.output_tokens == model.expected_tokens(b.prompt_tokens, 8)
     assert c.output_tokens == model.expected_tokens(c.prompt_tokens, 2)
     assert 0 in model.cleared
-    assert model.violations == [] and model.live_samplers == 0 and model.kv_used == 0
+    assert model.violations == [] and model.live_samplers == 0 and only_cache_left(engine, model)
 
 
 def test_cancelling_a_finished_request_is_harmless(make_engine):
@@ -531,7 +536,7 @@ def test_stop_cancels_what_is_still_in_the_engine(make_engine):
         _, fin = collect(r)
         assert fin.finish_reason == "cancelled"
         assert "shutting down" in fin.error
-    assert model.kv_used == 0 and model.live_samplers == 0
+    assert only_cache_left(engine, model) and model.live_samplers == 0
 
 
 def test_an_exception_in_decode_fails_running_requests_only(make_engine, caplog):
@@ -552,7 +557,7 @@ def test_an_exception_in_decode_fails_running_requests_only(make_engine, caplog)
     assert results[b.request_id][1].finish_reason == "length"
     assert b.output_tokens == model.expected_tokens(b.prompt_tokens, 4)
     assert "engine iteration failed" in caplog.text
-    assert model.kv_used == 0 and model.live_samplers == 0 and model.violations == []
+    assert only_cache_left(engine, model) and model.live_samplers == 0 and model.violations == []
 
 
 # -- stats --------------------------------------------------------------------------------------
@@ -660,7 +665,8 @@ def test_requests_submitted_from_many_threads_all_finish(make_engine):
         assert fin.finish_reason == "length"
         assert r.output_tokens == model.expected_tokens(r.prompt_tokens, r.params.max_tokens)
     assert len({r.request_id for r in reqs}) == 24
-    assert model.violations == [] and model.kv_used == 0 and model.live_samplers == 0
+    assert model.violations == [] and only_cache_left(engine, model) and model.live_samplers == 0
+
 
 
 def test_logprobs_ride_on_each_token_delta_only_when_asked():

@@ -15,7 +15,10 @@ NEXT_TOKEN = 7
 
 def make_config(**overrides) -> SchedulerConfig:
     """A roomy configuration; tests override what they exercise."""
-    values = dict(max_seqs=4, kv_cells=256, max_batch_tokens=64, token_budget=64, decode_reserve_cells=0)
+    # Prompts of make_request share their leading tokens: these tests are about admission and
+    # batches with every prompt computed; the prefix cache has its own tests (test_prefix_cache.py).
+    values = dict(max_seqs=4, kv_cells=256, max_batch_tokens=64, token_budget=64, decode_reserve_cells=0,
+                  prefix_cache=False)
     values.update(overrides)
     return SchedulerConfig(**values)
 
