@@ -95,7 +95,7 @@ def test_settings_validation_in_the_browser(page):
     page.goto("/settings")
     page.fill("#f-runner_parallel", "0")
     page.click("text=Save settings")
-    assert page.locator("#setting-runner_parallel .field-error").inner_text() == "Use at least 1 slots."
+    assert page.locator("#setting-runner_parallel .field-error").inner_text() == "runner_parallel must be at least 1 (got 0)"
     page.fill("#f-runner_parallel", "")
     page.click("text=Save settings")
     # Submitting the defaults back changes nothing.
