@@ -55,7 +55,9 @@ def ttft_stream(client: httpx.Client, url: str, headers: dict, messages: list[di
     first = None
     text = ""
     cached = None
-    with client.stream("POST", url, json=body, headers=headers) as r:
+    # A new connection per request, for both servers: this llama-server drops a kept-alive one
+    # between requests ("Server disconnected without sending a response").
+    with client.stream("POST", url, json=body, headers={**headers, "Connection": "close"}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -89,12 +91,14 @@ def conversation(client: httpx.Client, url: str, headers: dict, variant: int) ->
     return rows
 
 
-def start_llama_server(binary: str, model: str, ctx: int, parallel: int, threads: int) -> tuple[subprocess.Popen, str]:
+def start_llama_server(binary: str, model: str, ctx: int, parallel: int, threads: int,
+                       log_path: Path) -> tuple[subprocess.Popen, str]:
     """Stock llama-server on loopback with Hearth's slots, context and threads, unified KV."""
     port = free_port()
-    proc = subprocess.Popen([binary, "--model", model, "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx),
-                             "-np", str(parallel), "-t", str(threads), "-kvu", "--no-webui"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([binary, "--model", model, "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx),
+                                 "-np", str(parallel), "-t", str(threads), "-kvu", "--no-webui"],
+                                stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -142,13 +146,14 @@ def main(argv: list[str] | None = None) -> int:
                  "questions": QUESTIONS, "areas": AREAS, "repeats": args.repeats, "machine": machine()}
     print("prefix bench — held constant:", json.dumps(constants), file=sys.stderr)
     serve = ServeProcess(data, models, model, work / "serve.log")
-    llama, llama_url = start_llama_server(args.llama_server, str(model), ctx, parallel, args.threads)
+    llama, llama_url = start_llama_server(args.llama_server, str(model), ctx, parallel, args.threads,
+                                          work / "llama-server.log")
     rows: dict[str, list[dict]] = {"hearth": [], "llama-server": []}
     try:
         with httpx.Client(timeout=600) as client:
             hearth_headers = {"Authorization": f"Bearer {tokens['satellite']}"}
             # Warm-up on both (model load, first-run page faults), with a prompt of its own.
-            conversation(client, serve.url + "/v1/chat/completions", hearth_headers, -1)[:1]
+            conversation(client, serve.url + "/v1/chat/completions", hearth_headers, -1)
             ttft_stream(client, llama_url + "/v1/chat/completions", {}, [{"role": "user", "content": "Hello"}])
             for rep in range(args.repeats):
                 rows["hearth"] += conversation(client, serve.url + "/v1/chat/completions", hearth_headers, rep)
