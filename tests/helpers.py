@@ -197,3 +197,13 @@ def set_up_admin(client, password: str = ADMIN_PASSWORD):
                                            "csrf_token": csrf_token(client, "/setup")})
     assert response.status_code == 302, response.get_data(as_text=True)
     return response
+
+
+class Clock:
+    """A clock the test moves by hand (for TTLs and windows)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now

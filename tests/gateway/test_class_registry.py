@@ -5,16 +5,7 @@ import pytest
 from app.gateway.classes import ClassRegistry
 from app.store.db import open_store
 from app.store.models import RequestClass
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
+from tests.helpers import Clock
 
 
 @pytest.fixture

@@ -5,16 +5,7 @@ import pytest
 from app.services.settings import SettingsCache
 from app.store.db import open_store
 from app.store.settings import UnknownSetting, set_setting
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
+from tests.helpers import Clock
 
 
 @pytest.fixture
