@@ -158,7 +158,10 @@ def add_two_numbers(a: int, b: int) -> int:
     return a + b
 
 
-@pytest.mark.xfail(strict=False, reason="needs /v1 tool calling")
+# Under Ollama's API there is no tool_choice, so the call is "auto" (a lazy grammar): Gemma 3 270M
+# answers in prose (it repeats the tool instructions) instead of calling. The Ollama tool-call shapes
+# themselves (arguments as objects both ways) are covered in test_ollama_shapes.py.
+@pytest.mark.xfail(strict=False, reason="Gemma 3 270M does not choose to call a tool under tool_choice auto")
 def test_tools_with_arguments_as_objects(client):
     messages = [{"role": "user", "content": "What is 3 plus 4? Use the tool."}]
     r = client.chat(model=DEFAULT, messages=messages, tools=[add_two_numbers], stream=False,
