@@ -56,7 +56,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     from app.gateway.ollama import bp as ollama_bp
     from app.paths import data_dir
     from app.residency.default_model import verified_default_model
-    from app.store.db import open_store
+    from app.store.db import hold_store, open_store
 
     app = Flask(__name__, instance_relative_config=False, template_folder=web.TEMPLATES_DIR,
                 static_folder=web.STATIC_DIR)
@@ -76,6 +76,8 @@ def create_app(test_config: dict | None = None) -> Flask:
     # background below, so the dashboard is up and can show the progress.
     default_model = (Path(app.config["HEARTH_DEFAULT_MODEL"]) if app.config["HEARTH_DEFAULT_MODEL"]
                      else verified_default_model(data))
+    # Held while this app serves the store: `hearth restore` refuses to swap it underneath.
+    store_lock = hold_store(data)
     engine, sessions = open_store(data)
     svc = build_services(data, engine, sessions, default_model, app.config["HEARTH_MODELS_DIR"])
     install(app, svc)
@@ -113,6 +115,7 @@ def create_app(test_config: dict | None = None) -> Flask:
             if sched is not None:
                 sched.shutdown(wait=False)
             svc.shutdown()
+            store_lock.close()
             shut_down.append(True)
 
     app.extensions[_SHUTDOWN] = shutdown
