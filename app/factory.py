@@ -15,7 +15,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from app.engine.api import ApiError
-from app.gateway.context import Services, build_services, install
+from app.gateway.context import Services, build_services, install, services
 from app.residency.manager import ResidencyManager
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,41 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.extensions[_SHUTDOWN] = shutdown
     atexit.register(shutdown)
     return app
+
+
+def browser_url(bind: str) -> str:
+    """The address to type for a gunicorn bind ("0.0.0.0:8080" → this machine, from the machine itself)."""
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        return f"http://localhost:{port}"
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def listening_lines(data_dir: Path, binds: list[str]) -> list[str]:
+    """What serve's log says once it listens: which URL to open, and the setup code while no admin exists."""
+    from app.web.auth import pending_setup_code, setup_code_path
+
+    urls = [browser_url(b) for b in binds if not b.startswith(("unix:", "fd://"))]
+    if not urls:
+        return [f"listening on {', '.join(binds)}"]
+    url = urls[0]
+    wildcard = any(b.rpartition(":")[0].strip("[]") in ("", "0.0.0.0", "::") for b in binds)
+    elsewhere = " (from another device: this machine's address on your network instead of localhost)" if wildcard else ""
+    lines = [f"listening: the dashboard is at {url}/ and the OpenAI API at {url}/v1{elsewhere}"]
+    code = pending_setup_code(data_dir, log_new=False)
+    if code is not None:
+        lines.append(f"first run: open {url}/setup in a browser and enter the setup code {code} "
+                     f"(also kept in {setup_code_path(data_dir)} until the admin password is set)")
+    return lines
+
+
+def announce_listening(app: Flask, binds: list[str]) -> None:
+    """Write listening_lines to serve's log, whatever the log level (a newcomer must see where to go)."""
+    from app.residency.default_model import log_line
+
+    for line in listening_lines(services(app).data_dir, binds):
+        log_line(line)
 
 
 def scheduler_of(app: Flask) -> BackgroundScheduler | None:
