@@ -12,7 +12,7 @@ from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from app.engine.api import ApiError
 from app.gateway.context import Services, build_services, install, services
@@ -24,9 +24,28 @@ _SCHEDULER = "scheduler"
 _SHUTDOWN = "hearth_shutdown"
 
 
+# The API prefixes whose errors are JSON in OpenAI's shape, whatever the client accepts.
+_API_PREFIXES = ("/v1", "/api")
+
+
+def _is_api_path(path: str) -> bool:
+    return path == "/healthz" or any(path == p or path.startswith(p + "/") for p in _API_PREFIXES)
+
+
 def _json_error(exc: HTTPException) -> Response:
-    err = ApiError(exc.code or 500, exc.description or exc.name)
-    return Response(json.dumps(err.body()), status=err.status, mimetype="application/json")
+    headers = {}
+    if isinstance(exc, NotFound):
+        # OpenAI's own words for a path it does not serve.
+        listed = "; the endpoints are listed in /v1/openapi.json" if request.path.startswith("/v1") else ""
+        err = ApiError(404, f"Invalid URL ({request.method} {request.path}): no such endpoint{listed}", code="unknown_url")
+    elif isinstance(exc, MethodNotAllowed):
+        allowed = sorted(set(exc.valid_methods or ()) - {"HEAD", "OPTIONS"})
+        headers["Allow"] = ", ".join(exc.valid_methods or ())
+        err = ApiError(405, f"{request.method} is not allowed on {request.path}; use {' or '.join(allowed)}",
+                       code="method_not_allowed")
+    else:
+        err = ApiError(exc.code or 500, exc.description or exc.name)
+    return Response(json.dumps(err.body()), status=err.status, mimetype="application/json", headers=headers)
 
 
 def _start_pinned(residency: ResidencyManager) -> None:
@@ -89,7 +108,7 @@ def create_app(test_config: dict | None = None) -> Flask:
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        if request.path.startswith(("/v1/", "/api/")) or request.path == "/healthz":
+        if _is_api_path(request.path):
             return _json_error(exc)
         if web.wants_html():
             return web.render_error(exc)
