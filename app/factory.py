@@ -12,10 +12,10 @@ from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from app.engine.api import ApiError
-from app.gateway.context import Services, build_services, install
+from app.gateway.context import Services, build_services, install, services
 from app.residency.manager import ResidencyManager
 
 log = logging.getLogger(__name__)
@@ -24,9 +24,28 @@ _SCHEDULER = "scheduler"
 _SHUTDOWN = "hearth_shutdown"
 
 
+# The API prefixes whose errors are JSON in OpenAI's shape, whatever the client accepts.
+_API_PREFIXES = ("/v1", "/api")
+
+
+def _is_api_path(path: str) -> bool:
+    return path == "/healthz" or any(path == p or path.startswith(p + "/") for p in _API_PREFIXES)
+
+
 def _json_error(exc: HTTPException) -> Response:
-    err = ApiError(exc.code or 500, exc.description or exc.name)
-    return Response(json.dumps(err.body()), status=err.status, mimetype="application/json")
+    headers = {}
+    if isinstance(exc, NotFound):
+        # OpenAI's own words for a path it does not serve.
+        listed = "; the endpoints are listed in /v1/openapi.json" if request.path.startswith("/v1") else ""
+        err = ApiError(404, f"Invalid URL ({request.method} {request.path}): no such endpoint{listed}", code="unknown_url")
+    elif isinstance(exc, MethodNotAllowed):
+        allowed = sorted(set(exc.valid_methods or ()) - {"HEAD", "OPTIONS"})
+        headers["Allow"] = ", ".join(exc.valid_methods or ())
+        err = ApiError(405, f"{request.method} is not allowed on {request.path}; use {' or '.join(allowed)}",
+                       code="method_not_allowed")
+    else:
+        err = ApiError(exc.code or 500, exc.description or exc.name)
+    return Response(json.dumps(err.body()), status=err.status, mimetype="application/json", headers=headers)
 
 
 def _start_pinned(residency: ResidencyManager) -> None:
@@ -56,7 +75,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     from app.gateway.ollama import bp as ollama_bp
     from app.paths import data_dir
     from app.residency.default_model import verified_default_model
-    from app.store.db import open_store
+    from app.store.db import hold_store, open_store
 
     app = Flask(__name__, instance_relative_config=False, template_folder=web.TEMPLATES_DIR,
                 static_folder=web.STATIC_DIR)
@@ -76,6 +95,8 @@ def create_app(test_config: dict | None = None) -> Flask:
     # background below, so the dashboard is up and can show the progress.
     default_model = (Path(app.config["HEARTH_DEFAULT_MODEL"]) if app.config["HEARTH_DEFAULT_MODEL"]
                      else verified_default_model(data))
+    # Held while this app serves the store: `hearth restore` refuses to swap it underneath.
+    store_lock = hold_store(data)
     engine, sessions = open_store(data)
     svc = build_services(data, engine, sessions, default_model, app.config["HEARTH_MODELS_DIR"])
     install(app, svc)
@@ -87,7 +108,7 @@ def create_app(test_config: dict | None = None) -> Flask:
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        if request.path.startswith(("/v1/", "/api/")) or request.path == "/healthz":
+        if _is_api_path(request.path):
             return _json_error(exc)
         if web.wants_html():
             return web.render_error(exc)
@@ -113,11 +134,47 @@ def create_app(test_config: dict | None = None) -> Flask:
             if sched is not None:
                 sched.shutdown(wait=False)
             svc.shutdown()
+            store_lock.close()
             shut_down.append(True)
 
     app.extensions[_SHUTDOWN] = shutdown
     atexit.register(shutdown)
     return app
+
+
+def browser_url(bind: str) -> str:
+    """The address to type for a gunicorn bind ("0.0.0.0:8080" → this machine, from the machine itself)."""
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        return f"http://localhost:{port}"
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def listening_lines(data_dir: Path, binds: list[str]) -> list[str]:
+    """What serve's log says once it listens: which URL to open, and the setup code while no admin exists."""
+    from app.web.auth import pending_setup_code, setup_code_path
+
+    urls = [browser_url(b) for b in binds if not b.startswith(("unix:", "fd://"))]
+    if not urls:
+        return [f"listening on {', '.join(binds)}"]
+    url = urls[0]
+    wildcard = any(b.rpartition(":")[0].strip("[]") in ("", "0.0.0.0", "::") for b in binds)
+    elsewhere = " (from another device: this machine's address on your network instead of localhost)" if wildcard else ""
+    lines = [f"listening: the dashboard is at {url}/ and the OpenAI API at {url}/v1{elsewhere}"]
+    code = pending_setup_code(data_dir, log_new=False)
+    if code is not None:
+        lines.append(f"first run: open {url}/setup in a browser and enter the setup code {code} "
+                     f"(also kept in {setup_code_path(data_dir)} until the admin password is set)")
+    return lines
+
+
+def announce_listening(app: Flask, binds: list[str]) -> None:
+    """Write listening_lines to serve's log, whatever the log level (a newcomer must see where to go)."""
+    from app.residency.default_model import log_line
+
+    for line in listening_lines(services(app).data_dir, binds):
+        log_line(line)
 
 
 def scheduler_of(app: Flask) -> BackgroundScheduler | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import secrets as _random
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _NAME = re.compile(r"^[a-z0-9_]+$")
@@ -30,6 +32,36 @@ def write_secret(data_dir: Path, name: str, value: str) -> None:
     os.replace(tmp, folder / name)
 
 
+def create_secret(data_dir: Path, name: str, value: str) -> bool:
+    """Store `value` under `name` only if there is none yet; False when one exists.
+
+    Atomic: the value is written to a private file first and then hard-linked into place, and link()
+    fails when the name exists, so of any number of concurrent callers exactly one wins and nobody
+    ever reads a half-written value.
+    """
+    if not _NAME.match(name):
+        raise ValueError(f"secret name {name!r}: use lower-case letters, digits and _")
+    folder = secrets_dir(data_dir)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+        try:
+            os.link(tmp, folder / name)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        os.unlink(tmp)
+
+
+def remove_secret(data_dir: Path, name: str) -> None:
+    """Delete the secret `name` (nothing happens when there is none)."""
+    if not _NAME.match(name):
+        raise ValueError(f"secret name {name!r}: use lower-case letters, digits and _")
+    (Path(data_dir) / "secrets" / name).unlink(missing_ok=True)
+
+
 def read_secret(data_dir: Path, name: str) -> str | None:
     """The stored value, or None when there is none yet."""
     if not _NAME.match(name):
@@ -40,8 +72,8 @@ def read_secret(data_dir: Path, name: str) -> str | None:
         return None
 
 
-def secret(data_dir: Path, name: str) -> str:
-    """The secret `name`: generated once (token_urlsafe), reused by every later call and process."""
+def secret(data_dir: Path, name: str, generate: Callable[[], str] = lambda: _random.token_urlsafe(32)) -> str:
+    """The secret `name`: generated once (by `generate`), reused by every later call and process."""
     existing = read_secret(data_dir, name)
     if existing:
         return existing
@@ -58,5 +90,5 @@ def secret(data_dir: Path, name: str) -> str:
             time.sleep(0.01)
         raise RuntimeError(f"{path} exists but stays empty: delete it and restart")
     with os.fdopen(fd, "w") as f:
-        f.write(_random.token_urlsafe(32))
+        f.write(generate())
     return path.read_text().strip()

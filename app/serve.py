@@ -51,8 +51,16 @@ def gunicorn_settings(bind: str, threads: int = DEFAULT_THREADS, workers: int = 
         "preload_app": False,
         "proc_name": "hearth-serve",
         "when_ready": no_delay,
-        "post_worker_init": stop_runners_after_drain,
+        "post_worker_init": worker_ready,
     }
+
+
+def worker_ready(worker) -> None:
+    """Worker hook: the app is loaded and the socket listens: say where to go, then arm the drain."""
+    from app.factory import announce_listening
+
+    announce_listening(worker.wsgi, worker.cfg.bind)
+    stop_runners_after_drain(worker)
 
 
 def stop_runners_after_drain(worker) -> None:

@@ -8,7 +8,8 @@
 - `write_standin_gguf(path)`: a tiny GGUF with the embedded model's header facts, for tests that read a catalog
   entry but never load weights.
 - `ServeStarter`: real `hearth serve` processes on fresh data folders (behind the `start_serve` fixtures).
-- `dashboard_app`, `csrf_token`, `set_up_admin`: the dashboard app in-process and its first-run /setup.
+- `dashboard_app`, `csrf_token`, `setup_code`, `set_up_admin`: the dashboard app in-process and its first-run /setup
+  (the setup code read from the data folder).
 """
 
 from __future__ import annotations
@@ -191,10 +192,18 @@ def csrf_token(client, path: str = "/login", **get_options: Any) -> str:
     return match.group(1) or match.group(2)
 
 
+def setup_code(data: Path) -> str:
+    """The one-time code /setup asks for, read where serve keeps it (the data folder's secrets)."""
+    return (data / "secrets" / "setup_code").read_text().strip()
+
+
 def set_up_admin(client, password: str = ADMIN_PASSWORD):
-    """First run: create the admin password through /setup (which also logs this client in)."""
-    response = client.post("/setup", data={"password": password, "confirm": password,
-                                           "csrf_token": csrf_token(client, "/setup")})
+    """First run: create the admin password through /setup with its setup code (this also logs the client in)."""
+    from app.gateway.context import services
+
+    token = csrf_token(client, "/setup")
+    response = client.post("/setup", data={"password": password, "confirm": password, "csrf_token": token,
+                                           "setup_code": setup_code(services(client.application).data_dir)})
     assert response.status_code == 302, response.get_data(as_text=True)
     return response
 

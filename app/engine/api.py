@@ -232,6 +232,9 @@ class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     tool_calls: list[ToolCallIn] | None = None
+    # The deprecated form of tool_calls in older clients' histories: it lets an assistant message
+    # omit its content, as OpenAI allows.
+    function_call: dict | None = None
     tool_call_id: str | None = None
     name: str | None = None
 
@@ -331,6 +334,15 @@ class ChatBody(_Body):
             if call is not None and "tool_choice" not in data:
                 data["tool_choice"] = {"type": "function", "function": call} if isinstance(call, dict) else call
         return data
+
+    @model_validator(mode="after")
+    def _check_contents(self):
+        # OpenAI's rule: every message has content, except an assistant message that calls tools.
+        for i, m in enumerate(self.messages):
+            if m.content is None and not (m.role == "assistant" and (m.tool_calls or m.function_call)):
+                why = " (an assistant message may omit it only when it has tool_calls)" if m.role == "assistant" else ""
+                raise BodyProblem("messages", f"'messages.{i}.content' is required in a {m.role} message{why}")
+        return self
 
     @model_validator(mode="after")
     def _check_tool_choice(self):

@@ -26,6 +26,7 @@ from app.gateway import relay
 from app.gateway.admission import QueueFull, QueueTimeout, Ticket
 from app.gateway.auth import Principal, bearer_token
 from app.gateway.context import Services, services
+from app.gateway.headers import header_value
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,8 @@ def _serve(schema, path: str, shape=None):
         h.recorder.record_request(record, status="error", http_status=err.status, error=err.message)
         raise
     record["runner"] = lease.url
-    headers = {"X-Hearth-Class": policy.name, "X-Hearth-Model": model_name, "X-Hearth-Node": lease.node_label}
+    headers = {"X-Hearth-Class": policy.name, "X-Hearth-Model": header_value(model_name),
+               "X-Hearth-Node": header_value(lease.node_label)}
     if ticket.queue_position:
         headers["X-Hearth-Queue-Position"] = str(ticket.queue_position)
     url = lease.url.rstrip("/") + path
@@ -255,7 +257,9 @@ def _relay(h: Services, send, url, forward, ticket, lease, record, arrival_s):
 def _complete(h: Services, url, forward, ticket, lease, record, arrival_s, headers, shape=None):
     resp, outcome = _relay(h, relay.post, url, forward, ticket, lease, record, arrival_s)
     _finish(h, ticket, lease, record, outcome, arrival_s)
-    if resp.status_code >= 500 and "generation_failed" not in resp.text:
+    if resp.status_code == 503:
+        h.residency.report_busy(lease)  # loading or full: an answer, not a failure of the node
+    elif resp.status_code >= 500 and "generation_failed" not in resp.text:
         h.residency.report_failure(lease, outcome.error or f"HTTP {resp.status_code}")
     out_headers = dict(headers)
     if "retry-after" in resp.headers:

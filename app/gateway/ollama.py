@@ -169,7 +169,8 @@ def messages_to_openai(messages: Any, model: str) -> list[dict]:
         if not isinstance(m, dict):
             raise ApiError(400, f"'messages.{i}' must be an object", param=f"messages.{i}")
         _no_images(m.get("images"), f"messages.{i}.images", model)
-        msg = {"role": m.get("role"), "content": m.get("content")}
+        # Ollama's content is a Go string: missing or null reads as "" there (OpenAI's /v1 requires it).
+        msg = {"role": m.get("role"), "content": "" if m.get("content") is None else m.get("content")}
         if m.get("tool_calls"):
             calls = []
             for j, call in enumerate(m["tool_calls"]):

@@ -1,4 +1,5 @@
-"""Relaying a validated request to a runner over loopback HTTP, chunk by chunk when streaming.
+"""Relaying a validated request to a runner over loopback HTTP (or a remote node over HTTP or HTTPS),
+chunk by chunk when streaming.
 
 The standard library's http.client, one keep-alive connection per gateway thread and runner:
 on this hop every request pays the client's own overhead, and http.client's is about half a
@@ -15,6 +16,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from app.residency.supervisor import node_tls_context
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
 STREAM_READ_BYTES = 65536
@@ -68,42 +71,59 @@ def read_summary(payload: dict, outcome: RelayOutcome) -> None:
         outcome.error = err.get("message") if isinstance(err, dict) else str(err)
 
 
-def _connection(host: str, port: int, fresh: bool) -> http.client.HTTPConnection:
+# Where a connection goes: (scheme, host, port). Local runners are http://; a remote node may be https://.
+Origin = tuple[str, str, int]
+
+
+def _origin(url: str) -> tuple[Origin, str]:
+    """The connection key of `url` and the path (with query) to request there."""
+    parts = urlsplit(url)
+    scheme = parts.scheme or "http"
+    port = parts.port or (443 if scheme == "https" else 80)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    return (scheme, parts.hostname or "127.0.0.1", port), path
+
+
+def _connection(origin: Origin, fresh: bool) -> http.client.HTTPConnection:
     pool = getattr(_local, "pool", None)
     if pool is None:
         pool = _local.pool = {}
-    conn = pool.get((host, port))
+    conn = pool.get(origin)
     if conn is not None and not fresh:
         return conn
     if conn is not None:
         conn.close()
-    conn = http.client.HTTPConnection(host, port, timeout=READ_TIMEOUT_S)
+    scheme, host, port = origin
+    if scheme == "https":
+        # Verified against the system's CAs plus the household's own (see node_tls_context).
+        conn = http.client.HTTPSConnection(host, port, timeout=READ_TIMEOUT_S, context=node_tls_context())
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=READ_TIMEOUT_S)
     conn.connect()
     # A streamed token is one small write; Nagle's algorithm would hold it for an ACK.
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    pool[(host, port)] = conn
+    pool[origin] = conn
     return conn
 
 
-def _discard(host: str, port: int) -> None:
-    conn = getattr(_local, "pool", {}).pop((host, port), None)
+def _discard(origin: Origin) -> None:
+    conn = getattr(_local, "pool", {}).pop(origin, None)
     if conn is not None:
         conn.close()
 
 
-def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, str, int]:
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, Origin]:
+    origin, path = _origin(url)
     payload = json.dumps(body).encode()
     headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
     # A kept-alive connection may have been closed by the runner meanwhile: one retry on a fresh one.
     for fresh in (False, True):
         try:
-            conn = _connection(host, port, fresh)
-            conn.request("POST", parts.path, body=payload, headers=headers)
-            return conn.getresponse(), host, port
+            conn = _connection(origin, fresh)
+            conn.request("POST", path, body=payload, headers=headers)
+            return conn.getresponse(), origin
         except (OSError, http.client.HTTPException) as exc:
-            _discard(host, port)
+            _discard(origin)
             if fresh:
                 raise RunnerUnreachable(f"{type(exc).__name__}: {exc}") from exc
     raise AssertionError("unreachable")
@@ -112,14 +132,14 @@ def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, str, int]:
 def post(url: str, body: dict) -> tuple[RunnerResponse, RelayOutcome]:
     """A non-streamed request: the runner's whole answer."""
     outcome = RelayOutcome()
-    resp, host, port = _send(url, body)
+    resp, origin = _send(url, body)
     try:
         content = resp.read()
     except (OSError, http.client.HTTPException) as exc:
-        _discard(host, port)
+        _discard(origin)
         raise RunnerUnreachable(f"the runner stopped while answering: {exc}") from exc
     if resp.will_close:
-        _discard(host, port)
+        _discard(origin)
     outcome.status = resp.status
     outcome.first_byte_s = time.monotonic()
     try:
@@ -133,9 +153,9 @@ def post(url: str, body: dict) -> tuple[RunnerResponse, RelayOutcome]:
 class RunnerStream:
     """A streamed answer being read; close() it whether or not it was read to the end."""
 
-    def __init__(self, resp: http.client.HTTPResponse, host: str, port: int):
+    def __init__(self, resp: http.client.HTTPResponse, origin: Origin):
         self._resp = resp
-        self._host, self._port = host, port
+        self._origin = origin
         self.status_code = resp.status
         self._done = False
 
@@ -160,7 +180,7 @@ class RunnerStream:
         if self._resp is None:
             return
         if not self._done or self._resp.will_close:
-            _discard(self._host, self._port)
+            _discard(self._origin)
         self._resp.close()
         self._resp = None
 
@@ -168,9 +188,9 @@ class RunnerStream:
 def open_stream(url: str, body: dict) -> tuple[RunnerStream, RelayOutcome]:
     """Start a streamed request; read it with `stream_chunks`, which closes it."""
     outcome = RelayOutcome()
-    resp, host, port = _send(url, body)
+    resp, origin = _send(url, body)
     outcome.status = resp.status
-    return RunnerStream(resp, host, port), outcome
+    return RunnerStream(resp, origin), outcome
 
 
 def stream_chunks(stream: RunnerStream, outcome: RelayOutcome) -> Iterator[bytes]:

@@ -414,8 +414,9 @@ class ResidencyManager:
             live = [n for n in nodes if n.healthy]
             if not live:
                 raise failure or ModelLoadFailed(m.name, self._no_node_reason(m))
+            # A node that said 503 (loading, or full) last is used only when no other can serve.
             # Reported load lags behind the leases just handed out: never count fewer than ours.
-            best = min(live, key=lambda n: (n.in_flight if n.load is None else max(n.load, n.in_flight),
+            best = min(live, key=lambda n: (n.probe.busy, n.in_flight if n.load is None else max(n.load, n.in_flight),
                                             0 if n.local else 1, n.label))
             best.in_flight += 1
             m.in_flight += 1
@@ -471,6 +472,11 @@ class ResidencyManager:
                 self._set_health(node, False, str(error) or type(error).__name__)
         if event is not None:
             self._emit([event])
+
+    def report_busy(self, lease: Lease) -> None:
+        """The lease's node answered 503 (loading or full): it stays healthy, others are preferred until its next check."""
+        with self._lock:
+            lease._node.probe.busy = True
 
     def _runner_exited(self, runner: RunnerProcess, returncode: int, expected: bool) -> None:
         if expected:

@@ -9,6 +9,7 @@ import os
 import queue
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import httpx
 import psutil
@@ -455,6 +457,25 @@ def parse_load(metrics_text: str) -> float | None:
     return None
 
 
+# A PEM file of the certificate authorities that sign the household's own https:// nodes (a
+# self-signed certificate is its own CA). Trusted on top of the system's store; certificates and
+# host names are always verified.
+NODE_CA_ENV = "HEARTH_NODE_CA_FILE"
+
+
+@lru_cache(maxsize=4)
+def _tls_context(ca_file: str | None) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    if ca_file:
+        context.load_verify_locations(cafile=ca_file)
+    return context
+
+
+def node_tls_context() -> ssl.SSLContext:
+    """The TLS settings for https:// nodes, one for probes and relay alike: system CAs plus $HEARTH_NODE_CA_FILE."""
+    return _tls_context(os.environ.get(NODE_CA_ENV) or None)
+
+
 class RemoteNode:
     """An OpenAI-compatible server elsewhere (llama-server, vLLM, another Hearth runner): no process."""
 
@@ -462,26 +483,34 @@ class RemoteNode:
         self.url = url.rstrip("/")
         self.label = label or self.url
         self.timeout_s = timeout_s
+        # Set by the last health check: the node answered 503 (loading its model, or full).
+        self.busy = False
         # Routing asks for the load on every request: an unreadable /metrics is logged once per streak.
         self._metrics_unreadable = False
 
     def __repr__(self) -> str:
         return f"<RemoteNode {self.label} {self.url}>"
 
+    def _get(self, path: str) -> httpx.Response:
+        verify = node_tls_context() if self.url.startswith("https://") else True
+        return httpx.get(f"{self.url}{path}", timeout=self.timeout_s, verify=verify)
+
     def healthy(self) -> bool:
-        """GET /health is 200; servers without /health (404) count when /v1/models answers 200."""
+        """GET /health is 200, or 503: up but loading or busy, which is no failure (`busy` says which).
+        Servers without /health (404) count when /v1/models answers 200."""
         try:
-            r = httpx.get(f"{self.url}/health", timeout=self.timeout_s)
+            r = self._get("/health")
             if r.status_code == 404:
-                r = httpx.get(f"{self.url}/v1/models", timeout=self.timeout_s)
+                r = self._get("/v1/models")
         except httpx.HTTPError:
             return False
-        return r.status_code == 200
+        self.busy = r.status_code == 503
+        return r.status_code in (200, 503)
 
     def load(self) -> float | None:
         """Requests running + waiting from /metrics; None when unknown."""
         try:
-            r = httpx.get(f"{self.url}/metrics", timeout=self.timeout_s)
+            r = self._get("/metrics")
         except httpx.HTTPError:
             return None
         if r.status_code != 200:

@@ -7,7 +7,7 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
-from app.store.db import database_path
+from app.store.db import StoreInUse, database_path, hold_store_exclusively
 
 
 class BackupError(RuntimeError):
@@ -64,15 +64,28 @@ def restore(data_dir: Path, source: Path) -> Path:
         tables = {r[0] for r in db.execute("select name from sqlite_master where type='table'")}
     if "alembic_version" not in tables or "requests" not in tables:
         raise BackupError(f"{source} is a SQLite file but not a Hearth store (no alembic_version/requests tables)")
+    try:
+        # Held until the new store is in place: a serve starting meanwhile waits for it.
+        held = hold_store_exclusively(data_dir)
+    except StoreInUse as exc:
+        raise BackupError(f"{exc}: stop `hearth serve` before restoring (nothing was changed)")
+    try:
+        return _swap_in(data_dir, source)
+    finally:
+        held.close()
+
+
+def _swap_in(data_dir: Path, source: Path) -> Path:
+    """Put `source` in place of the live store (which is kept beside it); the caller holds the lock."""
     live = database_path(data_dir)
     if live.exists():
-        # An exclusive lock fails while hearth serve holds the store open for writing.
+        # Another process (a `hearth token` command, say) may be writing without serving.
         probe = sqlite3.connect(live, timeout=0.5)
         try:
             probe.execute("BEGIN EXCLUSIVE")
             probe.execute("ROLLBACK")
         except sqlite3.OperationalError:
-            raise BackupError("the store is in use: stop `hearth serve` before restoring")
+            raise BackupError("the store is being written: stop `hearth serve` and other hearth commands before restoring")
         finally:
             probe.close()
         kept = live.with_name(live.name + ".before-restore")

@@ -8,6 +8,7 @@ copy of the folder).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.store.seed import seed_defaults
 
 DATABASE_NAME = "hearth.db"
+# Held (flock) by every process serving the store, taken exclusively by `hearth restore`.
+LOCK_NAME = "hearth.db.lock"
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 # Execution option naming the BEGIN statement a connection's transactions start with.
 BEGIN_OPTION = "hearth_sqlite_begin"
@@ -135,3 +138,45 @@ def open_store(data_dir: Path) -> tuple[Engine, sessionmaker]:
         seed_defaults(session)
         session.commit()
     return engine, sessions
+
+
+class StoreInUse(RuntimeError):
+    """The store is held by a serving process, so it cannot be replaced now."""
+
+
+def lock_path(data_dir: Path) -> Path:
+    """The file whose flock says a `hearth serve` is using the data folder's store."""
+    return Path(data_dir) / LOCK_NAME
+
+
+def hold_store(data_dir: Path):
+    """Take the serving lock (shared, waits for a restore in progress) and return its open file.
+
+    Keep the file open for as long as the store is served; closing it, or the process ending in
+    any way (a crash included), releases the lock: a stale lock never blocks a restore.
+    """
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    holder = open(lock_path(data_dir), "a+")
+    fcntl.flock(holder.fileno(), fcntl.LOCK_SH)
+    # For the refusal message only: the last process that took the lock.
+    holder.seek(0)
+    holder.truncate()
+    holder.write(f"{os.getpid()}\n")
+    holder.flush()
+    return holder
+
+
+def hold_store_exclusively(data_dir: Path):
+    """The serving lock taken exclusively without waiting; raises StoreInUse while a serve holds it."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    holder = open(lock_path(data_dir), "a+")
+    try:
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder.seek(0)
+        pid = holder.read().strip()
+        holder.close()
+        raise StoreInUse(f"hearth serve{f' (pid {pid})' if pid.isdigit() else ''} is using the store in {data_dir}")
+    return holder

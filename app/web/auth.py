@@ -5,13 +5,22 @@ the dashboard and the admin cookie never authenticates /v1/. The password is sto
 (werkzeug's scrypt) in `<data>/secrets/admin_password`; deleting that file makes the next visit
 ask for a new one at /setup. The session remembers a fingerprint of the hash, so changing the
 password logs every other session out.
+
+Until an admin exists, /setup is open to the whole LAN, so it asks for a one-time setup code (as
+Jenkins does with its initial admin password): generated when serve starts (or when /setup is
+visited without one), printed in serve's log and kept in `<data>/secrets/setup_code`, removed once
+the admin password is created. Creating it is atomic (create_secret): of two simultaneous /setup
+posts exactly one becomes the admin, the other is told so.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
+import secrets as _random
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from flask import (
@@ -29,12 +38,16 @@ from flask import (
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from app.gateway.context import services
-from app.secrets import read_secret, write_secret
+from app.residency.default_model import log_line
+from app.secrets import create_secret, read_secret, remove_secret, secret, secrets_dir, write_secret
 from app.web import limiter
 
 bp = Blueprint("auth", __name__)
 
 PASSWORD_SECRET = "admin_password"
+SETUP_CODE_SECRET = "setup_code"
+# 12 characters without look-alikes (0/o, 1/l/i), shown in groups of 4: about 59 bits, typed by hand.
+_CODE_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 MIN_PASSWORD_LENGTH = 8
 DEFAULT_LOGIN_RATE_LIMIT = "10 per minute"
 
@@ -55,6 +68,43 @@ def _fingerprint(stored_hash: str) -> str:
 def set_password(password: str) -> None:
     """Hash and store the admin password (this invalidates every existing session)."""
     write_secret(_data_dir(), PASSWORD_SECRET, generate_password_hash(password))
+
+
+def _new_setup_code() -> str:
+    return "-".join("".join(_random.choice(_CODE_ALPHABET) for _ in range(4)) for _ in range(3))
+
+
+def _normal_code(code: str) -> str:
+    """The code as compared: case, spaces and dashes are the typist's, not the code's."""
+    return "".join(c for c in code.lower() if c not in " -\t")
+
+
+def setup_code_path(data_dir: Path) -> Path:
+    """Where the setup code is kept while no admin exists."""
+    return secrets_dir(data_dir) / SETUP_CODE_SECRET
+
+
+def pending_setup_code(data_dir: Path, log_new: bool = True) -> str | None:
+    """The one-time code /setup asks for, generated (and logged) when missing; None once an admin exists."""
+    if read_secret(data_dir, PASSWORD_SECRET) is not None:
+        # A code left by an interrupted setup must not linger once it cannot be used.
+        remove_secret(data_dir, SETUP_CODE_SECRET)
+        return None
+    existing = read_secret(data_dir, SETUP_CODE_SECRET)
+    if existing:
+        return existing
+    code = secret(data_dir, SETUP_CODE_SECRET, _new_setup_code)
+    if log_new:
+        log_line(f"setup code for the first admin password: {code} (also in {setup_code_path(data_dir)})")
+    return code
+
+
+def create_first_password(password: str) -> bool:
+    """Create the admin password unless one exists (atomic); False when another request was first."""
+    if not create_secret(_data_dir(), PASSWORD_SECRET, generate_password_hash(password)):
+        return False
+    remove_secret(_data_dir(), SETUP_CODE_SECRET)
+    return True
 
 
 def password_problem(password: str, confirm: str) -> str | None:
@@ -124,18 +174,27 @@ def _login_limit() -> str:
 @limiter.limit(_login_limit, methods=["POST"])
 def setup():
     """First run: create the admin password (refused once one exists)."""
-    if password_hash() is not None:
+    code = pending_setup_code(_data_dir())
+    if code is None:
         return redirect(url_for("auth.login"))
-    error = None
+    error, status = None, 200
     if request.method == "POST":
         password, confirm = request.form.get("password", ""), request.form.get("confirm", "")
-        error = password_problem(password, confirm)
-        if error is None:
-            set_password(password)
+        given = _normal_code(request.form.get("setup_code", ""))
+        if not hmac.compare_digest(given.encode(), _normal_code(code).encode()):
+            error, status = ("That is not the setup code. Copy it from Hearth's log or from the file "
+                             f"{setup_code_path(_data_dir())}."), 403
+        elif (error := password_problem(password, confirm)) is not None:
+            status = 400
+        elif not create_first_password(password):
+            error, status = ("Another browser created the admin password a moment ago, so this one was not "
+                             "saved. Log in with the password that was set there."), 409
+        else:
             log_in(password_hash())
             flash("Admin password saved. Welcome to Hearth.", "ok")
             return redirect(_safe_next(None))
-    return render_template("auth/setup.html", error=error), 400 if error else 200
+    return render_template("auth/setup.html", error=error, code_path=setup_code_path(_data_dir()),
+                           lost=status == 409), status
 
 
 @bp.route("/login", methods=["GET", "POST"])

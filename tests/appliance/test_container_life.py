@@ -116,6 +116,10 @@ def test_container_life(open_tmp, throwaway_ids, unprivileged_env, embedded_chun
         assert key.stat().st_uid == uid and key.stat().st_mode & 0o777 == 0o600
         first_key = key.read_bytes()
         assert box.client.get("/").headers["location"].endswith("/setup")
+        # The log says where to go, and gives the one-time setup code kept privately in the data folder.
+        code_file = data / "secrets" / "setup_code"
+        assert code_file.stat().st_uid == uid and code_file.stat().st_mode & 0o777 == 0o600
+        assert f"/setup in a browser and enter the setup code {code_file.read_text().strip()}" in log
         assert entrypoint_command(["healthcheck"], env).returncode == 0
         created = entrypoint_command(["hearth", "token", "create", "--member", "alice", "--class", "chat"], env)
         assert created.returncode == 0, created.stderr

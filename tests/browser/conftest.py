@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import setup_code
+
 ADMIN_PASSWORD = "browser admin password"
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -103,6 +105,7 @@ def admin_storage(browser, served):
     page.goto(served.url + "/")
     assert page.url == served.url + "/setup", "a fresh serve must ask for the admin password first"
     shot(page, "setup")
+    page.fill("input[name=setup_code]", setup_code(served.data))
     page.fill("input[name=password]", ADMIN_PASSWORD)
     page.fill("input[name=confirm]", ADMIN_PASSWORD)
     page.click("button[type=submit]")

@@ -51,6 +51,8 @@ CASES = [
     Case("unknown-role", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "unknown role",
          param="messages.0.role"),
     Case("missing-role", {"messages": [{"content": "hi"}]}, 400, "required", param="messages.0.role"),
+    Case("user-message-without-content", {"messages": [{"role": "user"}]}, 400,
+         "'messages.0.content' is required in a user message", param="messages"),
     Case("content-wrong-type", {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content",
          param="messages.0.content"),
     Case("image-part-unsupported", {"messages": [{"role": "user", "content": [
@@ -165,7 +167,7 @@ def test_runner_answers_bad_input_with_a_clear_4xx_and_keeps_serving(runner, cas
 
 
 @pytest.mark.parametrize("method,path,status", [
-    ("GET", CHAT, 405), ("PUT", COMPLETIONS, 405), ("POST", "/v1/nothing", 404),
+    ("GET", CHAT, 405), ("PUT", COMPLETIONS, 405), ("POST", "/v1/nothing", 404), ("GET", "/v1", 404),
 ])
 def test_wrong_method_or_path_is_a_json_error(serve, method, path, status):
     r = serve.client.request(method, path, headers={"Authorization": f"Bearer {serve.tokens['alice']}"})

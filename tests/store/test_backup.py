@@ -1,6 +1,10 @@
 """Backups taken while the writer thread is writing restore to a sound, complete store."""
 
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -10,7 +14,7 @@ from app.store.backup import BackupError, backup, restore
 from app.store.db import open_store
 from app.store.models import RequestRecord, utcnow
 from app.store.writer import StoreWriter
-from tests.helpers import query, wait_until
+from tests.helpers import ServeStarter, query, wait_until
 
 
 def committed(db_path) -> int:
@@ -86,3 +90,50 @@ def test_refusals_are_clear(tmp_path):
     finally:
         holder.rollback()
         holder.close()
+
+
+def hearth_restore(data, backup_file) -> subprocess.CompletedProcess:
+    """`hearth restore FILE` as the admin types it, on the data folder `data`."""
+    return subprocess.run([sys.executable, "-m", "app.cli", "restore", str(backup_file)], capture_output=True,
+                          text=True, env={**os.environ, "HEARTH_DATA": str(data)}, timeout=60)
+
+
+def test_restore_is_refused_while_serve_runs_and_works_after_it_stops(tmp_path_factory, standin_model):
+    starter = ServeStarter(tmp_path_factory.mktemp, standin_model)
+    try:
+        served = starter()
+        data, db_file = served.data, served.data / "hearth.db"
+        assert backup(data, data.parent / "copy.db") > 0
+        before = db_file.stat().st_ino
+        refused = hearth_restore(data, data.parent / "copy.db")
+        assert refused.returncode != 0
+        assert "stop `hearth serve`" in refused.stderr
+        # Nothing changed: the same file is still the live store, nothing set aside, serve still answers.
+        assert db_file.stat().st_ino == before and not (data / "hearth.db.before-restore").exists()
+        assert served.client.get("/healthz").status_code == 200
+        served.stop()
+        restored = hearth_restore(data, data.parent / "copy.db")
+        assert restored.returncode == 0, restored.stderr
+        assert db_file.stat().st_ino != before and (data / "hearth.db.before-restore").exists()
+    finally:
+        starter.stop_all()
+
+
+def test_a_crashed_serve_leaves_no_lock_behind(tmp_path):
+    """flock dies with its process: a lock file left by a killed serve does not block a restore."""
+    data = tmp_path / "data"
+    engine, _ = open_store(data)
+    engine.dispose()
+    backup(data, tmp_path / "copy.db")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from app.store.db import hold_store; "
+                               "held = hold_store(sys.argv[1]); print('held', flush=True); time.sleep(600)", str(data)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert hearth_restore(data, tmp_path / "copy.db").returncode != 0
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    assert (data / "hearth.db.lock").exists()
+    assert hearth_restore(data, tmp_path / "copy.db").returncode == 0

@@ -3,12 +3,13 @@ route is closed to anonymous visitors."""
 
 import os
 import stat
+import threading
 
 import pytest
 
 from app.gateway.context import services
 from app.secrets import read_secret
-from tests.helpers import dashboard_app
+from tests.helpers import ServeStarter, dashboard_app, setup_code, wait_until
 
 # Blueprints anyone may reach: the login pages, the API (its own bearer tokens), vendor files, the
 # default model's first-run progress (shown on /setup; see test_default_model_progress.py).
@@ -65,11 +66,87 @@ def test_setup_stores_a_hash_and_logs_in(app, client, admin_password, csrf_token
     ("long enough 1", "long enough 2", "differ"),
 ])
 def test_setup_refuses_bad_passwords(app, client, password, confirm, message, csrf_token):
-    response = client.post("/setup", data={"password": password, "confirm": confirm,
-                                           "csrf_token": csrf_token(client, "/setup")})
+    token = csrf_token(client, "/setup")
+    response = client.post("/setup", data={"password": password, "confirm": confirm, "csrf_token": token,
+                                           "setup_code": setup_code(services(app).data_dir)})
     assert response.status_code == 400
     assert message in response.get_data(as_text=True)
     assert read_secret(services(app).data_dir, "admin_password") is None
+
+
+def test_setup_asks_for_the_one_time_code_and_drops_it_once_used(app, client, admin_password, csrf_token):
+    data = services(app).data_dir
+    token = csrf_token(client, "/setup")
+    page = client.get("/setup").get_data(as_text=True)
+    assert 'name="setup_code"' in page and str(data / "secrets" / "setup_code") in page
+    code_file = data / "secrets" / "setup_code"
+    assert stat.S_IMODE(code_file.stat().st_mode) == 0o600
+    code = setup_code(data)
+    form = {"password": admin_password, "confirm": admin_password, "csrf_token": token}
+    for wrong in ("", "abcd-efgh-jkmn", code + "x"):
+        refused = client.post("/setup", data={**form, "setup_code": wrong})
+        assert refused.status_code == 403 and "not the setup code" in refused.get_data(as_text=True)
+        assert read_secret(data, "admin_password") is None
+    # Case, spaces and dashes are forgiven: it is typed by hand from a log.
+    accepted = client.post("/setup", data={**form, "setup_code": " " + code.upper().replace("-", " ") + " "})
+    assert accepted.status_code == 302 and read_secret(data, "admin_password")
+    assert not code_file.exists()
+    # The used code opens nothing any more, and no new one is made while the admin exists.
+    stranger = app.test_client()
+    again = stranger.post("/setup", data={**form, "setup_code": code, "csrf_token": csrf_token(stranger)})
+    assert again.headers["Location"] == "/login" and stranger.get("/").status_code == 302
+    assert not code_file.exists()
+
+
+def test_two_simultaneous_setups_make_exactly_one_admin(app, admin_password, csrf_token, monkeypatch):
+    """Both posts pass every check before either stores its password: only one may become the admin."""
+    from app.web import auth
+
+    data = services(app).data_dir
+    both_hashing = threading.Barrier(2, timeout=10)
+    real_hash = auth.generate_password_hash
+
+    def hash_when_both_are_here(password):
+        both_hashing.wait()
+        return real_hash(password)
+
+    monkeypatch.setattr(auth, "generate_password_hash", hash_when_both_are_here)
+    clients = [app.test_client(), app.test_client()]
+    forms = [{"password": f"{admin_password} {i}", "confirm": f"{admin_password} {i}",
+              "csrf_token": csrf_token(c, "/setup"), "setup_code": setup_code(data)} for i, c in enumerate(clients)]
+    responses = [None, None]
+
+    def post(i):
+        responses[i] = clients[i].post("/setup", data=forms[i])
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [302, 409], codes
+    winner = 0 if responses[0].status_code == 302 else 1
+    loser = responses[1 - winner].get_data(as_text=True)
+    assert "Another browser created the admin password" in loser and 'href="/login"' in loser
+    # The winner's password is the one stored, and only the winner is logged in.
+    assert auth.check_password_hash(read_secret(data, "admin_password"), forms[winner]["password"])
+    assert clients[winner].get("/").status_code == 200
+    assert clients[1 - winner].get("/").status_code == 302
+
+
+def test_serve_log_says_which_url_to_open_and_gives_the_setup_code(tmp_path_factory, standin_model):
+    starter = ServeStarter(tmp_path_factory.mktemp, standin_model)
+    try:
+        served = starter()
+        wait_until(lambda: "listening:" in served.log_path.read_text(), 30, "serve logged no listen address")
+        log = served.log_path.read_text()
+        assert f"the dashboard is at {served.url}/" in log
+        code = setup_code(served.data)
+        assert f"open {served.url}/setup in a browser and enter the setup code {code}" in log
+        assert str(served.data / "secrets" / "setup_code") in log
+    finally:
+        starter.stop_all()
 
 
 def test_login_logout_and_wrong_password(app, client, admin_password, csrf_token, set_up_admin):
