@@ -109,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--pressure-ctx", type=int, default=1024,
                      help="KV cells for the preemption scenario (8 long requests); 0 to skip")
 
+    ovh = bench_sub.add_parser("overhead", help="the engine's Python work per iteration, decode taken out; sampling cost")
+    ovh.add_argument("--levels", type=_levels, default=[1, 8, 32, 64], help="sequences decoding together")
+    ovh.add_argument("--gen-tokens", type=int, default=400, help="tokens generated per request (default %(default)s)")
+    ovh.add_argument("--repeats", type=int, default=3, help="repetitions per level; medians are reported")
+    ovh.add_argument("--model", help="GGUF whose logits the sampling costs are taken on (default: the embedded model)")
+    ovh.add_argument("--no-model", action="store_true", help="skip the real-model sampling costs")
+    ovh.add_argument("--threads", type=int, default=usable_cores(), help="CPU threads for the real model")
+    ovh.add_argument("--json", dest="json_path", help="write every figure and the constants to this file")
+
     tls = bench_sub.add_parser("tools", help="constrained decoding: throughput cost, grammar compile, call/JSON validity")
     tls.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
     tls.add_argument("--threads", type=int, default=2)
@@ -264,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.devtools.engine_bench import run_from_args
 
         return run_from_args(args, model_config(args, resolve_model(args.model)))
+    if args.command == "bench" and args.bench_command == "overhead":
+        from app.devtools.overhead import run_from_args as run_overhead
+
+        return run_overhead(args, None if args.no_model else resolve_model(args.model))
     if args.command == "bench" and args.bench_command == "tools":
         from app.devtools.tools_bench import run_tools_bench
 
