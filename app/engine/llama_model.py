@@ -83,23 +83,37 @@ class BatchBuffer:
 
     def fill(self, chunks: list[Chunk]):
         """Write the chunks into the batch; returns (the llama_batch, batch index of each chunk's logits, -1: none)."""
-        n = 0
+        # Plain lists first and one numpy write per array: a decode step is one token per
+        # sequence, and five numpy slice writes per chunk cost more than the lists.
+        toks: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
         logit_idx: list[int] = []
+        n = 0
         for c in chunks:
-            k = len(c.tokens)
+            tokens = c.tokens
+            k = len(tokens)
             slot = c.request.slot
-            if n + k > self.capacity:
-                raise ValueError(f"batch of {n + k}+ tokens exceeds n_batch {self.capacity}")
-            self._tok[n : n + k] = c.tokens
-            self._pos[n : n + k] = np.arange(c.start_pos, c.start_pos + k, dtype=np.int32)
-            self._seq[n : n + k] = slot
-            self._logits[n : n + k] = 0
-            if c.want_logits:
-                self._logits[n + k - 1] = 1
-                logit_idx.append(n + k - 1)
+            if k == 1:
+                toks.append(tokens[0])
+                pos.append(c.start_pos)
+                seqs.append(slot)
             else:
-                logit_idx.append(-1)
+                toks.extend(tokens)
+                pos.extend(range(c.start_pos, c.start_pos + k))
+                seqs.extend([slot] * k)
             n += k
+            logit_idx.append(n - 1 if c.want_logits else -1)
+        if n > self.capacity:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch {self.capacity}")
+        self._tok[:n] = toks
+        self._pos[:n] = pos
+        self._seq[:n] = seqs
+        flags = self._logits
+        flags[:n] = 0
+        wanted = [i for i in logit_idx if i >= 0]
+        if wanted:
+            flags[wanted] = 1
         self.batch.n_tokens = n
         return self.batch, logit_idx
 
