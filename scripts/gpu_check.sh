@@ -106,15 +106,23 @@ prepare() {
 # -- run (there) ------------------------------------------------------------------------------
 
 t_start=$(date +%s)
+results=""
 steps_file=""
+log_file=""
 
 left_s() { echo $(( budget_s - ($(date +%s) - t_start) )); }
 
 # step NAME NEED_S COMMAND...: run when NEED_S seconds are left, bounded by what is left; record it.
+# A step that succeeded in an earlier call on this (warm) machine is not run again: its figures
+# are still in $results, which outlives $OUT (emptied before every device command).
 step() {
     local name="$1" need="$2"; shift 2
     local left; left="$(left_s)"
     local t0; t0=$(date +%s)
+    if [[ -f "$results/$name.done" ]]; then
+        say "step $name: done in an earlier call, kept"
+        return 0
+    fi
     if (( left < need )); then
         say "skip $name: needs ~${need} s, ${left} s left"
         printf '{"step": "%s", "status": "skipped", "reason": "out of time (%s s left, ~%s s needed)"}\n' \
@@ -123,13 +131,17 @@ step() {
     fi
     say "step $name (up to ${left} s)"
     local rc=0
-    timeout --kill-after=10 "$left" "$@" >> "$out/run.log" 2>&1 || rc=$?
+    timeout --kill-after=10 "$left" "$@" >> "$log_file" 2>&1 || rc=$?
     local status=ok
     (( rc == 0 )) || status="failed"
     (( rc == 124 || rc == 137 )) && status="timed out"
     printf '{"step": "%s", "status": "%s", "rc": %d, "seconds": %d}\n' "$name" "$status" "$rc" "$(( $(date +%s) - t0 ))" >> "$steps_file"
     say "  $name: $status ($(( $(date +%s) - t0 )) s)"
-    [[ "$status" == ok ]] || tail -n 20 "$out/run.log" >&2
+    if [[ "$status" == ok ]]; then
+        touch "$results/$name.done"
+    else
+        tail -n 20 "$log_file" >&2
+    fi
     return 0
 }
 
@@ -215,15 +227,17 @@ build_llama() {
 
 run_checks() {
     mkdir -p "$out" "$work"
-    steps_file="$out/steps.jsonl"
-    : > "$steps_file"
-    : > "$out/run.log"
+    results="$work/results"
+    mkdir -p "$results"
+    steps_file="$results/steps.jsonl"
+    log_file="$results/run.log"
+    printf '{"call": "started", "at": "%s", "budget_s": %s, "cpu_only": %s}\n' "$(date -Is)" "$budget_s" "$cpu_only" >> "$steps_file"
     check_machine
     say "machine ok; budget ${budget_s} s; work in $work; figures to $out"
     install_python
     # A function cannot run under `timeout`: the build runs as this script's internal verb.
     step build 60 env GPU_CHECK_WORK="$work" bash "$repo_root/scripts/gpu_check.sh" _build $( (( cpu_only )) && echo --cpu ) --carry "$carry"
-    [[ -f "$work/build/bin/libllama.so" ]] || die "no llama.cpp build; see $out/run.log"
+    [[ -f "$work/build/bin/libllama.so" ]] || { cp "$log_file" "$out/" || true; die "no llama.cpp build; see $out/run.log"; }
     export LLAMA_CPP_LIB_PATH="$work/build/bin"
     check_modules
     local bin="$work/build/bin" models="$work/models"
@@ -243,25 +257,31 @@ run_checks() {
     (( cpu_only )) && engine_model="$models/tiny.gguf" && m1="$models/tiny.gguf"
     step engine_1b 120 "${hearth[@]}" bench engine --model "$engine_model" --reference "$bin/llama-batched-bench" \
         --levels "$levels" --modes continuous --gpu-layers "$gl" --threads "$threads" --ctx "$ctx" \
-        --parallel "${levels##*,}" --pressure-ctx 0 --json "$out/engine_1b.json"
+        --parallel "${levels##*,}" --pressure-ctx 0 --json "$results/engine_1b.json"
     step vram_nvml 45 "${hearth[@]}" bench vram --model "$m1" --ctx 8192 --parallel 8 --gpu-layers "$gl" \
-        --threads "$threads" --requests 8 --json "$out/vram.json"
+        --threads "$threads" --requests 8 --json "$results/vram.json"
     step served_1b 120 "${hearth[@]}" bench replay --model "$engine_model" --scenario household --levels "$levels" \
         --modes continuous --llama-server "$bin/llama-server" --gpu-layers "$gl" --threads "$threads" \
-        --ctx "$ctx" --parallel "${levels##*,}" --json "$out/served_1b.json"
+        --ctx "$ctx" --parallel "${levels##*,}" --json "$results/served_1b.json"
     step voice_under_background 90 "${hearth[@]}" bench replay --model "$engine_model" \
         --scenario voice-under-background --levels 1 --modes continuous --llama-server "$bin/llama-server" \
-        --gpu-layers "$gl" --threads "$threads" --ctx 8192 --parallel 8 --json "$out/voice.json"
+        --gpu-layers "$gl" --threads "$threads" --ctx 8192 --parallel 8 --json "$results/voice.json"
     if (( ! cpu_only )); then
         [[ -f "$models/llama-3.1-8b.gguf" ]] || step model_llama-3.1-8b 90 \
             "${hearth[@]}" models random llama-3.1-8b "$models/llama-3.1-8b.gguf"
         [[ -f "$models/llama-3.1-8b.gguf" ]] && step engine_8b 150 "${hearth[@]}" bench engine \
             --model "$models/llama-3.1-8b.gguf" --reference "$bin/llama-batched-bench" --levels "$levels" \
             --modes continuous --gpu-layers "$gl" --threads "$threads" --ctx "$ctx" --parallel 64 \
-            --pressure-ctx 0 --json "$out/engine_8b.json"
+            --pressure-ctx 0 --json "$results/engine_8b.json"
     fi
-    "$python_bin" -m app.devtools.gpu_report "$out" "$budget_s" "$(( $(date +%s) - t_start ))" \
-        || die "could not write $out/gpu_check.json"
+    "$python_bin" -m app.devtools.gpu_report "$results" "$budget_s" "$(( $(date +%s) - t_start ))" >/dev/null \
+        || die "could not write $results/gpu_check.json"
+    # At most 8 files come back from a device call: these are they.
+    cp "$results"/gpu_check.json "$results"/steps.jsonl "$out/"
+    for f in engine_1b engine_8b vram served_1b voice; do
+        [[ -f "$results/$f.json" ]] && cp "$results/$f.json" "$out/"
+    done
+    tail -c 4000000 "$log_file" > "$out/run.log"
     say "done in $(( $(date +%s) - t_start )) s: $out/gpu_check.json"
 }
 

@@ -207,7 +207,9 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         """True when exactly one token stands between this sequence and its next sample."""
-        return bool(self.output_tokens) and self.num_pending == 1
+        out = self.output_tokens
+        # Inlined num_pending: the scheduler asks twice per sequence per iteration.
+        return bool(out) and len(self.prompt_tokens) + len(out) - self.num_computed == 1
 
     def sort_key(self) -> tuple[int, float, int]:
         """Admission order: priority (lower first), then arrival, then id as a tie-break."""
