@@ -237,7 +237,12 @@ run_checks() {
     install_python
     # A function cannot run under `timeout`: the build runs as this script's internal verb.
     step build 60 env GPU_CHECK_WORK="$work" bash "$repo_root/scripts/gpu_check.sh" _build $( (( cpu_only )) && echo --cpu ) --carry "$carry"
-    [[ -f "$work/build/bin/libllama.so" ]] || { cp "$log_file" "$out/" || true; die "no llama.cpp build; see $out/run.log"; }
+    # A build cut short by the budget leaves some of the pieces: all three are needed.
+    local piece
+    for piece in libllama.so llama-batched-bench llama-server; do
+        [[ -e "$work/build/bin/$piece" ]] || { cp "$log_file" "$out/" || true
+            die "the llama.cpp build has no $piece (cut short? a second call resumes it); see $out/run.log"; }
+    done
     export LLAMA_CPP_LIB_PATH="$work/build/bin"
     check_modules
     local bin="$work/build/bin" models="$work/models"
