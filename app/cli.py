@@ -109,6 +109,20 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--pressure-ctx", type=int, default=1024,
                      help="KV cells for the preemption scenario (8 long requests); 0 to skip")
 
+    ovh = bench_sub.add_parser("overhead", help="the engine's Python work per iteration, decode taken out; sampling cost")
+    ovh.add_argument("--levels", type=_levels, default=[1, 8, 32, 64], help="sequences decoding together")
+    ovh.add_argument("--gen-tokens", type=int, default=400, help="tokens generated per request (default %(default)s)")
+    ovh.add_argument("--repeats", type=int, default=3, help="repetitions per level; medians are reported")
+    ovh.add_argument("--model", help="GGUF whose logits the sampling costs are taken on (default: the embedded model)")
+    ovh.add_argument("--no-model", action="store_true", help="skip the real-model sampling costs")
+    ovh.add_argument("--threads", type=int, default=usable_cores(), help="CPU threads for the real model")
+    ovh.add_argument("--json", dest="json_path", help="write every figure and the constants to this file")
+
+    vram = bench_sub.add_parser("vram", help="the residency estimate against NVML's measured use; the NVML sampler under load")
+    _add_model_args(vram, ctx=4096, parallel=8)
+    vram.add_argument("--requests", type=int, default=8, help="completions sent at once while sampling (default %(default)s)")
+    vram.add_argument("--json", dest="json_path", help="write every figure and the samples to this file")
+
     tls = bench_sub.add_parser("tools", help="constrained decoding: throughput cost, grammar compile, call/JSON validity")
     tls.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
     tls.add_argument("--threads", type=int, default=2)
@@ -191,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
     models_sub.add_parser("list", help="scan the models folder now: usable models, estimates, unusable files and why")
+    mrand = models_sub.add_parser("random", help="write a random-weight GGUF of a real model's shape (for benchmarks)")
+    mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b or tiny (app/devtools/gguf_shapes.py: SHAPES)")
+    mrand.add_argument("out", help="the GGUF file to write")
+    mrand.add_argument("--type", choices=["q8_0", "f16"], default="q8_0", help="weight type (default %(default)s)")
+    mrand.add_argument("--seed", type=int, default=0)
     mpull = models_sub.add_parser("pull", help="download a GGUF into the models folder (resumable, checked before the weights)")
     mpull.add_argument("source", help="hf.co/owner/repo:Q4_K_M, owner/repo/file.gguf, or an http(s) URL (#sha256=... to check)")
     mset = models_sub.add_parser("set", help="residency policy and runner settings of one model")
@@ -264,6 +283,14 @@ def main(argv: list[str] | None = None) -> int:
         from app.devtools.engine_bench import run_from_args
 
         return run_from_args(args, model_config(args, resolve_model(args.model)))
+    if args.command == "bench" and args.bench_command == "overhead":
+        from app.devtools.overhead import run_from_args as run_overhead
+
+        return run_overhead(args, None if args.no_model else resolve_model(args.model))
+    if args.command == "bench" and args.bench_command == "vram":
+        from app.devtools.gpu_probe import run_from_args as run_vram
+
+        return run_vram(args, resolve_model(args.model))
     if args.command == "bench" and args.bench_command == "tools":
         from app.devtools.tools_bench import run_tools_bench
 
@@ -294,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
 
         run = gateway_bench.run_gateway if args.bench_command == "gateway" else gateway_bench.run_residency
         return run(args, resolve_model(args.model))
+    if args.command == "models" and args.models_command == "random":
+        from app.devtools.gguf_shapes import run_from_args as run_random_model
+
+        return run_random_model(args)
     if args.command == "models" and args.models_command == "default":
         print(resolve_model(None))
         return 0

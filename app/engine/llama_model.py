@@ -55,6 +55,69 @@ def _init_backend(verbose: bool) -> None:
         _backend_ready = True
 
 
+class BatchBuffer:
+    """A llama_batch over arrays of our own, filled from the scheduler's chunks.
+
+    numpy fills the arrays in bulk, and nothing here is freed by llama_batch_free. It needs no
+    model, so the engine-overhead bench fills the very same batch without llama.cpp decoding it.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._tok = np.zeros(capacity, dtype=np.int32)
+        self._pos = np.zeros(capacity, dtype=np.int32)
+        self._nseq = np.ones(capacity, dtype=np.int32)
+        self._seq = np.zeros(capacity, dtype=np.int32)
+        self._logits = np.zeros(capacity, dtype=np.int8)
+        seq_base = self._seq.ctypes.data
+        self._seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
+            *[ctypes.cast(seq_base + 4 * i, ctypes.POINTER(ctypes.c_int32)) for i in range(capacity)]
+        )
+        self.batch = llama_cpp.llama_batch()
+        self.batch.token = self._tok.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+        self.batch.embd = None
+        self.batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
+        self.batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.batch.seq_id = self._seq_ptrs
+        self.batch.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def fill(self, chunks: list[Chunk]):
+        """Write the chunks into the batch; returns (the llama_batch, batch index of each chunk's logits, -1: none)."""
+        # Plain lists first and one numpy write per array: a decode step is one token per
+        # sequence, and five numpy slice writes per chunk cost more than the lists.
+        toks: list[int] = []
+        pos: list[int] = []
+        seqs: list[int] = []
+        logit_idx: list[int] = []
+        n = 0
+        for c in chunks:
+            tokens = c.tokens
+            k = len(tokens)
+            slot = c.request.slot
+            if k == 1:
+                toks.append(tokens[0])
+                pos.append(c.start_pos)
+                seqs.append(slot)
+            else:
+                toks.extend(tokens)
+                pos.extend(range(c.start_pos, c.start_pos + k))
+                seqs.extend([slot] * k)
+            n += k
+            logit_idx.append(n - 1 if c.want_logits else -1)
+        if n > self.capacity:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch {self.capacity}")
+        self._tok[:n] = toks
+        self._pos[:n] = pos
+        self._seq[:n] = seqs
+        flags = self._logits
+        flags[:n] = 0
+        wanted = [i for i in logit_idx if i >= 0]
+        if wanted:
+            flags[wanted] = 1
+        self.batch.n_tokens = n
+        return self.batch, logit_idx
+
+
 class LlamaModel:
     """A GGUF model with one llama_context whose KV cache all sequences share."""
 
@@ -102,7 +165,7 @@ class LlamaModel:
         self.n_swa = int(llama_cpp.llama_model_n_swa(self._model))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self._eog_tokens = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
-        self._init_batch(self.n_batch)
+        self._batch = BatchBuffer(self.n_batch)
         self._piece_buf = ctypes.create_string_buffer(256)
         # Parsed grammars, cloned per sequence: parsing is paid once per distinct grammar.
         self._grammars: collections.OrderedDict[tuple[str, str], object] = collections.OrderedDict()
@@ -225,47 +288,10 @@ class LlamaModel:
 
     # -- batch and decode ------------------------------------------------------------------
 
-    def _init_batch(self, capacity: int) -> None:
-        # Our own arrays behind a llama_batch struct: numpy fills them in bulk, and nothing
-        # here is freed by llama_batch_free.
-        self._tok = np.zeros(capacity, dtype=np.int32)
-        self._pos = np.zeros(capacity, dtype=np.int32)
-        self._nseq = np.ones(capacity, dtype=np.int32)
-        self._seq = np.zeros(capacity, dtype=np.int32)
-        self._logits = np.zeros(capacity, dtype=np.int8)
-        seq_base = self._seq.ctypes.data
-        self._seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
-            *[ctypes.cast(seq_base + 4 * i, ctypes.POINTER(ctypes.c_int32)) for i in range(capacity)]
-        )
-        self._batch = llama_cpp.llama_batch()
-        self._batch.token = self._tok.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        self._batch.embd = None
-        self._batch.pos = self._pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
-        self._batch.n_seq_id = self._nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self._batch.seq_id = self._seq_ptrs
-        self._batch.logits = self._logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-
     def decode(self, chunks: list[Chunk]) -> tuple[int, list[int]]:
         """Run one llama_decode over the chunks; returns (return code, batch index of each chunk's logits)."""
-        n = 0
-        logit_idx: list[int] = []
-        for c in chunks:
-            k = len(c.tokens)
-            slot = c.request.slot
-            self._tok[n : n + k] = c.tokens
-            self._pos[n : n + k] = np.arange(c.start_pos, c.start_pos + k, dtype=np.int32)
-            self._seq[n : n + k] = slot
-            self._logits[n : n + k] = 0
-            if c.want_logits:
-                self._logits[n + k - 1] = 1
-                logit_idx.append(n + k - 1)
-            else:
-                logit_idx.append(-1)
-            n += k
-        if n > self.n_batch:
-            raise ValueError(f"batch of {n} tokens exceeds n_batch {self.n_batch}")
-        self._batch.n_tokens = n
-        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        batch, logit_idx = self._batch.fill(chunks)
+        rc = llama_cpp.llama_decode(self._ctx, batch)
         if rc not in (DECODE_OK, DECODE_NO_KV_SLOT):
             raise RuntimeError(f"llama_decode failed with code {rc}")
         return rc, logit_idx

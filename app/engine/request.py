@@ -7,7 +7,7 @@ import itertools
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from app.engine.grammar import Grammar
@@ -100,9 +100,12 @@ class RequestStatus(enum.IntEnum):
         }.get(self)
 
 
-@dataclass(frozen=True)
-class Delta:
-    """A piece of generated text (complete UTF-8 characters only)."""
+class Delta(NamedTuple):
+    """A piece of generated text (complete UTF-8 characters only).
+
+    A named tuple rather than a frozen dataclass: one is made per generated token, and a frozen
+    dataclass's __init__ (object.__setattr__ per field) costs ~1.3 us against ~0.3 us for this.
+    """
 
     text: str
     num_tokens: int
@@ -173,11 +176,23 @@ class Request:
     sampler: Any = None
     text_state: Any = None
     events: queue.SimpleQueue[Delta | Finished] = field(default_factory=queue.SimpleQueue)
+    # prompt + output, kept up to date by all_tokens instead of concatenated on every call (the
+    # scheduler reads a sequence's last token every iteration).
+    _tokens: list[int] = field(default_factory=list, init=False, repr=False)
 
     @property
     def all_tokens(self) -> list[int]:
-        """Prompt followed by what has been generated so far."""
-        return self.prompt_tokens + self.output_tokens
+        """Prompt followed by what has been generated so far: a live list, read it, never change it."""
+        tokens, out = self._tokens, self.output_tokens
+        n_prompt = len(self.prompt_tokens)
+        have = len(tokens) - n_prompt
+        if have != len(out):
+            if 0 <= have < len(out) and len(tokens) >= n_prompt:
+                # Output only ever grows by appends: copy just the new tail.
+                tokens.extend(out[have:])
+            else:
+                tokens[:] = self.prompt_tokens + out
+        return tokens
 
     @property
     def num_tokens(self) -> int:
@@ -192,7 +207,9 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         """True when exactly one token stands between this sequence and its next sample."""
-        return bool(self.output_tokens) and self.num_pending == 1
+        out = self.output_tokens
+        # Inlined num_pending: the scheduler asks twice per sequence per iteration.
+        return bool(out) and len(self.prompt_tokens) + len(out) - self.num_computed == 1
 
     def sort_key(self) -> tuple[int, float, int]:
         """Admission order: priority (lower first), then arrival, then id as a tie-break."""

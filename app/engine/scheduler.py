@@ -51,9 +51,13 @@ class SchedulerConfig:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Chunk:
-    """Tokens of one sequence in this iteration's batch."""
+    """Tokens of one sequence in this iteration's batch (treat as read-only).
+
+    Not frozen: one is made per sequence per iteration, and a frozen dataclass's __init__ costs
+    ~1.6 us against ~0.3 us for a slotted one (hearth bench overhead).
+    """
 
     request: Request
     tokens: list[int]

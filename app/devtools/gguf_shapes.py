@@ -1,0 +1,220 @@
+"""Random-weight GGUFs of real model shapes, so big-model throughput is measured without downloading weights.
+
+The file has exactly the tensors, types and sizes llama.cpp would load for the real model
+(Llama 3.2 1B, Llama 3.1 8B), so its decode costs what the real one costs; only the numbers
+in it are noise. Its tokenizer is a made-up SentencePiece vocabulary of the real size (byte
+fallback, so any text tokenizes): the text it generates means nothing, so benchmarks run it
+with ignore_eos for fixed output lengths.
+
+Tensors are written one at a time from a small pool of random blocks repeated, never the
+whole model in memory: an 8B F16 file (16 GB) needs about the largest tensor's size (1 GB).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType, TokenType
+
+ARCH = "llama"
+# Standard deviation of the weights: a usual initialisation, so activations neither vanish nor overflow f16.
+WEIGHT_STD = 0.02
+POOL_BYTES = 16 * 1024 * 1024
+TYPES = {"q8_0": (GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+         "f16": (GGMLQuantizationType.F16, LlamaFileType.MOSTLY_F16)}
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The hyper-parameters that decide a llama-architecture model's tensors."""
+
+    name: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_ctx_train: int
+    rope_theta: float
+    tied_embeddings: bool  # no output.weight: the token embedding is reused (Llama 3.2 1B/3B)
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head."""
+        return self.n_embd // self.n_head
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...], bool]]:
+        """(name, numpy shape rows × columns, quantisable) of every tensor, in file order."""
+        e, kv = self.n_embd, self.n_head_kv * self.head_dim
+        out: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (self.n_vocab, e), True)]
+        for i in range(self.n_layer):
+            b = f"blk.{i}."
+            out += [
+                (b + "attn_norm.weight", (e,), False),
+                (b + "attn_q.weight", (self.n_head * self.head_dim, e), True),
+                (b + "attn_k.weight", (kv, e), True),
+                (b + "attn_v.weight", (kv, e), True),
+                (b + "attn_output.weight", (e, self.n_head * self.head_dim), True),
+                (b + "ffn_norm.weight", (e,), False),
+                (b + "ffn_gate.weight", (self.n_ff, e), True),
+                (b + "ffn_up.weight", (self.n_ff, e), True),
+                (b + "ffn_down.weight", (e, self.n_ff), True),
+            ]
+        out.append(("output_norm.weight", (e,), False))
+        if not self.tied_embeddings:
+            out.append(("output.weight", (self.n_vocab, e), True))
+        return out
+
+    @property
+    def n_params(self) -> int:
+        """Parameters in the file."""
+        return sum(int(np.prod(s)) for _, s, _ in self.tensors())
+
+
+SHAPES = {
+    s.name: s
+    for s in (
+        # From the models' config.json (Meta's Llama 3.2 1B and Llama 3.1 8B).
+        Shape("llama-3.2-1b", 128256, 2048, 16, 32, 8, 8192, 131072, 500000.0, True),
+        Shape("llama-3.1-8b", 128256, 4096, 32, 32, 8, 14336, 131072, 500000.0, False),
+        # For tests: loads in milliseconds, same code path.
+        Shape("tiny", 512, 64, 2, 4, 2, 128, 2048, 10000.0, True),
+    )
+}
+
+
+def vocabulary(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece vocabulary of n_vocab pieces: specials, the 256 byte-fallback tokens, then pieces."""
+    tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL, TokenType.CONTROL, TokenType.CONTROL]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [TokenType.BYTE] * 256
+    if n_vocab < len(tokens) + 1:
+        raise ValueError(f"a vocabulary needs more than {len(tokens)} tokens")
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = ["\u2581"] + [c for c in letters + letters.upper() + "0123456789.,:;!?'\"-()"]
+    pieces += ["\u2581" + c for c in letters + letters.upper()]
+    pieces += ["\u2581" + a + b for a in letters for b in letters] + [a + b for a in letters for b in letters]
+    seen = set(tokens)
+    for p in pieces:
+        if len(tokens) >= n_vocab:
+            break
+        if p not in seen:
+            seen.add(p)
+            tokens.append(p)
+            types.append(TokenType.NORMAL)
+    i = 0
+    while len(tokens) < n_vocab:
+        tokens.append(f"\u2581w{i}")
+        types.append(TokenType.NORMAL)
+        i += 1
+    # Later pieces score lower: SentencePiece merges the best-scoring pieces first.
+    scores = [0.0] * 5 + [-1000.0] * 256 + [-float(i) for i in range(n_vocab - 261)]
+    return tokens, scores, [int(t) for t in types]
+
+
+def _pool(qtype: GGMLQuantizationType, rng: np.random.Generator, size: int) -> np.ndarray:
+    """About size bytes of random weights in qtype's layout (whole blocks), as bytes."""
+    if qtype == GGMLQuantizationType.F16:
+        return rng.normal(0.0, WEIGHT_STD, max(1, size // 2)).astype(np.float16).view(np.uint8)
+    if qtype == GGMLQuantizationType.Q8_0:
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        n = max(1, size // type_size)
+        blocks = np.empty((n, type_size), dtype=np.uint8)
+        qs = rng.integers(-127, 128, size=(n, block_size), dtype=np.int8)
+        # Uniform int8 has a standard deviation of ~73: the scale brings the weights to WEIGHT_STD.
+        blocks[:, :2] = np.full(n, WEIGHT_STD / 73.0, dtype=np.float16).view(np.uint8).reshape(n, 2)
+        blocks[:, 2:] = qs.view(np.uint8)
+        return blocks.reshape(-1)
+    raise ValueError(f"no random pool for {qtype.name}")
+
+
+def _tensor_bytes(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    if shape[-1] % block_size:
+        raise ValueError(f"a row of {shape[-1]} values is no whole number of {qtype.name} blocks")
+    return rows * shape[-1] // block_size * type_size
+
+
+def make_model(shape: Shape, path: str | Path, type_name: str = "q8_0", seed: int = 0) -> dict:
+    """Write a random-weight GGUF of this shape to path; returns what was written."""
+    qtype, ftype = TYPES[type_name]
+    t0 = time.monotonic()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".part")
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(tmp), ARCH)
+    w.add_name(f"random {shape.name} ({type_name})")
+    w.add_description("random weights of a real model's shape, made by hearth's app/devtools/gguf_shapes.py")
+    w.add_file_type(int(ftype))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_context_length(shape.n_ctx_train)
+    w.add_embedding_length(shape.n_embd)
+    w.add_block_count(shape.n_layer)
+    w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_rope_dimension_count(shape.head_dim)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(shape.n_vocab)
+    tokens, scores, types = vocabulary(shape.n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_eot_token_id(4)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+    plan = []
+    for name, tshape, quantisable in shape.tensors():
+        t = qtype if quantisable else GGMLQuantizationType.F32
+        nbytes = _tensor_bytes(tshape, t)
+        byte_shape = (*tshape[:-1], nbytes // (int(np.prod(tshape[:-1])) if len(tshape) > 1 else 1))
+        w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=t)
+        plan.append((name, nbytes, t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    pool = _pool(qtype, rng, min(POOL_BYTES, max(n for _, n, _ in plan)))
+    ones = np.ones(max(shape.n_embd, 1), dtype=np.float32)
+    offset = 0
+    for _name, nbytes, t in plan:
+        if t == GGMLQuantizationType.F32:
+            # Norm weights: ones, as a freshly initialised RMSNorm.
+            w.write_tensor_data(ones[: nbytes // 4])
+            continue
+        # The pool repeated from a moving offset: every tensor differs, none needs its own RNG pass.
+        start = offset % pool.size
+        offset += 7919 * GGML_QUANT_SIZES[t][1]
+        data = np.resize(np.roll(pool, -start) if start else pool, nbytes)
+        w.write_tensor_data(data)
+        del data
+    w.close()
+    tmp.replace(path)
+    return {"path": str(path), "shape": asdict(shape), "type": type_name, "n_params": shape.n_params,
+            "file_bytes": path.stat().st_size, "seconds": time.monotonic() - t0}
+
+
+def run_from_args(args) -> int:
+    """`hearth models random`: write one random-weight GGUF and print its path."""
+    if args.shape not in SHAPES:
+        raise SystemExit(f"hearth: unknown shape {args.shape!r}; choose from {', '.join(SHAPES)}")
+    info = make_model(SHAPES[args.shape], args.out, args.type, args.seed)
+    print(f"{info['path']}: {info['shape']['name']} {info['type']}, {info['n_params'] / 1e9:.2f} B parameters, "
+          f"{info['file_bytes'] / 2**20:,.0f} MiB in {info['seconds']:.1f} s")
+    return 0
