@@ -52,10 +52,11 @@ def error_response(err: ApiError) -> Response:
     return json_response({"type": "error", "error": {"type": kind, "message": err.message}}, err.status, err.headers)
 
 
-def _upstream_error(status: int, body: dict) -> Response:
-    """The chat route's OpenAI-shaped error, re-shaped."""
-    err = body.get("error") or {}
-    return error_response(ApiError(status, err.get("message") or "request failed"))
+def _upstream_error(upstream) -> Response:
+    """The chat route's OpenAI-shaped error, re-shaped (a 503's Retry-After kept)."""
+    err = upstream.json().get("error") or {}
+    return error_response(ApiError(upstream.status, err.get("message") or "request failed",
+                                   headers=upstream.retry_after))
 
 
 def _system_text(system) -> str:
@@ -297,15 +298,14 @@ def on_messages(app, req: HttpRequest) -> Response:
             n_prompt = len(prompt_tokens(loaded_state(app), chat))
             upstream = call_chat(app, req, chat)
             if upstream.status != 200:
-                return _upstream_error(upstream.status, upstream.json())
+                return _upstream_error(upstream)
             return Response(_stream(upstream, msg_id, app.state.config.model_name, n_prompt),
                             mimetype="text/event-stream", headers={"Cache-Control": "no-cache",
                                                                    "X-Accel-Buffering": "no"})
         upstream = call_chat(app, req, chat)
-        answer = upstream.json()
         if upstream.status != 200:
-            return _upstream_error(upstream.status, answer)
-        return json_response(to_message(answer, msg_id))
+            return _upstream_error(upstream)
+        return json_response(to_message(upstream.json(), msg_id))
     except ApiError as err:
         return error_response(err)
 

@@ -69,7 +69,13 @@ class Upstream:
     """The chat route's answer to an in-process request: status, and its body still unread."""
 
     status: int
+    headers: dict[str, str]
     body: _Closing
+
+    @property
+    def retry_after(self) -> dict[str, str]:
+        """The Retry-After header of a 503, to pass on (the other headers describe the old body)."""
+        return {k: v for k, v in self.headers.items() if k.lower() == "retry-after"}
 
     def json(self) -> dict:
         """The whole body as JSON (a non-streamed answer or an error)."""
@@ -109,14 +115,14 @@ def call_chat(app, req: HttpRequest, chat: dict) -> Upstream:
     environ = {**req.environ, "PATH_INFO": CHAT_PATH, "REQUEST_METHOD": "POST", "QUERY_STRING": "",
                "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(raw)), "wsgi.input": io.BytesIO(raw)}
     environ.pop("werkzeug.request", None)
-    status: list[int] = []
+    started: list = []
 
     def start_response(line, headers, exc_info=None):
-        status.append(int(line.split()[0]))
+        started.append((int(line.split()[0]), dict(headers)))
         return lambda data: None
 
     body = _Closing(app(environ, start_response))  # start_response runs inside the call
-    return Upstream(status[0], body)
+    return Upstream(*started[0], body)
 
 
 class _Closing:

@@ -313,7 +313,7 @@ def on_responses(app, req: HttpRequest) -> Response:
     if upstream.status != 200 or not chat.get("stream"):
         answer = upstream.json()
         if upstream.status != 200:
-            return json_response(answer, upstream.status)
+            return json_response(answer, upstream.status, upstream.retry_after)
         return json_response(to_response(answer, body, resp_id))
     translate = ResponseStream(resp_id, body, app.state.config.model_name)
     return Response(_stream(upstream, translate), mimetype="text/event-stream",
