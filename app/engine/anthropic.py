@@ -2,7 +2,8 @@
 
 Coding tools that speak Anthropic's API (Claude Code and others) can point at a local runner this
 way. As llama-server does, a request is translated into an OpenAI chat request (system, text and
-image blocks, tool_use / tool_result, tools, tool_choice, stop_sequences, sampling), answered by
+image blocks, tool_use / tool_result, tools, tool_choice, stop_sequences, output_config.format,
+sampling), answered by
 the runner's chat route (app.engine.compat) and translated back: a `message` with content blocks,
 or Anthropic's event stream (message_start, content_block_start / _delta / _stop, message_delta,
 message_stop). Errors take Anthropic's shape, {"type": "error", "error": {"type", "message"}}.
@@ -177,6 +178,13 @@ def to_chat(body: dict) -> dict:
             chat["parallel_tool_calls"] = False
         if chat["tool_choice"] == "none":
             chat.pop("tools", None)
+    fmt = (body.get("output_config") or {}).get("format")
+    if fmt:
+        # Structured outputs: the answer is constrained to the schema, as the chat route's json_schema.
+        if fmt.get("type") != "json_schema":
+            raise ApiError(400, "'output_config.format.type' must be json_schema", param="output_config")
+        chat["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "output", "schema": fmt.get("schema") or {}}}
     if body.get("stop_sequences"):
         chat["stop"] = body["stop_sequences"]
     for key in ("max_tokens", "temperature", "top_p", "top_k", "stream"):

@@ -64,6 +64,7 @@ class RunnerConfig:
     alias: str | None = None
     prefix_cache: bool = True
     reranking: bool = False
+    pooling: str | None = None  # embeddings' pooling (llama-server's --pooling); None: the model's own
 
     @property
     def model_name(self) -> str:
@@ -94,7 +95,7 @@ class RunnerState:
             if self._embedder is None:
                 from app.engine.embeddings import EmbeddingContext
 
-                self._embedder = EmbeddingContext(self.model, self.config.model.n_threads)
+                self._embedder = EmbeddingContext(self.model, self.config.model.n_threads, pooling=self.config.pooling)
             return self._embedder
 
     def load(self) -> None:

@@ -38,6 +38,12 @@ def test_system_blocks_and_sampling_map_to_chat_fields():
     assert "metadata" not in chat and "thinking" not in chat
 
 
+def test_output_format_is_a_json_schema_constraint():
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    chat = to_chat({"messages": [], "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+
+
 def test_claude_codes_per_request_stamp_is_blanked_so_the_prefix_cache_holds():
     stamped = "x-anthropic-billing-header: cc_version=2.1; cch=a5145;You are Claude Code."
     chat = to_chat({"system": stamped, "messages": [{"role": "user", "content": "hi"}]})
