@@ -16,9 +16,10 @@ from app.llama_tools import stock_llama_server
 from app.residency.supervisor import free_port
 from tests.helpers import wait_until
 
-CALC = {"name": "calculator", "description": "Evaluate an arithmetic expression",
-        "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}},
-                         "required": ["expression"]}}
+# A small model fills a city in a few tokens; an arithmetic expression it can repeat until max_tokens.
+WEATHER = {"name": "get_weather", "description": "The current weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+ASK_WEATHER = "What's the weather in Paris?"
 # Anthropic's SDK no longer takes sampling arguments; the API (and the runner) still read them from the body.
 GREEDY = {"temperature": 0}
 DOCS = ["A machine is a physical system that uses power.", "Learning is the process of acquiring new understanding.",
@@ -64,21 +65,21 @@ def test_anthropic_sdk_stream_accumulates_to_the_final_message(claude):
 
 
 def test_anthropic_sdk_tool_use_round_trip(claude):
-    ask = [{"role": "user", "content": "What is 2+2? Use the calculator."}]
-    msg = claude.messages.create(model="any", max_tokens=60, extra_body=GREEDY, tools=[CALC],
+    ask = [{"role": "user", "content": ASK_WEATHER}]
+    msg = claude.messages.create(model="any", max_tokens=80, extra_body=GREEDY, tools=[WEATHER],
                                  tool_choice={"type": "any"}, messages=ask)
     assert msg.stop_reason == "tool_use"
     use = next(b for b in msg.content if b.type == "tool_use")
-    assert use.name == "calculator" and isinstance(use.input, dict) and "expression" in use.input
+    assert use.name == "get_weather" and isinstance(use.input, dict) and "city" in use.input
     # Streamed, the SDK rebuilds the same kind of block from input_json_delta events.
-    with claude.messages.stream(model="any", max_tokens=60, extra_body=GREEDY, tools=[CALC],
-                                tool_choice={"type": "tool", "name": "calculator"}, messages=ask) as stream:
+    with claude.messages.stream(model="any", max_tokens=80, extra_body=GREEDY, tools=[WEATHER],
+                                tool_choice={"type": "tool", "name": "get_weather"}, messages=ask) as stream:
         streamed = stream.get_final_message()
     assert streamed.stop_reason == "tool_use" and streamed.content[-1].type == "tool_use"
-    assert "expression" in streamed.content[-1].input
-    answer = claude.messages.create(model="any", max_tokens=10, extra_body=GREEDY, tools=[CALC], messages=[
+    assert streamed.content[-1].input == use.input
+    answer = claude.messages.create(model="any", max_tokens=10, extra_body=GREEDY, tools=[WEATHER], messages=[
         *ask, {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "4"}]}])
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 25 C"}]}])
     assert answer.type == "message"
 
 
@@ -122,7 +123,8 @@ def test_openai_sdk_responses(oai):
     assert res.id.startswith("resp_") and res.output[0].id.startswith("msg_")
     assert res.output_text and 0 < res.usage.output_tokens <= 8
     gathered, completed, msg_id = "", None, None
-    for event in oai.responses.create(model="any", input=[{"role": "user", "content": "Say hello"}],
+    for event in oai.responses.create(model="any", input=[{"role": "system", "content": "Be brief."},
+                                                          {"role": "user", "content": "Say hello"}],
                                       max_output_tokens=8, temperature=0, stream=True):
         if event.type == "response.output_item.added":
             msg_id = event.item.id
@@ -135,16 +137,16 @@ def test_openai_sdk_responses(oai):
 
 
 def test_openai_sdk_responses_function_call_round_trip(oai):
-    tool = {"type": "function", "name": "calculator", "description": CALC["description"],
-            "parameters": CALC["input_schema"]}
-    res = oai.responses.create(model="any", input="What is 2+2?", tools=[tool], tool_choice="required",
-                               max_output_tokens=60, temperature=0)
+    tool = {"type": "function", "name": "get_weather", "description": WEATHER["description"],
+            "parameters": WEATHER["input_schema"]}
+    res = oai.responses.create(model="any", input=ASK_WEATHER, tools=[tool], tool_choice="required",
+                               max_output_tokens=80, temperature=0)
     call = next(item for item in res.output if item.type == "function_call")
-    assert call.name == "calculator" and "expression" in call.arguments
+    assert call.name == "get_weather" and "city" in call.arguments
     follow = oai.responses.create(model="any", tools=[tool], max_output_tokens=8, temperature=0, input=[
-        {"role": "user", "content": "What is 2+2?"},
+        {"role": "user", "content": ASK_WEATHER},
         {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": call.call_id, "output": "4"}])
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 25 C"}])
     assert follow.status == "completed"
     with pytest.raises(openai.BadRequestError):
         oai.responses.create(model="any", input="hi", previous_response_id="resp_123")
@@ -183,6 +185,7 @@ def test_rerank_scores_are_stock_llama_servers(reranker, gemma_path, tmp_path):
         theirs = stock.post("/rerank", json=body).json()
         ours = reranker.post("/rerank", json=body).json()
     finally:
+        stock.close()
         proc.terminate()
         proc.wait(15)
     assert ours["usage"] == theirs["usage"]
@@ -226,6 +229,8 @@ def test_embeddings_with_pooling_are_stock_llama_servers(pooling, gemma_path, tm
         a = ours.post("/v1/embeddings", json=body).json()
         b = theirs.post("/v1/embeddings", json=body).json()
     finally:
+        ours.close()
+        theirs.close()
         proc.terminate()
         proc.wait(15)
         server.shutdown()
