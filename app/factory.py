@@ -73,6 +73,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     from app import web
     from app.gateway.api import bp as gateway_bp
     from app.gateway.ollama import bp as ollama_bp
+    from app.gateway.vendors import bp as vendors_bp
     from app.paths import data_dir
     from app.residency.default_model import verified_default_model
     from app.store.db import hold_store, open_store
@@ -104,6 +105,7 @@ def create_app(test_config: dict | None = None) -> Flask:
         svc.catalog.assemble_default_model(after_ready=partial(_start_pinned, svc.residency))
     app.register_blueprint(gateway_bp)
     app.register_blueprint(ollama_bp)
+    app.register_blueprint(vendors_bp)
     web.init_app(app)
 
     @app.errorhandler(HTTPException)

@@ -4,7 +4,9 @@ Sharing the model means no second copy of the weights; the context is made on th
 so a runner that never embeds never pays for it. Pooling is the GGUF's own (`<arch>.pooling_type`:
 mean, cls or last); a model without one (a generative model such as Gemma) is mean-pooled. Many
 inputs go into one llama_decode, one sequence each, as many as fit the context's batch; vectors
-are L2-normalised, as OpenAI's and Ollama's are. This module and app.engine.llama_model are the
+are L2-normalised, as OpenAI's and Ollama's are. A runner in reranking mode makes one with rank
+pooling, whose output is a relevance score instead of a vector (`rerank_tokens` lays out the
+query and document as llama-server does). This module and app.engine.llama_model are the
 only ones that call llama.cpp.
 """
 
@@ -41,16 +43,27 @@ class Embedded:
     num_decodes: int
 
 
-class EmbeddingContext:
-    """Embeds token lists with the model's pooling; thread-safe (one decode at a time)."""
+POOLING_TYPES = {name: kind for kind, name in POOLING_NAMES.items()}
 
-    def __init__(self, model, n_threads: int, max_batch_tokens: int | None = None):
+
+class EmbeddingContext:
+    """Embeds token lists with the model's pooling (or the one asked for); thread-safe (one decode at a time).
+
+    With rank pooling (a reranker) each vector is the classifier's output, n_cls_out scores, not
+    normalised; its first value is the relevance score, as llama-server reads it.
+    """
+
+    def __init__(self, model, n_threads: int, max_batch_tokens: int | None = None, pooling: str | None = None):
         self._model = model
         handle = model.llama_model
         n_vocab = model.n_vocab
         fit = max(MIN_BATCH_TOKENS, min(MAX_BATCH_TOKENS, MAX_LOGITS_BYTES // max(1, n_vocab * 4)))
         n_batch = max_batch_tokens or fit
-        self._ctx = self._context(handle, n_batch, n_threads, llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
+        if pooling is not None and pooling not in POOLING_TYPES:
+            # "none" (one vector per token) included: this context returns one vector per input.
+            raise ValueError(f"pooling {pooling!r} is not supported; use one of {', '.join(POOLING_TYPES)}")
+        asked = POOLING_TYPES[pooling] if pooling else llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
+        self._ctx = self._context(handle, n_batch, n_threads, asked)
         pooling = llama_cpp.llama_pooling_type(self._ctx)
         if pooling == llama_cpp.LLAMA_POOLING_TYPE_NONE:
             # No pooling in the GGUF (a generative model): per-token vectors are of no use to a
@@ -60,7 +73,12 @@ class EmbeddingContext:
             pooling = llama_cpp.LLAMA_POOLING_TYPE_MEAN
         self.pooling = POOLING_NAMES.get(pooling, str(pooling))
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
-        self.n_embd = llama_cpp.llama_model_n_embd_out(handle)
+        self.rank = pooling == llama_cpp.LLAMA_POOLING_TYPE_RANK
+        self.n_embd = llama_cpp.llama_model_n_cls_out(handle) if self.rank else llama_cpp.llama_model_n_embd_out(handle)
+        # llama.cpp reads a sequence's scores at row n_cls_out × its index, which is right for a
+        # classifier head only; a model without one (a generative model in reranking mode) would
+        # get another sequence's values: with one sequence per decode every model scores alike.
+        self._max_sequences = 1 if self.rank else MAX_SEQUENCES
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._encoder = bool(llama_cpp.llama_model_has_encoder(handle))
         self._lock = threading.Lock()
@@ -103,7 +121,7 @@ class EmbeddingContext:
         with self._lock:
             while start < len(cut):
                 end, used = start, 0
-                while end < len(cut) and end - start < MAX_SEQUENCES and used + len(cut[end]) <= self.n_batch:
+                while end < len(cut) and end - start < self._max_sequences and used + len(cut[end]) <= self.n_batch:
                     used += len(cut[end])
                     end += 1
                 vectors += self._decode(cut[start:end])
@@ -134,7 +152,7 @@ class EmbeddingContext:
             if not ptr:
                 raise RuntimeError(f"llama.cpp returned no pooled embedding for sequence {seq}")
             vec = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_embd,)).copy()
-            out.append(normalise(vec))
+            out.append(vec if self.rank else normalise(vec))
         return out
 
     def close(self) -> None:
@@ -149,3 +167,28 @@ def normalise(vec: np.ndarray) -> np.ndarray:
     """The vector scaled to unit length (a zero vector stays zero)."""
     norm = float(np.linalg.norm(vec))
     return vec / norm if norm > 0 else vec
+
+
+def rerank_tokens(model, query: str, document: str) -> list[int]:
+    """The tokens a reranker scores for (query, document), laid out as llama-server lays them out."""
+    handle = model.llama_model
+    template = llama_cpp.llama_model_chat_template(handle, b"rerank")
+    if template:
+        # The model's own rerank prompt (Qwen3-style rerankers ship one in the GGUF).
+        text = template.decode("utf-8", "replace").replace("{query}", query).replace("{document}", document)
+        return model.tokenize(text, add_special=False, parse_special=True)
+    vocab = llama_cpp.llama_model_get_vocab(handle)
+    eos = llama_cpp.llama_vocab_eos(vocab)
+    if eos == llama_cpp.LLAMA_TOKEN_NULL:
+        eos = llama_cpp.llama_vocab_sep(vocab)
+    add_eos = llama_cpp.llama_vocab_get_add_eos(vocab)
+    tokens = [llama_cpp.llama_vocab_bos(vocab)] if llama_cpp.llama_vocab_get_add_bos(vocab) else []
+    tokens += model.tokenize(query, add_special=False, parse_special=False)
+    if add_eos:
+        tokens.append(eos)
+    if llama_cpp.llama_vocab_get_add_sep(vocab):
+        tokens.append(llama_cpp.llama_vocab_sep(vocab))
+    tokens += model.tokenize(document, add_special=False, parse_special=False)
+    if add_eos:
+        tokens.append(eos)
+    return tokens

@@ -26,6 +26,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
+from app.engine import compat
 from app.engine import tools as toolfmt
 from app.engine.api import (
     MAX_BODY_BYTES,
@@ -62,6 +63,8 @@ class RunnerConfig:
     default_max_tokens: int = 512
     alias: str | None = None
     prefix_cache: bool = True
+    reranking: bool = False
+    pooling: str | None = None  # embeddings' pooling (llama-server's --pooling); None: the model's own
 
     @property
     def model_name(self) -> str:
@@ -92,7 +95,7 @@ class RunnerState:
             if self._embedder is None:
                 from app.engine.embeddings import EmbeddingContext
 
-                self._embedder = EmbeddingContext(self.model, self.config.model.n_threads)
+                self._embedder = EmbeddingContext(self.model, self.config.model.n_threads, pooling=self.config.pooling)
             return self._embedder
 
     def load(self) -> None:
@@ -180,13 +183,15 @@ class RunnerApp:
                 Rule("/embeddings", endpoint="embeddings", methods=["POST"]),
             ]
         )
+        compat.install(self, self.url_map)
 
     def __call__(self, environ, start_response):
         req = HttpRequest(environ)
         req.max_content_length = MAX_BODY_BYTES
         try:
             endpoint, _ = self.url_map.bind_to_environ(environ).match()
-            resp = getattr(self, f"on_{endpoint}")(req)
+            # Routes added by app.engine.compat carry their handler as the endpoint.
+            resp = endpoint(req) if callable(endpoint) else getattr(self, f"on_{endpoint}")(req)
         except ApiError as err:
             resp = _error(err)
         except HTTPException as exc:

@@ -1,0 +1,327 @@
+"""Anthropic's Messages API on the runner: POST /v1/messages and /v1/messages/count_tokens.
+
+Coding tools that speak Anthropic's API (Claude Code and others) can point at a local runner this
+way. As llama-server does, a request is translated into an OpenAI chat request (system, text and
+image blocks, tool_use / tool_result, tools, tool_choice, stop_sequences, output_config.format,
+sampling), answered by
+the runner's chat route (app.engine.compat) and translated back: a `message` with content blocks,
+or Anthropic's event stream (message_start, content_block_start / _delta / _stop, message_delta,
+message_stop). Errors take Anthropic's shape, {"type": "error", "error": {"type", "message"}}.
+
+Not honoured: `thinking` (the model's reasoning is not split out; accepted and ignored, as a
+model without reasoning would), `metadata`, `cache_control` (the prefix cache needs no hint), and
+`stop_sequence` in the answer, which stays null: the engine does not report which stop string
+ended generation (stop_reason is then "end_turn", as llama-server reports it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+
+from werkzeug.wrappers import Request as HttpRequest
+from werkzeug.wrappers import Response
+
+from app.engine.api import ApiError
+from app.engine.compat import (
+    call_chat,
+    image_unsupported,
+    json_response,
+    loaded_state,
+    prompt_tokens,
+    read_json,
+    sse,
+)
+
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+               503: "overloaded_error", 529: "overloaded_error"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+# Claude Code stamps its system prompt with a per-request hash (cch=xxxxx;) that would defeat the
+# prefix cache at the first line; llama-server blanks it the same way (llama.cpp PR 21793).
+_BILLING_CCH = re.compile(r"^(x-anthropic-billing-header:.*?cch=)[0-9a-fA-F]{5};")
+# Block types of the history that carry nothing the model can be shown.
+_IGNORED_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def error_response(err: ApiError) -> Response:
+    """An ApiError in Anthropic's shape."""
+    kind = ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+    return json_response({"type": "error", "error": {"type": kind, "message": err.message}}, err.status, err.headers)
+
+
+def _upstream_error(upstream) -> Response:
+    """The chat route's OpenAI-shaped error, re-shaped (a 503's Retry-After kept)."""
+    err = upstream.json().get("error") or {}
+    return error_response(ApiError(upstream.status, err.get("message") or "request failed",
+                                   headers=upstream.retry_after))
+
+
+def _system_text(system) -> str:
+    if isinstance(system, str):
+        parts = [system]
+    elif isinstance(system, list):
+        parts = [b.get("text", "") for b in system if isinstance(b, dict) and b.get("type") == "text"]
+    else:
+        raise ApiError(400, "'system' must be a string or a list of text blocks", param="system")
+    return "\n".join(_BILLING_CCH.sub(r"\1fffff;", p) for p in parts)
+
+
+def _tool_result_text(block: dict) -> str:
+    content = block.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, "'tool_result.content' must be a string or a list of blocks", param="messages")
+    texts = []
+    for c in content:
+        kind = c.get("type") if isinstance(c, dict) else None
+        if kind == "image":
+            raise image_unsupported()
+        if kind != "text":
+            raise ApiError(400, f"'tool_result.content': block type {kind!r} is not supported (text only)",
+                           param="messages")
+        texts.append(c.get("text", ""))
+    return "".join(texts)
+
+
+def _message(i: int, msg) -> list[dict]:
+    """One Anthropic message as OpenAI chat messages (tool results become tool messages)."""
+    if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+        raise ApiError(400, f"'messages.{i}': each message needs a role of user or assistant", param="messages")
+    role, content = msg["role"], msg.get("content")
+    if content is None or isinstance(content, str):
+        return [{"role": role, "content": content or ""}]
+    if not isinstance(content, list):
+        raise ApiError(400, f"'messages.{i}.content' must be a string or a list of blocks", param="messages")
+    texts, calls, results = [], [], []
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append({"type": "text", "text": block.get("text", "")})
+        elif kind == "image":
+            raise image_unsupported()
+        elif kind == "tool_use":
+            calls.append({"id": block.get("id", ""), "type": "function",
+                          "function": {"name": block.get("name", ""),
+                                       "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
+        elif kind == "tool_result":
+            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id", ""),
+                            "content": _tool_result_text(block)})
+        elif kind not in _IGNORED_BLOCKS:
+            raise ApiError(400, f"'messages.{i}.content.{j}': block type {kind!r} is not supported", param="messages")
+    out: list[dict] = []
+    # Tool results answer the previous assistant turn, so they come first (OpenAI's order), the
+    # message's own text after them.
+    out += results
+    if role == "assistant" and (texts or calls):
+        text = "".join(t["text"] for t in texts)
+        out.append({"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})})
+    elif texts:
+        out.append({"role": role, "content": texts})
+    return out
+
+
+def _tools(tools) -> list[dict]:
+    if not isinstance(tools, list):
+        raise ApiError(400, "'tools' must be a list", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise ApiError(400, f"'tools.{i}': tool type {kind!r} is not supported; the runner calls client tools "
+                                "(name, description, input_schema) only", param="tools")
+        fn = {"name": tool.get("name", ""), "parameters": tool.get("input_schema") or {"type": "object"}}
+        if tool.get("description"):
+            fn["description"] = tool["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice) -> str | dict:
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name", "")}}
+    raise ApiError(400, "'tool_choice.type' must be one of auto, any, tool, none", param="tool_choice")
+
+
+def to_chat(body: dict) -> dict:
+    """An Anthropic Messages request as an OpenAI chat request."""
+    if "messages" not in body:
+        raise ApiError(400, "'messages' is required", param="messages")
+    if not isinstance(body["messages"], list):
+        raise ApiError(400, "'messages' must be a list", param="messages")
+    messages: list[dict] = []
+    if body.get("system"):
+        messages.append({"role": "system", "content": _system_text(body["system"])})
+    for i, msg in enumerate(body["messages"]):
+        messages += _message(i, msg)
+    if not any(m["role"] != "system" for m in messages):
+        # llama-server answers an empty conversation too; an empty user turn is the least it can be.
+        messages.append({"role": "user", "content": ""})
+    chat: dict = {"messages": messages}
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+    choice = body.get("tool_choice")
+    if choice is not None:
+        chat["tool_choice"] = _tool_choice(choice)
+        if choice.get("disable_parallel_tool_use"):
+            chat["parallel_tool_calls"] = False
+        if chat["tool_choice"] == "none":
+            chat.pop("tools", None)
+    fmt = (body.get("output_config") or {}).get("format")
+    if fmt:
+        # Structured outputs: the answer is constrained to the schema, as the chat route's json_schema.
+        if fmt.get("type") != "json_schema":
+            raise ApiError(400, "'output_config.format.type' must be json_schema", param="output_config")
+        chat["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "output", "schema": fmt.get("schema") or {}}}
+    if body.get("stop_sequences"):
+        chat["stop"] = body["stop_sequences"]
+    for key in ("max_tokens", "temperature", "top_p", "top_k", "stream"):
+        if body.get(key) is not None:
+            chat[key] = body[key]
+    return chat
+
+
+def _input_usage(usage: dict) -> dict:
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": usage.get("prompt_tokens", 0) - cached, "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0}
+
+
+def _tool_input(arguments: str) -> dict:
+    try:
+        value = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def to_message(chat: dict, msg_id: str) -> dict:
+    """An OpenAI chat completion as an Anthropic message."""
+    choice = chat["choices"][0]
+    message = choice["message"]
+    content: list[dict] = []
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or []:
+        content.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                        "input": _tool_input(call["function"]["arguments"])})
+    usage = chat.get("usage") or {}
+    return {"id": msg_id, "type": "message", "role": "assistant", "model": chat.get("model"), "content": content,
+            "stop_reason": STOP_REASONS.get(choice.get("finish_reason"), "end_turn"), "stop_sequence": None,
+            "usage": {**_input_usage(usage), "output_tokens": usage.get("completion_tokens", 0)}}
+
+
+class MessageStream:
+    """Turns the chat route's stream chunks into Anthropic's events, one block open at a time."""
+
+    def __init__(self, msg_id: str, model: str, input_tokens: int):
+        self.msg_id = msg_id
+        self.model = model
+        self.input_tokens = input_tokens
+        self.started = False
+        self.index = -1  # the open block's index
+        self.open = None  # "text", "tool_use" or None
+
+    def _start(self) -> list[bytes]:
+        self.started = True
+        return [sse("message_start", {"type": "message_start", "message": {
+            "id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": self.input_tokens, "cache_read_input_tokens": 0,
+                      "cache_creation_input_tokens": 0, "output_tokens": 0}}})]
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def _open(self, block: dict) -> list[bytes]:
+        out = self._close()
+        self.index += 1
+        self.open = block["type"]
+        return out + [sse("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                  "content_block": block})]
+
+    def _delta(self, delta: dict) -> bytes:
+        return sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def feed(self, chunk: dict) -> list[bytes]:
+        """The events for one chunk of the chat stream."""
+        out = [] if self.started else self._start()
+        if "error" in chunk:
+            err = chunk["error"]
+            out += [sse("error", {"type": "error", "error": {"type": "api_error", "message": err.get("message", "")}})]
+            return out
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if self.open != "text":
+                    out += self._open({"type": "text", "text": ""})
+                out.append(self._delta({"type": "text_delta", "text": delta["content"]}))
+            for call in delta.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                if call.get("id"):
+                    out += self._open({"type": "tool_use", "id": call["id"], "name": fn.get("name", ""), "input": {}})
+                if fn.get("arguments"):
+                    out.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
+            if choice.get("finish_reason") is not None:
+                usage = chunk.get("usage") or {}
+                out += self._close()
+                out.append(sse("message_delta", {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": STOP_REASONS.get(choice["finish_reason"], "end_turn"),
+                              "stop_sequence": None},
+                    "usage": {**_input_usage(usage), "output_tokens": usage.get("completion_tokens", 0)}}))
+                out.append(sse("message_stop", {"type": "message_stop"}))
+        return out
+
+
+def _stream(upstream, msg_id: str, model: str, input_tokens: int) -> Iterator[bytes]:
+    translate = MessageStream(msg_id, model, input_tokens)
+    for chunk in upstream.events():
+        yield from translate.feed(chunk)
+
+
+def on_messages(app, req: HttpRequest) -> Response:
+    """POST /v1/messages."""
+    try:
+        body = read_json(req)
+        chat = to_chat(body)
+        msg_id = "msg_" + uuid.uuid4().hex[:24]
+        if chat.get("stream"):
+            # message_start carries the prompt's size before any token is generated.
+            n_prompt = len(prompt_tokens(loaded_state(app), chat))
+            upstream = call_chat(app, req, chat)
+            if upstream.status != 200:
+                return _upstream_error(upstream)
+            return Response(_stream(upstream, msg_id, app.state.config.model_name, n_prompt),
+                            mimetype="text/event-stream", headers={"Cache-Control": "no-cache",
+                                                                   "X-Accel-Buffering": "no"})
+        upstream = call_chat(app, req, chat)
+        if upstream.status != 200:
+            return _upstream_error(upstream)
+        return json_response(to_message(upstream.json(), msg_id))
+    except ApiError as err:
+        return error_response(err)
+
+
+def on_count_tokens(app, req: HttpRequest) -> Response:
+    """POST /v1/messages/count_tokens: the prompt's size, as the chat route would build it."""
+    try:
+        chat = to_chat(read_json(req))
+        return json_response({"input_tokens": len(prompt_tokens(loaded_state(app), chat))})
+    except ApiError as err:
+        return error_response(err)

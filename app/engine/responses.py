@@ -1,0 +1,327 @@
+"""OpenAI's Responses API on the runner, stateless: POST /v1/responses and /v1/responses/input_tokens.
+
+Newer OpenAI clients (`client.responses.create`) speak it. As llama-server does, a request is
+translated into a chat request — `instructions` and `input` (a string or a list of items:
+messages, function_call, function_call_output), function `tools`, `tool_choice`, `text.format`,
+`max_output_tokens`, sampling — answered by the runner's chat route (app.engine.compat) and
+translated back: a `response` object with message and function_call output items, or the event
+stream (response.created, response.in_progress, response.output_item.added,
+response.content_part.added, response.output_text.delta, …, response.completed), every event
+numbered by `sequence_number` as OpenAI numbers them.
+
+Stateless: nothing is stored, so `previous_response_id` is refused (400), as llama-server refuses
+it. Tools other than functions (web_search, file_search, …) have no chat equivalent and are
+skipped, as llama-server skips them, so clients that always send them still work. The status is
+"completed" also when max_output_tokens cut the answer (llama-server's behaviour); the usage says
+how many tokens were produced.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+from werkzeug.wrappers import Request as HttpRequest
+from werkzeug.wrappers import Response
+
+from app.engine.api import ApiError
+from app.engine.compat import (
+    call_chat,
+    image_unsupported,
+    json_response,
+    loaded_state,
+    prompt_tokens,
+    read_json,
+    sse,
+)
+
+# Chat parameters that a Responses request carries under the same name.
+_PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "parallel_tool_calls", "presence_penalty",
+           "frequency_penalty", "repeat_penalty", "stop")
+_TEXT_PARTS = ("input_text", "output_text")
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def _content(i: int, content) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise ApiError(400, f"'input.{i}.content' must be a string or a list of parts", param="input")
+    parts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS:
+            parts.append({"type": "text", "text": part.get("text", "")})
+        elif kind == "refusal":
+            parts.append({"type": "text", "text": part.get("refusal", "")})
+        elif kind == "input_image":
+            raise image_unsupported()
+        else:
+            raise ApiError(400, f"'input.{i}.content': part type {kind!r} is not supported "
+                                f"(use {', '.join(_TEXT_PARTS)})", param="input")
+    return parts
+
+
+def _text(parts: list[dict]) -> str:
+    return "".join(p["text"] for p in parts)
+
+
+def _items(items: list) -> list[dict]:
+    """Input items as chat messages; an assistant's function calls join its message, as in chat."""
+    out: list[dict] = []
+
+    def assistant() -> dict:
+        if not out or out[-1]["role"] != "assistant":
+            out.append({"role": "assistant", "content": None})
+        return out[-1]
+
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ApiError(400, f"'input.{i}' must be an object", param="input")
+        kind = item.get("type", "message")
+        if kind == "message" and item.get("role") in ("user", "system", "developer"):
+            out.append({"role": item["role"], "content": _content(i, item.get("content", ""))})
+        elif kind == "message" and item.get("role") == "assistant":
+            msg = assistant()
+            msg["content"] = (msg["content"] or "") + _text(_content(i, item.get("content", "")))
+        elif kind == "function_call":
+            assistant().setdefault("tool_calls", []).append(
+                {"id": item.get("call_id", ""), "type": "function",
+                 "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "{}")}})
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            text = output if isinstance(output, str) else _text(_content(i, output))
+            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": text})
+        elif kind == "reasoning":
+            continue  # a reasoning model's earlier thoughts: nothing this runner's templates show
+        else:
+            raise ApiError(400, f"'input.{i}': item type {kind!r} is not supported", param="input")
+    return out
+
+
+def _format(text) -> dict | None:
+    fmt = (text or {}).get("format") if isinstance(text, dict) else None
+    if not fmt or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "response"),
+                                                       "schema": fmt.get("schema") or {},
+                                                       "strict": fmt.get("strict")}}
+    raise ApiError(400, "'text.format.type' must be one of text, json_object, json_schema", param="text")
+
+
+def to_chat(body: dict) -> dict:
+    """A Responses request as an OpenAI chat request."""
+    if body.get("previous_response_id"):
+        raise ApiError(400, "'previous_response_id' is not supported: this runner is stateless; send the "
+                            "conversation in 'input'", param="previous_response_id")
+    if "input" not in body:
+        raise ApiError(400, "'input' is required", param="input")
+    messages: list[dict] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": str(body["instructions"])})
+    value = body["input"]
+    if isinstance(value, str):
+        messages.append({"role": "user", "content": value})
+    elif isinstance(value, list):
+        messages += _items(value)
+    else:
+        raise ApiError(400, "'input' must be a string or a list of items", param="input")
+    chat: dict = {"messages": messages}
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"]
+    if tools:
+        chat["tools"] = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters",
+                                                                          "strict") if t.get(k) is not None}}
+                         for t in tools]
+    choice = body.get("tool_choice")
+    if isinstance(choice, str):
+        chat["tool_choice"] = choice
+    elif isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise ApiError(400, "'tool_choice' must be auto, none, required or a function", param="tool_choice")
+        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name", "")}}
+    if chat.get("tool_choice") == "none" or (not tools and chat.get("tool_choice") == "auto"):
+        chat.pop("tools", None)
+        chat.pop("tool_choice", None)
+    rf = _format(body.get("text"))
+    if rf is not None:
+        chat["response_format"] = rf
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    for key in _PASSED:
+        if body.get(key) is not None:
+            chat[key] = body[key]
+    return chat
+
+
+def _usage(usage: dict) -> dict:
+    n_in, n_out = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": n_out,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out}
+
+
+def _message_item(msg_id: str, text: str, status: str = "completed") -> dict:
+    return {"id": msg_id, "type": "message", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text else []}
+
+
+def _call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
+    return {"id": "fc_" + call_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+            "arguments": arguments}
+
+
+def _response(resp_id: str, body: dict, model: str, created: int, output: list[dict], usage: dict | None,
+              status: str = "completed") -> dict:
+    """The `response` object (OpenAI's fields; what was asked is echoed back)."""
+    out = {"id": resp_id, "object": "response", "created_at": created, "status": status, "model": model,
+           "output": output, "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
+           "max_output_tokens": body.get("max_output_tokens"), "parallel_tool_calls": body.get("parallel_tool_calls",
+                                                                                               True),
+           "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+           "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+           "text": body.get("text") or {"format": {"type": "text"}}, "store": False,
+           "metadata": body.get("metadata") or {}, "usage": usage}
+    if status == "completed":
+        out["completed_at"] = int(time.time())
+    return out
+
+
+def to_response(chat: dict, body: dict, resp_id: str) -> dict:
+    """An OpenAI chat completion as a Responses `response`."""
+    message = chat["choices"][0]["message"]
+    output = []
+    if message.get("content"):
+        output.append(_message_item(_new_id("msg"), message["content"]))
+    for call in message.get("tool_calls") or []:
+        output.append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"]))
+    return _response(resp_id, body, chat.get("model"), chat.get("created", int(time.time())), output,
+                     _usage(chat.get("usage") or {}))
+
+
+class ResponseStream:
+    """Turns the chat route's stream chunks into the Responses API's events."""
+
+    def __init__(self, resp_id: str, body: dict, model: str):
+        self.resp_id = resp_id
+        self.body = body
+        self.model = model
+        self.created = int(time.time())
+        self.seq = 0
+        self.output: list[dict] = []  # finished items
+        self.text: str | None = None  # the open message's text so far
+        self.msg_id = _new_id("msg")
+        self.call: dict | None = None  # the open function call
+
+    def _event(self, kind: str, **fields) -> bytes:
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return sse(kind, data)
+
+    def _snapshot(self, status: str, usage: dict | None = None) -> dict:
+        return _response(self.resp_id, self.body, self.model, self.created, list(self.output), usage, status)
+
+    def start(self) -> list[bytes]:
+        """The opening events."""
+        return [self._event("response.created", response=self._snapshot("in_progress")),
+                self._event("response.in_progress", response=self._snapshot("in_progress"))]
+
+    def _close(self) -> list[bytes]:
+        out = []
+        index = len(self.output)
+        if self.text is not None:
+            item = _message_item(self.msg_id, self.text)
+            part = item["content"][0]
+            out += [self._event("response.output_text.done", item_id=self.msg_id, output_index=index,
+                                content_index=0, text=self.text, logprobs=[]),
+                    self._event("response.content_part.done", item_id=self.msg_id, output_index=index,
+                                content_index=0, part=part),
+                    self._event("response.output_item.done", output_index=index, item=item)]
+            self.output.append(item)
+            self.text = None
+        elif self.call is not None:
+            item = _call_item(self.call["call_id"], self.call["name"], self.call["arguments"])
+            out += [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                arguments=item["arguments"]),
+                    self._event("response.output_item.done", output_index=index, item=item)]
+            self.output.append(item)
+            self.call = None
+        return out
+
+    def feed(self, chunk: dict) -> list[bytes]:
+        """The events for one chunk of the chat stream."""
+        if "error" in chunk:
+            err = chunk["error"]
+            return [self._event("error", code=err.get("code"), message=err.get("message", ""), param=None),
+                    self._event("response.failed", response={
+                        **self._snapshot("failed"), "error": {"code": err.get("code") or "server_error",
+                                                              "message": err.get("message", "")}})]
+        out: list[bytes] = []
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if self.text is None:
+                    out += self._close()
+                    index = len(self.output)
+                    out += [self._event("response.output_item.added", output_index=index,
+                                        item=_message_item(self.msg_id, "", "in_progress")),
+                            self._event("response.content_part.added", item_id=self.msg_id, output_index=index,
+                                        content_index=0,
+                                        part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+                    self.text = ""
+                self.text += delta["content"]
+                out.append(self._event("response.output_text.delta", item_id=self.msg_id, output_index=len(self.output),
+                                       content_index=0, delta=delta["content"], logprobs=[]))
+            for call in delta.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                if call.get("id"):
+                    out += self._close()
+                    self.call = {"call_id": call["id"], "name": fn.get("name", ""), "arguments": ""}
+                    out.append(self._event("response.output_item.added", output_index=len(self.output),
+                                           item=_call_item(call["id"], self.call["name"], "", "in_progress")))
+                if fn.get("arguments") and self.call is not None:
+                    self.call["arguments"] += fn["arguments"]
+                    out.append(self._event("response.function_call_arguments.delta",
+                                           item_id="fc_" + self.call["call_id"], output_index=len(self.output),
+                                           delta=fn["arguments"]))
+            if choice.get("finish_reason") is not None:
+                out += self._close()
+                event = self._event("response.completed",
+                                    response=self._snapshot("completed", _usage(chunk.get("usage") or {})))
+                out.append(event)
+        return out
+
+
+def _stream(upstream, translate: ResponseStream) -> Iterator[bytes]:
+    yield from translate.start()
+    for chunk in upstream.events():
+        yield from translate.feed(chunk)
+
+
+def on_responses(app, req: HttpRequest) -> Response:
+    """POST /v1/responses."""
+    body = read_json(req)
+    chat = to_chat(body)
+    resp_id = _new_id("resp")
+    upstream = call_chat(app, req, chat)
+    if upstream.status != 200 or not chat.get("stream"):
+        answer = upstream.json()
+        if upstream.status != 200:
+            return json_response(answer, upstream.status, upstream.retry_after)
+        return json_response(to_response(answer, body, resp_id))
+    translate = ResponseStream(resp_id, body, app.state.config.model_name)
+    return Response(_stream(upstream, translate), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def on_input_tokens(app, req: HttpRequest) -> Response:
+    """POST /v1/responses/input_tokens: the prompt's size, as the chat route would build it."""
+    chat = to_chat(read_json(req))
+    return json_response({"object": "response.input_tokens",
+                          "input_tokens": len(prompt_tokens(loaded_state(app), chat))})
