@@ -123,7 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="the household server: gateway, residency, store (gunicorn, one worker)")
     serve.add_argument("--bind", default=None, help="host:port (default $HEARTH_BIND or 127.0.0.1:8080)")
-    serve.add_argument("--threads", type=int, default=32, help="gunicorn threads (default %(default)s)")
 
     token = sub.add_parser("token", help="API tokens of family members and apps")
     token_sub = token.add_subparsers(dest="token_command", required=True)
@@ -300,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from app.serve import serve as run_serve
 
-        run_serve(args.bind, args.threads)
+        run_serve(args.bind)
         return 0
     if args.command == "token":
         return _token(args)
