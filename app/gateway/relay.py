@@ -1,8 +1,9 @@
 """Relaying a validated request to a runner over loopback HTTP, chunk by chunk when streaming.
 
-The standard library's http.client, one keep-alive connection per gateway thread and runner:
+The standard library's http.client over a shared pool of idle keep-alive connections per runner:
 on this hop every request pays the client's own overhead, and http.client's is about half a
-millisecond less than a general-purpose client's (measured against a runner's /health).
+millisecond less than a general-purpose client's (measured against a runner's /health). The pool
+is shared, not per thread: under serve's gevent worker every connection is its own greenlet.
 """
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ import http.client
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
 STREAM_READ_BYTES = 65536
+MAX_IDLE_PER_RUNNER = 64
+# The runner's own error code for a request it could not generate (a bad grammar, say): the
+# runner itself is fine, so it is not reported as failed.
+GENERATION_FAILED = "generation_failed"
 
-_local = threading.local()
+_idle: dict[tuple[str, int], list[http.client.HTTPConnection]] = {}
+_idle_lock = threading.Lock()
 
 
 class RunnerUnreachable(Exception):
@@ -28,14 +33,22 @@ class RunnerUnreachable(Exception):
 
 @dataclass
 class RelayOutcome:
-    """What the runner said about a finished request, for the request log."""
+    """What the runner said about a finished request, for the request log; failures are flags, not strings."""
 
     status: int = 0
-    first_byte_s: float | None = None
     usage: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     finish_reason: str | None = None
     error: str | None = None
+    error_code: str | None = None  # the runner's error code ("generation_failed", ...)
+    lost_mid_stream: bool = False  # the runner's connection broke while streaming
+    # A content or tool-call delta has been passed on (not the role chunk a runner sends at once).
+    token_seen: bool = False
+
+    @property
+    def runner_fault(self) -> bool:
+        """The runner itself failed (crash, lost stream, 5xx other than its own generation failure)."""
+        return self.lost_mid_stream or (self.status >= 500 and self.error_code != GENERATION_FAILED)
 
 
 @dataclass
@@ -66,44 +79,65 @@ def read_summary(payload: dict, outcome: RelayOutcome) -> None:
     if payload.get("error"):
         err = payload["error"]
         outcome.error = err.get("message") if isinstance(err, dict) else str(err)
+        outcome.error_code = err.get("code") if isinstance(err, dict) else None
 
 
-def _connection(host: str, port: int, fresh: bool) -> http.client.HTTPConnection:
-    pool = getattr(_local, "pool", None)
-    if pool is None:
-        pool = _local.pool = {}
-    conn = pool.get((host, port))
-    if conn is not None and not fresh:
-        return conn
-    if conn is not None:
-        conn.close()
+def carries_token(payload: dict) -> bool:
+    """Whether one streamed event holds generated output: content, reasoning, text or a tool-call delta.
+
+    Decided by content, never by position: a runner may or may not send an empty role chunk first.
+    """
+    if not isinstance(payload, dict):
+        return False
+    if isinstance(payload.get("content"), str) and payload["content"]:  # llama-server's /infill, /completion
+        return True
+    for choice in payload.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
+            return True
+    return False
+
+
+def _take(host: str, port: int) -> http.client.HTTPConnection | None:
+    with _idle_lock:
+        conns = _idle.get((host, port))
+        return conns.pop() if conns else None
+
+
+def _give_back(host: str, port: int, conn: http.client.HTTPConnection) -> None:
+    with _idle_lock:
+        conns = _idle.setdefault((host, port), [])
+        if len(conns) < MAX_IDLE_PER_RUNNER:
+            conns.append(conn)
+            return
+    conn.close()
+
+
+def _connect(host: str, port: int) -> http.client.HTTPConnection:
     conn = http.client.HTTPConnection(host, port, timeout=READ_TIMEOUT_S)
     conn.connect()
     # A streamed token is one small write; Nagle's algorithm would hold it for an ACK.
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    pool[(host, port)] = conn
     return conn
 
 
-def _discard(host: str, port: int) -> None:
-    conn = getattr(_local, "pool", {}).pop((host, port), None)
-    if conn is not None:
-        conn.close()
-
-
-def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, str, int]:
+def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, str, int]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     payload = json.dumps(body).encode()
     headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
     # A kept-alive connection may have been closed by the runner meanwhile: one retry on a fresh one.
     for fresh in (False, True):
+        conn = None if fresh else _take(host, port)
         try:
-            conn = _connection(host, port, fresh)
+            if conn is None:
+                fresh = True
+                conn = _connect(host, port)
             conn.request("POST", parts.path, body=payload, headers=headers)
-            return conn.getresponse(), host, port
+            return conn.getresponse(), conn, host, port
         except (OSError, http.client.HTTPException) as exc:
-            _discard(host, port)
+            if conn is not None:
+                conn.close()
             if fresh:
                 raise RunnerUnreachable(f"{type(exc).__name__}: {exc}") from exc
     raise AssertionError("unreachable")
@@ -112,16 +146,17 @@ def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, str, int]:
 def post(url: str, body: dict) -> tuple[RunnerResponse, RelayOutcome]:
     """A non-streamed request: the runner's whole answer."""
     outcome = RelayOutcome()
-    resp, host, port = _send(url, body)
+    resp, conn, host, port = _send(url, body)
     try:
         content = resp.read()
     except (OSError, http.client.HTTPException) as exc:
-        _discard(host, port)
+        conn.close()
         raise RunnerUnreachable(f"the runner stopped while answering: {exc}") from exc
     if resp.will_close:
-        _discard(host, port)
+        conn.close()
+    else:
+        _give_back(host, port, conn)
     outcome.status = resp.status
-    outcome.first_byte_s = time.monotonic()
     try:
         read_summary(json.loads(content), outcome)
     except ValueError:
@@ -133,10 +168,12 @@ def post(url: str, body: dict) -> tuple[RunnerResponse, RelayOutcome]:
 class RunnerStream:
     """A streamed answer being read; close() it whether or not it was read to the end."""
 
-    def __init__(self, resp: http.client.HTTPResponse, host: str, port: int):
+    def __init__(self, resp: http.client.HTTPResponse, conn: http.client.HTTPConnection, host: str, port: int):
         self._resp = resp
+        self._conn = conn
         self._host, self._port = host, port
         self.status_code = resp.status
+        self.retry_after = resp.getheader("Retry-After")
         self._done = False
 
     def read(self) -> bytes:
@@ -156,41 +193,50 @@ class RunnerStream:
 
     def close(self) -> None:
         """Release the connection: reusable after a complete body, closed otherwise (the runner
-        then sees its client gone and cancels the sequence)."""
+        then sees its client gone and cancels the sequence, freeing its KV cells)."""
         if self._resp is None:
             return
-        if not self._done or self._resp.will_close:
-            _discard(self._host, self._port)
+        reusable = self._done and not self._resp.will_close
         self._resp.close()
+        if reusable:
+            _give_back(self._host, self._port, self._conn)
+        else:
+            self._conn.close()
         self._resp = None
 
 
 def open_stream(url: str, body: dict) -> tuple[RunnerStream, RelayOutcome]:
     """Start a streamed request; read it with `stream_chunks`, which closes it."""
     outcome = RelayOutcome()
-    resp, host, port = _send(url, body)
+    resp, conn, host, port = _send(url, body)
     outcome.status = resp.status
-    return RunnerStream(resp, host, port), outcome
+    return RunnerStream(resp, conn, host, port), outcome
 
 
 def stream_chunks(stream: RunnerStream, outcome: RelayOutcome) -> Iterator[bytes]:
-    """Pass the runner's SSE bytes through as they arrive, noting usage and timings on the way."""
+    """Pass the runner's SSE bytes through as they arrive, noting the first token, usage and timings.
+
+    Each chunk is looked at before it is passed on, so `outcome.token_seen` is true once the chunk
+    holding the first generated token has been handed over.
+    """
     tail = b""
     try:
         for chunk in stream.chunks():
-            if outcome.first_byte_s is None:
-                outcome.first_byte_s = time.monotonic()
-            yield chunk
-            # Only whole events that carry a summary are parsed; content chunks pass untouched.
+            # Only whole events are parsed, and only those that can matter; content passes untouched
+            # once the first token has been seen.
             tail += chunk
             *events, tail = tail.split(b"\n\n")
             for ev in events:
-                if b'"usage"' in ev or b'"error"' in ev:
+                if not outcome.token_seen or b'"usage"' in ev or b'"error"' in ev:
                     try:
-                        read_summary(json.loads(ev.partition(b"data: ")[2]), outcome)
+                        payload = json.loads(ev.partition(b"data: ")[2])
                     except ValueError:
-                        pass
+                        continue
+                    read_summary(payload, outcome)
+                    outcome.token_seen = outcome.token_seen or carries_token(payload)
+            yield chunk
     except (OSError, http.client.HTTPException) as exc:
+        outcome.lost_mid_stream = True
         outcome.error = f"the runner stopped mid-stream: {exc or type(exc).__name__}"
         # The client is told what happened and what to do; the request log keeps the raw cause.
         message = f"{outcome.error}; the answer is incomplete, retry: the model is restarted on the next request"
