@@ -246,7 +246,10 @@ def run_flood(args, model_path: str) -> int:
     with tempfile.TemporaryDirectory(prefix="hearth-flood-") as tmp:
         data, models = Path(tmp) / "data", Path(tmp) / "models"
         models.mkdir()
-        tokens = prepare_data(data, tokens=[("bench", "background", ["voice", "chat"])])
+        # Default settings, except chat's concurrency for the A/B phase: N streams through the gateway must
+        # run at once as they do direct (the runner's 4 default slots queue the rest in both paths alike).
+        tokens = prepare_data(data, tokens=[("bench", "background", ["voice", "chat"])],
+                              classes={"chat": {"max_concurrent": max(8, args.streams), "queue_timeout_s": 600}})
         token = tokens["bench"]
         serve = ServeProcess(data, models, Path(model_path), Path(tmp) / "serve.log")
         try:

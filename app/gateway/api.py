@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import select
+import socket
 import time
 from datetime import UTC, datetime
 
@@ -30,7 +32,8 @@ from app.gateway.exchange import CLIENT_STALLED, STALL_SHARE, Exchange
 log = logging.getLogger(__name__)
 
 bp = Blueprint("gateway", __name__)
-LAN_MEMBER = "lan"  # who tokenless requests are recorded as when the API is open to the LAN
+LAN_MEMBER = "lan"
+CLIENT_CLOSED = 499  # logged for a request whose client left before it was answered (nginx's code)  # who tokenless requests are recorded as when the API is open to the LAN
 
 
 def _error_response(err: ApiError) -> Response:
@@ -179,6 +182,11 @@ def _serve(schema, path: str, shape=None):
     ex = Exchange(h, record, arrival_s)
     ticket = ex.admit(policy)
     try:
+        if ticket.queue_position and _client_gone():
+            # Left while queued (a flood's abandoned requests): no runner is asked for a prefill.
+            ex.finish(relay.RelayOutcome(status=CLIENT_CLOSED, error="the client left while waiting for admission"),
+                      status="cancelled")
+            return Response(status=CLIENT_CLOSED)
         lease = ex.acquire(model_name)
         headers = {"X-Hearth-Class": policy.name, "X-Hearth-Model": model_name, "X-Hearth-Node": lease.node_label}
         if ticket.queue_position:
@@ -187,11 +195,26 @@ def _serve(schema, path: str, shape=None):
         if body.stream:
             return _stream(ex, url, forward, headers, shape)
         return _complete(ex, url, forward, headers, shape, generates=schema is not EmbeddingBody)
+    except ApiError as err:
+        ex.finish(relay.RelayOutcome(status=err.status, error=err.message))  # a no-op when already finished
+        raise
     except BaseException:
         # Whatever went wrong before the answer was handed over: place and lease go back, the row is
         # logged (a stream hands its bookkeeping to its generator, whose finally ends it).
         ex.finish(relay.RelayOutcome(status=500, error="the gateway failed before answering"))
         raise
+
+
+def _client_gone() -> bool:
+    """Whether the client closed its connection (seen without blocking: readable and at EOF)."""
+    sock = request.environ.get("gunicorn.socket")
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 def _complete(ex: Exchange, url, forward, headers, shape=None, generates: bool = True):
