@@ -15,6 +15,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import threading
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ DEFAULT_BIND = "127.0.0.1:8080"
 # Docker's stop_grace_period (30 s in docker-compose.yml) covers the whole sequence.
 GRACEFUL_TIMEOUT_S = 25
 DRAIN_S = 8.0
+SEND_BUFFER_BYTES = 64 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,10 @@ class HearthWorker(GeventWorker):
         """Serve one connection with the socket timeout set (gunicorn's own handle sets blocking, no timeout)."""
         client.setblocking(1)
         client.settimeout(self.limits.client_stall_s)
+        # Linux grows a loopback socket's send buffer to megabytes: a client that stops reading could
+        # park a whole long answer there (the stall timeout would never fire) and 500 of them
+        # gigabytes of kernel memory. 64 KiB (the kernel doubles it) still fills a LAN link.
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._conn_state().first = True
         try:
             AsyncWorker.handle(self, listener, client, addr)
