@@ -8,6 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from app.gateway import relay
+from app.gateway.context import services
+from app.gateway.tokens import create_token
+from tests.helpers import dashboard_app, query, wait_until
 
 ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
 TOKEN = {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}
@@ -26,6 +29,8 @@ class StandIn(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         StandIn.connections.add(self.client_address)
+        if self.path.startswith("/busy/"):  # the gateway's path under a lease's URL
+            self.path = "/busy"
         if self.path == "/stream":
             body = b"".join(b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in (ROLE, TOKEN)) + b"data: [DONE]\n\n"
             self._send(200, body, {"Content-Type": "text/event-stream"})
@@ -86,3 +91,31 @@ def test_kept_alive_connections_are_shared_and_reused(standin):
         _, outcome = relay.post(standin + "/failed", {})
         assert outcome.status == 500
     assert len(StandIn.connections) == 1
+
+
+class FakeLease:
+    """A lease on the stand-in runner (what the residency manager hands the gateway)."""
+
+    def __init__(self, url: str):
+        self.url, self.node_label, self.model_name, self.released = url, "standin", "standin", 0
+
+    def release(self):
+        self.released += 1
+
+
+def test_the_gateway_passes_a_streamed_errors_retry_after_on_and_releases_once(standin, tmp_path, standin_model):
+    with dashboard_app(tmp_path, standin_model) as app:
+        h = services(app)
+        with h.sessions() as s:
+            token, _ = create_token(s, "alice", "chat")
+            s.commit()
+        lease = FakeLease(standin + "/busy")
+        h.router.acquire = lambda name: lease
+        r = app.test_client().post("/v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
+                                   json={"messages": [{"role": "user", "content": "hi"}], "stream": True})
+        assert (r.status_code, r.headers.get("Retry-After")) == (503, "7")
+        assert lease.released == 1
+        assert h.admission.snapshot()["chat"]["in_flight"] == 0
+        rows = wait_until(lambda: query(tmp_path / "data" / "hearth.db", "select status, http_status from requests"),
+                          message="the request's row")
+        assert rows == [("error", 503)]
