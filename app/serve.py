@@ -82,10 +82,21 @@ class HearthWorker(GeventWorker):
 
         blocking_waitid = os.waitid
 
+        def in_thread(idtype, ident, options):
+            # Returned, not raised: the pool would print the traceback of an error the caller handles
+            # (ChildProcessError once gevent's SIGCHLD watcher has reaped the runner first).
+            try:
+                return blocking_waitid(idtype, ident, options), None
+            except OSError as exc:
+                return None, exc
+
         def waitid(idtype, ident, options):
             if options & os.WNOHANG:
                 return blocking_waitid(idtype, ident, options)
-            return gevent.get_hub().threadpool.apply(blocking_waitid, (idtype, ident, options))
+            result, error = gevent.get_hub().threadpool.apply(in_thread, (idtype, ident, options))
+            if error is not None:
+                raise error
+            return result
 
         os.waitid = waitid
 

@@ -45,6 +45,11 @@ CHAT = "/v1/chat/completions"
 _TOKEN = re.compile(rb'"(content|text|reasoning_content)": "[^"]|"tool_calls": \[')
 
 
+def say(line: str) -> None:
+    """Print a figure as soon as it is measured (a long run cut short still leaves its figures)."""
+    print(line, flush=True)
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (nearest rank) of values."""
     xs = sorted(values)
@@ -248,8 +253,10 @@ def run_flood(args, model_path: str) -> int:
         models.mkdir()
         # Default settings, except chat's concurrency for the A/B phase: N streams through the gateway must
         # run at once as they do direct (the runner's 4 default slots queue the rest in both paths alike).
+        # The model is pinned: during the direct phases serve holds no lease and would unload it as idle.
         tokens = prepare_data(data, tokens=[("bench", "background", ["voice", "chat"])],
-                              classes={"chat": {"max_concurrent": max(8, args.streams), "queue_timeout_s": 600}})
+                              classes={"chat": {"max_concurrent": max(8, args.streams), "queue_timeout_s": 600}},
+                              policies={Path(model_path).stem: "pinned"})
         token = tokens["bench"]
         serve = ServeProcess(data, models, Path(model_path), Path(tmp) / "serve.log")
         try:
@@ -268,12 +275,30 @@ def run_flood(args, model_path: str) -> int:
                 lat["gateway"].append(_completion(client, gw, gw_headers, 1))
                 ttft["direct"].append(_first_token_ms(client, direct, {}))
                 ttft["gateway"].append(_first_token_ms(client, gw, gw_headers))
+            med = {k: statistics.median(v) for k, v in lat.items()}
+            med_t = {k: statistics.median(v) for k, v in ttft.items()}
+            cpu = platform.processor() or platform.machine()
+            say(f"model {model_path}; hearth serve with default settings (runner ctx 4096, 4 slots, threads = "
+                f"cores; model pinned, chat {max(8, args.streams)} concurrent); machine: {cpu}, {os.cpu_count()} "
+                f"cores, load average {os.getloadavg()[0]:.1f}")
+            say(f"-- quiet box, {args.samples} alternating samples:")
+            say(f"   non-streamed (1 token): direct p50 {med['direct']:.2f} ms, gateway {med['gateway']:.2f} ms "
+                f"→ added {med['gateway'] - med['direct']:.2f} ms (target ≤ 3)")
+            say(f"   to first token:         direct p50 {med_t['direct']:.2f} ms, gateway {med_t['gateway']:.2f} ms "
+                f"→ added {med_t['gateway'] - med_t['direct']:.2f} ms (target ≤ 5)")
             rates = {"direct": [], "gateway": []}
             for _ in range(args.repeats):
                 rates["direct"].append(_streams(direct, {}, args.streams, args.tokens))
                 rates["gateway"].append(_streams(gw, gw_headers, args.streams, args.tokens))
+            ratios = [g / d for g, d in zip(rates["gateway"], rates["direct"]) if d]
+            if ratios:
+                say(f"   {args.streams} concurrent streams × {args.tokens} tokens: gateway/direct tok/s "
+                    f"{statistics.median(ratios):.3f} (per repetition {', '.join(f'{r:.3f}' for r in ratios)}; "
+                    "target ≥ 0.97)")
             client.close()
             long_client, long_stored, long_tokens = _long_prompt_ttft(serve, token, args.long_prompt)
+            say(f"-- long prompt ({long_tokens} prompt tokens): client TTFT {long_client:.0f} ms, stored "
+                f"{long_stored:.0f} ms → stored/client {long_stored / long_client:.3f} (target within 5 %)")
             time.sleep(1)
             before = census(serve)
             t0 = time.monotonic()
@@ -294,22 +319,7 @@ def run_flood(args, model_path: str) -> int:
         status_counts[a.status] = status_counts.get(a.status, 0) + 1
     unexpected_5xx = sum(n for s, n in status_counts.items() if s >= 500)
     error_events = sum(a.error_event for a in flood.background + flood.voice)
-    med = {k: statistics.median(v) for k, v in lat.items()}
-    med_t = {k: statistics.median(v) for k, v in ttft.items()}
-    ratios = [g / d for g, d in zip(rates["gateway"], rates["direct"])]
     voice_ttft = [a.first_token_ms for a in flood.voice]
-    cpu = platform.processor() or platform.machine()
-    print(f"model {model_path}; hearth serve with default settings (runner ctx 4096, 4 slots, threads = cores); "
-          f"machine: {cpu}, {os.cpu_count()} cores")
-    print(f"-- quiet box, {args.samples} alternating samples:")
-    print(f"   non-streamed (1 token): direct p50 {med['direct']:.2f} ms, gateway {med['gateway']:.2f} ms "
-          f"→ added {med['gateway'] - med['direct']:.2f} ms (target ≤ 3)")
-    print(f"   to first token:         direct p50 {med_t['direct']:.2f} ms, gateway {med_t['gateway']:.2f} ms "
-          f"→ added {med_t['gateway'] - med_t['direct']:.2f} ms (target ≤ 5)")
-    print(f"   {args.streams} concurrent streams × {args.tokens} tokens: gateway/direct tok/s "
-          f"{statistics.median(ratios):.3f} (per repetition {', '.join(f'{r:.3f}' for r in ratios)}; target ≥ 0.97)")
-    print(f"-- long prompt ({long_tokens} prompt tokens): client TTFT {long_client:.0f} ms, stored {long_stored:.0f} ms "
-          f"→ stored/client {long_stored / long_client:.3f} (target within 5 %)")
     print(f"-- flood ({flood_s:.0f} s): {args.background} streamed background, {args.half_open} half-open, "
           f"{args.idle} idle keep-alive connections")
     if flood.healthz_ms:
