@@ -98,6 +98,15 @@ def carries_token(payload: dict) -> bool:
     return False
 
 
+def close_idle() -> None:
+    """Close every pooled idle connection (a runner stopped for good, tests)."""
+    with _idle_lock:
+        conns = [c for pool in _idle.values() for c in pool]
+        _idle.clear()
+    for conn in conns:
+        conn.close()
+
+
 def _take(host: str, port: int) -> http.client.HTTPConnection | None:
     with _idle_lock:
         conns = _idle.get((host, port))

@@ -57,6 +57,7 @@ def standin():
     thread.start()
     StandIn.connections = set()
     yield f"http://127.0.0.1:{server.server_address[1]}"
+    relay.close_idle()
     server.shutdown()
     server.server_close()
 
