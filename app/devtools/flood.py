@@ -238,8 +238,9 @@ def _long_prompt_ttft(serve: ServeProcess, token: str, prompt_tokens: int) -> tu
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with sqlite3.connect(serve.data / "hearth.db") as db:
+            # Its own row: the writer may not have stored it yet while earlier streams' rows are there.
             row = db.execute("select ttft_ms, prompt_tokens from requests where class_name = 'chat' and stream = 1 "
-                             "order by id desc limit 1").fetchone()
+                             "and prompt_tokens >= ? order by id desc limit 1", (prompt_tokens // 2,)).fetchone()
         if row and row[0] is not None:
             return answer.first_token_ms, row[0], row[1]
         time.sleep(0.2)
