@@ -137,7 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="the household server: gateway, residency, store (gunicorn, one worker)")
     serve.add_argument("--bind", default=None, help="host:port (default $HEARTH_BIND or 127.0.0.1:8080)")
-    serve.add_argument("--threads", type=int, default=32, help="gunicorn threads (default %(default)s)")
 
     token = sub.add_parser("token", help="API tokens of family members and apps")
     token_sub = token.add_subparsers(dest="token_command", required=True)
@@ -156,6 +155,24 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--tokens", type=int, default=64, help="tokens per stream (default %(default)s)")
     gw.add_argument("--repeats", type=int, default=3, help="stream repetitions (default %(default)s)")
     gw.add_argument("--json", dest="json_path", help="write the raw samples here")
+    fl = bench_sub.add_parser("flood", help="hearth serve (default settings) under a flood of streams, half-open "
+                                            "and idle connections: /healthz, voice TTFT, RSS, 5xx, leftovers")
+    fl.add_argument("--model", help="GGUF file (default: the embedded Gemma 3 270M Q4_K_M)")
+    fl.add_argument("--background", type=int, default=500, help="streamed background requests (default %(default)s)")
+    fl.add_argument("--bg-tokens", type=int, default=8, help="tokens per background answer (default %(default)s)")
+    fl.add_argument("--half-open", type=int, default=64, help="half-open connections (default %(default)s)")
+    fl.add_argument("--idle", type=int, default=200, help="idle keep-alive connections (default %(default)s)")
+    fl.add_argument("--voice", type=int, default=5, help="voice requests during the flood (default %(default)s)")
+    fl.add_argument("--duration", type=float, default=30, help="seconds a held connection waits at most (default %(default)s)")
+    fl.add_argument("--probe-ms", type=float, default=50, help="/healthz probe interval (default %(default)s)")
+    fl.add_argument("--samples", type=int, default=30, help="alternating latency samples (default %(default)s)")
+    fl.add_argument("--streams", type=int, default=8, help="concurrent streams, gateway vs direct (default %(default)s)")
+    fl.add_argument("--tokens", type=int, default=64, help="tokens per stream (default %(default)s)")
+    fl.add_argument("--repeats", type=int, default=3, help="stream repetitions (default %(default)s)")
+    fl.add_argument("--long-prompt", type=int, default=3600, help="approximate prompt tokens of the TTFT check "
+                                                                  "(default %(default)s)")
+    fl.add_argument("--settle", type=float, default=60, help="seconds to wait for the baseline (default %(default)s)")
+    fl.add_argument("--json", dest="json_path", help="write the raw figures here")
     res = bench_sub.add_parser("residency", help="load/unload cycles through hearth serve")
     _add_model_args(res, ctx=1024, parallel=2)
     res.add_argument("--cycles", type=int, default=20, help="load/unload cycles (default %(default)s)")
@@ -316,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
 
         # HEARTH_DEFAULT_MODEL: a GGUF already at hand (tests share one) instead of assembling one.
         return run_history(args, resolve_model(os.environ.get("HEARTH_DEFAULT_MODEL")))
+    if args.command == "bench" and args.bench_command == "flood":
+        from app.devtools.flood import run_flood
+
+        return run_flood(args, resolve_model(args.model))
     if args.command == "bench" and args.bench_command in ("gateway", "residency"):
         from app.devtools import gateway_bench
 
@@ -331,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from app.serve import serve as run_serve
 
-        run_serve(args.bind, args.threads)
+        run_serve(args.bind)
         return 0
     if args.command == "token":
         return _token(args)

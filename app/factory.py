@@ -117,7 +117,7 @@ def create_app(test_config: dict | None = None) -> Flask:
         return exc
 
     if app.config["SCHEDULER"]:
-        scheduler = BackgroundScheduler(daemon=True, job_defaults={"coalesce": True, "max_instances": 1})
+        scheduler = _scheduler_class()(job_defaults={"coalesce": True, "max_instances": 1})
         schedule_jobs(scheduler, svc, int(svc.settings.get("rescan_interval_s")))
         scheduler.start()
         app.extensions[_SCHEDULER] = scheduler
@@ -177,6 +177,24 @@ def announce_listening(app: Flask, binds: list[str]) -> None:
 
     for line in listening_lines(services(app).data_dir, binds):
         log_line(line)
+
+
+def _scheduler_class() -> type[BackgroundScheduler]:
+    """APScheduler's gevent scheduler under serve's gevent worker, its thread scheduler elsewhere.
+
+    Under gevent's patching, joining BackgroundScheduler's thread at shutdown never returns (its
+    thread-state lock is never released), so SIGTERM's drain would hang before stopping the runners.
+    """
+    import sys
+
+    if "gevent" in sys.modules:
+        from gevent import monkey
+
+        if monkey.is_module_patched("threading"):
+            from apscheduler.schedulers.gevent import GeventScheduler
+
+            return GeventScheduler
+    return BackgroundScheduler
 
 
 def scheduler_of(app: Flask) -> BackgroundScheduler | None:

@@ -1,50 +1,159 @@
-"""`hearth serve`: the Flask app under gunicorn with exactly ONE worker and threads.
+"""`hearth serve`: the Flask app under gunicorn with exactly ONE gevent worker.
 
 APScheduler jobs and the runner supervisor live inside the app, so a second worker would
 run every job twice and start a second copy of every model: the config refuses it.
+
+Concurrency is gevent's (greenlets on one OS thread, sockets made cooperative): a request waiting
+in admission or streaming its answer costs a greenlet and a descriptor, not an OS thread, so the
+class policy, not a thread pool, decides who reaches a runner (docs/architecture.md, "Concurrency").
+The runners are separate processes, so nothing CPU-heavy runs on this loop.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import resource
 import signal
+import socket
 import threading
+from dataclasses import dataclass
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.workers.base_async import AsyncWorker
+from gunicorn.workers.ggevent import GeventWorker
 
 from app.engine.runner import no_delay
 
 DEFAULT_BIND = "127.0.0.1:8080"
-DEFAULT_THREADS = 32
 # On SIGTERM the arbiter SIGKILLs the worker GRACEFUL_TIMEOUT_S later, and a killed worker stops no
 # runner. So answers in flight get DRAIN_S to finish, then the runners are stopped (in parallel,
 # each SIGKILLed by the supervisor if not gone in 10 s) while the worker still lives: 8 + 10 < 25.
 # Docker's stop_grace_period (30 s in docker-compose.yml) covers the whole sequence.
 GRACEFUL_TIMEOUT_S = 25
 DRAIN_S = 8.0
+SEND_BUFFER_BYTES = 64 * 1024
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
     """A gunicorn setting Hearth cannot run with."""
 
 
-def gunicorn_settings(bind: str, threads: int = DEFAULT_THREADS, workers: int = 1) -> dict:
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one client connection may cost serve: the timeouts and connection cap of the Gateway settings."""
+
+    header_timeout_s: float = 5.0
+    keepalive_s: float = 10.0
+    client_stall_s: float = 30.0
+    max_connections: int = 4096
+
+    @classmethod
+    def from_store(cls, values: dict) -> ConnectionLimits:
+        """The limits from stored settings (name → value, None or absent for the default)."""
+        names = ("header_timeout_s", "keepalive_s", "client_stall_s", "max_connections")
+        return cls(**{k: values[k] for k in names if values.get(k) is not None})
+
+
+class HearthWorker(GeventWorker):
+    """gunicorn's gevent worker with a deadline on every wait a client can impose.
+
+    - the first request's headers must arrive within header_timeout_s (half-open connections
+      are closed instead of piling up);
+    - an idle keep-alive connection waits keepalive_s for its next request, then is closed;
+    - every read or write on the client socket gives up after client_stall_s without progress
+      (a stream reader that stopped reading: the write fails, the answer's generator is
+      closed, its slot, lease and runner sequence are freed).
+    """
+
+    limits = ConnectionLimits()
+
+    def patch(self):
+        """gevent's monkey patching, plus os.waitid, which it leaves blocking.
+
+        The runner supervisor's watcher waits for its runner's exit with os.waitid (without
+        reaping, so the group id stays reserved); unpatched, that one call would stop the
+        whole loop until the runner exits. It is sent to gevent's pool of real threads instead.
+        """
+        super().patch()
+        import gevent
+
+        blocking_waitid = os.waitid
+
+        def in_thread(idtype, ident, options):
+            # Returned, not raised: the pool would print the traceback of an error the caller handles
+            # (ChildProcessError once gevent's SIGCHLD watcher has reaped the runner first).
+            try:
+                return blocking_waitid(idtype, ident, options), None
+            except OSError as exc:
+                return None, exc
+
+        def waitid(idtype, ident, options):
+            if options & os.WNOHANG:
+                return blocking_waitid(idtype, ident, options)
+            result, error = gevent.get_hub().threadpool.apply(in_thread, (idtype, ident, options))
+            if error is not None:
+                raise error
+            return result
+
+        os.waitid = waitid
+
+    def handle(self, listener, client, addr):
+        """Serve one connection with the socket timeout set (gunicorn's own handle sets blocking, no timeout)."""
+        client.setblocking(1)
+        client.settimeout(self.limits.client_stall_s)
+        # Linux grows a loopback socket's send buffer to megabytes: a client that stops reading could
+        # park a whole long answer there (the stall timeout would never fire) and 500 of them
+        # gigabytes of kernel memory. 64 KiB (the kernel doubles it) still fills a LAN link.
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        self._conn_state().first = True
+        try:
+            AsyncWorker.handle(self, listener, client, addr)
+        except TimeoutError:
+            log.debug("closed a connection that made no progress for %s s", self.limits.client_stall_s)
+
+    def _conn_state(self) -> threading.local:
+        # Under gevent's patching threading.local is greenlet-local: one per connection.
+        state = getattr(self, "_local", None)
+        if state is None:
+            state = self._local = threading.local()
+        return state
+
+    def timeout_ctx(self):
+        """The deadline for the next request's headers: short for a new connection, keepalive_s between requests."""
+        import gevent
+
+        state = self._conn_state()
+        first = getattr(state, "first", True)
+        state.first = False
+        return gevent.Timeout(self.limits.header_timeout_s if first else self.limits.keepalive_s, False)
+
+
+def worker_class(limits: ConnectionLimits) -> type[HearthWorker]:
+    """HearthWorker bound to `limits` (the worker is forked, so a class attribute is how it gets them)."""
+    return type("HearthWorker", (HearthWorker,), {"limits": limits})
+
+
+def gunicorn_settings(bind: str, limits: ConnectionLimits | None = None, workers: int = 1) -> dict:
     """The gunicorn settings for `hearth serve`; refuses more than one worker."""
     if workers != 1:
         raise ConfigError(
             f"hearth serve must run exactly one gunicorn worker (got {workers}): the scheduler and the "
-            "model runners live in the worker; use --threads for concurrency"
+            "model runners live in the worker; one gevent worker holds thousands of connections"
         )
-    if threads < 4:
-        raise ConfigError(f"hearth serve needs at least 4 threads (got {threads})")
+    limits = limits or ConnectionLimits()
     return {
         "bind": bind,
         "workers": 1,
-        "worker_class": "gthread",
-        "threads": threads,
+        "worker_class": worker_class(limits),
+        "worker_connections": limits.max_connections,
+        # The worker's heartbeat runs on the same loop as the requests: a loop stalled this long is a bug.
         "timeout": 120,
         "graceful_timeout": GRACEFUL_TIMEOUT_S,
-        "keepalive": 5,
+        # gunicorn only checks it is non-zero (our timeout_ctx applies the exact value); it takes whole seconds.
+        "keepalive": max(1, round(limits.keepalive_s)),
         "accesslog": None,
         "errorlog": "-",
         "loglevel": "warning",
@@ -73,9 +182,10 @@ def stop_runners_after_drain(worker) -> None:
         gunicorn_handler(signum, frame)  # stop accepting; requests in flight go on
         # Runs only if the worker is still draining then: a worker that finishes earlier
         # exits and stops everything through the same (idempotent) shutdown at exit.
-        timer = threading.Timer(DRAIN_S, shutdown_app, args=[worker.wsgi])
-        timer.daemon = True
-        timer.start()
+        # Signal handlers run on gevent's loop, which must not block: a greenlet waits instead of a thread.
+        import gevent
+
+        gevent.spawn_later(DRAIN_S, shutdown_app, worker.wsgi)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -99,8 +209,11 @@ class HearthServer(BaseApplication):
         return self.app_factory()
 
 
-def stored_bind() -> str | None:
-    """The bind address saved on the Settings page, if any."""
+STORED = ("bind", "header_timeout_s", "keepalive_s", "client_stall_s", "max_connections")
+
+
+def stored_settings() -> dict:
+    """The bind address and connection limits saved on the Settings page (None where unset)."""
     from app.paths import data_dir
     from app.store.db import open_store
     from app.store.settings import get_setting
@@ -108,16 +221,27 @@ def stored_bind() -> str | None:
     engine, sessions = open_store(data_dir())
     try:
         with sessions() as s:
-            return get_setting(s, "bind")
+            return {name: get_setting(s, name) for name in STORED}
     finally:
         engine.dispose()
 
 
-def serve(bind: str | None = None, threads: int = DEFAULT_THREADS) -> None:
+def raise_descriptor_limit(wanted: int) -> None:
+    """Lift the soft open-files limit toward `wanted` (each streamed request holds two sockets)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def serve(bind: str | None = None) -> None:
     """Run Hearth until interrupted."""
     from app.factory import create_app
 
+    stored = stored_settings()
     # The default model is not assembled here: on a first run the worker assembles it in the
     # background, so the dashboard is reachable at once and shows the progress (the log too).
-    bind = bind or os.environ.get("HEARTH_BIND") or stored_bind() or DEFAULT_BIND
-    HearthServer(gunicorn_settings(bind, threads), create_app).run()
+    bind = bind or os.environ.get("HEARTH_BIND") or stored["bind"] or DEFAULT_BIND
+    limits = ConnectionLimits.from_store(stored)
+    raise_descriptor_limit(2 * limits.max_connections + 256)
+    HearthServer(gunicorn_settings(bind, limits), create_app).run()

@@ -62,7 +62,10 @@ class _Waiter:
     policy: ClassPolicy
     arrival_s: float
     seq: int
-    admitted: bool = False
+    # Set by whoever grants the place: the waiter sleeps on it alone, so a release wakes one
+    # request, not the whole queue (under serve's gevent worker a greenlet, never an OS thread).
+    granted: threading.Event = field(default_factory=threading.Event)
+    admitted_s: float | None = None
 
 
 @dataclass
@@ -76,12 +79,18 @@ class _ClassState:
 
 
 class Admission:
-    """Thread-safe admission controller shared by all gateway threads."""
+    """Admission controller shared by every request of the gateway (threads or greenlets).
+
+    Invariant, kept under the lock after every change: no waiter that could run is left waiting.
+    So a request is admitted at once when its class and the total have room and nobody of its
+    class waits; otherwise it waits on its own event until a release hands it the place
+    (priority, then fair share, then arrival decide which waiter that is) or its timeout passes.
+    """
 
     def __init__(self, max_in_flight_total: int = 64, clock: Callable[[], float] = time.monotonic):
         self.max_in_flight_total = max_in_flight_total
         self.clock = clock
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
         self._classes: dict[str, _ClassState] = {}
         self._seq = itertools.count()
         self._total_in_flight = 0
@@ -97,14 +106,17 @@ class Admission:
         return st.in_flight < w.policy.max_concurrent and self._total_in_flight < self.max_in_flight_total
 
     def _next(self) -> _Waiter | None:
+        # Within a class waiters go in arrival order, so only each class's head competes.
         best, best_key = None, None
         for st in self._classes.values():
-            for w in st.waiting:
-                if not self._eligible(w):
-                    continue
-                key = (w.policy.priority, st.vtime, w.arrival_s, w.seq)
-                if best_key is None or key < best_key:
-                    best, best_key = w, key
+            if not st.waiting:
+                continue
+            w = st.waiting[0]
+            if not self._eligible(w):
+                continue
+            key = (w.policy.priority, st.vtime, w.arrival_s, w.seq)
+            if best_key is None or key < best_key:
+                best, best_key = w, key
         return best
 
     def _grant(self, w: _Waiter) -> None:
@@ -120,15 +132,21 @@ class Admission:
         st.in_flight += 1
         st.admitted_total += 1
         self._total_in_flight += 1
-        w.admitted = True
+        w.admitted_s = self.clock()
+
+    def _dispatch(self) -> None:
+        """Hand every place that is free to the waiter that comes next (restores the invariant)."""
+        while (w := self._next()) is not None:
+            self._grant(w)
+            w.granted.set()
 
     def admit(self, policy: ClassPolicy) -> Ticket:
-        """Block until the request may run; raises QueueFull or QueueTimeout."""
+        """Wait until the request may run; raises QueueFull or QueueTimeout."""
         now = self.clock()
-        with self._cv:
+        with self._lock:
             st = self._state(policy.name)
             w = _Waiter(policy, now, next(self._seq))
-            if not st.waiting and self._eligible(w) and self._next() is None:
+            if not st.waiting and self._eligible(w):
                 self._grant(w)
                 return Ticket(policy, now, 0, now)
             if len(st.waiting) >= policy.max_queue:
@@ -136,32 +154,29 @@ class Admission:
                 raise QueueFull(policy)
             st.waiting.append(w)
             position = len(st.waiting)
-            deadline = now + policy.queue_timeout_s
-            while True:
-                nxt = self._next()
-                if nxt is w:
-                    self._grant(w)
-                    self._cv.notify_all()
-                    return Ticket(policy, now, position, self.clock())
-                remaining = deadline - self.clock()
-                if remaining <= 0:
-                    st.waiting.remove(w)
-                    st.timed_out_total += 1
-                    self._cv.notify_all()
-                    raise QueueTimeout(policy, self.clock() - now)
-                self._cv.wait(min(remaining, 1.0))
+            self._dispatch()
+        w.granted.wait(max(0.0, policy.queue_timeout_s - (self.clock() - now)))
+        with self._lock:
+            # Granted between the timeout and this lock: the place is ours, take it.
+            if w.admitted_s is not None:
+                return Ticket(policy, now, position, w.admitted_s)
+            st.waiting.remove(w)
+            st.timed_out_total += 1
+            # The one leaving may have been the head that blocked nobody but itself: look again.
+            self._dispatch()
+        raise QueueTimeout(policy, self.clock() - now)
 
     def release(self, ticket: Ticket) -> None:
-        """Free the ticket's place and wake the waiters."""
-        with self._cv:
+        """Free the ticket's place and hand it to the next waiter."""
+        with self._lock:
             st = self._classes[ticket.policy.name]
             st.in_flight -= 1
             self._total_in_flight -= 1
-            self._cv.notify_all()
+            self._dispatch()
 
     def snapshot(self) -> dict[str, dict]:
         """Per class: in flight, waiting and totals (for the dashboard and /metrics)."""
-        with self._cv:
+        with self._lock:
             return {
                 name: {
                     "in_flight": st.in_flight,

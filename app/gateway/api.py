@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import select
+import socket
 import time
 from datetime import UTC, datetime
 
@@ -23,15 +25,16 @@ from app.engine.api import (
     too_large,
 )
 from app.gateway import relay
-from app.gateway.admission import QueueFull, QueueTimeout, Ticket
 from app.gateway.auth import Principal, bearer_token
-from app.gateway.context import Services, services
+from app.gateway.context import services
+from app.gateway.exchange import CLIENT_STALLED, STALL_SHARE, Exchange
 from app.gateway.headers import header_value
 
 log = logging.getLogger(__name__)
 
 bp = Blueprint("gateway", __name__)
-LAN_MEMBER = "lan"  # who tokenless requests are recorded as when the API is open to the LAN
+LAN_MEMBER = "lan"
+CLIENT_CLOSED = 499  # logged for a request whose client left before it was answered (nginx's code)  # who tokenless requests are recorded as when the API is open to the LAN
 
 
 def _error_response(err: ApiError) -> Response:
@@ -177,124 +180,106 @@ def _serve(schema, path: str, shape=None):
         "class_name": policy.name, "model": model_name, "stream": bool(body.stream),
         "features": ",".join(features) or None,
     }
+    ex = Exchange(h, record, arrival_s)
+    ticket = ex.admit(policy)
     try:
-        ticket = h.admission.admit(policy)
-    except QueueFull as exc:
-        h.recorder.record_request(record, status="rejected", http_status=429, error=str(exc))
-        raise ApiError(429, str(exc), code="queue_full", err_type="rate_limit_error",
-                       headers={"Retry-After": str(exc.retry_after_s)})
-    except QueueTimeout as exc:
-        h.recorder.record_request(record, status="timeout", http_status=503, error=str(exc),
-                         queue_ms=(time.monotonic() - arrival_s) * 1000)
-        raise ApiError(503, str(exc), code="queue_timeout", err_type="unavailable_error")
-    record["queue_ms"] = ticket.queue_ms
-    record["queue_position"] = ticket.queue_position
-    try:
-        lease = h.router.acquire(model_name)
+        if ticket.queue_position and _client_gone():
+            # Left while queued (a flood's abandoned requests): no runner is asked for a prefill.
+            ex.finish(relay.RelayOutcome(status=CLIENT_CLOSED, error="the client left while waiting for admission"),
+                      status="cancelled")
+            return Response(status=CLIENT_CLOSED)
+        lease = ex.acquire(model_name)
+        headers = {"X-Hearth-Class": policy.name, "X-Hearth-Model": header_value(model_name),
+                   "X-Hearth-Node": header_value(lease.node_label)}
+        if ticket.queue_position:
+            headers["X-Hearth-Queue-Position"] = str(ticket.queue_position)
+        url = lease.url.rstrip("/") + path
+        if body.stream:
+            return _stream(ex, url, forward, headers, shape)
+        return _complete(ex, url, forward, headers, shape, generates=schema is not EmbeddingBody)
     except ApiError as err:
-        h.admission.release(ticket)
-        h.recorder.record_request(record, status="error", http_status=err.status, error=err.message)
+        ex.finish(relay.RelayOutcome(status=err.status, error=err.message))  # a no-op when already finished
         raise
-    record["runner"] = lease.url
-    headers = {"X-Hearth-Class": policy.name, "X-Hearth-Model": header_value(model_name),
-               "X-Hearth-Node": header_value(lease.node_label)}
-    if ticket.queue_position:
-        headers["X-Hearth-Queue-Position"] = str(ticket.queue_position)
-    url = lease.url.rstrip("/") + path
-    if body.stream:
-        return _stream(h, url, forward, ticket, lease, record, arrival_s, headers, shape)
-    return _complete(h, url, forward, ticket, lease, record, arrival_s, headers, shape)
+    except BaseException:
+        # Whatever went wrong before the answer was handed over: place and lease go back, the row is
+        # logged (a stream hands its bookkeeping to its generator, whose finally ends it).
+        ex.finish(relay.RelayOutcome(status=500, error="the gateway failed before answering"))
+        raise
 
 
-def _finish(h: Services, ticket: Ticket, lease, record: dict, outcome: relay.RelayOutcome, arrival_s: float,
-            cancelled: bool = False) -> None:
-    lease.release()
-    h.admission.release(ticket)
-    t = outcome.timings or {}
-    usage = outcome.usage or {}
-    status = "ok" if outcome.status == 200 and not outcome.error else "error"
-    if cancelled:
-        status = "cancelled"
-    h.recorder.record_request(
-        record,
-        status=status,
-        http_status=outcome.status or 502,
-        error=outcome.error,
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
-        cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-        ttft_ms=_ttft_ms(record, outcome, arrival_s),
-        tpot_ms=t.get("tpot_ms"),
-        total_ms=(time.monotonic() - arrival_s) * 1000,
-        num_preemptions=t.get("num_preemptions"),
-    )
-
-
-def _ttft_ms(record: dict, outcome: relay.RelayOutcome, arrival_s: float) -> float | None:
-    """Arrival at the gateway to first token: measured when streamed; for a whole answer, the
-    gateway's wait plus the runner's own time to first token (the client sees no earlier byte)."""
-    if record["stream"]:
-        return None if outcome.first_byte_s is None else (outcome.first_byte_s - arrival_s) * 1000
-    runner_ttft = (outcome.timings or {}).get("ttft_ms")
-    return None if runner_ttft is None else record.get("queue_ms", 0.0) + runner_ttft
-
-
-def _runner_failed(h: Services, lease, exc: Exception) -> ApiError:
-    h.residency.report_failure(lease, str(exc))
-    return ApiError(502, f"the runner for '{lease.model_name}' failed ({exc}); it will be restarted on the next "
-                         "request", code="runner_failed", err_type="server_error")
-
-
-def _relay(h: Services, send, url, forward, ticket, lease, record, arrival_s):
-    """Send to the runner; if it cannot be reached, end the request's bookkeeping and answer 502."""
+def _client_gone() -> bool:
+    """Whether the client closed its connection (seen without blocking: readable and at EOF)."""
+    sock = request.environ.get("gunicorn.socket")
+    if sock is None:
+        return False
     try:
-        return send(url, forward)
-    except relay.RunnerUnreachable as exc:
-        _finish(h, ticket, lease, record, relay.RelayOutcome(status=502, error=str(exc)), arrival_s)
-        raise _runner_failed(h, lease, exc)
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
-def _complete(h: Services, url, forward, ticket, lease, record, arrival_s, headers, shape=None):
-    resp, outcome = _relay(h, relay.post, url, forward, ticket, lease, record, arrival_s)
-    _finish(h, ticket, lease, record, outcome, arrival_s)
+def _complete(ex: Exchange, url, forward, headers, shape=None, generates: bool = True):
+    resp, outcome = ex.send(relay.post, url, forward)
     if resp.status_code == 503:
-        h.residency.report_busy(lease)  # loading or full: an answer, not a failure of the node
-    elif resp.status_code >= 500 and "generation_failed" not in resp.text:
-        h.residency.report_failure(lease, outcome.error or f"HTTP {resp.status_code}")
+        ex.h.residency.report_busy(ex.lease)  # loading or full: an answer, not a failure of the node
+    elif outcome.runner_fault:
+        ex.h.residency.report_failure(ex.lease, outcome.error or f"HTTP {resp.status_code}")
     out_headers = dict(headers)
     if "retry-after" in resp.headers:
         out_headers["Retry-After"] = resp.headers["retry-after"]
     content = resp.content if shape is None else shape.complete(resp.status_code, resp.content)
+    if generates and resp.status_code == 200:
+        # A whole answer reaches the client all at once: its first token goes out now.
+        ex.first_token_s = time.monotonic()
+    ex.finish(outcome)
     return Response(content, status=resp.status_code, headers=out_headers, mimetype="application/json")
 
 
-def _stream(h: Services, url, forward, ticket, lease, record, arrival_s, headers, shape=None):
-    resp, outcome = _relay(h, relay.open_stream, url, forward, ticket, lease, record, arrival_s)
+def _stream(ex: Exchange, url, forward, headers, shape=None):
+    resp, outcome = ex.send(relay.open_stream, url, forward)
     if resp.status_code != 200:
         content = resp.read()
+        retry_after = resp.retry_after
         resp.close()
         try:
             relay.read_summary(json.loads(content), outcome)
         except ValueError:
             outcome.error = content[:500].decode(errors="replace")
-        _finish(h, ticket, lease, record, outcome, arrival_s)
+        ex.finish(outcome)
+        if resp.status_code == 503:
+            ex.h.residency.report_busy(ex.lease)  # loading or full: an answer, not a failure of the node
         if shape is not None:
             content = shape.complete(resp.status_code, content)
-        return Response(content, status=resp.status_code, headers=headers, mimetype="application/json")
+        out_headers = dict(headers)
+        if retry_after is not None:
+            out_headers["Retry-After"] = retry_after
+        return Response(content, status=resp.status_code, headers=out_headers, mimetype="application/json")
+    stall_s = float(ex.h.settings.get("client_stall_s"))
 
     def generate():
         completed = False
+        handed_s = time.monotonic()
         try:
             chunks = relay.stream_chunks(resp, outcome)
-            yield from (chunks if shape is None else shape.stream(chunks))
+            for piece in chunks if shape is None else shape.stream(chunks):
+                handed_s = time.monotonic()
+                yield piece
+                # Back here once the server has written the piece to the client's connection.
+                if ex.first_token_s is None and outcome.token_seen:
+                    ex.first_token_s = time.monotonic()
             completed = True
         finally:
-            # Runs on normal end and when the client goes away (the generator is closed):
-            # closing the upstream response makes the runner cancel the sequence.
+            # Runs on normal end and when the client goes away or stops reading (the server closes
+            # the generator): closing the upstream response makes the runner cancel the sequence.
             resp.close()
-            if outcome.error and "mid-stream" in outcome.error:
-                h.residency.report_failure(lease, outcome.error)
-            _finish(h, ticket, lease, record, outcome, arrival_s, cancelled=not completed)
+            status = None
+            if not completed:
+                stalled = time.monotonic() - handed_s >= STALL_SHARE * stall_s
+                status = CLIENT_STALLED if stalled else "cancelled"
+                if stalled:
+                    outcome.error = f"the client read nothing for {stall_s:g} s (client_stall_s): cancelled"
+            ex.finish(outcome, status=status)
 
     return Response(stream_with_context(generate()), status=200, headers={**headers, "Cache-Control": "no-cache"},
                     mimetype="text/event-stream" if shape is None else shape.stream_mimetype)

@@ -1,9 +1,10 @@
 """Relaying a validated request to a runner over loopback HTTP (or a remote node over HTTP or HTTPS),
 chunk by chunk when streaming.
 
-The standard library's http.client, one keep-alive connection per gateway thread and runner:
+The standard library's http.client over a shared pool of idle keep-alive connections per runner:
 on this hop every request pays the client's own overhead, and http.client's is about half a
-millisecond less than a general-purpose client's (measured against a runner's /health).
+millisecond less than a general-purpose client's (measured against a runner's /health). The pool
+is shared, not per thread: under serve's gevent worker every connection is its own greenlet.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import http.client
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -21,8 +21,16 @@ from app.residency.supervisor import node_tls_context
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
 STREAM_READ_BYTES = 65536
+MAX_IDLE_PER_RUNNER = 64
+# The runner's own error code for a request it could not generate (a bad grammar, say): the
+# runner itself is fine, so it is not reported as failed.
+GENERATION_FAILED = "generation_failed"
 
-_local = threading.local()
+# Where a connection goes: (scheme, host, port). Local runners are http://; a remote node may be https://.
+Origin = tuple[str, str, int]
+
+_idle: dict[Origin, list[http.client.HTTPConnection]] = {}
+_idle_lock = threading.Lock()
 
 
 class RunnerUnreachable(Exception):
@@ -31,14 +39,24 @@ class RunnerUnreachable(Exception):
 
 @dataclass
 class RelayOutcome:
-    """What the runner said about a finished request, for the request log."""
+    """What the runner said about a finished request, for the request log; failures are flags, not strings."""
 
     status: int = 0
-    first_byte_s: float | None = None
     usage: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     finish_reason: str | None = None
     error: str | None = None
+    error_code: str | None = None  # the runner's error code ("generation_failed", ...)
+    lost_mid_stream: bool = False  # the runner's connection broke while streaming
+    # A content or tool-call delta has been passed on (not the role chunk a runner sends at once).
+    token_seen: bool = False
+
+    @property
+    def runner_fault(self) -> bool:
+        """The runner itself failed (crash, lost stream, 5xx other than its own generation failure or a
+        503: busy or loading is an answer, not a failure of the node)."""
+        return self.lost_mid_stream or (self.status >= 500 and self.status != 503
+                                        and self.error_code != GENERATION_FAILED)
 
 
 @dataclass
@@ -69,10 +87,32 @@ def read_summary(payload: dict, outcome: RelayOutcome) -> None:
     if payload.get("error"):
         err = payload["error"]
         outcome.error = err.get("message") if isinstance(err, dict) else str(err)
+        outcome.error_code = err.get("code") if isinstance(err, dict) else None
 
 
-# Where a connection goes: (scheme, host, port). Local runners are http://; a remote node may be https://.
-Origin = tuple[str, str, int]
+def carries_token(payload: dict) -> bool:
+    """Whether one streamed event holds generated output: content, reasoning, text or a tool-call delta.
+
+    Decided by content, never by position: a runner may or may not send an empty role chunk first.
+    """
+    if not isinstance(payload, dict):
+        return False
+    if isinstance(payload.get("content"), str) and payload["content"]:  # llama-server's /infill, /completion
+        return True
+    for choice in payload.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
+            return True
+    return False
+
+
+def close_idle() -> None:
+    """Close every pooled idle connection (a runner stopped for good, tests)."""
+    with _idle_lock:
+        conns = [c for pool in _idle.values() for c in pool]
+        _idle.clear()
+    for conn in conns:
+        conn.close()
 
 
 def _origin(url: str) -> tuple[Origin, str]:
@@ -84,15 +124,22 @@ def _origin(url: str) -> tuple[Origin, str]:
     return (scheme, parts.hostname or "127.0.0.1", port), path
 
 
-def _connection(origin: Origin, fresh: bool) -> http.client.HTTPConnection:
-    pool = getattr(_local, "pool", None)
-    if pool is None:
-        pool = _local.pool = {}
-    conn = pool.get(origin)
-    if conn is not None and not fresh:
-        return conn
-    if conn is not None:
-        conn.close()
+def _take(origin: Origin) -> http.client.HTTPConnection | None:
+    with _idle_lock:
+        conns = _idle.get(origin)
+        return conns.pop() if conns else None
+
+
+def _give_back(origin: Origin, conn: http.client.HTTPConnection) -> None:
+    with _idle_lock:
+        conns = _idle.setdefault(origin, [])
+        if len(conns) < MAX_IDLE_PER_RUNNER:
+            conns.append(conn)
+            return
+    conn.close()
+
+
+def _connect(origin: Origin) -> http.client.HTTPConnection:
     scheme, host, port = origin
     if scheme == "https":
         # Verified against the system's CAs plus the household's own (see node_tls_context).
@@ -102,28 +149,25 @@ def _connection(origin: Origin, fresh: bool) -> http.client.HTTPConnection:
     conn.connect()
     # A streamed token is one small write; Nagle's algorithm would hold it for an ACK.
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    pool[origin] = conn
     return conn
 
 
-def _discard(origin: Origin) -> None:
-    conn = getattr(_local, "pool", {}).pop(origin, None)
-    if conn is not None:
-        conn.close()
-
-
-def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, Origin]:
+def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, Origin]:
     origin, path = _origin(url)
     payload = json.dumps(body).encode()
     headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
     # A kept-alive connection may have been closed by the runner meanwhile: one retry on a fresh one.
     for fresh in (False, True):
+        conn = None if fresh else _take(origin)
         try:
-            conn = _connection(origin, fresh)
+            if conn is None:
+                fresh = True
+                conn = _connect(origin)
             conn.request("POST", path, body=payload, headers=headers)
-            return conn.getresponse(), origin
+            return conn.getresponse(), conn, origin
         except (OSError, http.client.HTTPException) as exc:
-            _discard(origin)
+            if conn is not None:
+                conn.close()
             if fresh:
                 raise RunnerUnreachable(f"{type(exc).__name__}: {exc}") from exc
     raise AssertionError("unreachable")
@@ -132,16 +176,17 @@ def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, Origin]:
 def post(url: str, body: dict) -> tuple[RunnerResponse, RelayOutcome]:
     """A non-streamed request: the runner's whole answer."""
     outcome = RelayOutcome()
-    resp, origin = _send(url, body)
+    resp, conn, origin = _send(url, body)
     try:
         content = resp.read()
     except (OSError, http.client.HTTPException) as exc:
-        _discard(origin)
+        conn.close()
         raise RunnerUnreachable(f"the runner stopped while answering: {exc}") from exc
     if resp.will_close:
-        _discard(origin)
+        conn.close()
+    else:
+        _give_back(origin, conn)
     outcome.status = resp.status
-    outcome.first_byte_s = time.monotonic()
     try:
         read_summary(json.loads(content), outcome)
     except ValueError:
@@ -153,10 +198,12 @@ def post(url: str, body: dict) -> tuple[RunnerResponse, RelayOutcome]:
 class RunnerStream:
     """A streamed answer being read; close() it whether or not it was read to the end."""
 
-    def __init__(self, resp: http.client.HTTPResponse, origin: Origin):
+    def __init__(self, resp: http.client.HTTPResponse, conn: http.client.HTTPConnection, origin: Origin):
         self._resp = resp
+        self._conn = conn
         self._origin = origin
         self.status_code = resp.status
+        self.retry_after = resp.getheader("Retry-After")
         self._done = False
 
     def read(self) -> bytes:
@@ -176,41 +223,50 @@ class RunnerStream:
 
     def close(self) -> None:
         """Release the connection: reusable after a complete body, closed otherwise (the runner
-        then sees its client gone and cancels the sequence)."""
+        then sees its client gone and cancels the sequence, freeing its KV cells)."""
         if self._resp is None:
             return
-        if not self._done or self._resp.will_close:
-            _discard(self._origin)
+        reusable = self._done and not self._resp.will_close
         self._resp.close()
+        if reusable:
+            _give_back(self._origin, self._conn)
+        else:
+            self._conn.close()
         self._resp = None
 
 
 def open_stream(url: str, body: dict) -> tuple[RunnerStream, RelayOutcome]:
     """Start a streamed request; read it with `stream_chunks`, which closes it."""
     outcome = RelayOutcome()
-    resp, origin = _send(url, body)
+    resp, conn, origin = _send(url, body)
     outcome.status = resp.status
-    return RunnerStream(resp, origin), outcome
+    return RunnerStream(resp, conn, origin), outcome
 
 
 def stream_chunks(stream: RunnerStream, outcome: RelayOutcome) -> Iterator[bytes]:
-    """Pass the runner's SSE bytes through as they arrive, noting usage and timings on the way."""
+    """Pass the runner's SSE bytes through as they arrive, noting the first token, usage and timings.
+
+    Each chunk is looked at before it is passed on, so `outcome.token_seen` is true once the chunk
+    holding the first generated token has been handed over.
+    """
     tail = b""
     try:
         for chunk in stream.chunks():
-            if outcome.first_byte_s is None:
-                outcome.first_byte_s = time.monotonic()
-            yield chunk
-            # Only whole events that carry a summary are parsed; content chunks pass untouched.
+            # Only whole events are parsed, and only those that can matter; content passes untouched
+            # once the first token has been seen.
             tail += chunk
             *events, tail = tail.split(b"\n\n")
             for ev in events:
-                if b'"usage"' in ev or b'"error"' in ev:
+                if not outcome.token_seen or b'"usage"' in ev or b'"error"' in ev:
                     try:
-                        read_summary(json.loads(ev.partition(b"data: ")[2]), outcome)
+                        payload = json.loads(ev.partition(b"data: ")[2])
                     except ValueError:
-                        pass
+                        continue
+                    read_summary(payload, outcome)
+                    outcome.token_seen = outcome.token_seen or carries_token(payload)
+            yield chunk
     except (OSError, http.client.HTTPException) as exc:
+        outcome.lost_mid_stream = True
         outcome.error = f"the runner stopped mid-stream: {exc or type(exc).__name__}"
         # The client is told what happened and what to do; the request log keeps the raw cause.
         message = f"{outcome.error}; the answer is incomplete, retry: the model is restarted on the next request"

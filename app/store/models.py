@@ -34,7 +34,15 @@ from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS
 MODEL_SOURCES = ("default", "folder", "remote")
 # Checked by the code that writes them, not by CHECK constraints: adding a kind to a large log
 # table would otherwise mean rewriting the whole table in an SQLite migration.
-REQUEST_STATUSES = ("ok", "error", "cancelled", "timeout", "rejected")
+# client_stalled: the client stopped reading a streamed answer, which was cancelled (setting client_stall_s).
+REQUEST_STATUSES = ("ok", "error", "cancelled", "client_stalled", "timeout", "rejected")
+# What a request row's ttft_ms measured. Only TTFT_DELIVERED is time to first token as defined in
+# docs/measuring.md (arrival at the gateway → first generated token sent to the client, streamed or
+# whole); rows logged before migration 0010 measured the first byte of a stream (the role chunk) or,
+# for a whole answer, the queue plus the runner's own TTFT. Charts, SLO and /metrics read only
+# TTFT_DELIVERED (or unmarked), so the two kinds never mix.
+TTFT_DELIVERED = "delivered"
+TTFT_KINDS = (TTFT_DELIVERED, "first_byte", "runner")
 
 # Named constraints are what lets Alembic's batch mode find and alter them on SQLite later.
 NAMING_CONVENTION = {
@@ -219,9 +227,9 @@ class RequestRecord(Base):
     __tablename__ = "requests"
     __table_args__ = (
         Index("ix_requests_class_name_arrival_at", "class_name", "arrival_at"),
-        # Covers the dashboard's latency percentiles over a time range (migration 0005).
+        # Covers the dashboard's latency percentiles over a time range (migrations 0005, 0006, 0010).
         Index("ix_requests_latency", "arrival_at", "status", "class_name", "ttft_ms", "tpot_ms", "queue_ms",
-              "completion_tokens"),
+              "completion_tokens", "ttft_kind"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -239,6 +247,7 @@ class RequestRecord(Base):
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
     queue_ms: Mapped[float | None] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_kind: Mapped[str | None] = mapped_column(String(16))  # one of TTFT_KINDS; NULL with no ttft_ms (0010)
     tpot_ms: Mapped[float | None] = mapped_column(Float)
     total_ms: Mapped[float | None] = mapped_column(Float)
     num_preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))

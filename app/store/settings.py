@@ -98,6 +98,15 @@ REGISTRY = {
                    "int", "Memory", "Memory reserve", "MiB", 0, MIB_MAX),
         SettingDef("max_in_flight_total", 64, "requests the gateway relays at once, all classes together",
                    "int", "Gateway", "Requests in flight", "requests", 1, 100_000, restart=True),
+        # Every wait a client can impose on serve has a deadline (app/serve.py's HearthWorker).
+        SettingDef("header_timeout_s", 5.0, "a new connection must send its request headers within this time, or it is closed (half-open connections cannot pile up)",
+                   "float", "Gateway", "Request header timeout", "s", 0.5, 120, restart=True),
+        SettingDef("keepalive_s", 10.0, "an idle keep-alive connection waits this long for its next request, then is closed",
+                   "float", "Gateway", "Idle keep-alive", "s", 1, 3600, restart=True),
+        SettingDef("client_stall_s", 30.0, "a client that neither reads nor sends for this long is dropped; a stalled stream reader's request is cancelled (slot, model lease and runner sequence freed) and logged as client_stalled",
+                   "float", "Gateway", "Stalled client timeout", "s", 1, 3600, restart=True),
+        SettingDef("max_connections", 4096, "client connections hearth serve holds at once (each costs a descriptor and a greenlet, not a thread)",
+                   "int", "Gateway", "Connections at once", "connections", 64, 100_000, restart=True),
         # ≥ 256: a chat template, a short prompt and its answer; 2^20 cells is beyond any GGUF's trained context.
         SettingDef("runner_ctx", 4096, "default KV cells per local runner, shared by its slots",
                    "int", "Models and runners", "KV cells per runner", "cells", 256, 1 << 20),

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.policy import ClassPolicy
-from app.store.models import RequestRecord
+from app.store.models import TTFT_DELIVERED, RequestRecord
 
 
 @dataclass(frozen=True)
@@ -22,16 +22,26 @@ class ClassFigures:
     met: int
     completion_tokens: int
     weight: float
+    # Requests the SLO can judge: all but those logged before TTFT meant the first token delivered
+    # (migration 0010), whose TTFT was of another kind. None: all of them.
+    judged: int | None = None
 
     @property
     def slo_attainment(self) -> float | None:
-        """Share of requests meeting both the TTFT and TPOT targets (None without requests)."""
-        return self.met / self.requests if self.requests else None
+        """Share of judged requests meeting both the TTFT and TPOT targets (None without any)."""
+        judged = self.requests if self.judged is None else self.judged
+        return self.met / judged if judged else None
+
+
+def judged_by_slo(row: RequestRecord) -> bool:
+    """Whether the SLO can judge the row: its TTFT, if any, is of the delivered kind (unmarked counts as it)."""
+    # Bench evidence (app.verdict) is judged by the same rule and measures its own TTFT: no kind there.
+    return (getattr(row, "ttft_kind", None) or TTFT_DELIVERED) == TTFT_DELIVERED
 
 
 def meets_targets(row: RequestRecord, policy: ClassPolicy) -> bool:
     """A request meets its class's SLO when it succeeded within the TTFT target and the TPOT target."""
-    if row.status != "ok" or row.ttft_ms is None or row.ttft_ms > policy.ttft_target_ms:
+    if row.status != "ok" or row.ttft_ms is None or not judged_by_slo(row) or row.ttft_ms > policy.ttft_target_ms:
         return False
     # One generated token has no time per output token: only TTFT applies.
     return row.tpot_ms is None or row.tpot_ms <= policy.tpot_target_ms
@@ -58,11 +68,13 @@ def class_figures(session: Session, policies: dict[str, ClassPolicy], start: dat
         policy = policies.get(row.class_name or "")
         if policy is None:
             continue
-        a = acc.setdefault(policy.name, [0, 0, 0])
+        a = acc.setdefault(policy.name, [0, 0, 0, 0])
         a[0] += 1
         a[1] += meets_targets(row, policy)
         a[2] += row.completion_tokens or 0
-    return [ClassFigures(name, n, met, tokens, policies[name].weight) for name, (n, met, tokens) in sorted(acc.items())]
+        a[3] += judged_by_slo(row)
+    return [ClassFigures(name, n, met, tokens, policies[name].weight, judged)
+            for name, (n, met, tokens, judged) in sorted(acc.items())]
 
 
 def fairness(figures: list[ClassFigures]) -> float | None:

@@ -85,7 +85,8 @@ class GatewayMetrics:
                                          registry=r)
         self.features = Counter("hearth:gateway_feature_requests", "Requests using tools, structured output, "
                                 "fill-in-the-middle or logprobs, by class and feature", ["class", "feature"], registry=r)
-        self.ttft = Histogram("hearth:gateway_ttft_seconds", "Time to first token (streamed requests)", ["class"],
+        self.ttft = Histogram("hearth:gateway_ttft_seconds",
+                              "Arrival at the gateway to the first generated token sent to the client (streamed or whole)", ["class"],
                               buckets=TTFT_BUCKETS_S, registry=r)
         self.tpot = Histogram("hearth:gateway_tpot_seconds", "Time per output token", ["class"],
                               buckets=TPOT_BUCKETS_S, registry=r)

@@ -24,6 +24,7 @@ from app.residency.estimate import MemoryEstimate, estimate_memory
 from app.services.catalog import Catalog
 from app.store.models import (
     REQUEST_STATUSES,
+    TTFT_DELIVERED,
     Member,
     RequestClass,
     RequestRecord,
@@ -65,18 +66,22 @@ def class_figures_sql(session: Session, start: datetime, end: datetime) -> list[
     r, c = RequestRecord, RequestClass
     # Same rule as analysis.meets_targets: succeeded, TTFT within target, TPOT within target or absent.
     met = case(
-        (and_(r.status == "ok", r.ttft_ms.is_not(None), r.ttft_ms <= c.ttft_target_ms,
+        (and_(r.status == "ok", r.ttft_ms.is_not(None), func.coalesce(r.ttft_kind, TTFT_DELIVERED) == TTFT_DELIVERED,
+              r.ttft_ms <= c.ttft_target_ms,
               or_(r.tpot_ms.is_(None), r.tpot_ms <= c.tpot_target_ms)), 1),
         else_=0,
     )
+    # Same rule as analysis.judged_by_slo: rows logged before migration 0010 measured another TTFT.
+    judged = case((func.coalesce(r.ttft_kind, TTFT_DELIVERED) == TTFT_DELIVERED, 1), else_=0)
     rows = session.execute(
-        select(r.class_name, func.count(), func.sum(met), func.coalesce(func.sum(r.completion_tokens), 0), c.weight)
+        select(r.class_name, func.count(), func.sum(met), func.coalesce(func.sum(r.completion_tokens), 0), c.weight,
+               func.sum(judged))
         .join(c, c.name == r.class_name)
         .where(r.arrival_at >= start, r.arrival_at < end)
         .group_by(r.class_name)
         .order_by(r.class_name)
     )
-    return [ClassFigures(name, n, int(m or 0), int(tokens), float(w)) for name, n, m, tokens, w in rows]
+    return [ClassFigures(name, n, int(m or 0), int(tokens), float(w), int(j or 0)) for name, n, m, tokens, w, j in rows]
 
 
 @dataclass(frozen=True)

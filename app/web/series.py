@@ -18,7 +18,7 @@ from flask import Blueprint, abort, current_app, jsonify, request
 from sqlalchemy import select, text
 
 from app.gateway.context import services
-from app.store.models import Series
+from app.store.models import TTFT_DELIVERED, Series
 from app.telemetry.rollup import HOUR_S, MINUTE_S, resolution
 from app.telemetry.sampler import METRICS
 from app.web.auth import login_required
@@ -120,10 +120,12 @@ def read_latency(session, field: str, range_name: str, end_s: int,
     """Per class and time bucket, percentiles of a request field (ttft_ms, tpot_ms, queue_ms) of served requests."""
     step = LATENCY_STEP_S[range_name]
     start_s = end_s - int(RANGES[range_name].total_seconds())
+    # Rows logged before migration 0010 measured another TTFT (first byte, runner's): not charted with it.
+    ttft_only = f" AND coalesce(ttft_kind, '{TTFT_DELIVERED}') = '{TTFT_DELIVERED}'" if field == "ttft_ms" else ""
     rows = session.execute(
         text(f"SELECT CAST(strftime('%s', arrival_at) AS INTEGER) / {step} * {step}, class_name, {field}"
              " FROM requests WHERE arrival_at >= :lo AND arrival_at <= :hi AND status = 'ok'"
-             f" AND {field} IS NOT NULL"),
+             f" AND {field} IS NOT NULL" + ttft_only),
         {"lo": _stored(datetime.fromtimestamp(start_s, UTC)), "hi": _stored(datetime.fromtimestamp(end_s, UTC))},
     )
     buckets: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))

@@ -172,7 +172,7 @@ def test_every_request_is_recorded_with_its_timings(serve):
     member, klass, model, status, http_status, p, c, total_ms, queue_ms, ttft_ms, tpot_ms = got[0]
     assert (member, klass, model, status, http_status, c) == ("alice", "voice", DEFAULT, "ok", 200, 6)
     assert p > 0 and total_ms > 0 and queue_ms >= 0
-    # A whole (non-streamed) answer still has a TTFT: the gateway's wait plus the runner's.
+    # A whole (non-streamed) answer has a TTFT too: its first token reaches the client with the answer.
     assert 0 < ttft_ms < total_ms and tpot_ms > 0
 
 

@@ -1,0 +1,112 @@
+"""One generation request's path through the gateway as one object: ticket, lease, record, timings, finish().
+
+Whatever happens (refused, runner lost, client gone or stalled, normal end), `finish` runs once:
+it releases the model lease and the class place (each in a `finally`, so a failing release never
+keeps the other) and queues the request's one row for the store.
+"""
+
+from __future__ import annotations
+
+import time
+
+from app.engine.api import ApiError
+from app.gateway import relay
+from app.gateway.admission import QueueFull, QueueTimeout, Ticket
+from app.gateway.context import Services
+from app.policy import ClassPolicy
+from app.store.models import TTFT_DELIVERED
+
+CLIENT_STALLED = "client_stalled"
+# A stream closed after its last chunk sat unsent this share of client_stall_s was ended by the
+# server's write timeout (the client stopped reading), not by the client going away.
+STALL_SHARE = 0.9
+
+
+class Exchange:
+    """A request from its arrival at the gateway to its row in the request log."""
+
+    def __init__(self, h: Services, record: dict, arrival_s: float):
+        self.h = h
+        self.record = record
+        self.arrival_s = arrival_s
+        self.ticket: Ticket | None = None
+        self.lease = None
+        # When the first generated token was handed to the client's connection (streamed) or the
+        # whole answer was (not streamed): the end of TTFT.
+        self.first_token_s: float | None = None
+        self._finished = False
+
+    def admit(self, policy: ClassPolicy) -> Ticket:
+        """Wait for a place in the request's class; a refusal is logged and raised as the API's 429/503."""
+        try:
+            self.ticket = self.h.admission.admit(policy)
+        except QueueFull as exc:
+            self._log(status="rejected", http_status=429, error=str(exc))
+            raise ApiError(429, str(exc), code="queue_full", err_type="rate_limit_error",
+                           headers={"Retry-After": str(exc.retry_after_s)})
+        except QueueTimeout as exc:
+            self._log(status="timeout", http_status=503, error=str(exc),
+                      queue_ms=(time.monotonic() - self.arrival_s) * 1000)
+            raise ApiError(503, str(exc), code="queue_timeout", err_type="unavailable_error")
+        self.record["queue_ms"] = self.ticket.queue_ms
+        self.record["queue_position"] = self.ticket.queue_position
+        return self.ticket
+
+    def acquire(self, model_name: str):
+        """Lease a runner for the model; a failure ends the request (place released, row logged)."""
+        try:
+            self.lease = self.h.router.acquire(model_name)
+        except ApiError as err:
+            self.finish(relay.RelayOutcome(status=err.status, error=err.message))
+            raise
+        self.record["runner"] = self.lease.url
+        return self.lease
+
+    def send(self, send, url: str, forward: dict):
+        """Send to the runner; if it cannot be reached, end the request and answer 502."""
+        try:
+            return send(url, forward)
+        except relay.RunnerUnreachable as exc:
+            self.finish(relay.RelayOutcome(status=502, error=str(exc)))
+            self.h.residency.report_failure(self.lease, str(exc))
+            raise ApiError(502, f"the runner for '{self.lease.model_name}' failed ({exc}); it will be restarted "
+                                "on the next request", code="runner_failed", err_type="server_error")
+
+    def ttft_ms(self) -> float | None:
+        """Arrival at the gateway → first generated token sent to the client, if one was."""
+        return None if self.first_token_s is None else (self.first_token_s - self.arrival_s) * 1000
+
+    def finish(self, outcome: relay.RelayOutcome, status: str | None = None) -> None:
+        """Release lease and place, report a failed runner, log the row; only the first call counts."""
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            if self.lease is not None:
+                self.lease.release()
+            if outcome.lost_mid_stream:
+                self.h.residency.report_failure(self.lease, outcome.error or "lost mid-stream")
+        finally:
+            if self.ticket is not None:
+                self.h.admission.release(self.ticket)
+        t = outcome.timings or {}
+        usage = outcome.usage or {}
+        if status is None:
+            status = "ok" if outcome.status == 200 and not outcome.error else "error"
+        ttft = self.ttft_ms()
+        self._log(
+            status=status,
+            http_status=outcome.status or 502,
+            error=outcome.error,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            ttft_ms=ttft,
+            ttft_kind=TTFT_DELIVERED if ttft is not None else None,
+            tpot_ms=t.get("tpot_ms"),
+            total_ms=(time.monotonic() - self.arrival_s) * 1000,
+            num_preemptions=t.get("num_preemptions"),
+        )
+
+    def _log(self, **fields) -> None:
+        self.h.recorder.record_request(self.record, **fields)

@@ -1,0 +1,122 @@
+"""The relay against a loopback stand-in runner: Retry-After on streamed errors, typed failure flags,
+the first token found by content, connections reused from the shared pool."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from app.gateway import relay
+from app.gateway.context import services
+from app.gateway.tokens import create_token
+from tests.helpers import dashboard_app, query, wait_until
+
+ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+TOKEN = {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}
+TOOL = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": "on"}}]}}]}
+
+
+class StandIn(BaseHTTPRequestHandler):
+    """Answers per path: /busy 503 with Retry-After, /failed 500 generation_failed, /crash 500, /stream SSE."""
+
+    protocol_version = "HTTP/1.1"
+    connections: set = set()
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        StandIn.connections.add(self.client_address)
+        if self.path.startswith("/busy/"):  # the gateway's path under a lease's URL
+            self.path = "/busy"
+        if self.path == "/stream":
+            body = b"".join(b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in (ROLE, TOKEN)) + b"data: [DONE]\n\n"
+            self._send(200, body, {"Content-Type": "text/event-stream"})
+            return
+        status, code, extra = {"/busy": (503, "queue_full", {"Retry-After": "7"}),
+                               "/failed": (500, "generation_failed", {}),
+                               "/crash": (500, None, {})}[self.path]
+        self._send(status, json.dumps({"error": {"message": "no", "code": code}}).encode(),
+                   {"Content-Type": "application/json", **extra})
+
+    def _send(self, status, body, headers):
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def standin():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    StandIn.connections = set()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    relay.close_idle()
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_streamed_error_keeps_the_runners_retry_after(standin):
+    stream, outcome = relay.open_stream(standin + "/busy", {"stream": True})
+    assert (stream.status_code, stream.retry_after) == (503, "7")
+    relay.read_summary(json.loads(stream.read()), outcome)
+    stream.close()
+    assert outcome.error_code == "queue_full"
+
+
+@pytest.mark.parametrize("path, fault", [("/failed", False), ("/crash", True), ("/busy", True)])
+def test_runner_fault_is_a_flag_from_the_error_code(standin, path, fault):
+    _, outcome = relay.post(standin + path, {})
+    assert outcome.runner_fault is fault
+
+
+def test_the_first_token_is_found_by_content_not_by_position(standin):
+    stream, outcome = relay.open_stream(standin + "/stream", {"stream": True})
+    seen = []
+    for chunk in relay.stream_chunks(stream, outcome):
+        seen.append((chunk, outcome.token_seen))
+    assert outcome.token_seen
+    assert not relay.carries_token(ROLE)
+    assert relay.carries_token(TOKEN) and relay.carries_token(TOOL)
+    assert relay.carries_token({"content": "x", "stop": False})  # llama-server's /infill stream
+
+
+def test_kept_alive_connections_are_shared_and_reused(standin):
+    for _ in range(3):
+        _, outcome = relay.post(standin + "/failed", {})
+        assert outcome.status == 500
+    assert len(StandIn.connections) == 1
+
+
+class FakeLease:
+    """A lease on the stand-in runner (what the residency manager hands the gateway)."""
+
+    def __init__(self, url: str):
+        self.url, self.node_label, self.model_name, self.released = url, "standin", "standin", 0
+
+    def release(self):
+        self.released += 1
+
+
+def test_the_gateway_passes_a_streamed_errors_retry_after_on_and_releases_once(standin, tmp_path, standin_model):
+    with dashboard_app(tmp_path, standin_model) as app:
+        h = services(app)
+        with h.sessions() as s:
+            token, _ = create_token(s, "alice", "chat")
+            s.commit()
+        lease = FakeLease(standin + "/busy")
+        h.router.acquire = lambda name: lease
+        r = app.test_client().post("/v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
+                                   json={"messages": [{"role": "user", "content": "hi"}], "stream": True})
+        assert (r.status_code, r.headers.get("Retry-After")) == (503, "7")
+        assert lease.released == 1
+        assert h.admission.snapshot()["chat"]["in_flight"] == 0
+        rows = wait_until(lambda: query(tmp_path / "data" / "hearth.db", "select status, http_status from requests"),
+                          message="the request's row")
+        assert rows == [("error", 503)]
