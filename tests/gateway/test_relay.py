@@ -70,7 +70,7 @@ def test_a_streamed_error_keeps_the_runners_retry_after(standin):
     assert outcome.error_code == "queue_full"
 
 
-@pytest.mark.parametrize("path, fault", [("/failed", False), ("/crash", True), ("/busy", True)])
+@pytest.mark.parametrize("path, fault", [("/failed", False), ("/crash", True), ("/busy", False)])
 def test_runner_fault_is_a_flag_from_the_error_code(standin, path, fault):
     _, outcome = relay.post(standin + path, {})
     assert outcome.runner_fault is fault
@@ -112,10 +112,15 @@ def test_the_gateway_passes_a_streamed_errors_retry_after_on_and_releases_once(s
             s.commit()
         lease = FakeLease(standin + "/busy")
         h.router.acquire = lambda name: lease
+        busy, failed = [], []
+        h.residency.report_busy = busy.append
+        h.residency.report_failure = lambda lease, error: failed.append(error)
         r = app.test_client().post("/v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
                                    json={"messages": [{"role": "user", "content": "hi"}], "stream": True})
         assert (r.status_code, r.headers.get("Retry-After")) == (503, "7")
         assert lease.released == 1
+        # Busy is an answer: the node is reported busy, never failed.
+        assert busy == [lease] and failed == []
         assert h.admission.snapshot()["chat"]["in_flight"] == 0
         rows = wait_until(lambda: query(tmp_path / "data" / "hearth.db", "select status, http_status from requests"),
                           message="the request's row")
