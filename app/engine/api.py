@@ -33,7 +33,6 @@ INT32_MAX = 2**31 - 1  # llama.cpp takes top_k as a C int
 UNSUPPORTED = {
     "best_of": (None, 1),
     "echo": (None, False),
-    "logit_bias": (None, {}),
 }
 
 
@@ -48,6 +47,7 @@ class ApiError(Exception):
         code: str | None = None,
         err_type: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
+        extra: dict | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -56,10 +56,13 @@ class ApiError(Exception):
         self.code = code
         self.err_type = err_type
         self.headers = headers or {}
+        # llama-server's extra fields of some error types (exceed_context_size_error: n_prompt_tokens, n_ctx).
+        self.extra = dict(extra or {})
 
     def body(self) -> dict:
         """The JSON body of the error response."""
-        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code,
+                          **self.extra}}
 
 
 class UnsupportedParameter(ValueError):
@@ -101,6 +104,10 @@ class _Body(BaseModel):
     ignore_eos: bool = False
     # llama-server's: false computes the whole prompt and leaves nothing in the prefix cache.
     cache_prompt: bool = True
+    # llama-server's name for max_tokens (-1: no limit but the context).
+    n_predict: int | None = Field(default=None, ge=-1)
+    # {token id or text: bias} (OpenAI), or llama-server's [[token id or text, bias or false], ...].
+    logit_bias: dict[str, float | bool] | list[list] | None = None
     # Hearth's extras: a stock llama-server ignores them.
     priority: int = Field(default=0, ge=-1000, le=1000)
     hearth_class: str = Field(default="default", min_length=1, max_length=64)
@@ -127,10 +134,17 @@ class _Body(BaseModel):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """The client's limit on generated tokens: max_tokens, else n_predict (None: none named)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return self.n_predict if self.n_predict is not None and self.n_predict > 0 else None
+
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         """Engine sampling settings from this body."""
         return SamplingParams(
-            max_tokens=self.max_tokens or default_max_tokens,
+            max_tokens=self.requested_max_tokens or default_max_tokens,
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
@@ -169,6 +183,35 @@ class CompletionBody(_Body):
         return tuple(f for f, used in (("fim", self.fim), ("logprobs", self.logprobs is not None)) if used)
 
 
+class NativeCompletionBody(_Body):
+    """POST /completion and /completions: llama-server's own completion request."""
+
+    # Text, token ids (text may be mixed in), several prompts, or {"prompt_string", "multimodal_data"}.
+    prompt: str | list | dict
+    n_probs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
+    post_sampling_probs: bool = False
+    return_tokens: bool = False
+    grammar: str | None = None
+    json_schema: dict | None = None
+    id_slot: int = -1
+    response_fields: list[str] | None = None
+    # llama-server streams unless told otherwise only where the client asks; same default here.
+    stream: bool = False
+
+    @field_validator("json_schema")
+    @classmethod
+    def _check_schema(cls, v):
+        if v is not None:
+            normalise_schema(v, "json_schema")
+        return v
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """What beyond plain completion this request uses (FEATURES)."""
+        return tuple(f for f, used in (("json_schema", self.json_schema is not None),
+                                       ("logprobs", self.n_probs > 0)) if used)
+
+
 class ExtraChunk(BaseModel):
     """One file of context for /infill (llama-server's input_extra)."""
 
@@ -185,19 +228,12 @@ class InfillBody(_Body):
     input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=64)
     # Text placed after the middle marker (llama-server's meaning), e.g. the start of the line.
     prompt: str = ""
-    n_predict: int | None = Field(default=None, ge=1)
+    n_probs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
 
     @property
     def features(self) -> tuple[str, ...]:
         """Always fill-in-the-middle."""
         return ("fim",)
-
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
-        """As for completions; n_predict is llama-server's max_tokens."""
-        params = super().sampling(default_max_tokens)
-        if self.n_predict is not None and self.max_tokens is None:
-            params = SamplingParams(**{**params.__dict__, "max_tokens": self.n_predict})
-        return params
 
 
 class TextPart(BaseModel):
@@ -415,12 +451,22 @@ class EmbeddingBody(BaseModel):
         return list(self.input)
 
 
+class ApplyTemplateBody(BaseModel):
+    """POST /apply-template: the messages of a chat request, rendered but not generated."""
+
+    model_config = ConfigDict(extra="ignore")
+    messages: list[Message] = Field(min_length=1)
+    add_generation_prompt: bool = True
+
+
 class TokenizeBody(BaseModel):
     """POST /tokenize (llama-server's shape)."""
 
     model_config = ConfigDict(extra="ignore")
     content: str
     add_special: bool = False
+    with_pieces: bool = False
+    parse_special: bool = True
 
 
 class DetokenizeBody(BaseModel):
