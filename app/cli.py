@@ -87,6 +87,8 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("llama-server's flags")
     g.add_argument("-ub", "--ubatch-size", dest="ubatch", type=int, default=None,
                    help="n_ubatch: tokens per physical batch (default: min(--batch, 512))")
+    g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=("on", "off", "auto"), default="auto",
+                   help="flash attention (default %(default)s: llama.cpp decides)")
     g.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="tokens to generate when a request names no limit (-1: until the context is full)")
     g.add_argument("--temp", type=float, default=None, help="sampling temperature when a request names none")
@@ -110,6 +112,8 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="only 0 is accepted: Hearth reuses shared prefixes (--prefix-cache), not shifted chunks")
     g.add_argument("-cb", "--cont-batching", dest="cont_batching", action=argparse.BooleanOptionalAction,
                    default=None, help="--no-cont-batching is --mode serial")
+    g.add_argument("--verbose", dest="runner_verbose", action="store_true",
+                   help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")
     g.add_argument("--cors-origins", default="*",
                    help="CORS origins answered (default %(default)s, as llama-server; 'localhost' for loopback only)")
 
@@ -449,7 +453,7 @@ def _runner(args) -> int:
     mode = Mode.SERIAL.value if args.cont_batching is False else args.mode
     api_keys = tuple(k.strip() for v in args.api_key for k in v.split(",") if k.strip())
     config = RunnerConfig(
-        model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch),
+        model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn),
         mode=mode,
         token_budget=args.budget,
         max_waiting=args.max_waiting,
@@ -467,6 +471,7 @@ def _runner(args) -> int:
         pooling=args.pooling,
         reranking=args.reranking,
         cors_origins=args.cors_origins,
+        verbose=args.runner_verbose,
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)

@@ -42,7 +42,7 @@ _MODEL_SOURCE_FLAGS = {
 }
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-PER_TEST_TIMEOUT_S = 180
+PER_TEST_TIMEOUT_S = 120
 
 
 def tests_dir() -> Path:
@@ -97,23 +97,44 @@ def write_wrapper(folder: Path, target: str, model: str, hearth_root: Path) -> P
     return path
 
 
-def run_target(target: str, out: Path, model: str, files: list[str], python: str, port: int,
-               hearth_root: Path = _REPO_ROOT) -> Path:
-    """Run the tests against one target; its JUnit XML and console log go to `out`."""
-    work = out / f"tests-{target}"
+def snapshot_hearth(out: Path) -> Path:
+    """A copy of this checkout's `app`, so edits made while the suite runs do not change what it measures."""
+    root = out / "hearth-src"
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(_REPO_ROOT / "app", root / "app", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(_REPO_ROOT / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+def prepare_tests(work: Path) -> None:
+    """Copy llama.cpp's tests to `work`, without their model pre-download."""
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(tests_dir(), work, ignore=shutil.ignore_patterns("tmp", "__pycache__"))
+    # The session fixture starts every preset once to download its model; the wrapper serves the local
+    # embedded model, so those starts would only cost time (minutes per file on a small box).
+    conftest = work / "conftest.py"
+    text = conftest.read_text()
+    conftest.write_text(text.replace("ServerPreset.load_all()", "pass  # peer_suite: models are local"))
+
+
+def run_target(target: str, out: Path, model: str, files: list[str], python: str, port: int,
+               hearth_root: Path = _REPO_ROOT) -> None:
+    """Run the tests against one target, one pytest per file (a stopped run keeps its finished files)."""
+    work = out / f"tests-{target}"
+    prepare_tests(work)
     wrapper = write_wrapper(out, target, model, hearth_root)
-    junit = out / f"{target}.xml"
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(wrapper), "PORT": str(port)}
     env.pop("PYTHONPATH", None)  # the tests' own utils.py must win, not Hearth's packages
-    cmd = [python, "-m", "pytest", "-m", "not slow", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-           f"--timeout={PER_TEST_TIMEOUT_S}", *[f"unit/{f}.py" for f in files]]
-    print(f"peer_suite: {target}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-    with (out / f"{target}.log").open("w") as log:
-        subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
-    return junit
+    for file in files:
+        junit = out / target / f"{file}.xml"
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [python, "-m", "pytest", "-m", "not slow", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+               f"--timeout={PER_TEST_TIMEOUT_S}", f"unit/{file}.py"]
+        print(f"peer_suite: {target}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        with (out / target / f"{file}.log").open("w") as log:
+            subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
 
 
 @dataclass(frozen=True)
@@ -124,12 +145,11 @@ class Outcome:
     reason: str = ""
 
 
-def read_junit(path: Path) -> dict[tuple[str, str], Outcome]:
-    """(file, test name) → outcome, from pytest's JUnit XML (empty when that target has not run)."""
+def read_junit(folder: Path) -> dict[tuple[str, str], Outcome]:
+    """(file, test name) → outcome, from one target's JUnit XML files (empty when it has not run)."""
     results: dict[tuple[str, str], Outcome] = {}
-    if not path.is_file():
-        return results
-    for case in ET.parse(path).getroot().iter("testcase"):
+    cases = [c for path in sorted(folder.glob("*.xml")) for c in ET.parse(path).getroot().iter("testcase")]
+    for case in cases:
         file = case.get("classname", "").split(".")[-1]
         name = case.get("name", "")
         bad = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
@@ -146,8 +166,8 @@ def read_junit(path: Path) -> dict[tuple[str, str], Outcome]:
 
 def report(out: Path, files: list[str]) -> str:
     """The per-file comparison table and the reason of every test only stock llama-server passes."""
-    stock = read_junit(out / "llama-server.xml")
-    ours = read_junit(out / "hearth.xml")
+    stock = read_junit(out / "llama-server")
+    ours = read_junit(out / "hearth")
     rows, only_stock = [], []
     totals: Counter = Counter()
     for file in files:
@@ -194,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--python", default=os.environ.get("PEER_PYTHON", sys.executable),
                      help="interpreter with the tests' requirements (pytest, requests, openai, …)")
     run.add_argument("--port", type=int, default=8480)
-    run.add_argument("--hearth-root", type=Path, default=_REPO_ROOT,
-                     help="checkout whose `app` the Hearth runs use (default: this one), e.g. a baseline")
+    run.add_argument("--hearth-root", type=Path, default=None,
+                     help="checkout whose `app` the Hearth runs use, e.g. a baseline (default: a copy of this one)")
     rep = sub.add_parser("report", help="print the comparison of the last run")
     rep.add_argument("--out", required=True)
     rep.add_argument("--files", default=",".join(FILES))
@@ -214,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         out.mkdir(parents=True, exist_ok=True)
         model = args.model or _embedded_model()
-        for i, target in enumerate(t for t in args.targets.split(",") if t):
-            run_target(target, out, model, files, args.python, args.port + 10 * i, args.hearth_root.resolve())
+        targets = [t for t in args.targets.split(",") if t]
+        root = args.hearth_root.resolve() if args.hearth_root else snapshot_hearth(out) if "hearth" in targets else None
+        for i, target in enumerate(targets):
+            run_target(target, out, model, files, args.python, args.port + 10 * i, root or _REPO_ROOT)
     text = report(out, files)
     (out / "report.txt").write_text(text + "\n")
     print(text)

@@ -331,9 +331,18 @@ class JsonSchemaFormat(BaseModel):
 class ResponseFormat(BaseModel):
     """response_format: text, JSON mode, or JSON valid against a schema."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    # llama-server's extension: json_object with a schema is json_schema.
+    schema_: dict | None = Field(default=None, alias="schema")
+
+    @field_validator("schema_")
+    @classmethod
+    def _check_schema(cls, v):
+        if v is not None:
+            normalise_schema(v, "schema")
+        return v
 
     @model_validator(mode="after")
     def _schema_given(self):
@@ -353,6 +362,16 @@ class ChatBody(_Body):
     response_format: ResponseFormat | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # llama-server's constraints beside response_format: GBNF text, or a JSON Schema.
+    grammar: str | None = None
+    json_schema: dict | None = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _check_json_schema(cls, v):
+        if v is not None:
+            normalise_schema(v, "json_schema")
+        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -77,6 +77,8 @@ class LlamaModel:
         cparams.n_batch = config.n_batch
         # Same micro-batch as llama.cpp's tools default (512), so the reference is comparable.
         cparams.n_ubatch = config.n_ubatch or min(config.n_batch, 512)
+        cparams.flash_attn_type = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                   "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[config.flash_attn]
         cparams.n_seq_max = config.n_seq_max
         # The engine asks for at most one row of logits per sequence per batch; without this the
         # compute buffer is reserved for n_batch rows × the vocabulary (512 MiB for Gemma's 262k).

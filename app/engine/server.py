@@ -124,6 +124,8 @@ class RunnerConfig:
     reranking: bool = False
     # llama-server's --cors-origins: "*" echoes any Origin (with credentials), "localhost" loopback ones only.
     cors_origins: str = "*"
+    # llama-server's --verbose: chat answers carry `__verbose` with the rendered prompt.
+    verbose: bool = False
 
     @property
     def model_name(self) -> str:
@@ -277,8 +279,11 @@ class RunnerApp:
             return getattr(self, f"on_{handler}")(req) if isinstance(handler, str) else handler(self, req)
         except ApiError as err:
             return _error(err)
-        except (NotFound, MethodNotAllowed):
+        except NotFound:
             return not_found()
+        except MethodNotAllowed as exc:
+            return _error(ApiError(405, f"{req.method} is not allowed on {req.path}", code="method_not_allowed",
+                                   headers={"Allow": ", ".join(exc.valid_methods or ())}))
         except HTTPException as exc:
             return _error(ApiError(exc.code or 500, exc.description or exc.name, err_type="invalid_request_error"))
         except Exception as exc:  # one bad request must never take the runner down
@@ -587,7 +592,7 @@ class RunnerApp:
 
     def _native_grammar(self, body: NativeCompletionBody) -> Grammar | None:
         if body.grammar:
-            return Grammar(gbnf=body.grammar, root="root")
+            return Grammar(gbnf=body.grammar, root="root", kind="grammar")
         if body.json_schema is not None:
             return schema_grammar(body.json_schema)
         return None
@@ -649,10 +654,16 @@ class RunnerApp:
         if forced:
             return calls
         rf = body.response_format
+        if rf is not None and rf.type == "json_object" and rf.schema_ is not None:
+            return schema_grammar(rf.schema_)
         if rf is not None and rf.type == "json_object":
             return json_object_grammar()
         if rf is not None and rf.type == "json_schema":
             return schema_grammar(rf.json_schema.schema_)
+        if body.grammar:
+            return Grammar(gbnf=body.grammar, root="root", kind="grammar")
+        if body.json_schema is not None:
+            return schema_grammar(body.json_schema)
         return calls
 
     def _params(self, body, n_prompt: int, grammar: Grammar | None, logprobs: int | None) -> SamplingParams:
@@ -720,6 +731,8 @@ class RunnerApp:
         except QueueFull as exc:
             raise ApiError(503, str(exc), code="queue_full", err_type="unavailable_error",
                            headers={"Retry-After": str(exc.retry_after_s)})
+        except ValueError as exc:  # a grammar llama.cpp cannot parse
+            raise ApiError(400, f"'grammar': {exc}", param="grammar", code="invalid_grammar")
         return request, params
 
     def _generate(self, req: HttpRequest, engine: Engine, body, tokens: list[int], answer: _Answer,
@@ -797,7 +810,7 @@ class RunnerApp:
             "model": self.state.config.model_name,
             "tokens_predicted": fin.stats.num_completion_tokens, "tokens_evaluated": fin.stats.num_prompt_tokens,
             "generation_settings": self.generation_settings(params, n_probs=params.logprobs or 0, stream=stream),
-            "prompt": b"".join(self.state.model.token_bytes(t) for t in request.prompt_tokens).decode("utf-8", "replace"),
+            "prompt": self._detokenize(request.prompt_tokens),
             "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type, "stopping_word": word,
             "tokens_cached": fin.stats.num_prompt_tokens + fin.stats.num_completion_tokens,
             "timings": self._timings(fin),
@@ -848,11 +861,17 @@ class RunnerApp:
             choice = {"index": 0, "text": text, "logprobs": _completion_logprobs(logprobs) if answer.logprobs else None,
                       "finish_reason": finish}
             obj = "text_completion"
-        return _json({
+        out = {
             "id": rid, "object": obj, "created": created, "model": model_name,
             "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": [choice], "usage": self._usage(fin), "timings": self._timings(fin),
-        })
+        }
+        if self.state.config.verbose:
+            out["__verbose"] = {"prompt": self._detokenize(request.prompt_tokens), "content": text}
+        return _json(out)
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.state.model.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
     def _stream(self, environ, engine, request, params, body, rid, answer: _Answer) -> Iterator[bytes]:
         created = int(time.time())
@@ -869,7 +888,7 @@ class RunnerApp:
             if chat:
                 delta = {}
                 if role:
-                    delta["role"] = "assistant"
+                    delta = {"role": "assistant", "content": None}
                 if delta_text is not None:
                     delta["content"] = delta_text
                 if tool_calls is not None:
@@ -890,8 +909,8 @@ class RunnerApp:
         num_sent = 0  # generated tokens whose ids went out (return_tokens)
         slot = -1  # the slot it runs in (the engine clears request.slot when it is released)
         if chat:
-            # llama-server's first chunk: the role alone, no content.
-            yield chunk(None, None, role=True)
+            # llama-server's first chunk: the role, content null.
+            yield chunk(None, None, role=True, extra=None)
         for ev in self._events(environ, engine, request):
             if request.slot is not None:
                 slot = request.slot

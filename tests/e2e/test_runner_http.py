@@ -310,3 +310,52 @@ def test_a_runner_without_the_prefix_cache_says_so(start_runner):
     runner = start_runner("--ctx", "1024", "--parallel", "1", "--no-prefix-cache")
     props = runner.client.get("/props").json()["prefix_cache"]
     assert props["enabled"] is False and "setting" in props["note"]
+
+
+def test_native_completion_honours_n_predict_and_llama_servers_fields(runner):
+    r = runner.client.post("/completion", json={"prompt": "Once upon a time", "n_predict": 5, "temperature": 0,
+                                                "return_tokens": True, "n_probs": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens_predicted"] == 5 and body["timings"]["predicted_n"] == 5 and len(body["tokens"]) == 5
+    assert body["stop"] is True and body["stop_type"] == "limit"
+    assert body["generation_settings"]["n_predict"] == 5
+    probs = body["completion_probabilities"]
+    assert len(probs) == 5 and all(len(p["top_logprobs"]) == 3 and p["logprob"] <= 0 for p in probs)
+    assert [p["id"] for p in probs] == body["tokens"]
+    # The same request streamed gives the same text in pieces, then a last object with stop set.
+    with runner.client.stream("POST", "/completion", json={"prompt": "Once upon a time", "n_predict": 5,
+                                                           "temperature": 0, "stream": True}) as resp:
+        events = sse_events(resp)
+    assert "".join(e["content"] for e in events) == body["content"]
+    assert events[-1]["stop"] is True and all(e["stop"] is False for e in events[:-1])
+
+
+def test_native_completion_with_a_grammar_and_several_prompts(runner):
+    r = runner.client.post("/completion", json={"prompt": "Say a:", "grammar": 'root ::= "a"{3}', "n_predict": 8})
+    assert r.status_code == 200 and r.json()["content"] == "aaa"
+    bad = runner.client.post("/completion", json={"prompt": "x", "grammar": "root ::= (not gbnf", "n_predict": 2})
+    assert bad.status_code == 400
+    many = runner.client.post("/completion", json={"prompt": ["Hello", "Goodbye"], "n_predict": 2, "temperature": 0})
+    assert many.status_code == 200 and [b["index"] for b in many.json()] == [0, 1]
+
+
+def test_apply_template_tokenize_pieces_and_context_overflow(runner):
+    prompt = runner.client.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert prompt["prompt"].endswith("<start_of_turn>model\n") and "Hi" in prompt["prompt"]
+    pieces = runner.client.post("/tokenize", json={"content": "Hello world", "with_pieces": True}).json()["tokens"]
+    assert "".join(p["piece"] for p in pieces) == "Hello world"
+    r = runner.client.post("/completion", json={"prompt": "word " * 3000, "n_predict": 2})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
+    assert err["n_ctx"] == 2048 and err["n_prompt_tokens"] > 2048
+
+
+def test_chat_stream_starts_with_the_role_alone_and_carries_a_fingerprint(runner):
+    with runner.client.stream("POST", "/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True,
+    }) as resp:
+        events = sse_events(resp)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert all(e["choices"][0]["delta"].get("content") != "" for e in events[1:-1] if e["choices"])
+    assert all(e["system_fingerprint"].startswith("b") for e in events[:-1])
