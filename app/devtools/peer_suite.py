@@ -38,11 +38,11 @@ FILES = (
 # wrapper drops them and passes the embedded model instead.
 _MODEL_SOURCE_FLAGS = {
     "--hf-repo": 1, "-hf": 1, "--hf-file": 1, "-hff": 1, "--model-url": 1, "-mu": 1, "--model": 1, "-m": 1,
-    "--mmproj-url": 1, "--offline": 0, "--no-mmproj": 0, "--no-ui": 0, "--tags": 1,
+    "--mmproj-url": 1, "--offline": 0, "--no-mmproj": 0, "--no-ui": 0,
 }
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-PER_TEST_TIMEOUT_S = 120
+PER_TEST_TIMEOUT_S = 90
 
 
 def tests_dir() -> Path:

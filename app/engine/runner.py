@@ -79,7 +79,8 @@ class RunnerServer(BaseApplication):
 
     def __init__(self, config: RunnerConfig, host: str, port: int, http_threads: int, parent_pid: int | None = None):
         self.config = config
-        self.bind = f"{host}:{port}"
+        # llama-server takes several comma-separated addresses; gunicorn listens on each.
+        self.bind = [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in (x.strip() for x in host.split(",")) if h]
         self.http_threads = http_threads
         self.parent_pid = parent_pid
         super().__init__()

@@ -126,11 +126,18 @@ class RunnerConfig:
     cors_origins: str = "*"
     # llama-server's --verbose: chat answers carry `__verbose` with the rendered prompt.
     verbose: bool = False
+    # llama-server's --tags: listed on /models.
+    tags: tuple[str, ...] = ()
 
     @property
     def model_name(self) -> str:
-        """The name clients see in responses."""
-        return self.alias or Path(self.model.path).name
+        """The name clients see in responses (of several comma-separated aliases, the first in order, as llama-server)."""
+        return min(self.aliases) if self.aliases else Path(self.model.path).name
+
+    @property
+    def aliases(self) -> list[str]:
+        """The names given with --alias (llama-server takes several, comma-separated)."""
+        return [a.strip() for a in (self.alias or "").split(",") if a.strip()]
 
 
 class RunnerState:
@@ -339,10 +346,9 @@ class RunnerApp:
             raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
         engine = self._ready()
         n_ctx = self.state.model.n_ctx
-        settings = self.generation_settings(None)
-        # llama-server's fields (id, n_ctx, is_processing, params, id_task) beside Hearth's own.
-        return _json([{**slot, "n_ctx": n_ctx, "id_task": slot["request_id"] if slot["is_processing"] else -1,
-                       "params": settings} for slot in engine.snapshot().slots])
+        # llama-server's fields (id, n_ctx, is_processing, id_task) beside Hearth's own.
+        return _json([{**slot, "n_ctx": n_ctx, "id_task": slot["request_id"] if slot["is_processing"] else -1}
+                      for slot in engine.snapshot().slots])
 
     def on_metrics(self, req):
         if not self.state.config.metrics:
@@ -410,8 +416,10 @@ class RunnerApp:
         })
 
     def on_models(self, req):
+        cfg = self.state.config
         return _json({"object": "list", "data": [
-            {"id": self.state.config.model_name, "object": "model", "owned_by": "hearth", "created": 0}
+            {"id": cfg.model_name, "object": "model", "owned_by": "hearth", "created": 0,
+             "aliases": cfg.aliases or [cfg.model_name], "tags": list(cfg.tags)}
         ]})
 
     def on_tokenize(self, req):
