@@ -107,23 +107,26 @@ def snapshot_hearth(out: Path) -> Path:
     return root
 
 
-def prepare_tests(work: Path) -> None:
-    """Copy llama.cpp's tests to `work`, without their model pre-download."""
-    if work.exists():
-        shutil.rmtree(work)
+def prepare_tests(tree: Path) -> Path:
+    """Copy llama.cpp's tests under `tree` at their place in llama.cpp, without their model pre-download."""
+    if tree.exists():
+        shutil.rmtree(tree)
+    work = tree / "tools" / "server" / "tests"
     shutil.copytree(tests_dir(), work, ignore=shutil.ignore_patterns("tmp", "__pycache__"))
+    # The tests read chat templates as ../../../models/templates/*.jinja: the tree's models folder.
+    (tree / "models").symlink_to(tests_dir().parents[2] / "models")
     # The session fixture starts every preset once to download its model; the wrapper serves the local
     # embedded model, so those starts would only cost time (minutes per file on a small box).
     conftest = work / "conftest.py"
     text = conftest.read_text()
     conftest.write_text(text.replace("ServerPreset.load_all()", "pass  # peer_suite: models are local"))
+    return work
 
 
 def run_target(target: str, out: Path, model: str, files: list[str], python: str, port: int,
                hearth_root: Path = _REPO_ROOT) -> None:
     """Run the tests against one target, one pytest per file (a stopped run keeps its finished files)."""
-    work = out / f"tests-{target}"
-    prepare_tests(work)
+    work = prepare_tests(out / f"tree-{target}")
     wrapper = write_wrapper(out, target, model, hearth_root)
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(wrapper), "PORT": str(port)}
     env.pop("PYTHONPATH", None)  # the tests' own utils.py must win, not Hearth's packages
