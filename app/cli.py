@@ -112,6 +112,8 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="only 0 is accepted: Hearth reuses shared prefixes (--prefix-cache), not shifted chunks")
     g.add_argument("-cb", "--cont-batching", dest="cont_batching", action=argparse.BooleanOptionalAction,
                    default=None, help="--no-cont-batching is --mode serial")
+    g.add_argument("--reasoning", choices=("on", "off", "auto"), default="auto",
+                   help="thinking in templates that have it: on/off set enable_thinking (default %(default)s)")
     g.add_argument("--tags", default="", help="comma-separated tags listed on /models")
     g.add_argument("--verbose", dest="runner_verbose", action="store_true",
                    help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")
@@ -474,6 +476,7 @@ def _runner(args) -> int:
         cors_origins=args.cors_origins,
         verbose=args.runner_verbose,
         tags=tuple(t.strip() for t in args.tags.split(",") if t.strip()),
+        reasoning=args.reasoning,
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)

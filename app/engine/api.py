@@ -365,6 +365,8 @@ class ChatBody(_Body):
     # llama-server's constraints beside response_format: GBNF text, or a JSON Schema.
     grammar: str | None = None
     json_schema: dict | None = None
+    # Extra template variables (e.g. enable_thinking), as llama-server and vLLM take them.
+    chat_template_kwargs: dict | None = None
 
     @field_validator("json_schema")
     @classmethod
@@ -476,6 +478,8 @@ class ApplyTemplateBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     messages: list[Message] = Field(min_length=1)
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    chat_template_kwargs: dict | None = None
 
 
 class TokenizeBody(BaseModel):

@@ -217,6 +217,11 @@ class LlamaModel:
             n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece_buf, -n, 0, special)
         return self._piece_buf.raw[:n]
 
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """The end-of-generation tokens (EOS, end of turn, …)."""
+        return tuple(self._eog_tokens)
+
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes a generated token stands for (may be part of a UTF-8 character)."""
         return self._piece(token, special=False)

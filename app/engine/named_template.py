@@ -53,7 +53,7 @@ class NamedTemplate:
         self.eos_token = eos_token
         self.origin = f"llama.cpp:{name}"
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools=None, **_) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools=None, kwargs=None) -> str:
         """The prompt text of these messages (tools are described in the messages by the caller)."""
         normal = [{**m, "role": "system" if m.get("role") == "developer" else m.get("role")} for m in messages]
         text = _apply(self.name, normal, add_generation_prompt)

@@ -126,6 +126,8 @@ class RunnerConfig:
     cors_origins: str = "*"
     # llama-server's --verbose: chat answers carry `__verbose` with the rendered prompt.
     verbose: bool = False
+    # llama-server's --reasoning: "on"/"off" set the templates' enable_thinking; "auto" leaves it to them.
+    reasoning: str = "auto"
     # llama-server's --tags: listed on /models.
     tags: tuple[str, ...] = ()
 
@@ -376,11 +378,18 @@ class RunnerApp:
             "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9,
             "max_tokens": params.max_tokens, "n_predict": params.max_tokens, "n_keep": 0, "n_discard": 0,
             "ignore_eos": params.ignore_eos, "stream": stream, "n_probs": n_probs, "min_keep": 0,
-            "stop": list(params.stop), "logit_bias": [{"bias": b, "token": t} for t, b in params.logit_bias],
+            "stop": list(params.stop), "logit_bias": self._bias_list(params),
             "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
             "grammar": params.grammar.gbnf if params.grammar is not None else "",
             "post_sampling_probs": False, "timings_per_token": False,
         }
+
+    def _bias_list(self, params: SamplingParams) -> list[dict]:
+        """llama-server's logit_bias list: ignore_eos shows as the end-of-generation tokens at -inf (null)."""
+        biases = dict(params.logit_bias)
+        if params.ignore_eos:
+            biases.update({t: -math.inf for t in getattr(self.state.model, "eog_tokens", ())})
+        return [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in biases.items()]
 
     def on_props(self, req):
         engine = self._ready()
@@ -443,16 +452,22 @@ class RunnerApp:
         body = self._parse(req, ApplyTemplateBody)
         self._ready()
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        return _json({"prompt": self._render(messages, body.add_generation_prompt, None)})
+        tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
+        return _json({"prompt": self._render(messages, body.add_generation_prompt, tools, body.chat_template_kwargs)})
 
     def on_chat_input_tokens(self, req):
         body = self._parse(req, ChatBody)
         self._ready()
         return _json({"input_tokens": len(self._chat_tokens(body)[0])})
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
+                kwargs: dict | None = None) -> str:
+        cfg = self.state.config
+        # --reasoning on/off is the templates' enable_thinking; a request's own kwargs win.
+        defaults = {} if cfg.reasoning == "auto" else {"enable_thinking": cfg.reasoning == "on"}
         try:
-            return self.state.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+            return self.state.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                              kwargs={**defaults, **(kwargs or {})})
         except ChatTemplateError as exc:
             raise ApiError(400, f"'messages': {exc}", param="messages", code="chat_template")
 
@@ -636,7 +651,7 @@ class RunnerApp:
         fmt = state.tool_format
         messages = toolfmt.prepare_messages(messages, fmt, tools, body.choice, body.parallel_tool_calls)
         native_tools = tools if tools and fmt != toolfmt.GENERIC else None
-        text = self._render(messages, True, native_tools)
+        text = self._render(messages, True, native_tools, body.chat_template_kwargs)
         text, _ = strip_leading_bos(text, state.template.bos_token)
         return state.model.tokenize(text, add_special=True, parse_special=True), tools
 
