@@ -18,6 +18,7 @@ from app.engine.grammar import UnsupportedSchema, normalise_schema
 from app.engine.request import SamplingParams
 
 MAX_STOP_STRINGS = 8
+MAX_CHOICES = 8  # `n`: each choice is a sequence of its own, generated side by side
 MAX_TOP_LOGPROBS = 20
 MAX_TOOLS = 128
 # What a request can use beyond plain generation: recorded per request, counted per class on /metrics.
@@ -100,7 +101,7 @@ class _Body(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1, description="only one choice per request is supported")
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES, description=f"choices per request (at most {MAX_CHOICES})")
     ignore_eos: bool = False
     # llama-server's: false computes the whole prompt and leaves nothing in the prefix cache.
     cache_prompt: bool = True
@@ -367,6 +368,9 @@ class ChatBody(_Body):
     json_schema: dict | None = None
     # Extra template variables (e.g. enable_thinking), as llama-server and vLLM take them.
     chat_template_kwargs: dict | None = None
+    # A final assistant message is continued, not answered (llama-server's prefill, vLLM's names).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     @field_validator("json_schema")
     @classmethod
@@ -399,7 +403,15 @@ class ChatBody(_Body):
             raise BodyProblem("tool_choice", "'tool_choice': 'required' needs at least one tool in 'tools'")
         if len(set(names)) != len(names):
             raise BodyProblem("tools", "'tools': function names must be unique")
+        if self.continue_final_message and self.add_generation_prompt and "add_generation_prompt" in self.model_fields_set:
+            raise BodyProblem("continue_final_message", "'continue_final_message' and 'add_generation_prompt' "
+                                                        "cannot both be true")
         return self
+
+    @property
+    def prefill(self) -> bool:
+        """Whether the final assistant message is continued (llama-server does so by default)."""
+        return self.messages[-1].role == "assistant" and (self.continue_final_message or self.add_generation_prompt)
 
     @property
     def tool_list(self) -> list[dict]:
@@ -562,7 +574,7 @@ def validation_error(exc: ValidationError) -> ApiError:
     elif first["type"] == "literal_error" and loc.endswith("role"):
         message = f"'{loc}': unknown role; use one of system, developer, user, assistant, tool"
     elif loc == "n":
-        message = f"'n': {msg}; only one choice per request is supported"
+        message = f"'n': {msg}; at most {MAX_CHOICES} choices per request"
     else:
         message = f"'{loc}': {msg}"
     return ApiError(400, message, param=loc or None)

@@ -651,9 +651,21 @@ class RunnerApp:
         fmt = state.tool_format
         messages = toolfmt.prepare_messages(messages, fmt, tools, body.choice, body.parallel_tool_calls)
         native_tools = tools if tools and fmt != toolfmt.GENERIC else None
-        text = self._render(messages, True, native_tools, body.chat_template_kwargs)
+        if body.prefill and not tools:
+            text = self._continue_final(messages, native_tools, body.chat_template_kwargs)
+        else:
+            text = self._render(messages, body.add_generation_prompt, native_tools, body.chat_template_kwargs)
         text, _ = strip_leading_bos(text, state.template.bos_token)
         return state.model.tokenize(text, add_special=True, parse_special=True), tools
+
+    def _continue_final(self, messages: list[dict], tools, kwargs) -> str:
+        """The prompt that continues the final assistant message: rendered, then cut after its text."""
+        text = self._render(messages, False, tools, kwargs)
+        content = messages[-1].get("content")
+        if isinstance(content, list):
+            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+        cut = text.rfind(content.rstrip()) if content and content.strip() else -1
+        return text[: cut + len(content.rstrip())] if cut >= 0 else text
 
     def on_chat(self, req):
         body = self._parse(req, ChatBody)
@@ -760,10 +772,13 @@ class RunnerApp:
 
     def _generate(self, req: HttpRequest, engine: Engine, body, tokens: list[int], answer: _Answer,
                   grammar: Grammar | None = None, logprobs: int | None = None):
-        request, params = self._submit(engine, body, tokens, grammar, logprobs, answer.kind == CHAT)
         rid = ("chatcmpl-" if answer.kind == CHAT else "cmpl-") + uuid.uuid4().hex[:24]
         if logprobs is not None:
             answer = dataclasses.replace(answer, logprobs=True)
+        n = getattr(body, "n", 1)
+        if n > 1 and answer.kind != NATIVE:
+            return self._several(req, engine, body, tokens, answer, grammar, logprobs, rid, n)
+        request, params = self._submit(engine, body, tokens, grammar, logprobs, answer.kind == CHAT)
         if body.stream:
             return Response(
                 self._stream(req.environ, engine, request, params, body, rid, answer),
@@ -771,6 +786,33 @@ class RunnerApp:
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         return self._complete(req.environ, engine, request, params, rid, answer)
+
+    def _several(self, req, engine, body, tokens, answer, grammar, logprobs, rid, n: int) -> Response:
+        """OpenAI's `n`: as many sequences of the same prompt, generated side by side, one choice each."""
+        if body.stream:
+            raise ApiError(400, "'n': several choices cannot be streamed; send one request per choice", param="n")
+        submitted = []
+        try:
+            for _ in range(n):
+                submitted.append(self._submit(engine, body, tokens, grammar, logprobs, answer.kind == CHAT))
+        except ApiError:
+            for request, _ in submitted:
+                engine.cancel(request)
+            raise
+        bodies = []
+        for i, (request, params) in enumerate(submitted):
+            resp = self._complete(req.environ, engine, request, params, rid, answer)
+            if resp.status_code != 200:
+                for other, _ in submitted[i + 1:]:
+                    engine.cancel(other)
+                return resp
+            bodies.append(json.loads(resp.get_data()))
+        out = bodies[0]
+        out["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+        completion = sum(b["usage"]["completion_tokens"] for b in bodies)
+        out["usage"] = {**out["usage"], "completion_tokens": completion,
+                        "total_tokens": out["usage"]["prompt_tokens"] + completion}
+        return _json(out)
 
     def _events(self, environ, engine: Engine, request: Request) -> Iterator[Delta | Finished]:
         """The request's events; cancels it when the client goes away."""

@@ -115,7 +115,7 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": "lots"}', 400, "max_tokens", "integer"),
     ("/v1/completions", b'{"prompt": "hi", "temperature": 3}', 400, "temperature", "less than or equal to 2"),
     ("/v1/completions", b'{"prompt": "hi", "top_p": 0}', 400, "top_p", "greater than 0"),
-    ("/v1/completions", b'{"prompt": "hi", "n": 2}', 400, "n", "less than or equal to 1"),
+    ("/v1/completions", b'{"prompt": "hi", "n": 9}', 400, "n", "less than or equal to 8"),
     ("/v1/completions", b'{"prompt": [1, 99999999]}', 400, "prompt", "outside the vocabulary"),
     ("/v1/completions", b'{"prompt": "hi", "stop": 5}', 400, "stop", "stop"),
     ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, None, "UTF-8"),
