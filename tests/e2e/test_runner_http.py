@@ -359,3 +359,25 @@ def test_chat_stream_starts_with_the_role_alone_and_carries_a_fingerprint(runner
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert all(e["choices"][0]["delta"].get("content") != "" for e in events[1:-1] if e["choices"])
     assert all(e["system_fingerprint"].startswith("b") for e in events[:-1])
+
+
+def test_several_choices_and_a_continued_assistant_message(runner):
+    r = runner.client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "n": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert body["usage"]["completion_tokens"] == 6
+    turns = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+
+    def count(**extra) -> int:
+        resp = runner.client.post("/chat/completions/input_tokens", json={"messages": turns, **extra})
+        assert resp.status_code == 200, resp.text
+        return resp.json()["input_tokens"]
+
+    # Continued: the prompt stops inside the assistant's turn, before its end-of-turn marker.
+    assert count() == count(continue_final_message=True, add_generation_prompt=False)
+    assert count() < count(add_generation_prompt=False)
+    both = runner.client.post("/v1/chat/completions", json={"messages": turns, "continue_final_message": True,
+                                                             "add_generation_prompt": True})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
