@@ -453,6 +453,8 @@ def _runner(args) -> int:
             template = Path(args.chat_template_file).read_text()
         except OSError as exc:
             raise SystemExit(f"hearth runner: cannot read --chat-template-file: {exc}")
+    if args.runner_verbose:
+        logging.getLogger().setLevel(logging.INFO)
     mode = Mode.SERIAL.value if args.cont_batching is False else args.mode
     api_keys = tuple(k.strip() for v in args.api_key for k in v.split(",") if k.strip())
     config = RunnerConfig(
