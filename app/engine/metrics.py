@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from app.engine.engine import Engine
 from app.engine.request import RequestStats
@@ -45,7 +45,10 @@ class _EngineCollector:
             "llamacpp:tokens_predicted_seconds", "Total time spent generating tokens", c.tokens_predicted_seconds_total
         )
         yield counter("llamacpp:n_decode", "Total number of llama_decode() calls", c.decode_calls_total)
-        yield counter("llamacpp:n_tokens_max", "Largest observed n_tokens", self.n_tokens_max)
+        # llama-server exports this counter without the _total suffix that CounterMetricFamily would add.
+        peak = Metric("llamacpp:n_tokens_max", "Largest observed n_tokens", "counter")
+        peak.add_sample("llamacpp:n_tokens_max", {}, self.n_tokens_max)
+        yield peak
         # Hearth has no speculative decoding: llama-server's counters, always zero, so dashboards find them.
         yield counter("llamacpp:spec_decode_num_draft_tokens", "Draft tokens proposed (no speculative decoding)", 0)
         yield counter("llamacpp:spec_decode_num_accepted_tokens", "Draft tokens accepted (no speculative decoding)", 0)
@@ -129,4 +132,5 @@ class RunnerMetrics:
 
     def render(self) -> bytes:
         """Prometheus text exposition."""
-        return generate_latest(self.registry)
+        # prometheus_client names a counter's HELP/TYPE lines with _total; llama-server's n_tokens_max has none.
+        return generate_latest(self.registry).replace(b"llamacpp:n_tokens_max_total ", b"llamacpp:n_tokens_max ")

@@ -853,8 +853,10 @@ class RunnerApp:
         # The first token comes with the prompt's last batch: the generation rate is over the steps after it.
         steps = max(0, predicted_n - 1)
         predicted_ms = (s.tpot_ms or 0.0) * steps
+        # Numbers only, none null (llama-server's timings are all finite numbers; clients sum and compare them).
+        own = {k: v for k, v in s.as_dict().items() if isinstance(v, int | float) and not isinstance(v, bool)}
         return {
-            **s.as_dict(), "cache_n": s.num_cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            **own, "cache_n": s.num_cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
             "predicted_n": predicted_n, "predicted_ms": predicted_ms,
