@@ -932,6 +932,7 @@ class RunnerApp:
             "id": rid, "object": obj, "created": created, "model": model_name,
             "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": [choice], "usage": self._usage(fin), "timings": self._timings(fin),
+            "hearth_class": fin.stats.class_name,  # the class the runner applied (timings hold numbers only)
         }
         if self.state.config.verbose:
             out["__verbose"] = {"prompt": self._detokenize(request.prompt_tokens), "content": text}
@@ -1024,7 +1025,8 @@ class RunnerApp:
                     if parsed.calls:
                         finish = "tool_calls"
                 usage = self._usage(ev)
-                yield chunk(None if chat else "", finish, extra={"usage": usage, "timings": self._timings(ev)},
+                yield chunk(None if chat else "", finish, extra={"usage": usage, "timings": self._timings(ev),
+                                                                 "hearth_class": ev.stats.class_name},
                             logprobs=pending or None)
                 if body.include_usage:
                     payload = {"id": rid, "object": obj, "created": created, "model": model_name,
