@@ -2,7 +2,10 @@
 # Runs llama.cpp's own server tests (not slow) against `hearth runner` and against stock
 # llama-server built from the same llama.cpp tree, both on the embedded Gemma 3 270M, and prints
 # per test file: total, both pass, llama-server only, both fail, Hearth only — with Hearth's
-# failure for every test that only llama-server passes. Not part of CI: it takes ~20 minutes.
+# failure for every test that only llama-server passes. Not part of CI: about 280 tests, each
+# starting its own server, so ~20 minutes on an idle box and hours on a busy 2-core one. One pytest
+# runs per file, so a stopped run keeps its finished files; `python -m app.devtools.peer_suite
+# report --out OUT_DIR` prints the table of what has finished.
 #
 # Usage: scripts/peer_suite.sh [OUT_DIR] [extra args of `python -m app.devtools.peer_suite run`]
 #   e.g. scripts/peer_suite.sh /tmp/peer --targets hearth      (rerun Hearth, keep the stock result)
