@@ -113,7 +113,7 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-cb", "--cont-batching", dest="cont_batching", action=argparse.BooleanOptionalAction,
                    default=None, help="--no-cont-batching is --mode serial")
     g.add_argument("--reasoning", choices=("on", "off", "auto"), default="auto",
-                   help="thinking in templates that have it: on/off set enable_thinking (default %(default)s)")
+                   help="thinking in templates that have it: off sets enable_thinking false (default %(default)s: on)")
     g.add_argument("--tags", default="", help="comma-separated tags listed on /models")
     g.add_argument("--verbose", dest="runner_verbose", action="store_true",
                    help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")

@@ -463,8 +463,9 @@ class RunnerApp:
     def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
                 kwargs: dict | None = None) -> str:
         cfg = self.state.config
-        # --reasoning on/off is the templates' enable_thinking; a request's own kwargs win.
-        defaults = {} if cfg.reasoning == "auto" else {"enable_thinking": cfg.reasoning == "on"}
+        # As llama.cpp renders templates: thinking on unless --reasoning off, today's date_string (Llama 3.x
+        # templates print it); a request's own chat_template_kwargs win.
+        defaults = {"enable_thinking": cfg.reasoning != "off", "date_string": time.strftime("%d %b %Y")}
         try:
             return self.state.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                               kwargs={**defaults, **(kwargs or {})})
