@@ -64,15 +64,61 @@ def _modes(text: str) -> list[str]:
 
 
 def _add_model_args(p: argparse.ArgumentParser, ctx: int, parallel: int) -> None:
-    p.add_argument("--model", help="GGUF file (default: the embedded Gemma 3 270M Q4_K_M)")
-    p.add_argument("--ctx", type=int, default=ctx, help="KV cache cells shared by all sequences (default %(default)s)")
-    p.add_argument("--parallel", type=int, default=parallel, help="sequence slots (default %(default)s)")
-    p.add_argument("--batch", type=int, default=512, help="n_batch: max tokens per llama_decode (default %(default)s)")
+    # The short and long spellings after Hearth's own are llama-server's, so its command lines work here.
+    p.add_argument("--model", "-m", help="GGUF file (default: the embedded Gemma 3 270M Q4_K_M)")
+    p.add_argument("--ctx", "-c", "--ctx-size", dest="ctx", type=int, default=ctx,
+                   help="KV cache cells shared by all sequences (default %(default)s)")
+    p.add_argument("--parallel", "-np", type=int, default=parallel, help="sequence slots (default %(default)s)")
+    p.add_argument("--batch", "-b", "--batch-size", dest="batch", type=int, default=512,
+                   help="n_batch: max tokens per llama_decode (default %(default)s)")
     p.add_argument("--budget", type=int, default=None, help="tokens per iteration (default: --batch)")
-    p.add_argument("--threads", type=int, default=usable_cores(), help="CPU threads (default %(default)s)")
-    p.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (default %(default)s)")
+    p.add_argument("--threads", "-t", type=int, default=usable_cores(), help="CPU threads (default %(default)s)")
+    p.add_argument("--gpu-layers", "-ngl", "--n-gpu-layers", dest="gpu_layers", type=int, default=0,
+                   help="layers offloaded to the GPU (default %(default)s)")
     p.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
                    help="llama.cpp weight repacking (default: off on CPUs with AMX, on elsewhere)")
+
+
+POOLINGS = ("none", "mean", "cls", "last", "rank")
+
+
+def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
+    """llama-server's flags that `hearth runner` honours, so it can stand in for the binary."""
+    g = p.add_argument_group("llama-server's flags")
+    g.add_argument("-ub", "--ubatch-size", dest="ubatch", type=int, default=None,
+                   help="n_ubatch: tokens per physical batch (default: min(--batch, 512))")
+    g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=("on", "off", "auto"), default="auto",
+                   help="flash attention (default %(default)s: llama.cpp decides)")
+    g.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
+                   help="tokens to generate when a request names no limit (-1: until the context is full)")
+    g.add_argument("--temp", type=float, default=None, help="sampling temperature when a request names none")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed when a request names none (-1: random)")
+    g.add_argument("--api-key", action="append", default=[],
+                   help="API key(s) clients must send as a bearer token or X-Api-Key (comma-separated or repeated)")
+    g.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve /metrics (default: on, unlike llama-server: the gateway routes by it)")
+    g.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True, help="serve /slots (default: on)")
+    g.add_argument("--jinja", action=argparse.BooleanOptionalAction, default=True,
+                   help="accepted for llama-server's command lines: Hearth always renders Jinja chat templates")
+    g.add_argument("--chat-template", help="Jinja chat template text, instead of the model's own")
+    g.add_argument("--chat-template-file", help="file with a Jinja chat template, instead of the model's own")
+    g.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
+                   help="embedding mode: /v1/embeddings and /embeddings")
+    g.add_argument("--pooling", choices=POOLINGS, default=None, help="embedding pooling (default: the model's)")
+    g.add_argument("--reranking", "--rerank", dest="reranking", action="store_true", help="reranking mode: /rerank")
+    g.add_argument("-kvu", "--kv-unified", action="store_true",
+                   help="accepted for llama-server's command lines: Hearth's KV cache is always unified")
+    g.add_argument("--cache-reuse", type=int, default=0,
+                   help="only 0 is accepted: Hearth reuses shared prefixes (--prefix-cache), not shifted chunks")
+    g.add_argument("-cb", "--cont-batching", dest="cont_batching", action=argparse.BooleanOptionalAction,
+                   default=None, help="--no-cont-batching is --mode serial")
+    g.add_argument("--reasoning", choices=("on", "off", "auto"), default="auto",
+                   help="thinking in templates that have it: off sets enable_thinking false (default %(default)s: on)")
+    g.add_argument("--tags", default="", help="comma-separated tags listed on /models")
+    g.add_argument("--verbose", dest="runner_verbose", action="store_true",
+                   help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")
+    g.add_argument("--cors-origins", default="*",
+                   help="CORS origins answered (default %(default)s, as llama-server; 'localhost' for loopback only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="more logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    runner = sub.add_parser("runner", help="serve one model over loopback HTTP (llama-server's protocol)")
+    # No abbreviations: llama-server's flags are matched whole, so an unknown one is refused, never guessed.
+    runner = sub.add_parser("runner", help="serve one model over loopback HTTP (llama-server's protocol)",
+                            allow_abbrev=False)
     _add_model_args(runner, ctx=4096, parallel=4)
     runner.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.CONTINUOUS.value)
     runner.add_argument("--host", default="127.0.0.1", help="bind address (default %(default)s: loopback)")
@@ -89,9 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--max-waiting", type=int, default=64, help="queue length before 503 (default %(default)s)")
     runner.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV cells of shared prompt prefixes (default: on)")
-    runner.add_argument("--alias", help="model name reported to clients (default: file name)")
+    runner.add_argument("-a", "--alias", help="model name reported to clients (default: file name)")
     runner.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process is gone (set by `hearth serve` for its runners)")
+    _add_llama_server_args(runner)
 
     bench = sub.add_parser("bench", help="benchmarks that print figures and write JSON")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -430,18 +479,58 @@ def _token(args) -> int:
 
 
 def _runner(args) -> int:
+    from app.engine.named_template import NamedTemplate, is_template_name
     from app.engine.runner import serve
     from app.engine.server import RunnerConfig
 
     if args.parallel < 1 or args.ctx < 16 or args.batch < args.parallel:
         raise SystemExit("hearth runner: need --parallel ≥ 1, --ctx ≥ 16 and --batch ≥ --parallel")
+    if args.cache_reuse:
+        raise SystemExit("hearth runner: --cache-reuse is not supported (Hearth shares prompt prefixes through "
+                         "its prefix cache, --prefix-cache, but does not shift reused chunks); drop the flag")
+    if args.ubatch is not None and not 1 <= args.ubatch <= args.batch:
+        raise SystemExit("hearth runner: need 1 ≤ --ubatch-size ≤ --batch-size")
+    if args.n_predict == 0 or args.n_predict < -1:
+        raise SystemExit("hearth runner: --n-predict must be -1 (no limit) or a positive number of tokens")
+    if args.chat_template and args.chat_template_file:
+        raise SystemExit("hearth runner: give --chat-template or --chat-template-file, not both")
+    template = args.chat_template
+    if template and is_template_name(template):
+        try:
+            NamedTemplate(template, "", "")
+        except ValueError as exc:
+            raise SystemExit(f"hearth runner: --chat-template: {exc}; pass Jinja text or --chat-template-file")
+    if args.chat_template_file:
+        try:
+            template = Path(args.chat_template_file).read_text()
+        except OSError as exc:
+            raise SystemExit(f"hearth runner: cannot read --chat-template-file: {exc}")
+    if args.runner_verbose:
+        logging.getLogger().setLevel(logging.INFO)
+    mode = Mode.SERIAL.value if args.cont_batching is False else args.mode
+    api_keys = tuple(k.strip() for v in args.api_key for k in v.split(",") if k.strip())
     config = RunnerConfig(
-        model=model_config(args, resolve_model(args.model)),
-        mode=args.mode,
+        model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn),
+        mode=mode,
         token_budget=args.budget,
         max_waiting=args.max_waiting,
         alias=args.alias,
         prefix_cache=args.prefix_cache,
+        default_max_tokens=None if args.n_predict == -1 else args.n_predict,
+        max_tokens_cap=None if args.n_predict == -1 else args.n_predict,
+        default_temperature=args.temp,
+        default_seed=None if args.seed is None or args.seed == -1 else args.seed,
+        api_keys=api_keys,
+        metrics=args.metrics,
+        slots=args.slots,
+        chat_template=template,
+        embedding=args.embedding,
+        pooling=args.pooling,
+        reranking=args.reranking,
+        cors_origins=args.cors_origins,
+        verbose=args.runner_verbose,
+        tags=tuple(t.strip() for t in args.tags.split(",") if t.strip()),
+        reasoning=args.reasoning,
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)

@@ -18,6 +18,7 @@ from app.engine.grammar import UnsupportedSchema, normalise_schema
 from app.engine.request import SamplingParams
 
 MAX_STOP_STRINGS = 8
+MAX_CHOICES = 8  # `n`: each choice is a sequence of its own, generated side by side
 MAX_TOP_LOGPROBS = 20
 MAX_TOOLS = 128
 # What a request can use beyond plain generation: recorded per request, counted per class on /metrics.
@@ -33,7 +34,6 @@ INT32_MAX = 2**31 - 1  # llama.cpp takes top_k as a C int
 UNSUPPORTED = {
     "best_of": (None, 1),
     "echo": (None, False),
-    "logit_bias": (None, {}),
 }
 
 
@@ -48,6 +48,7 @@ class ApiError(Exception):
         code: str | None = None,
         err_type: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
+        extra: dict | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -56,10 +57,13 @@ class ApiError(Exception):
         self.code = code
         self.err_type = err_type
         self.headers = headers or {}
+        # llama-server's extra fields of some error types (exceed_context_size_error: n_prompt_tokens, n_ctx).
+        self.extra = dict(extra or {})
 
     def body(self) -> dict:
         """The JSON body of the error response."""
-        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code,
+                          **self.extra}}
 
 
 class UnsupportedParameter(ValueError):
@@ -97,10 +101,14 @@ class _Body(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1, description="only one choice per request is supported")
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES, description=f"choices per request (at most {MAX_CHOICES})")
     ignore_eos: bool = False
     # llama-server's: false computes the whole prompt and leaves nothing in the prefix cache.
     cache_prompt: bool = True
+    # llama-server's name for max_tokens (-1: no limit but the context).
+    n_predict: int | None = Field(default=None, ge=-1)
+    # {token id or text: bias} (OpenAI), or llama-server's [[token id or text, bias or false], ...].
+    logit_bias: dict[str, float | bool] | list[list] | None = None
     # Hearth's extras: a stock llama-server ignores them.
     priority: int = Field(default=0, ge=-1000, le=1000)
     hearth_class: str = Field(default="default", min_length=1, max_length=64)
@@ -127,10 +135,17 @@ class _Body(BaseModel):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """The client's limit on generated tokens: max_tokens, else n_predict (None: none named)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return self.n_predict if self.n_predict is not None and self.n_predict > 0 else None
+
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         """Engine sampling settings from this body."""
         return SamplingParams(
-            max_tokens=self.max_tokens or default_max_tokens,
+            max_tokens=self.requested_max_tokens or default_max_tokens,
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
@@ -169,6 +184,35 @@ class CompletionBody(_Body):
         return tuple(f for f, used in (("fim", self.fim), ("logprobs", self.logprobs is not None)) if used)
 
 
+class NativeCompletionBody(_Body):
+    """POST /completion and /completions: llama-server's own completion request."""
+
+    # Text, token ids (text may be mixed in), several prompts, or {"prompt_string", "multimodal_data"}.
+    prompt: str | list | dict
+    n_probs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
+    post_sampling_probs: bool = False
+    return_tokens: bool = False
+    grammar: str | None = None
+    json_schema: dict | None = None
+    id_slot: int = -1
+    response_fields: list[str] | None = None
+    # llama-server streams unless told otherwise only where the client asks; same default here.
+    stream: bool = False
+
+    @field_validator("json_schema")
+    @classmethod
+    def _check_schema(cls, v):
+        if v is not None:
+            normalise_schema(v, "json_schema")
+        return v
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """What beyond plain completion this request uses (FEATURES)."""
+        return tuple(f for f, used in (("json_schema", self.json_schema is not None),
+                                       ("logprobs", self.n_probs > 0)) if used)
+
+
 class ExtraChunk(BaseModel):
     """One file of context for /infill (llama-server's input_extra)."""
 
@@ -185,19 +229,12 @@ class InfillBody(_Body):
     input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=64)
     # Text placed after the middle marker (llama-server's meaning), e.g. the start of the line.
     prompt: str = ""
-    n_predict: int | None = Field(default=None, ge=1)
+    n_probs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
 
     @property
     def features(self) -> tuple[str, ...]:
         """Always fill-in-the-middle."""
         return ("fim",)
-
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
-        """As for completions; n_predict is llama-server's max_tokens."""
-        params = super().sampling(default_max_tokens)
-        if self.n_predict is not None and self.max_tokens is None:
-            params = SamplingParams(**{**params.__dict__, "max_tokens": self.n_predict})
-        return params
 
 
 class TextPart(BaseModel):
@@ -298,9 +335,18 @@ class JsonSchemaFormat(BaseModel):
 class ResponseFormat(BaseModel):
     """response_format: text, JSON mode, or JSON valid against a schema."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    # llama-server's extension: json_object with a schema is json_schema.
+    schema_: dict | None = Field(default=None, alias="schema")
+
+    @field_validator("schema_")
+    @classmethod
+    def _check_schema(cls, v):
+        if v is not None:
+            normalise_schema(v, "schema")
+        return v
 
     @model_validator(mode="after")
     def _schema_given(self):
@@ -320,6 +366,21 @@ class ChatBody(_Body):
     response_format: ResponseFormat | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # llama-server's constraints beside response_format: GBNF text, or a JSON Schema.
+    grammar: str | None = None
+    json_schema: dict | None = None
+    # Extra template variables (e.g. enable_thinking), as llama-server and vLLM take them.
+    chat_template_kwargs: dict | None = None
+    # A final assistant message is continued, not answered (llama-server's prefill, vLLM's names).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @field_validator("json_schema")
+    @classmethod
+    def _check_json_schema(cls, v):
+        if v is not None:
+            normalise_schema(v, "json_schema")
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -354,7 +415,15 @@ class ChatBody(_Body):
             raise BodyProblem("tool_choice", "'tool_choice': 'required' needs at least one tool in 'tools'")
         if len(set(names)) != len(names):
             raise BodyProblem("tools", "'tools': function names must be unique")
+        if self.continue_final_message and self.add_generation_prompt and "add_generation_prompt" in self.model_fields_set:
+            raise BodyProblem("continue_final_message", "'continue_final_message' and 'add_generation_prompt' "
+                                                        "cannot both be true")
         return self
+
+    @property
+    def prefill(self) -> bool:
+        """Whether the final assistant message is continued (llama-server does so by default)."""
+        return self.messages[-1].role == "assistant" and (self.continue_final_message or self.add_generation_prompt)
 
     @property
     def tool_list(self) -> list[dict]:
@@ -427,12 +496,24 @@ class EmbeddingBody(BaseModel):
         return list(self.input)
 
 
+class ApplyTemplateBody(BaseModel):
+    """POST /apply-template: the messages of a chat request, rendered but not generated."""
+
+    model_config = ConfigDict(extra="ignore")
+    messages: list[Message] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    chat_template_kwargs: dict | None = None
+
+
 class TokenizeBody(BaseModel):
     """POST /tokenize (llama-server's shape)."""
 
     model_config = ConfigDict(extra="ignore")
     content: str
     add_special: bool = False
+    with_pieces: bool = False
+    parse_special: bool = True
 
 
 class DetokenizeBody(BaseModel):
@@ -505,7 +586,7 @@ def validation_error(exc: ValidationError) -> ApiError:
     elif first["type"] == "literal_error" and loc.endswith("role"):
         message = f"'{loc}': unknown role; use one of system, developer, user, assistant, tool"
     elif loc == "n":
-        message = f"'n': {msg}; only one choice per request is supported"
+        message = f"'n': {msg}; at most {MAX_CHOICES} choices per request"
     else:
         message = f"'{loc}': {msg}"
     return ApiError(400, message, param=loc or None)

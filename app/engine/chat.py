@@ -137,11 +137,15 @@ class ChatTemplate:
         messages: list[dict],
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
+        kwargs: dict | None = None,
     ) -> str:
-        """Renders messages (and optional tool schemas) into the model's prompt text."""
+        """Renders messages (and optional tool schemas) into the model's prompt text.
+
+        kwargs are extra template variables (llama-server's chat_template_kwargs, e.g. enable_thinking)."""
         normalised = _normalise_messages(messages)
         try:
             return self._template.render(
+                **(kwargs or {}),
                 messages=normalised,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,

@@ -139,7 +139,9 @@ class LlamaModel:
         cparams.n_ctx = config.n_ctx
         cparams.n_batch = config.n_batch
         # Same micro-batch as llama.cpp's tools default (512), so the reference is comparable.
-        cparams.n_ubatch = min(config.n_batch, 512)
+        cparams.n_ubatch = config.n_ubatch or min(config.n_batch, 512)
+        cparams.flash_attn_type = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                   "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[config.flash_attn]
         cparams.n_seq_max = config.n_seq_max
         # The engine asks for at most one row of logits per sequence per batch; without this the
         # compute buffer is reserved for n_batch rows × the vocabulary (512 MiB for Gemma's 262k).
@@ -278,6 +280,11 @@ class LlamaModel:
             n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece_buf, -n, 0, special)
         return self._piece_buf.raw[:n]
 
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """The end-of-generation tokens (EOS, end of turn, …)."""
+        return tuple(self._eog_tokens)
+
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes a generated token stands for (may be part of a UTF-8 character)."""
         return self._piece(token, special=False)
@@ -333,10 +340,15 @@ class LlamaModel:
             raise
 
     def _make_chain(self, params: SamplingParams, prompt_tokens: list[int]):
-        if params.greedy and not params.penalised:
+        if params.greedy and not params.penalised and not params.logit_bias:
             return None
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if params.logit_bias:
+            biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))(
+                *[llama_cpp.llama_logit_bias(t, b) for t, b in params.logit_bias]
+            )
+            add(llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(params.logit_bias), biases))
         if params.ignore_eos and self._eog_tokens:
             biases = (llama_cpp.llama_logit_bias * len(self._eog_tokens))(
                 *[llama_cpp.llama_logit_bias(t, float("-inf")) for t in self._eog_tokens]
@@ -403,7 +415,7 @@ class LlamaModel:
         def entry(t: int) -> dict:
             raw = self.token_bytes(t)
             lp = float(logits[t] - lse) if np.isfinite(logits[t]) else -9999.0
-            return {"token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
+            return {"id": t, "token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
 
         out = entry(token)
         top = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from app.engine.engine import Engine
 from app.engine.request import RequestStats
@@ -21,6 +21,7 @@ class _EngineCollector:
 
     def __init__(self, engine: Engine):
         self.engine = engine
+        self.n_tokens_max = 0  # the longest finished sequence (prompt + output), llama-server's n_tokens_max
 
     def collect(self):
         e = self.engine
@@ -36,12 +37,22 @@ class _EngineCollector:
             return GaugeMetricFamily(name, doc, value=value)
 
         yield counter("llamacpp:prompt_tokens", "Number of prompt tokens processed", c.prompt_tokens_total)
+        yield counter("llamacpp:prompt_tokens_cached", "Number of prompt tokens served from the cache",
+                      e.scheduler.cache.counters.hit_tokens_total)
         yield counter("llamacpp:prompt_seconds", "Total time spent processing prompts", c.prompt_seconds_total)
         yield counter("llamacpp:tokens_predicted", "Number of generation tokens processed", c.tokens_predicted_total)
         yield counter(
             "llamacpp:tokens_predicted_seconds", "Total time spent generating tokens", c.tokens_predicted_seconds_total
         )
         yield counter("llamacpp:n_decode", "Total number of llama_decode() calls", c.decode_calls_total)
+        # llama-server exports this counter without the _total suffix that CounterMetricFamily would add.
+        peak = Metric("llamacpp:n_tokens_max", "Largest observed n_tokens", "counter")
+        peak.add_sample("llamacpp:n_tokens_max", {}, self.n_tokens_max)
+        yield peak
+        # Hearth has no speculative decoding: llama-server's counters, always zero, so dashboards find them.
+        yield counter("llamacpp:spec_decode_num_draft_tokens", "Draft tokens proposed (no speculative decoding)", 0)
+        yield counter("llamacpp:spec_decode_num_accepted_tokens", "Draft tokens accepted (no speculative decoding)", 0)
+        yield counter("llamacpp:spec_decode_num_drafts", "Drafts proposed (no speculative decoding)", 0)
         yield gauge(
             "llamacpp:prompt_tokens_seconds",
             "Average prompt throughput in tokens/s",
@@ -99,7 +110,8 @@ class RunnerMetrics:
 
     def __init__(self, engine: Engine):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_EngineCollector(engine))
+        self.collector = _EngineCollector(engine)
+        self.registry.register(self.collector)
         self.ttft = Histogram(
             "hearth:ttft_seconds", "Time to first token", ["class"], buckets=TTFT_BUCKETS_S, registry=self.registry
         )
@@ -111,6 +123,8 @@ class RunnerMetrics:
 
     def observe(self, stats: RequestStats) -> None:
         """Record a finished request's TTFT and TPOT."""
+        n_tokens = stats.num_prompt_tokens + stats.num_completion_tokens
+        self.collector.n_tokens_max = max(self.collector.n_tokens_max, n_tokens)
         if stats.ttft_ms is not None:
             self.ttft.labels(stats.class_name).observe(stats.ttft_ms / 1000)
         if stats.tpot_ms is not None:
@@ -118,4 +132,5 @@ class RunnerMetrics:
 
     def render(self) -> bytes:
         """Prometheus text exposition."""
-        return generate_latest(self.registry)
+        # prometheus_client names a counter's HELP/TYPE lines with _total; llama-server's n_tokens_max has none.
+        return generate_latest(self.registry).replace(b"llamacpp:n_tokens_max_total ", b"llamacpp:n_tokens_max ")

@@ -16,6 +16,10 @@ class ModelConfig:
     n_ctx: int = 4096
     n_seq_max: int = 4
     n_batch: int = 512
+    # Tokens per physical batch (llama-server's -ub; None: min(n_batch, 512)).
+    n_ubatch: int | None = None
+    # Flash attention: "auto" (llama.cpp decides), "on" or "off" (llama-server's -fa).
+    flash_attn: str = "auto"
     n_threads: int = max(1, os.cpu_count() or 1)
     n_gpu_layers: int = 0
     # Weight repacking (llama.cpp's "extra buffer types"). None = automatic: off on CPUs with AMX,

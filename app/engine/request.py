@@ -58,6 +58,8 @@ class SamplingParams:
     grammar: Grammar | None = None
     # Log-probabilities of each chosen token and of this many alternatives (None: none computed).
     logprobs: int | None = None
+    # (token id, bias added to its logit); -inf bans the token.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -50,12 +52,35 @@ def watch_parent(parent_pid: int, interval_s: float = 0.5) -> threading.Thread:
     return t
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send `sig` to this process when its parent dies (False where it cannot)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _worker_forked(arbiter, worker) -> None:
+    """In the new worker: die with the arbiter, even mid-stream."""
+    # Gunicorn's own check of the parent only stops the worker gracefully, after its streams end; a
+    # re-parented worker would keep the port and the model's memory meanwhile. SIGKILL frees both at once.
+    if die_with_parent() and os.getppid() != arbiter.pid:
+        os._exit(1)  # the arbiter died between the fork and the prctl
+
+
 class RunnerServer(BaseApplication):
     """Gunicorn with exactly one gthread worker: the engine and its KV cache live in that one process."""
 
     def __init__(self, config: RunnerConfig, host: str, port: int, http_threads: int, parent_pid: int | None = None):
         self.config = config
-        self.bind = f"{host}:{port}"
+        # llama-server takes several comma-separated addresses; gunicorn listens on each.
+        self.bind = [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in (x.strip() for x in host.split(",")) if h]
         self.http_threads = http_threads
         self.parent_pid = parent_pid
         super().__init__()
@@ -77,6 +102,7 @@ class RunnerServer(BaseApplication):
             "proc_name": "hearth-runner",
         }
         settings["when_ready"] = self._when_ready
+        settings["post_fork"] = _worker_forked
         if self.parent_pid is not None:
             settings["child_exit"] = _worker_exited
         for key, value in settings.items():

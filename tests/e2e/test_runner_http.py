@@ -115,7 +115,7 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": "lots"}', 400, "max_tokens", "integer"),
     ("/v1/completions", b'{"prompt": "hi", "temperature": 3}', 400, "temperature", "less than or equal to 2"),
     ("/v1/completions", b'{"prompt": "hi", "top_p": 0}', 400, "top_p", "greater than 0"),
-    ("/v1/completions", b'{"prompt": "hi", "n": 2}', 400, "n", "less than or equal to 1"),
+    ("/v1/completions", b'{"prompt": "hi", "n": 9}', 400, "n", "less than or equal to 8"),
     ("/v1/completions", b'{"prompt": [1, 99999999]}', 400, "prompt", "outside the vocabulary"),
     ("/v1/completions", b'{"prompt": "hi", "stop": 5}', 400, "stop", "stop"),
     ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, None, "UTF-8"),
@@ -310,3 +310,74 @@ def test_a_runner_without_the_prefix_cache_says_so(start_runner):
     runner = start_runner("--ctx", "1024", "--parallel", "1", "--no-prefix-cache")
     props = runner.client.get("/props").json()["prefix_cache"]
     assert props["enabled"] is False and "setting" in props["note"]
+
+
+def test_native_completion_honours_n_predict_and_llama_servers_fields(runner):
+    r = runner.client.post("/completion", json={"prompt": "Once upon a time", "n_predict": 5, "temperature": 0,
+                                                "return_tokens": True, "n_probs": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens_predicted"] == 5 and body["timings"]["predicted_n"] == 5 and len(body["tokens"]) == 5
+    assert body["stop"] is True and body["stop_type"] == "limit"
+    assert body["generation_settings"]["n_predict"] == 5
+    probs = body["completion_probabilities"]
+    assert len(probs) == 5 and all(len(p["top_logprobs"]) == 3 and p["logprob"] <= 0 for p in probs)
+    assert [p["id"] for p in probs] == body["tokens"]
+    # The same request streamed gives the same text in pieces, then a last object with stop set.
+    with runner.client.stream("POST", "/completion", json={"prompt": "Once upon a time", "n_predict": 5,
+                                                           "temperature": 0, "stream": True}) as resp:
+        events = sse_events(resp)
+    assert "".join(e["content"] for e in events) == body["content"]
+    assert events[-1]["stop"] is True and all(e["stop"] is False for e in events[:-1])
+
+
+def test_native_completion_with_a_grammar_and_several_prompts(runner):
+    r = runner.client.post("/completion", json={"prompt": "Say a:", "grammar": 'root ::= "a"{3}', "n_predict": 8})
+    assert r.status_code == 200 and r.json()["content"] == "aaa"
+    bad = runner.client.post("/completion", json={"prompt": "x", "grammar": "root ::= (not gbnf", "n_predict": 2})
+    assert bad.status_code == 400
+    many = runner.client.post("/completion", json={"prompt": ["Hello", "Goodbye"], "n_predict": 2, "temperature": 0})
+    assert many.status_code == 200 and [b["index"] for b in many.json()] == [0, 1]
+
+
+def test_apply_template_tokenize_pieces_and_context_overflow(runner):
+    prompt = runner.client.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert prompt["prompt"].endswith("<start_of_turn>model\n") and "Hi" in prompt["prompt"]
+    pieces = runner.client.post("/tokenize", json={"content": "Hello world", "with_pieces": True}).json()["tokens"]
+    assert "".join(p["piece"] for p in pieces) == "Hello world"
+    r = runner.client.post("/completion", json={"prompt": "word " * 3000, "n_predict": 2})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
+    assert err["n_ctx"] == 2048 and err["n_prompt_tokens"] > 2048
+
+
+def test_chat_stream_starts_with_the_role_alone_and_carries_a_fingerprint(runner):
+    with runner.client.stream("POST", "/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True,
+    }) as resp:
+        events = sse_events(resp)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert all(e["choices"][0]["delta"].get("content") != "" for e in events[1:-1] if e["choices"])
+    assert all(e["system_fingerprint"].startswith("b") for e in events[:-1])
+
+
+def test_several_choices_and_a_continued_assistant_message(runner):
+    r = runner.client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "n": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert body["usage"]["completion_tokens"] == 6
+    turns = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+
+    def count(**extra) -> int:
+        resp = runner.client.post("/chat/completions/input_tokens", json={"messages": turns, **extra})
+        assert resp.status_code == 200, resp.text
+        return resp.json()["input_tokens"]
+
+    # Continued: the prompt stops inside the assistant's turn, before its end-of-turn marker.
+    assert count() == count(continue_final_message=True, add_generation_prompt=False)
+    assert count() < count(add_generation_prompt=False)
+    both = runner.client.post("/v1/chat/completions", json={"messages": turns, "continue_final_message": True,
+                                                             "add_generation_prompt": True})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"

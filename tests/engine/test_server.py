@@ -37,3 +37,53 @@ def test_failed_load_is_reported_with_its_reason():
     r = c.post("/v1/completions", json={"prompt": "hi"})
     assert r.status_code == 500
     assert "failed to load" in r.json["error"]["message"]
+
+
+def keyed_client(**config) -> Client:
+    app = create_app(RunnerConfig(ModelConfig(path="/nowhere/model.gguf"), **config), load=False)
+    app.state.status = "loading"
+    return Client(app)
+
+
+def test_api_key_is_asked_everywhere_but_health():
+    c = keyed_client(api_keys=("sk-one", "sk-two"))
+    assert c.get("/health").status_code == 503  # public: still loading, but no key asked
+    r = c.post("/completion", json={"prompt": "hi"})
+    assert r.status_code == 401 and r.json["error"]["type"] == "authentication_error"
+    assert c.post("/completion", json={"prompt": "hi"}, headers={"Authorization": "Bearer sk-nope"}).status_code == 401
+    # A good key (bearer, or Anthropic's X-Api-Key header) passes on to the endpoint, which says it is loading.
+    assert c.post("/completion", json={"prompt": "hi"}, headers={"Authorization": "Bearer sk-two"}).status_code == 503
+    assert c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                  headers={"X-Api-Key": "sk-one"}).status_code == 503
+
+
+def test_cors_preflight_answers_without_a_key_and_echoes_the_origin():
+    c = keyed_client(api_keys=("sk-one",))
+    r = c.options("/v1/chat/completions", headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 200
+    assert r.headers["Access-Control-Allow-Origin"] == "http://app.example"
+    assert r.headers["Access-Control-Allow-Credentials"] == "true"
+    assert "POST" in r.headers["Access-Control-Allow-Methods"]
+
+
+def test_cors_localhost_reflects_only_loopback_origins():
+    c = keyed_client(cors_origins="localhost")
+    ok = c.options("/completions", headers={"Origin": "http://127.0.0.1:3000"})
+    assert ok.headers["Access-Control-Allow-Origin"] == "http://127.0.0.1:3000"
+    for evil in ("http://localhost.evil.com", "http://evil.com", "http://notlocalhost"):
+        assert "Access-Control-Allow-Origin" not in c.options("/completions", headers={"Origin": evil}).headers
+
+
+def test_unknown_path_is_llama_servers_json_404():
+    r = keyed_client().get("/no/such/thing")
+    assert r.status_code == 404
+    assert r.json == {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
+    wrong_method = keyed_client().get("/completion")  # a POST route asked with GET
+    assert wrong_method.status_code == 405 and wrong_method.json["error"]["message"]
+
+
+def test_endpoints_switched_off_answer_501():
+    c = keyed_client(metrics=False, slots=False)
+    for path in ("/metrics", "/slots"):
+        r = c.get(path)
+        assert r.status_code == 501 and r.json["error"]["type"] == "not_supported_error"

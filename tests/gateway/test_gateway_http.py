@@ -68,7 +68,7 @@ def test_chat_through_the_gateway_names_class_model_and_node(serve):
     assert r.headers["X-Hearth-Node"]
     body = r.json()
     assert body["usage"]["completion_tokens"] == 6
-    assert body["timings"]["class_name"] == "voice" and body["timings"]["priority"] == 0
+    assert body["hearth_class"] == "voice" and body["timings"]["priority"] == 0
 
 
 def test_streaming_is_relayed_chunk_by_chunk_with_usage(serve):

@@ -73,7 +73,7 @@ CASES = [
     Case("stream-wrong-type", chat_body(stream="yes please"), 400, "boolean", param="stream"),
     Case("stop-wrong-type", chat_body(stop=5), 400, "stop", param="stop"),
     Case("too-many-stops", chat_body(stop=[str(i) for i in range(20)]), 400, "at most", param="stop"),
-    Case("n-above-one", chat_body(n=3), 400, "only one choice", param="n"),
+    Case("n-above-the-cap", chat_body(n=30), 400, "at most 8 choices", param="n"),
     Case("tool-choice-names-no-tool", chat_body(tools=[{"type": "function", "function": {"name": "f"}}],
                                                 tool_choice={"type": "function", "function": {"name": "g"}}), 400,
          "not among the tools", param="tool_choice"),
