@@ -44,7 +44,7 @@ from app.engine.engine import Engine
 from app.engine.grammar import Grammar, UnsupportedSchema, json_object_grammar, schema_grammar
 from app.engine.model_config import ModelConfig
 from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request
-from app.policy import Mode
+from app.policy import SLO_HEADER, Mode, parse_slo_header
 
 log = logging.getLogger(__name__)
 
@@ -423,6 +423,7 @@ class RunnerApp:
                 class_name=body.hearth_class,
                 arrival_s=arrival_s,
                 cache_prompt=body.cache_prompt,
+                slo=parse_slo_header(req.headers.get(SLO_HEADER)),
             )
         except ContextOverflow as exc:
             raise ApiError(400, str(exc), param="messages" if chat else "prompt", code="context_length_exceeded")

@@ -16,6 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from flask import has_app_context
+
+from app.gateway.context import services
+from app.policy import SLO_HEADER, slo_header
+
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
 STREAM_READ_BYTES = 65536
 
@@ -91,11 +96,19 @@ def _discard(host: str, port: int) -> None:
         conn.close()
 
 
+def _slo_headers(body: dict) -> dict[str, str]:
+    """The class's targets for the runner's scheduler (app.policy.SLO_HEADER), when the class is known."""
+    if not has_app_context():  # relayed from outside a gateway app (tests, tools)
+        return {}
+    policy = services().classes.get(body.get("hearth_class") or "")
+    return {SLO_HEADER: slo_header(policy)} if policy else {}
+
+
 def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, str, int]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     payload = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload)), **_slo_headers(body)}
     # A kept-alive connection may have been closed by the runner meanwhile: one retry on a fresh one.
     for fresh in (False, True):
         try:

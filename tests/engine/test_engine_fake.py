@@ -393,9 +393,9 @@ def _pressure_run(make_engine, n_ctx: int, max_tokens: int = 24):
     preemptions: list[tuple[Request, list[Request]]] = []
     original_preempt = engine.scheduler.preempt
 
-    def spy(victim: Request) -> int:
+    def spy(victim: Request, reason: str = "kv") -> int:
         preemptions.append((victim, list(engine.scheduler.running)))
-        return original_preempt(victim)
+        return original_preempt(victim, reason)
 
     engine.scheduler.preempt = spy
     reqs = [

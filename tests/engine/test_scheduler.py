@@ -292,39 +292,6 @@ def test_a_more_urgent_prefill_gets_the_budget_first():
     assert low.num_computed == 8
 
 
-def test_less_urgent_prefill_yields_while_a_more_urgent_sequence_runs():
-    sched = Scheduler(make_config(max_seqs=3, token_budget=64, max_batch_tokens=64, yield_prefill_tokens=8))
-    docs = [make_request(100, priority=3, arrival_s=i) for i in range(2)]
-    for d in docs:
-        sched.add_request(d)
-    assert step(sched).num_prompt_tokens == 64  # background alone: the whole budget
-    voice = make_request(4, priority=0, arrival_s=5, max_tokens=3)
-    sched.add_request(voice)
-    s = step(sched)
-    # The voice prompt first, then the two documents share 8 tokens between them.
-    assert layout(s) == [(voice.request_id, 0, 4, True), (docs[0].request_id, 64, 8, False)]
-    s = step(sched)
-    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == 8
-    assert step(sched).num_prompt_tokens == 8
-    # The engine releases the voice request at its third token; the documents get the budget back.
-    assert len(voice.output_tokens) == 3
-    sched.finish(voice, RequestStatus.FINISHED_LENGTH)
-    assert step(sched).num_prompt_tokens == 64
-
-
-def test_less_urgent_prefill_yields_harder_while_a_more_urgent_request_waits_for_a_slot():
-    sched = Scheduler(make_config(max_seqs=2, token_budget=64, max_batch_tokens=64, yield_prefill_tokens=8))
-    doc = make_request(100, priority=3, arrival_s=0)
-    voice = make_request(4, priority=0, arrival_s=1, max_tokens=10)
-    for r in (doc, voice):
-        sched.add_request(r)
-    step(sched)
-    assert step(sched).num_prompt_tokens == 8  # voice decoding: the document gets 8
-    sched.add_request(make_request(4, priority=0, arrival_s=2))  # no slot for this one
-    s = step(sched)
-    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == 4
-
-
 def test_batches_never_exceed_the_budget_and_every_request_completes():
     rng = random.Random(1234)
     config = make_config(max_seqs=6, kv_cells=4096, token_budget=24, max_batch_tokens=32)
