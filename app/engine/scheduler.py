@@ -65,8 +65,8 @@ class CostModel:
 
     PRIOR_MS = (5.0, 2.0, 0.5)  # base, per decode token, per prefill token
 
-    def __init__(self, prior_ms: tuple[float, float, float] = PRIOR_MS, forget: float = 0.98,
-                 prior_weight: float = 4.0):
+    def __init__(self, prior_ms: tuple[float, float, float] = PRIOR_MS, forget: float = 0.99,
+                 prior_weight: float = 0.5):
         self.prior_ms = prior_ms
         self.forget = forget
         self.prior_weight = prior_weight
