@@ -22,6 +22,7 @@ class ClassFigures:
     met: int
     completion_tokens: int
     weight: float
+    preemptions: int = 0  # times the runner preempted this class's sequences (request log)
 
     @property
     def slo_attainment(self) -> float | None:
@@ -58,11 +59,13 @@ def class_figures(session: Session, policies: dict[str, ClassPolicy], start: dat
         policy = policies.get(row.class_name or "")
         if policy is None:
             continue
-        a = acc.setdefault(policy.name, [0, 0, 0])
+        a = acc.setdefault(policy.name, [0, 0, 0, 0])
         a[0] += 1
         a[1] += meets_targets(row, policy)
         a[2] += row.completion_tokens or 0
-    return [ClassFigures(name, n, met, tokens, policies[name].weight) for name, (n, met, tokens) in sorted(acc.items())]
+        a[3] += row.num_preemptions or 0
+    return [ClassFigures(name, n, met, tokens, policies[name].weight, preempted)
+            for name, (n, met, tokens, preempted) in sorted(acc.items())]
 
 
 def fairness(figures: list[ClassFigures]) -> float | None:

@@ -70,13 +70,14 @@ def class_figures_sql(session: Session, start: datetime, end: datetime) -> list[
         else_=0,
     )
     rows = session.execute(
-        select(r.class_name, func.count(), func.sum(met), func.coalesce(func.sum(r.completion_tokens), 0), c.weight)
+        select(r.class_name, func.count(), func.sum(met), func.coalesce(func.sum(r.completion_tokens), 0), c.weight,
+               func.coalesce(func.sum(r.num_preemptions), 0))
         .join(c, c.name == r.class_name)
         .where(r.arrival_at >= start, r.arrival_at < end)
         .group_by(r.class_name)
         .order_by(r.class_name)
     )
-    return [ClassFigures(name, n, int(m or 0), int(tokens), float(w)) for name, n, m, tokens, w in rows]
+    return [ClassFigures(name, n, int(m or 0), int(tokens), float(w), int(p)) for name, n, m, tokens, w, p in rows]
 
 
 @dataclass(frozen=True)
