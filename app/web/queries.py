@@ -310,6 +310,8 @@ class ModelCard:
     in_flight: int = 0
     idle_s: float | None = None
     measured_bytes: int | None = None
+    n_batch: int | None = None
+    sizing_note: str | None = None  # why these slots and cells, when sized from the memory budget
     rss_bytes: int | None = None
     cold_start_ms: float | None = None
     cold_starts_ms: list[float] = field(default_factory=list)
@@ -395,6 +397,8 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             estimate=estimate, n_ctx=spec.runner.n_ctx if spec and spec.runner else None,
             parallel=spec.runner.parallel if spec and spec.runner else None, state=state, label=label,
             cold_starts_ms=hist["cold_starts_ms"], measured_bytes=hist["measured_bytes"],
+            n_batch=spec.runner.n_batch if spec and spec.runner else None,
+            sizing_note=spec.sizing_note if spec else None,
         )
         if status is not None:
             card.in_flight = status.get("in_flight") or 0
