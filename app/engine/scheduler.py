@@ -30,10 +30,14 @@ class SchedulerConfig:
     decode_reserve_cells: int = 16
     # The SLO budget (Sarathi-Serve): each iteration's prefill tokens are what fits, by the measured
     # cost of an iteration, in `slo_headroom` of the tightest TPOT target among running sequences;
-    # never fewer than `min_prefill_tokens`, so prefill always moves. Off: the whole token_budget.
+    # never fewer than `min_prefill_tokens`, so prefill always moves. Where the target cannot be met
+    # even without prefill (a slow or busy machine), prefill may still make an iteration
+    # `slow_machine_stretch` times as long as its decode tokens alone: smaller chunks would no longer
+    # buy the target, only pay the iteration's fixed cost more often. Off: the whole token_budget.
     slo_budget: bool = True
     slo_headroom: float = 0.8
     min_prefill_tokens: int = 16
+    slow_machine_stretch: float = 2.0
     # Slot and KV preemption by priority: a more urgent waiting request takes the slot of a preemptible,
     # less urgent one, whose cells stay cached; a sequence resumed less than this long ago is spared.
     preempt_protect_s: float = 2.0
@@ -338,8 +342,9 @@ class Scheduler:
         self.tightest_tpot_ms = min(targets) if targets else None
         if not self.config.slo_budget or self.tightest_tpot_ms is None:
             return self.config.token_budget
-        within = self.cost.prefill_within(self.tightest_tpot_ms * self.config.slo_headroom, num_decode)
-        return max(within, self.config.min_prefill_tokens)
+        limit_ms = max(self.tightest_tpot_ms * self.config.slo_headroom,
+                       self.config.slow_machine_stretch * self.cost.iteration_ms(num_decode, 0))
+        return max(self.cost.prefill_within(limit_ms, num_decode), self.config.min_prefill_tokens)
 
     def make_room(self, num_cells: int) -> int:
         """Evict cached prefixes until num_cells cells are free (as far as the cache can); returns cells freed."""

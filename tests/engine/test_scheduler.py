@@ -537,9 +537,16 @@ def test_prefill_budget_follows_the_tightest_tpot_target_among_running_sequences
 
 def test_prefill_budget_never_falls_below_its_floor():
     sched = Scheduler(make_config(token_budget=512, max_batch_tokens=512, kv_cells=4096))
-    fixed_costs(sched, base_ms=200, decode_ms=2, prefill_ms=0.5)  # a machine too slow for the target
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=100)  # a prefill token dearer than the target
     sched.add_request(slo_request(VOICE, 300, priority=0))
     assert step(sched).num_prompt_tokens == sched.config.min_prefill_tokens == 16
+
+
+def test_on_a_machine_too_slow_for_the_target_prefill_may_double_the_iteration():
+    sched = Scheduler(make_config(token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    fixed_costs(sched, base_ms=200, decode_ms=2, prefill_ms=0.5)  # 200 ms before any token: 80 ms is out of reach
+    sched.add_request(slo_request(VOICE, 1000, priority=0))
+    assert step(sched).num_prompt_tokens == (2 * 200 - 200) / 0.5
 
 
 def test_without_targets_or_with_the_budget_off_prefill_takes_the_whole_token_budget():
