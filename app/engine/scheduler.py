@@ -120,7 +120,7 @@ class CostModel:
         return int(spare / self.prefill_ms) if spare > 0 else 0
 
     def as_dict(self) -> dict:
-        """The fitted costs, for /props and the dashboard."""
+        """The fitted costs, for /metrics."""
         return {"base_ms": round(self.base_ms, 3), "decode_ms_per_token": round(self.decode_ms, 4),
                 "prefill_ms_per_token": round(self.prefill_ms, 4), "num_samples": self.num_samples}
 
@@ -360,10 +360,11 @@ class Scheduler:
     # -- preemption and release ---------------------------------------------------------
 
     def choose_victim(self) -> Request | None:
-        """The lowest-priority, most recently arrived running sequence."""
+        """The sequence to preempt when the KV cache is full: a preemptible class's first, then the
+        lowest-priority, most recently arrived (a full cache must give way somewhere)."""
         if not self.running:
             return None
-        return max(self.running, key=lambda r: (r.priority, r.arrival_s, r.request_id))
+        return max(self.running, key=lambda r: (r.slo.preemptible, r.priority, r.arrival_s, r.request_id))
 
     def preempt(self, victim: Request, reason: str = "kv") -> int:
         """Take a running sequence out and requeue it; returns the slot it held.

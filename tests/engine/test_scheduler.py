@@ -663,3 +663,16 @@ def test_serial_and_static_modes_never_preempt_by_priority():
         sched.add_request(slo_request(VOICE, 4, priority=0, arrival_s=1, tag=2))
         step(sched, now=1.0)
         assert sched.running == [bg] and sched.num_preemptions_total == 0, mode
+
+
+def test_a_full_cache_preempts_a_preemptible_class_first():
+    sched = Scheduler(make_config())
+    chat = slo_request(SloTargets(tpot_ms=150), 8, priority=4, arrival_s=2)  # least urgent, but not preemptible
+    bg = slo_request(BACKGROUND, 8, priority=3, arrival_s=1, tag=2)
+    voice = slo_request(VOICE, 8, priority=0, arrival_s=0, tag=3)
+    for r in (chat, bg, voice):
+        sched.add_request(r)
+    step(sched)
+    assert sched.choose_victim() is bg
+    sched.preempt(bg)
+    assert sched.choose_victim() is chat  # then by priority, as before
