@@ -122,8 +122,10 @@ class Engine:
 
     The loop, once per iteration:
       1. apply cancellations (their KV is freed now);
-      2. admit waiting requests in policy order (priority, then arrival) while slots and KV allow;
-      3. build one batch: a decode token per generating sequence, then prompt chunks up to the budget;
+      2. admit waiting requests in policy order (priority, then arrival) while slots and KV allow; a more
+         urgent one preempts a preemptible, less urgent sequence (its cells stay cached) when they do not;
+      3. build one batch: a decode token per generating sequence, then prompt chunks up to the prefill
+         budget the tightest running TPOT target and the measured iteration cost allow;
       4. llama_decode once; on "no KV slot" preempt the lowest-priority, most recent sequence and retry;
       5. sample per sequence, stream UTF-8-safe text, stop on EOS / stop string / max_tokens;
       6. release finished sequences at once.
