@@ -84,7 +84,7 @@ class _EngineCollector:
         yield gauge("hearth:prefill_budget", "Prefill tokens the last iteration allowed (the SLO budget)",
                     snap.prefill_budget)
         yield gauge("hearth:budget_tpot_target_seconds",
-                    "The tightest TPOT target among running sequences the budget followed (0: none)",
+                    "The tightest TPOT target among decoding sequences the budget followed (0: none)",
                     (snap.tightest_tpot_ms or 0) / 1000)
         cost = snap.cost or {}
         yield gauge("hearth:iteration_base_seconds", "Fitted fixed cost of an iteration", cost.get("base_ms", 0) / 1000)

@@ -29,7 +29,8 @@ class SchedulerConfig:
     # immediately push the others into preemption.
     decode_reserve_cells: int = 16
     # The SLO budget (Sarathi-Serve): each iteration's prefill tokens are what fits, by the measured
-    # cost of an iteration, in `slo_headroom` of the tightest TPOT target among running sequences;
+    # cost of an iteration, in `slo_headroom` of the tightest TPOT target among decoding sequences
+    # (a prefilling one's own tokens are not between two of its outputs: its TTFT gains from big chunks);
     # never fewer than `min_prefill_tokens`, so prefill always moves. Where the target cannot be met
     # even without prefill (a slow or busy machine), prefill may still make an iteration
     # `slow_machine_stretch` times as long as its decode tokens alone: smaller chunks would no longer
@@ -337,8 +338,8 @@ class Scheduler:
         return schedule
 
     def _prefill_limit(self, num_decode: int) -> int:
-        """Prefill tokens this iteration may carry: what the tightest running TPOT target leaves (see SchedulerConfig)."""
-        targets = [r.slo.tpot_ms for r in self.running if r.slo.tpot_ms]
+        """Prefill tokens this iteration may carry: what the tightest decoding TPOT target leaves (see SchedulerConfig)."""
+        targets = [r.slo.tpot_ms for r in self.running if r.slo.tpot_ms and r.is_decoding]
         self.tightest_tpot_ms = min(targets) if targets else None
         if not self.config.slo_budget or self.tightest_tpot_ms is None:
             return self.config.token_budget

@@ -70,7 +70,7 @@ METRICS = {
         Metric("preemptions_s", "1/s", "sequences evicted from the KV cache per second"),
         Metric("slots_busy", "slots", "sequence slots processing a request"),
         Metric("prefill_budget", "tokens", "prefill tokens an iteration may carry: the SLO budget of the last iteration"),
-        Metric("budget_tpot_ms", "ms", "the tightest TPOT target among running sequences the budget followed (0: none)"),
+        Metric("budget_tpot_ms", "ms", "the tightest TPOT target among decoding sequences the budget followed (0: none)"),
         Metric("queue_waiting", "req", "requests waiting in the gateway for admission, all classes"),
         Metric("in_flight", "req", "requests the gateway admitted that have not finished, all classes"),
     ]

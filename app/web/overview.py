@@ -32,8 +32,9 @@ KV_RULE = ("A request joins only if its prompt plus 16 cells per running sequenc
 BUDGET_RULE = ("Each iteration carries one decode token per generating sequence, then prompt chunks (most "
                "urgent first) up to the prefill budget: the tokens that fit, by this model's measured cost per "
                "iteration, per decode token and per prefill token, in 80 % of the tightest TPOT target among the "
-               "running sequences (at least 16, at most the batch size; where the target is out of reach even "
-               "without prefill, prefill may double the iteration). Without a target, the whole batch.")
+               "decoding sequences (at least 16, at most the batch size; where the target is out of reach even "
+               "without prefill, prefill may double the iteration). While nothing with a target decodes, the "
+               "whole batch.")
 
 
 @dataclass(frozen=True)

@@ -515,37 +515,44 @@ def fixed_costs(sched: Scheduler, base_ms: float, decode_ms: float, prefill_ms: 
     sched.cost.base_ms, sched.cost.decode_ms, sched.cost.prefill_ms = base_ms, decode_ms, prefill_ms
 
 
-def test_prefill_budget_follows_the_tightest_tpot_target_among_running_sequences():
+def test_prefill_budget_follows_the_tightest_tpot_target_among_decoding_sequences():
     sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
     fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=0.5)
     doc = slo_request(BACKGROUND, 2000, priority=3)
     sched.add_request(doc)
-    # Background alone: 0.8 × 500 ms leaves (400 − 10) / 0.5 = 780 tokens, more than the 512 of the batch.
-    assert step(sched).num_prompt_tokens == 512 and sched.tightest_tpot_ms == 500
+    # Nothing decodes: no output is waiting on this iteration, the prefill takes the whole batch.
+    assert step(sched).num_prompt_tokens == 512 and sched.tightest_tpot_ms is None
     voice = slo_request(VOICE, 4, priority=0, arrival_s=1, max_tokens=3, tag=2)
     sched.add_request(voice)
     s = step(sched)
-    # 0.8 × 100 ms − 10 ms base leaves 140 prefill tokens: the voice prompt first, the document the rest.
-    assert layout(s) == [(voice.request_id, 0, 4, True), (doc.request_id, 512, 136, False)]
-    assert sched.prefill_budget == 140 and sched.tightest_tpot_ms == 100
+    # The voice prompt first, the document the rest of the batch.
+    assert layout(s) == [(voice.request_id, 0, 4, True), (doc.request_id, 512, 508, False)]
     s = step(sched)
-    # Voice decoding: one decode token (2 ms) less to spend.
-    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == (80 - 10 - 2) / 0.5
+    # Voice decoding: 0.8 × 100 ms − 10 ms base − 2 ms for its token leaves (80 − 12) / 0.5 prefill tokens.
+    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == (80 - 10 - 2) / 0.5 == sched.prefill_budget
+    assert sched.tightest_tpot_ms == 100
     sched.finish(voice, RequestStatus.FINISHED_LENGTH)
-    assert step(sched).num_prompt_tokens == 512  # the document's own target again
+    assert step(sched).num_prompt_tokens == 512  # nothing decodes again
+
+
+def decoding_voice_and_a_document(sched: Scheduler) -> None:
+    """A voice answer decoding beside a long document prompt."""
+    sched.add_request(slo_request(VOICE, 4, priority=0, max_tokens=50))
+    step(sched)
+    sched.add_request(slo_request(BACKGROUND, 3000, priority=3, arrival_s=1, tag=2))
 
 
 def test_prefill_budget_never_falls_below_its_floor():
     sched = Scheduler(make_config(token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    decoding_voice_and_a_document(sched)
     fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=100)  # a prefill token dearer than the target
-    sched.add_request(slo_request(VOICE, 300, priority=0))
     assert step(sched).num_prompt_tokens == sched.config.min_prefill_tokens == 16
 
 
 def test_on_a_machine_too_slow_for_the_target_prefill_may_double_the_iteration():
     sched = Scheduler(make_config(token_budget=512, max_batch_tokens=512, kv_cells=4096))
-    fixed_costs(sched, base_ms=200, decode_ms=2, prefill_ms=0.5)  # 200 ms before any token: 80 ms is out of reach
-    sched.add_request(slo_request(VOICE, 1000, priority=0))
+    decoding_voice_and_a_document(sched)
+    fixed_costs(sched, base_ms=198, decode_ms=2, prefill_ms=0.5)  # 200 ms before any prefill: 80 ms is out of reach
     assert step(sched).num_prompt_tokens == (2 * 200 - 200) / 0.5
 
 
@@ -553,8 +560,10 @@ def test_without_targets_or_with_the_budget_off_prefill_takes_the_whole_token_bu
     for config, slo in ((make_config(), NO_SLO), (make_config(slo_budget=False), VOICE)):
         sched = Scheduler(config)
         fixed_costs(sched, base_ms=60, decode_ms=2, prefill_ms=1)
-        sched.add_request(slo_request(slo, 200, priority=0))
-        assert step(sched).num_prompt_tokens == 64
+        sched.add_request(slo_request(slo, 4, priority=0, max_tokens=50))
+        step(sched)
+        sched.add_request(slo_request(slo, 200, priority=3, arrival_s=1, tag=2))
+        assert step(sched).num_prompt_tokens == 63  # the budget less the decode token
 
 
 def test_cost_model_fits_the_measured_iterations():
