@@ -146,7 +146,7 @@ def pull_model(s, data: Path, source: str) -> Path:
     from app.services.settings import budget_bytes
     from app.store.settings import get_setting
 
-    ctx, parallel, batch = (int(get_setting(s, f"runner_{k}")) for k in ("ctx", "parallel", "batch"))
+    ctx, parallel, batch = (get_setting(s, f"runner_{k}") for k in ("ctx", "parallel", "batch"))
     budget = budget_bytes(_SessionSettings(s))
     models_dir = resolve_models_dir(data, get_setting(s, "models_dir"), os.environ.get("HEARTH_MODELS_DIR"))
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -157,7 +157,7 @@ def pull_model(s, data: Path, source: str) -> Path:
                 bar.total = p.total_bytes
                 bar.update(p.done_bytes - bar.n)
 
-            return pull(src, models_dir, lambda m: budget_refusal(m, ctx, parallel, batch, budget), progress)
+            return pull(src, models_dir, lambda m: budget_refusal(m, ctx, parallel, int(batch), budget), progress)
     except PullError as exc:
         raise AdminError(str(exc)) from exc
 

@@ -41,3 +41,45 @@ class ClassPolicy:
     preemptible: bool = False
     queue_timeout_s: float = 60
     default_model: str | None = None
+
+
+# The gateway tells the runner a request's class targets in this header (a stock llama-server ignores
+# it); the engine sizes its per-iteration prefill budget and its slot preemption by them.
+SLO_HEADER = "X-Hearth-Slo"
+
+
+@dataclass(frozen=True)
+class SloTargets:
+    """What the engine needs of a request's class: its latency targets and whether it may be preempted."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    preemptible: bool = False
+
+
+NO_SLO = SloTargets()
+
+
+def slo_header(policy: ClassPolicy) -> str:
+    """The SLO_HEADER value for a class: `ttft_ms=500; tpot_ms=100; preemptible=0`."""
+    return (f"ttft_ms={policy.ttft_target_ms:g}; tpot_ms={policy.tpot_target_ms:g}; "
+            f"preemptible={int(bool(policy.preemptible))}")
+
+
+def parse_slo_header(value: str | None) -> SloTargets:
+    """SloTargets from an SLO_HEADER value; unknown or malformed parts are ignored (NO_SLO when absent)."""
+    if not value:
+        return NO_SLO
+    fields: dict[str, str] = {}
+    for part in value.split(";"):
+        key, _, raw = part.partition("=")
+        fields[key.strip()] = raw.strip()
+
+    def number(key: str) -> float | None:
+        try:
+            v = float(fields[key])
+        except (KeyError, ValueError):
+            return None
+        return v if v > 0 else None
+
+    return SloTargets(number("ttft_ms"), number("tpot_ms"), fields.get("preemptible") == "1")

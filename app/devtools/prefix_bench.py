@@ -25,6 +25,9 @@ import httpx
 from app.devtools.serve_process import ServeProcess, prepare_data
 from app.hardware import machine
 from app.paths import sha256_of
+from app.residency.budget import detect_budget
+from app.residency.catalog import scan
+from app.residency.estimate import size_runner
 from app.residency.supervisor import free_port
 from app.store.settings import REGISTRY
 from app.telemetry.stats import median
@@ -136,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.model) if args.model else ensure_default_model(work, progress=False)
     models = work / "models"
     models.mkdir(exist_ok=True)
-    ctx, parallel = REGISTRY["runner_ctx"].default, REGISTRY["runner_parallel"].default
+    # The serve sizes its runner from the memory budget and the model (no stored default); llama-server gets the same.
+    sized = size_runner(scan(None, model)[0], detect_budget().usable_bytes)
+    ctx = REGISTRY["runner_ctx"].default or sized.n_ctx
+    parallel = REGISTRY["runner_parallel"].default or sized.parallel
     data = work / "data"
     data.mkdir()
     # Default settings but threads (the reference box has 2 cores, the comparison holds them equal).

@@ -22,17 +22,13 @@ from app.engine.request import (
 )
 from app.engine.scheduler import Chunk, Scheduler, SchedulerConfig
 from app.engine.text import StopMatcher, Utf8Stream
-from app.policy import Mode
+from app.policy import NO_SLO, Mode, SloTargets
 
 log = logging.getLogger(__name__)
 
 # ModelBackend.decode's return codes, llama_decode's own: done, or no KV slot for the batch (preempt and retry).
 DECODE_OK = 0
 DECODE_NO_KV_SLOT = 1
-# Less urgent prefill tokens per iteration while a more urgent sequence runs (SchedulerConfig):
-# small enough that a voice request's iterations stay short under document prefills, large
-# enough that background work keeps moving.
-YIELD_PREFILL_TOKENS = 16
 
 
 class ModelBackend(Protocol):
@@ -114,6 +110,11 @@ class EngineSnapshot:
     prefix_cache: bool = False
     prefix_cache_note: str | None = None  # why the cache is off, or how it is kept (sliding window)
     prefix_cache_entries: int = 0
+    # The SLO budget: the last iteration's prefill limit, the TPOT target it followed, the fitted costs.
+    prefill_budget: int = 0
+    tightest_tpot_ms: float | None = None
+    cost: dict | None = None
+    preemptions_by_class: dict | None = None  # {(class, reason): count}
 
 
 class Engine:
@@ -121,8 +122,10 @@ class Engine:
 
     The loop, once per iteration:
       1. apply cancellations (their KV is freed now);
-      2. admit waiting requests in policy order (priority, then arrival) while slots and KV allow;
-      3. build one batch: a decode token per generating sequence, then prompt chunks up to the budget;
+      2. admit waiting requests in policy order (priority, then arrival) while slots and KV allow; a more
+         urgent one preempts a preemptible, less urgent sequence (its cells stay cached) when they do not;
+      3. build one batch: a decode token per generating sequence, then prompt chunks up to the prefill
+         budget the tightest running TPOT target and the measured iteration cost allow;
       4. llama_decode once; on "no KV slot" preempt the lowest-priority, most recent sequence and retry;
       5. sample per sequence, stream UTF-8-safe text, stop on EOS / stop string / max_tokens;
       6. release finished sequences at once.
@@ -136,7 +139,7 @@ class Engine:
         max_waiting: int = 256,
         iteration_history: int = 4096,
         clock: Callable[[], float] = time.monotonic,
-        yield_prefill_tokens: int | None = YIELD_PREFILL_TOKENS,
+        slo_budget: bool = True,
         prefix_cache: bool = True,
     ):
         self.model = model
@@ -162,7 +165,7 @@ class Engine:
                 token_budget=token_budget or model.n_batch,
                 mode=Mode(mode),
                 max_waiting=max_waiting,
-                yield_prefill_tokens=yield_prefill_tokens,
+                slo_budget=slo_budget,
                 prefix_cache=cache_on,
                 kv_guard=cache_on and model.n_swa > 0,
             ),
@@ -203,6 +206,7 @@ class Engine:
         class_name: str = "default",
         arrival_s: float | None = None,
         cache_prompt: bool = True,
+        slo: SloTargets = NO_SLO,
     ) -> Request:
         """Queue a request; raises ContextOverflow or QueueFull at once instead of failing later."""
         params = params or SamplingParams()
@@ -215,6 +219,7 @@ class Engine:
             class_name=class_name,
             arrival_s=self.clock() if arrival_s is None else arrival_s,
             cache_prompt=cache_prompt,
+            slo=slo,
         )
         if len(request.prompt_tokens) >= self.model.n_ctx:
             raise ContextOverflow(len(request.prompt_tokens), self.model.n_ctx)
@@ -286,6 +291,10 @@ class Engine:
                 prefix_cache=s.cache.enabled,
                 prefix_cache_note=self.prefix_cache_note,
                 prefix_cache_entries=len(s.cache.entries),
+                prefill_budget=s.prefill_budget,
+                tightest_tpot_ms=s.tightest_tpot_ms,
+                cost=s.cost.as_dict(),
+                preemptions_by_class=dict(s.preemptions_by_class),
             )
 
     # -- engine thread ------------------------------------------------------------------------
@@ -318,9 +327,10 @@ class Engine:
     def _iterate(self) -> None:
         t0 = self.clock()
         with self._cv:
+            preempted_before = self.scheduler.num_preemptions_total
             schedule = self.scheduler.schedule(now=t0)
         decode_s = 0.0
-        num_preempted = 0
+        retried = False
         logit_idx: list[int] = []
         while schedule.chunks:
             td = time.perf_counter()
@@ -329,6 +339,7 @@ class Engine:
             self.counters.decode_calls_total += 1
             if rc == DECODE_OK:
                 break
+            retried = True
             with self._cv:
                 # Cached prefixes go first: a running sequence is preempted only when none is left.
                 if self.scheduler.cache.evict(schedule.num_tokens):
@@ -344,10 +355,10 @@ class Engine:
                         f"({victim.num_tokens} tokens) even alone",
                     )
                 else:
-                    self.scheduler.preempt(victim)
-                    num_preempted += 1
-                    self.counters.preemptions_total += 1
+                    self.scheduler.preempt(victim, reason="kv")
                 schedule = self.scheduler.schedule(admit=False)
+        num_preempted = self.scheduler.num_preemptions_total - preempted_before
+        self.counters.preemptions_total = self.scheduler.num_preemptions_total
         if not schedule.chunks:
             return
         with self._cv:
@@ -361,6 +372,9 @@ class Engine:
             self._sample_one(chunk.request, idx, now)
         t1 = self.clock()
         iteration_s = t1 - t0
+        if not retried:
+            # What the SLO budget is sized by: this model's iterations on this machine, as measured.
+            self.scheduler.cost.observe(schedule.num_decode_tokens, schedule.num_prompt_tokens, iteration_s * 1000)
         c = self.counters
         c.iterations_total += 1
         c.busy_slots_total += len(schedule.chunks)

@@ -80,10 +80,29 @@ class _EngineCollector:
         yield gauge("hearth:kv_cells_used", "KV cache cells held by running sequences", snap.kv_used)
         yield gauge("hearth:kv_cells_total", "KV cache cells in the unified cache", snap.kv_total)
         yield counter("hearth:preemptions", "Sequences evicted from the KV cache for recompute", c.preemptions_total)
+        by_class = CounterMetricFamily(
+            "hearth:preemptions_by_class",
+            "Sequences preempted, by class and reason (slot: a more urgent request took it; kv: the cache was full)",
+            labels=["class", "reason"],
+        )
+        for (name, reason), n in sorted((snap.preemptions_by_class or {}).items()):
+            by_class.add_metric([name, reason], n)
+        yield by_class
         yield gauge("hearth:requests_running", "Requests holding a sequence slot", snap.num_running)
         yield gauge("hearth:requests_waiting", "Requests waiting for admission", snap.num_waiting)
         yield gauge("hearth:slots_total", "Sequence slots (parallel)", snap.n_seq_max)
-        yield gauge("hearth:token_budget", "Tokens per iteration (chunked prefill budget)", snap.token_budget)
+        yield gauge("hearth:token_budget", "Tokens per iteration at most (n_batch or --budget)", snap.token_budget)
+        yield gauge("hearth:prefill_budget", "Prefill tokens the last iteration allowed (the SLO budget)",
+                    snap.prefill_budget)
+        yield gauge("hearth:budget_tpot_target_seconds",
+                    "The tightest TPOT target among decoding sequences the budget followed (0: none)",
+                    (snap.tightest_tpot_ms or 0) / 1000)
+        cost = snap.cost or {}
+        yield gauge("hearth:iteration_base_seconds", "Fitted fixed cost of an iteration", cost.get("base_ms", 0) / 1000)
+        yield gauge("hearth:decode_token_seconds", "Fitted cost of one decode token in an iteration",
+                    cost.get("decode_ms_per_token", 0) / 1000)
+        yield gauge("hearth:prefill_token_seconds", "Fitted cost of one prefill token in an iteration",
+                    cost.get("prefill_ms_per_token", 0) / 1000)
         finished = CounterMetricFamily("hearth:requests_finished", "Requests finished, by reason", labels=["reason"])
         for reason, n in sorted(c.requests_finished.items()):
             finished.add_metric([reason], n)

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from app.policy import NO_SLO, SloTargets
+
 if TYPE_CHECKING:
     from app.engine.grammar import Grammar
 
@@ -169,6 +171,10 @@ class Request:
     num_cached_tokens: int = 0
     slot: int | None = None
     num_preemptions: int = 0
+    # The class's targets and preemptibility, as the gateway sent them (app.policy.SLO_HEADER).
+    slo: SloTargets = NO_SLO
+    # When it last got a slot: a sequence resumed after a preemption is not preempted again for a while.
+    admitted_s: float | None = None
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None

@@ -6,6 +6,7 @@ Pure Python: no llama.cpp here, so tests drive it with a fake model.
 from __future__ import annotations
 
 import bisect
+import collections
 import time
 from dataclasses import dataclass
 
@@ -27,11 +28,20 @@ class SchedulerConfig:
     # Admission keeps this many cells free per running sequence, so newcomers don't
     # immediately push the others into preemption.
     decode_reserve_cells: int = 16
-    # While a more urgent (lower priority number) sequence runs, less urgent prefill shares this
-    # many tokens per iteration (half as many while a more urgent request waits for a slot): a long
-    # background prompt cannot stretch the iterations a voice request's tokens wait on
-    # (Sarathi-style bounded iterations, by priority). None: no limit.
-    yield_prefill_tokens: int | None = None
+    # The SLO budget (Sarathi-Serve): each iteration's prefill tokens are what fits, by the measured
+    # cost of an iteration, in `slo_headroom` of the tightest TPOT target among decoding sequences
+    # (a prefilling one's own tokens are not between two of its outputs: its TTFT gains from big chunks);
+    # never fewer than `min_prefill_tokens`, so prefill always moves. Where the target cannot be met
+    # even without prefill (a slow or busy machine), prefill may still make an iteration
+    # `slow_machine_stretch` times as long as its decode tokens alone: smaller chunks would no longer
+    # buy the target, only pay the iteration's fixed cost more often. Off: the whole token_budget.
+    slo_budget: bool = True
+    slo_headroom: float = 0.8
+    min_prefill_tokens: int = 16
+    slow_machine_stretch: float = 2.0
+    # Slot and KV preemption by priority: a more urgent waiting request takes the slot of a preemptible,
+    # less urgent one, whose cells stay cached; a sequence resumed less than this long ago is spared.
+    preempt_protect_s: float = 2.0
     # Automatic prefix caching (app/engine/prefix_cache.py); kv_guard: hold every cell under two
     # sequence ids, which sliding-window models need for their cached cells to survive.
     prefix_cache: bool = True
@@ -49,6 +59,71 @@ class SchedulerConfig:
             raise ValueError(
                 f"token_budget ({self.token_budget}) cannot exceed max_batch_tokens ({self.max_batch_tokens})"
             )
+
+
+class CostModel:
+    """The measured cost of one iteration on this model and machine: ms = base + per decode token + per prefill token.
+
+    Fitted online by least squares with exponential forgetting over the engine's own iterations, pulled
+    toward a prior (a small model on a CPU) by a ridge term so the first iterations already give a budget.
+    """
+
+    PRIOR_MS = (5.0, 2.0, 0.5)  # base, per decode token, per prefill token
+
+    def __init__(self, prior_ms: tuple[float, float, float] = PRIOR_MS, forget: float = 0.99,
+                 prior_weight: float = 0.5):
+        self.prior_ms = prior_ms
+        self.forget = forget
+        self.prior_weight = prior_weight
+        self._xx = [[0.0] * 3 for _ in range(3)]
+        self._xy = [0.0] * 3
+        self.num_samples = 0
+        self.base_ms, self.decode_ms, self.prefill_ms = prior_ms
+
+    def observe(self, num_decode: int, num_prefill: int, iteration_ms: float) -> None:
+        """Fold one measured iteration into the fit."""
+        x = (1.0, float(num_decode), float(num_prefill))
+        f = self.forget
+        for i in range(3):
+            self._xy[i] = f * self._xy[i] + x[i] * iteration_ms
+            for j in range(3):
+                self._xx[i][j] = f * self._xx[i][j] + x[i] * x[j]
+        self.num_samples += 1
+        self._solve()
+
+    def _solve(self) -> None:
+        # (XᵀX + wI) θ = Xᵀy + w θ₀, by Gaussian elimination with partial pivoting (3 × 3).
+        w = self.prior_weight
+        a = [[self._xx[i][j] + (w if i == j else 0.0) for j in range(3)] + [self._xy[i] + w * self.prior_ms[i]]
+             for i in range(3)]
+        for col in range(3):
+            pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+            a[col], a[pivot] = a[pivot], a[col]
+            if abs(a[col][col]) < 1e-12:
+                return
+            for r in range(3):
+                if r != col:
+                    k = a[r][col] / a[col][col]
+                    a[r] = [a[r][c] - k * a[col][c] for c in range(4)]
+        theta = [a[i][3] / a[i][i] for i in range(3)]
+        # A cost is never negative; a per-token cost of 0 would make the budget unbounded.
+        self.base_ms = max(theta[0], 0.0)
+        self.decode_ms = max(theta[1], 1e-3)
+        self.prefill_ms = max(theta[2], 1e-3)
+
+    def iteration_ms(self, num_decode: int, num_prefill: int) -> float:
+        """Predicted time of an iteration with these tokens."""
+        return self.base_ms + self.decode_ms * num_decode + self.prefill_ms * num_prefill
+
+    def prefill_within(self, target_ms: float, num_decode: int) -> int:
+        """Prefill tokens an iteration with num_decode decode tokens can add and still take at most target_ms."""
+        spare = target_ms - self.iteration_ms(num_decode, 0)
+        return int(spare / self.prefill_ms) if spare > 0 else 0
+
+    def as_dict(self) -> dict:
+        """The fitted costs, for /metrics."""
+        return {"base_ms": round(self.base_ms, 3), "decode_ms_per_token": round(self.decode_ms, 4),
+                "prefill_ms_per_token": round(self.prefill_ms, 4), "num_samples": self.num_samples}
 
 
 @dataclass(slots=True)
@@ -97,6 +172,13 @@ class Scheduler:
         self.running: list[Request] = []
         self.free_slots: list[int] = list(range(config.max_seqs))
         self.num_preemptions_total = 0
+        # (class name, "slot" | "kv") → preemptions: "slot" for a more urgent request's admission,
+        # "kv" when the cache had no room for a batch.
+        self.preemptions_by_class: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.cost = CostModel()
+        # The last iteration's prefill limit and the TPOT target it came from (None: no target ran).
+        self.prefill_budget = config.token_budget
+        self.tightest_tpot_ms: float | None = None
         # STATIC mode: once a batch is admitted, nothing more joins until it is empty.
         self._static_closed = False
 
@@ -149,35 +231,67 @@ class Scheduler:
         if not self._may_admit():
             return
         i = 0
-        while i < len(self.waiting) and self.free_slots and len(self.running) < self.max_running:
+        while i < len(self.waiting):
             candidate = self.waiting[i]
-            # The last token is always computed: its logits give the next sample.
-            match = self.cache.match(candidate.all_tokens[:-1]) if candidate.cache_prompt else NO_MATCH
+            # The last token is always computed: its logits give the next sample. A preempted sequence
+            # resumes from its own cached cells even when it asked not to use the cache (cache_prompt).
+            lookup = candidate.cache_prompt or candidate.num_preemptions > 0
+            match = self.cache.match(candidate.all_tokens[:-1]) if lookup else NO_MATCH
             if self._awaits_prefix(candidate, match):
                 i += 1
                 continue
-            # Cells the running sequences will hold once their pending tokens (the prompts of
-            # sequences admitted in this very loop included) are computed, not just kv_used.
-            # Cells held only by the cache count as free: they are evicted when needed.
-            free = self.config.kv_cells - self.kv_used - sum(r.num_pending for r in self.running)
-            reserve = self.config.decode_reserve_cells * len(self.running)
-            # Shared cells count once: what running sequences already hold costs the newcomer nothing.
-            need = candidate.num_tokens - match.num_running
-            # The first sequence of an empty engine always gets in: alone it fits by add_request's check.
-            if self.running and need + reserve > free:
-                break
+            short = self._shortage(candidate, match)
+            if short is not None:
+                victim = self.slot_victim(candidate, now)
+                if victim is None:
+                    break
+                self.preempt(victim, reason=short)
+                continue  # the victim's cells are cached now: look again
             self.waiting.pop(i)
             candidate.slot = self.free_slots.pop(0)
             candidate.status = RequestStatus.RUNNING
+            candidate.admitted_s = now
             candidate.num_computed = self.cache.attach(candidate.slot, match)
             if candidate.first_scheduled_s is None:
                 candidate.first_scheduled_s = now
                 candidate.num_cached_tokens = candidate.num_computed
-            if candidate.cache_prompt:
-                self.cache.count_query(candidate.num_tokens, candidate.num_computed)
+                if candidate.cache_prompt:
+                    self.cache.count_query(candidate.num_tokens, candidate.num_computed)
             self.running.append(candidate)
         if self.config.mode is Mode.STATIC and self.running:
             self._static_closed = True
+
+    def _shortage(self, candidate: Request, match: Match) -> str | None:
+        """What keeps a candidate out now: "slot", "kv", or None when it can be admitted."""
+        if not self.free_slots or len(self.running) >= self.max_running:
+            return "slot"
+        # Cells the running sequences will hold once their pending tokens (the prompts of
+        # sequences admitted in this very loop included) are computed, not just kv_used.
+        # Cells held only by the cache count as free: they are evicted when needed.
+        free = self.config.kv_cells - self.kv_used - sum(r.num_pending for r in self.running)
+        reserve = self.config.decode_reserve_cells * len(self.running)
+        # Shared cells count once: what running sequences already hold costs the newcomer nothing.
+        need = candidate.num_tokens - match.num_running
+        # The first sequence of an empty engine always gets in: alone it fits by add_request's check.
+        if self.running and need + reserve > free:
+            return "kv"
+        return None
+
+    def slot_victim(self, candidate: Request, now: float) -> Request | None:
+        """The running sequence a waiting candidate may preempt: preemptible, less urgent, not just resumed.
+
+        Only in continuous mode (serial and static are the A/B baselines); among several, the least
+        urgent, then the most recently arrived. None when nothing may be preempted for it.
+        """
+        if self.config.mode is not Mode.CONTINUOUS:
+            return None
+        protect = self.config.preempt_protect_s
+        eligible = [
+            r for r in self.running
+            if r.slo.preemptible and r.priority > candidate.priority
+            and not (r.num_preemptions and r.admitted_s is not None and now - r.admitted_s < protect)
+        ]
+        return max(eligible, key=lambda r: (r.priority, r.arrival_s, r.request_id), default=None)
 
     def _awaits_prefix(self, candidate: Request, match: Match) -> bool:
         """True when a running request is still computing a longer prefix of this candidate's prompt.
@@ -210,32 +324,32 @@ class Scheduler:
                 num_decode += 1
         budget -= num_decode
         num_prompt = 0
-        most_urgent = min((r.priority for r in self.running), default=0)
-        yield_left = self.config.yield_prefill_tokens
-        # A more urgent request queued behind full slots: yield harder, so running urgent sequences
-        # finish and free their slots sooner.
-        if yield_left is not None and self.waiting and self.running and \
-                self.waiting[0].priority < max(r.priority for r in self.running):
-            yield_left //= 2
-        # Prompt chunks in admission order, so the oldest prefill finishes first.
+        prefill_left = min(budget, self._prefill_limit(num_decode))
+        self.prefill_budget = max(prefill_left, 0)
+        # Prompt chunks in admission order: the most urgent prefill first, then the oldest.
         for r in sorted(self.running, key=Request.sort_key):
-            if budget <= 0:
+            if prefill_left <= 0:
                 break
             if r.is_decoding or r.num_pending <= 0:
                 continue
-            n = min(r.num_pending, budget)
-            if yield_left is not None and r.priority > most_urgent:
-                n = min(n, yield_left)
-                if n <= 0:
-                    continue
-                yield_left -= n
+            n = min(r.num_pending, prefill_left)
             tokens = r.all_tokens[r.num_computed : r.num_computed + n]
             chunks.append(Chunk(r, tokens, r.num_computed, n == r.num_pending))
-            budget -= n
+            prefill_left -= n
             num_prompt += n
         schedule = Schedule(chunks, num_decode, num_prompt)
         self.make_room(schedule.num_tokens)
         return schedule
+
+    def _prefill_limit(self, num_decode: int) -> int:
+        """Prefill tokens this iteration may carry: what the tightest decoding TPOT target leaves (see SchedulerConfig)."""
+        targets = [r.slo.tpot_ms for r in self.running if r.slo.tpot_ms and r.is_decoding]
+        self.tightest_tpot_ms = min(targets) if targets else None
+        if not self.config.slo_budget or self.tightest_tpot_ms is None:
+            return self.config.token_budget
+        limit_ms = max(self.tightest_tpot_ms * self.config.slo_headroom,
+                       self.config.slow_machine_stretch * self.cost.iteration_ms(num_decode, 0))
+        return max(self.cost.prefill_within(limit_ms, num_decode), self.config.min_prefill_tokens)
 
     def make_room(self, num_cells: int) -> int:
         """Evict cached prefixes until num_cells cells are free (as far as the cache can); returns cells freed."""
@@ -251,18 +365,24 @@ class Scheduler:
     # -- preemption and release ---------------------------------------------------------
 
     def choose_victim(self) -> Request | None:
-        """The lowest-priority, most recently arrived running sequence."""
+        """The sequence to preempt when the KV cache is full: a preemptible class's first, then the
+        lowest-priority, most recently arrived (a full cache must give way somewhere)."""
         if not self.running:
             return None
-        return max(self.running, key=lambda r: (r.priority, r.arrival_s, r.request_id))
+        return max(self.running, key=lambda r: (r.slo.preemptible, r.priority, r.arrival_s, r.request_id))
 
-    def preempt(self, victim: Request) -> int:
-        """Drop a running sequence's KV and requeue it for recompute; returns the slot it held."""
-        slot = self._release(victim, keep=False)
+    def preempt(self, victim: Request, reason: str = "kv") -> int:
+        """Take a running sequence out and requeue it; returns the slot it held.
+
+        Its cells stay in the prefix cache, so resuming recomputes only what was evicted meanwhile
+        (everything, when the cache is off).
+        """
+        slot = self._release(victim, keep=True)
         victim.num_computed = 0
         victim.num_preemptions += 1
         victim.status = RequestStatus.WAITING
         self.num_preemptions_total += 1
+        self.preemptions_by_class[(victim.class_name, reason)] += 1
         self._enqueue(victim)
         return slot
 

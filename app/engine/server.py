@@ -53,7 +53,7 @@ from app.engine.grammar import Grammar, UnsupportedSchema, json_object_grammar, 
 from app.engine.model_config import ModelConfig
 from app.engine.named_template import NamedTemplate, is_template_name
 from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request, SamplingParams
-from app.policy import Mode
+from app.policy import SLO_HEADER, Mode, parse_slo_header
 
 log = logging.getLogger(__name__)
 
@@ -565,7 +565,7 @@ class RunnerApp:
         if body.stream:
             raise ApiError(400, "'prompt': several prompts cannot be streamed; send one per request", param="prompt")
         # Several prompts are submitted together, so they batch, and answered as a list in their order.
-        requests = [self._submit(engine, body, tokens, grammar, logprobs, False) for tokens in prompts]
+        requests = [self._submit(req, engine, body, tokens, grammar, logprobs, False) for tokens in prompts]
         results = []
         for index, (request, params) in enumerate(requests):
             resp = self._complete(req.environ, engine, request, params, "", dataclasses.replace(answer, index=index))
@@ -750,7 +750,7 @@ class RunnerApp:
                 out[t] = value
         return tuple(out.items())
 
-    def _submit(self, engine: Engine, body, tokens: list[int], grammar: Grammar | None, logprobs: int | None,
+    def _submit(self, req: HttpRequest, engine: Engine, body, tokens: list[int], grammar: Grammar | None, logprobs: int | None,
                 chat: bool) -> tuple[Request, SamplingParams]:
         params = self._params(body, len(tokens), grammar, logprobs)
         try:
@@ -761,6 +761,7 @@ class RunnerApp:
                 class_name=body.hearth_class,
                 arrival_s=time.monotonic(),
                 cache_prompt=body.cache_prompt,
+                slo=parse_slo_header(req.headers.get(SLO_HEADER)),
             )
         except ContextOverflow as exc:
             raise ApiError(400, f"request ({exc.num_prompt_tokens} tokens) exceeds the available context size "
@@ -783,7 +784,7 @@ class RunnerApp:
         n = getattr(body, "n", 1)
         if n > 1 and answer.kind != NATIVE:
             return self._several(req, engine, body, tokens, answer, grammar, logprobs, rid, n)
-        request, params = self._submit(engine, body, tokens, grammar, logprobs, answer.kind == CHAT)
+        request, params = self._submit(req, engine, body, tokens, grammar, logprobs, answer.kind == CHAT)
         if body.stream:
             return Response(
                 self._stream(req.environ, engine, request, params, body, rid, answer),
@@ -799,7 +800,7 @@ class RunnerApp:
         submitted = []
         try:
             for _ in range(n):
-                submitted.append(self._submit(engine, body, tokens, grammar, logprobs, answer.kind == CHAT))
+                submitted.append(self._submit(req, engine, body, tokens, grammar, logprobs, answer.kind == CHAT))
         except ApiError:
             for request, _ in submitted:
                 engine.cancel(request)

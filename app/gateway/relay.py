@@ -17,6 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from flask import has_app_context
+
+from app.gateway.context import services
+from app.policy import SLO_HEADER, slo_header
 from app.residency.supervisor import node_tls_context
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
@@ -152,10 +156,18 @@ def _connect(origin: Origin) -> http.client.HTTPConnection:
     return conn
 
 
+def _slo_headers(body: dict) -> dict[str, str]:
+    """The class's targets for the runner's scheduler (app.policy.SLO_HEADER), when the class is known."""
+    if not has_app_context():  # relayed from outside a gateway app (tests, tools)
+        return {}
+    policy = services().classes.get(body.get("hearth_class") or "")
+    return {SLO_HEADER: slo_header(policy)} if policy else {}
+
+
 def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, Origin]:
     origin, path = _origin(url)
     payload = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload)), **_slo_headers(body)}
     # A kept-alive connection may have been closed by the runner meanwhile: one retry on a fresh one.
     for fresh in (False, True):
         conn = None if fresh else _take(origin)

@@ -116,3 +116,60 @@ def _compute_bytes(entry: CatalogEntry, cells: int, n_outputs: int, n_ubatch: in
     # The output buffer is separate host memory that receives the logits of every sequence.
     output_bytes = n_outputs * n_vocab * FLOAT32_BYTES
     return max(layer_phase, logits_phase) + output_bytes
+
+
+# -- runner sizing -------------------------------------------------------------------------------------
+
+# Slots a runner gets when the admin sets none: the household overlap the bench measures (8 requests
+# at once), where a CPU's batching gain levels off (docs/measuring: C++ batched decode 1 → 8 sequences
+# ≈ 2×); a GPU keeps gaining beyond it.
+AUTO_SLOTS_CPU = 8
+AUTO_SLOTS_GPU = 16
+# KV cells per slot on average (the cache is unified: one long prompt may take more than its share),
+# and never fewer cells in all than one long document needs.
+AUTO_CELLS_PER_SLOT = 1024
+AUTO_MIN_CELLS = 4096
+# One model's runner may take this share of the memory budget, so a second model can stay resident.
+AUTO_BUDGET_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class RunnerSizing:
+    """Slots and KV cells chosen for a model's runner, with the reason in the admin's words."""
+
+    parallel: int
+    n_ctx: int
+    estimate_bytes: int
+    reason: str
+
+
+def size_runner(entry: CatalogEntry, budget_bytes: int, n_batch: int = 512, gpu: bool = False,
+                parallel: int | None = None, n_ctx: int | None = None) -> RunnerSizing:
+    """Slots and KV cells for a runner where the admin set none (parallel / n_ctx None): the household's
+    overlap, as far as AUTO_BUDGET_SHARE of the memory budget and the model's trained context allow."""
+    trained = entry.n_ctx_train or AUTO_MIN_CELLS
+    target = parallel or min(AUTO_SLOTS_GPU if gpu else AUTO_SLOTS_CPU, n_batch)
+    options = []
+    for p in dict.fromkeys([target] if parallel else [target, target // 2, target // 4, 2, 1]):
+        if p < 1:
+            continue
+        # A slot holds at most the trained context; all slots together get at least AUTO_MIN_CELLS.
+        cells = n_ctx or min(max(p * AUTO_CELLS_PER_SLOT, AUTO_MIN_CELLS), trained * p)
+        options.append((p, cells, estimate_memory(entry, cells, p, n_batch).total_bytes))
+    # Within the share one model may take; else within the whole budget (it will be alone); else the smallest.
+    share = int(budget_bytes * AUTO_BUDGET_SHARE)
+    p, cells, need = next((o for o in options if o[2] <= share), None) or \
+        next((o for o in options if o[2] <= budget_bytes), options[-1])
+    why = []
+    if parallel is None:
+        hw = "a GPU keeps gaining beyond 8" if gpu else "where a CPU's batching gain levels off"
+        why.append(f"{p} slots: the household overlap the bench measures (8 at once; {hw})" if p == target
+                   else f"{p} slot{'s' if p > 1 else ''}: {target} would not fit the memory budget")
+    if n_ctx is None:
+        why.append(f"{cells:,} KV cells: {AUTO_CELLS_PER_SLOT:,} per slot, shared, at least {AUTO_MIN_CELLS:,}"
+                   f" and at most the trained {trained:,} per slot")
+    pct = 100 * need / budget_bytes if budget_bytes else 0
+    fit = (f"within the {AUTO_BUDGET_SHARE:.0%} one model may take" if need <= share
+           else "more than half: another model evicts it" if need <= budget_bytes else "does NOT fit")
+    why.append(f"estimate {need / MIB:,.0f} MiB = {pct:.0f} % of the {budget_bytes / MIB:,.0f} MiB budget ({fit})")
+    return RunnerSizing(p, cells, need, "; ".join(why))

@@ -285,14 +285,18 @@ def header_entry(metadata: GgufMetadata, name: str):
     return entry if reason is None else replace(entry, usable=False, unusable_reason=reason)
 
 
-def budget_refusal(metadata: GgufMetadata, n_ctx: int, parallel: int, n_batch: int, budget_bytes: int) -> str | None:
+def budget_refusal(metadata: GgufMetadata, n_ctx: int | None, parallel: int | None, n_batch: int,
+                   budget_bytes: int) -> str | None:
     """Why a model known by its header cannot be served, or would not fit the memory budget with these
-    runner settings; None when it can be served and fits."""
-    from app.residency.estimate import estimate_memory
+    runner settings (None: sized as app.residency.estimate.size_runner would); None when it can be served and fits."""
+    from app.residency.estimate import estimate_memory, size_runner
 
     entry = header_entry(metadata, metadata.path)
     if not entry.usable:
         return f"{entry.name} cannot be served: {entry.unusable_reason}"
+    if n_ctx is None or parallel is None:
+        sized = size_runner(entry, budget_bytes, n_batch, parallel=parallel, n_ctx=n_ctx)
+        n_ctx, parallel = sized.n_ctx, sized.parallel
     need = estimate_memory(entry, n_ctx, parallel, n_batch).total_bytes
     if need > budget_bytes:
         return (f"{entry.name} would need {_gib(need)} resident (ctx {n_ctx} × {parallel} slots) and the memory budget "

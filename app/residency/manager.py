@@ -34,6 +34,8 @@ class ModelSpec:
     keep_alive_s: float = 300.0
     runner: RunnerSpec | None = None
     remote: tuple[tuple[str, str], ...] = ()
+    # How the runner's slots and KV cells were chosen when the admin set none (size_runner's reason).
+    sizing_note: str | None = None
 
     def __post_init__(self):
         if self.policy not in MODEL_POLICIES:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
-from app.residency.estimate import estimate_memory
+from app.residency.estimate import RunnerSizing, estimate_memory, size_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
 from app.residency.supervisor import RunnerSpec
@@ -69,8 +69,8 @@ class ModelEmbedded(ModelNotServable):
 
 def pull_refusal(settings: SettingsCache, metadata) -> str | None:
     """Why a model being pulled (its header arrived) cannot be served or would not fit the budget; None if it can."""
-    ctx, parallel, batch = (int(settings.get(f"runner_{k}")) for k in ("ctx", "parallel", "batch"))
-    return budget_refusal(metadata, ctx, parallel, batch, budget_bytes(settings))
+    ctx, parallel, batch = (settings.get(f"runner_{k}") for k in ("ctx", "parallel", "batch"))
+    return budget_refusal(metadata, ctx, parallel, int(batch), budget_bytes(settings))
 
 
 def resolve_models_dir(data_dir: Path, stored: str | None, override: str | None) -> Path:
@@ -97,15 +97,30 @@ def record_catalog(session: Session, entries: list[CatalogEntry], now: datetime)
     return rows
 
 
-def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict) -> RunnerSpec:
-    """How a model's runner starts: its own runner settings where set, else the stored runner_* defaults."""
+def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict,
+                  budget: int) -> RunnerSizing | None:
+    """Slots and cells from the memory budget and the model where neither the model nor the defaults set them."""
+    parallel = (rs and rs.parallel) or defaults.get("parallel")
+    n_ctx = (rs and rs.n_ctx) or defaults.get("ctx")
+    if parallel and n_ctx:
+        return None
+    n_batch = (rs and rs.n_batch) or int(defaults["batch"])
+    gpu = bool(rs and rs.gpu_layers)
+    return size_runner(entry, budget, n_batch, gpu, int(parallel) if parallel else None,
+                       int(n_ctx) if n_ctx else None)
+
+
+def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict,
+                sizing: RunnerSizing | None = None) -> RunnerSpec:
+    """How a model's runner starts: its own runner settings where set, else the stored runner_* defaults,
+    else the sizing (app.residency.estimate.size_runner)."""
     return RunnerSpec(
         model_name=entry.name,
         model_path=str(entry.path),
         kind=(rs.kind if rs else "hearth"),
         binary_path=rs.binary_path if rs else None,
-        n_ctx=(rs and rs.n_ctx) or int(defaults["ctx"]),
-        parallel=(rs and rs.parallel) or int(defaults["parallel"]),
+        n_ctx=(rs and rs.n_ctx) or int(defaults["ctx"] or (sizing.n_ctx if sizing else 4096)),
+        parallel=(rs and rs.parallel) or int(defaults["parallel"] or (sizing.parallel if sizing else 4)),
         n_batch=(rs and rs.n_batch) or int(defaults["batch"]),
         threads=(rs and rs.threads) or int(defaults["threads"] or os.cpu_count() or 1),
         gpu_layers=(rs and rs.gpu_layers) or 0,
@@ -183,17 +198,20 @@ class Catalog:
             aliases: dict[str, str] = {}
             with self.sessions() as s:
                 defaults = {k: get_setting(s, f"runner_{k}") for k in RUNNER_DEFAULTS}
+                budget = budget_bytes(self.settings)
                 for e, row in zip(entries, record_catalog(s, entries, datetime.now(UTC))):
                     if not e.usable:
                         continue
                     rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
-                    spec = runner_spec(e, rs, defaults)
+                    sizing = runner_sizing(e, rs, defaults, budget)
+                    spec = runner_spec(e, rs, defaults, sizing)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch)
                     nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()
                     specs[e.name] = ModelSpec(
                         name=e.name, path=str(e.path), estimate_bytes=estimate.total_bytes, policy=row.policy,
                         keep_alive_s=row.keep_alive_s, runner=spec,
                         remote=tuple((n.url, n.label or n.url) for n in nodes),
+                        sizing_note=sizing.reason if sizing else None,
                     )
                     if row.alias:
                         aliases[row.alias] = e.name

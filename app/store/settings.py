@@ -108,10 +108,12 @@ REGISTRY = {
         SettingDef("max_connections", 4096, "client connections hearth serve holds at once (each costs a descriptor and a greenlet, not a thread)",
                    "int", "Gateway", "Connections at once", "connections", 64, 100_000, restart=True),
         # ≥ 256: a chat template, a short prompt and its answer; 2^20 cells is beyond any GGUF's trained context.
-        SettingDef("runner_ctx", 4096, "default KV cells per local runner, shared by its slots",
+        SettingDef("runner_ctx", None, "default KV cells per local runner, shared by its slots (default: sized "
+                   "from the memory budget and the model, shown on the Models page)",
                    "int", "Models and runners", "KV cells per runner", "cells", 256, 1 << 20),
         # ≤ 256: llama.cpp's own limit on sequences per context (LLAMA_MAX_SEQ).
-        SettingDef("runner_parallel", 4, "default sequence slots per local runner",
+        SettingDef("runner_parallel", None, "default sequence slots per local runner (default: sized from the "
+                   "memory budget and the model, shown on the Models page)",
                    "int", "Models and runners", "Sequence slots per runner", "slots", 1, 256),
         SettingDef("runner_batch", 512, "default n_batch per local runner (at least runner_parallel: one token per slot)",
                    "int", "Models and runners", "Batch size (n_batch)", "tokens", 32, 65536),
@@ -246,7 +248,8 @@ def conflicts(values: Mapping[str, Any]) -> dict[str, str]:
 
     problems = {}
     batch, parallel = value("runner_batch"), value("runner_parallel")
-    if batch < parallel:
+    # Sized slots (None) never exceed the batch: app.residency.estimate.size_runner caps them.
+    if parallel is not None and batch < parallel:
         # The engine's token budget is n_batch and each running sequence needs one token of it per iteration.
         problems["runner_batch"] = (f"runner_batch must be at least runner_parallel ({parallel}): every slot "
                                     f"decodes one token of each batch (got {batch})")

@@ -25,6 +25,7 @@ class ClassFigures:
     # Requests the SLO can judge: all but those logged before TTFT meant the first token delivered
     # (migration 0010), whose TTFT was of another kind. None: all of them.
     judged: int | None = None
+    preemptions: int = 0  # times the runner preempted this class's sequences (request log)
 
     @property
     def slo_attainment(self) -> float | None:
@@ -68,13 +69,14 @@ def class_figures(session: Session, policies: dict[str, ClassPolicy], start: dat
         policy = policies.get(row.class_name or "")
         if policy is None:
             continue
-        a = acc.setdefault(policy.name, [0, 0, 0, 0])
+        a = acc.setdefault(policy.name, [0, 0, 0, 0, 0])
         a[0] += 1
         a[1] += meets_targets(row, policy)
         a[2] += row.completion_tokens or 0
         a[3] += judged_by_slo(row)
-    return [ClassFigures(name, n, met, tokens, policies[name].weight, judged)
-            for name, (n, met, tokens, judged) in sorted(acc.items())]
+        a[4] += row.num_preemptions or 0
+    return [ClassFigures(name, n, met, tokens, policies[name].weight, judged=judged, preemptions=preempted)
+            for name, (n, met, tokens, judged, preempted) in sorted(acc.items())]
 
 
 def fairness(figures: list[ClassFigures]) -> float | None:

@@ -69,6 +69,8 @@ METRICS = {
         Metric("kv_cached_pct", "%", "KV cache cells held only by the prefix cache (evicted when needed)"),
         Metric("preemptions_s", "1/s", "sequences evicted from the KV cache per second"),
         Metric("slots_busy", "slots", "sequence slots processing a request"),
+        Metric("prefill_budget", "tokens", "prefill tokens an iteration may carry: the SLO budget of the last iteration"),
+        Metric("budget_tpot_ms", "ms", "the tightest TPOT target among decoding sequences the budget followed (0: none)"),
         Metric("queue_waiting", "req", "requests waiting in the gateway for admission, all classes"),
         Metric("in_flight", "req", "requests the gateway admitted that have not finished, all classes"),
     ]
@@ -84,6 +86,7 @@ RUNNER_COUNTERS = {
 RUNNER_GAUGES = {
     "llamacpp:requests_processing": "running",
     "llamacpp:requests_deferred": "waiting",
+    "hearth:prefill_budget": "prefill_budget",
 }
 
 
@@ -254,6 +257,9 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
             used, total = scrape.value("hearth:kv_cells_used"), scrape.value("hearth:kv_cells_total")
             if used is not None and total:
                 readings.append((source, "kv_used_pct", 100.0 * used / total))
+            tpot_s = scrape.value("hearth:budget_tpot_target_seconds")
+            if tpot_s is not None:
+                readings.append((source, "budget_tpot_ms", 1000.0 * tpot_s))
             cached = scrape.value("hearth:kv_cells_cached")
             if cached is not None and total:
                 readings.append((source, "kv_cached_pct", 100.0 * cached / total))

@@ -27,7 +27,7 @@ import psutil
 from app.exposition import Scrape, parse_exposition
 from app.hardware import cpu_has_amx, machine, nvml_gpus
 from app.paths import sha256_of
-from app.policy import MODES, ClassPolicy
+from app.policy import MODES, SLO_HEADER, ClassPolicy, slo_header
 from app.telemetry.stats import median
 from app.verdict.results import RunResult, median_runs, request_times, summarise
 from app.verdict.runners import ONCE_MODES, RunnerPlan, plan_runners
@@ -128,7 +128,9 @@ class _Client:
         first = True
         try:
             row["sent_s"] = time.monotonic() - self.t0
-            with self.http.stream("POST", f"{self.target.url}/v1/completions", json=body) as resp:
+            # The class's targets as the gateway's relay sends them (the engine's budget and preemption use them).
+            headers = {SLO_HEADER: slo_header(policy)} if policy else {}
+            with self.http.stream("POST", f"{self.target.url}/v1/completions", json=body, headers=headers) as resp:
                 if resp.status_code != 200:
                     resp.read()
                     raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")

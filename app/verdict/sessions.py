@@ -159,10 +159,12 @@ def write_csv(runs: list[RunResult], path: str | Path) -> Path:
 
 def current_runner_settings(session: Session, model_name: str | None) -> dict:
     """The model's runner settings as the verdict reads them (stored row, else the defaults)."""
+    from app.residency.estimate import AUTO_SLOTS_CPU
     from app.store.settings import get_setting
 
-    out = {"parallel": get_setting(session, "runner_parallel"), "n_batch": get_setting(session, "runner_batch"),
-           "mode": "continuous"}
+    # No stored default: the catalog sizes the slots (size_runner); its target is what a roomy box gets.
+    out = {"parallel": get_setting(session, "runner_parallel") or AUTO_SLOTS_CPU,
+           "n_batch": get_setting(session, "runner_batch"), "mode": "continuous"}
     model = session.scalar(select(Model).where(Model.name == model_name)) if model_name else None
     rs = session.scalar(select(RunnerSettings).where(RunnerSettings.model_id == model.id)) if model else None
     if rs is not None:

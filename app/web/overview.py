@@ -25,7 +25,16 @@ MODE_RULES = {
     "static": "A fixed batch is admitted only when the engine is empty and runs until its longest member ends.",
 }
 KV_RULE = ("A request joins only if its prompt plus 16 cells per running sequence fits in the free KV "
-           "cache; when the cache fills, the lowest-priority newest sequence is preempted and recomputed.")
+           "cache (cached prefixes count as free: they are evicted first). A more urgent request that finds no "
+           "slot or KV room preempts a preemptible, less urgent sequence (not one resumed in the last 2 s); the "
+           "preempted sequence's cells stay cached, so it resumes cheaply. When the cache fills during a step, "
+           "the lowest-priority newest sequence is preempted.")
+BUDGET_RULE = ("Each iteration carries one decode token per generating sequence, then prompt chunks (most "
+               "urgent first) up to the prefill budget: the tokens that fit, by this model's measured cost per "
+               "iteration, per decode token and per prefill token, in 80 % of the tightest TPOT target among the "
+               "decoding sequences (at least 16, at most the batch size; where the target is out of reach even "
+               "without prefill, prefill may double the iteration). While nothing with a target decodes, the "
+               "whole batch.")
 
 
 @dataclass(frozen=True)
@@ -92,9 +101,18 @@ def has_gpu(svc: Services, live: Live) -> bool:
         return session.scalar(select(Series.id).where(Series.source.startswith("gpu:")).limit(1)) is not None
 
 
+def _live_budget(latest: dict, name: str) -> dict | None:
+    """The last sampled SLO budget of a model's runners (the first node that reports one)."""
+    for source, values in sorted(latest.items()):
+        if source.startswith(f"runner:{name}@") and "prefill_budget" in values:
+            return {"prefill_budget": values["prefill_budget"], "tpot_ms": values.get("budget_tpot_ms") or None}
+    return None
+
+
 def admission_policy(svc: Services, models: list[dict]) -> dict:
-    """The policy in force: per servable model its runner settings, per class its priority and limits."""
+    """The policy in force: per servable model its runner settings and live budget, per class its priority and limits."""
     states = {m["name"]: m for m in models}
+    latest = svc.sampler.latest
     rows = []
     for name, spec in sorted(svc.catalog.model_specs().items()):
         runner = spec.runner
@@ -110,6 +128,7 @@ def admission_policy(svc: Services, models: list[dict]) -> dict:
             "n_ctx": runner.n_ctx if runner else None,
             "threads": runner.threads if runner else None,
             "mode_rule": MODE_RULES.get(runner.mode, "") if runner else "Served by remote nodes.",
+            "budget": _live_budget(latest, name),
         })
     classes = [svc.classes.get(n) for n in svc.classes.names()]
     return {
@@ -117,6 +136,7 @@ def admission_policy(svc: Services, models: list[dict]) -> dict:
         "classes": [c for c in classes if c is not None],
         "max_in_flight_total": svc.settings.get("max_in_flight_total"),
         "kv_rule": KV_RULE,
+        "budget_rule": BUDGET_RULE,
     }
 
 

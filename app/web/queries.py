@@ -75,13 +75,14 @@ def class_figures_sql(session: Session, start: datetime, end: datetime) -> list[
     judged = case((func.coalesce(r.ttft_kind, TTFT_DELIVERED) == TTFT_DELIVERED, 1), else_=0)
     rows = session.execute(
         select(r.class_name, func.count(), func.sum(met), func.coalesce(func.sum(r.completion_tokens), 0), c.weight,
-               func.sum(judged))
+               func.sum(judged), func.coalesce(func.sum(r.num_preemptions), 0))
         .join(c, c.name == r.class_name)
         .where(r.arrival_at >= start, r.arrival_at < end)
         .group_by(r.class_name)
         .order_by(r.class_name)
     )
-    return [ClassFigures(name, n, int(m or 0), int(tokens), float(w), int(j or 0)) for name, n, m, tokens, w, j in rows]
+    return [ClassFigures(name, n, int(m or 0), int(tokens), float(w), judged=int(j or 0), preemptions=int(p))
+            for name, n, m, tokens, w, j, p in rows]
 
 
 @dataclass(frozen=True)
@@ -314,6 +315,8 @@ class ModelCard:
     in_flight: int = 0
     idle_s: float | None = None
     measured_bytes: int | None = None
+    n_batch: int | None = None
+    sizing_note: str | None = None  # why these slots and cells, when sized from the memory budget
     rss_bytes: int | None = None
     cold_start_ms: float | None = None
     cold_starts_ms: list[float] = field(default_factory=list)
@@ -399,6 +402,8 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             estimate=estimate, n_ctx=spec.runner.n_ctx if spec and spec.runner else None,
             parallel=spec.runner.parallel if spec and spec.runner else None, state=state, label=label,
             cold_starts_ms=hist["cold_starts_ms"], measured_bytes=hist["measured_bytes"],
+            n_batch=spec.runner.n_batch if spec and spec.runner else None,
+            sizing_note=spec.sizing_note if spec else None,
         )
         if status is not None:
             card.in_flight = status.get("in_flight") or 0

@@ -16,6 +16,7 @@ from app.engine.request import (
     RequestStatus,
     SamplingParams,
 )
+from app.policy import SloTargets
 
 EOS = 2
 IGNORE_EOS_TOKEN = 3
@@ -393,9 +394,9 @@ def _pressure_run(make_engine, n_ctx: int, max_tokens: int = 24):
     preemptions: list[tuple[Request, list[Request]]] = []
     original_preempt = engine.scheduler.preempt
 
-    def spy(victim: Request) -> int:
+    def spy(victim: Request, reason: str = "kv") -> int:
         preemptions.append((victim, list(engine.scheduler.running)))
-        return original_preempt(victim)
+        return original_preempt(victim, reason)
 
     engine.scheduler.preempt = spy
     reqs = [
@@ -685,3 +686,33 @@ def test_logprobs_ride_on_each_token_delta_only_when_asked():
             assert r.status.finished
     finally:
         engine.stop()
+
+
+# -- preemption by priority -----------------------------------------------------------------------
+
+
+def test_a_voice_request_takes_the_only_slot_and_background_resumes_from_its_cached_cells(make_engine):
+    background_slo = SloTargets(ttft_ms=30000, tpot_ms=500, preemptible=True)
+    voice_slo = SloTargets(ttft_ms=500, tpot_ms=100)
+    submitted: list[Request] = []
+
+    def voice_arrives(n: int, chunks) -> None:
+        if n == 6:  # the background answer is under way
+            submitted.append(engine.submit(prompt(2, 5), greedy(3, ignore_eos=True), priority=0,
+                                           class_name="voice", slo=voice_slo))
+
+    model = FakeModel(n_seq_max=1, on_decode=voice_arrives)
+    engine = make_engine(model)
+    bg = engine.submit(prompt(1, 40), greedy(12, ignore_eos=True), priority=3, class_name="background",
+                       cache_prompt=False, slo=background_slo)
+    bg_deltas, bg_fin = run_all(engine, [bg])[bg.request_id]
+    (voice,) = submitted
+    _, voice_fin = collect(voice)
+    assert voice_fin.finish_reason == "length" and voice.finished_s < bg.finished_s
+    assert (bg_fin.finish_reason, bg_fin.stats.num_preemptions) == ("length", 1)
+    assert bg.output_tokens == model.expected_tokens(bg.prompt_tokens, 12)  # as if never interrupted
+    assert engine.counters.preemptions_total == 1
+    assert engine.snapshot().preemptions_by_class == {("background", "slot"): 1}
+    # On resumption only its last token went through the model again: its cells had stayed cached.
+    resumed = next(b for b in model.batches[6:] if b[0].request_id == bg.request_id)
+    assert len(resumed[0].tokens) == 1 and model.violations == []

@@ -7,8 +7,8 @@ from fake_model import FakeModel
 
 from app.engine.engine import DECODE_OK
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus, SamplingParams
-from app.engine.scheduler import Scheduler, SchedulerConfig
-from app.policy import Mode
+from app.engine.scheduler import CostModel, Scheduler, SchedulerConfig
+from app.policy import NO_SLO, Mode, SloTargets
 
 NEXT_TOKEN = 7
 
@@ -292,39 +292,6 @@ def test_a_more_urgent_prefill_gets_the_budget_first():
     assert low.num_computed == 8
 
 
-def test_less_urgent_prefill_yields_while_a_more_urgent_sequence_runs():
-    sched = Scheduler(make_config(max_seqs=3, token_budget=64, max_batch_tokens=64, yield_prefill_tokens=8))
-    docs = [make_request(100, priority=3, arrival_s=i) for i in range(2)]
-    for d in docs:
-        sched.add_request(d)
-    assert step(sched).num_prompt_tokens == 64  # background alone: the whole budget
-    voice = make_request(4, priority=0, arrival_s=5, max_tokens=3)
-    sched.add_request(voice)
-    s = step(sched)
-    # The voice prompt first, then the two documents share 8 tokens between them.
-    assert layout(s) == [(voice.request_id, 0, 4, True), (docs[0].request_id, 64, 8, False)]
-    s = step(sched)
-    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == 8
-    assert step(sched).num_prompt_tokens == 8
-    # The engine releases the voice request at its third token; the documents get the budget back.
-    assert len(voice.output_tokens) == 3
-    sched.finish(voice, RequestStatus.FINISHED_LENGTH)
-    assert step(sched).num_prompt_tokens == 64
-
-
-def test_less_urgent_prefill_yields_harder_while_a_more_urgent_request_waits_for_a_slot():
-    sched = Scheduler(make_config(max_seqs=2, token_budget=64, max_batch_tokens=64, yield_prefill_tokens=8))
-    doc = make_request(100, priority=3, arrival_s=0)
-    voice = make_request(4, priority=0, arrival_s=1, max_tokens=10)
-    for r in (doc, voice):
-        sched.add_request(r)
-    step(sched)
-    assert step(sched).num_prompt_tokens == 8  # voice decoding: the document gets 8
-    sched.add_request(make_request(4, priority=0, arrival_s=2))  # no slot for this one
-    s = step(sched)
-    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == 4
-
-
 def test_batches_never_exceed_the_budget_and_every_request_completes():
     rng = random.Random(1234)
     config = make_config(max_seqs=6, kv_cells=4096, token_budget=24, max_batch_tokens=32)
@@ -526,3 +493,195 @@ def test_finish_releases_a_running_request_and_drops_a_waiting_one():
     assert sched.finish(a, RequestStatus.FINISHED_CANCELLED, now=4.0) == 0
     assert sched.running == [] and sched.free_slots == [0] and not sched.has_work
     assert sched.kv_used == 0
+
+
+# -- the SLO budget ---------------------------------------------------------------------------------
+
+VOICE = SloTargets(ttft_ms=500, tpot_ms=100, preemptible=False)
+BACKGROUND = SloTargets(ttft_ms=30000, tpot_ms=500, preemptible=True)
+
+
+def slo_request(slo: SloTargets, n_prompt: int, priority: int, arrival_s: float = 0.0, max_tokens: int = 4,
+                tag: int = 1, cls: str = "default") -> Request:
+    """A request of a class with targets (as the runner builds it from the gateway's header)."""
+    r = make_request(n_prompt, priority=priority, arrival_s=arrival_s, max_tokens=max_tokens, tag=tag)
+    r.slo = slo
+    r.class_name = cls
+    return r
+
+
+def fixed_costs(sched: Scheduler, base_ms: float, decode_ms: float, prefill_ms: float) -> None:
+    """Pin the cost model (the engine fits it from measured iterations; these tests choose it)."""
+    sched.cost.base_ms, sched.cost.decode_ms, sched.cost.prefill_ms = base_ms, decode_ms, prefill_ms
+
+
+def test_prefill_budget_follows_the_tightest_tpot_target_among_decoding_sequences():
+    sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=0.5)
+    doc = slo_request(BACKGROUND, 2000, priority=3)
+    sched.add_request(doc)
+    # Nothing decodes: no output is waiting on this iteration, the prefill takes the whole batch.
+    assert step(sched).num_prompt_tokens == 512 and sched.tightest_tpot_ms is None
+    voice = slo_request(VOICE, 4, priority=0, arrival_s=1, max_tokens=3, tag=2)
+    sched.add_request(voice)
+    s = step(sched)
+    # The voice prompt first, the document the rest of the batch.
+    assert layout(s) == [(voice.request_id, 0, 4, True), (doc.request_id, 512, 508, False)]
+    s = step(sched)
+    # Voice decoding: 0.8 × 100 ms − 10 ms base − 2 ms for its token leaves (80 − 12) / 0.5 prefill tokens.
+    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == (80 - 10 - 2) / 0.5 == sched.prefill_budget
+    assert sched.tightest_tpot_ms == 100
+    sched.finish(voice, RequestStatus.FINISHED_LENGTH)
+    assert step(sched).num_prompt_tokens == 512  # nothing decodes again
+
+
+def decoding_voice_and_a_document(sched: Scheduler) -> None:
+    """A voice answer decoding beside a long document prompt."""
+    sched.add_request(slo_request(VOICE, 4, priority=0, max_tokens=50))
+    step(sched)
+    sched.add_request(slo_request(BACKGROUND, 3000, priority=3, arrival_s=1, tag=2))
+
+
+def test_prefill_budget_never_falls_below_its_floor():
+    sched = Scheduler(make_config(token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    decoding_voice_and_a_document(sched)
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=100)  # a prefill token dearer than the target
+    assert step(sched).num_prompt_tokens == sched.config.min_prefill_tokens == 16
+
+
+def test_on_a_machine_too_slow_for_the_target_prefill_may_double_the_iteration():
+    sched = Scheduler(make_config(token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    decoding_voice_and_a_document(sched)
+    fixed_costs(sched, base_ms=198, decode_ms=2, prefill_ms=0.5)  # 200 ms before any prefill: 80 ms is out of reach
+    assert step(sched).num_prompt_tokens == (2 * 200 - 200) / 0.5
+
+
+def test_without_targets_or_with_the_budget_off_prefill_takes_the_whole_token_budget():
+    for config, slo in ((make_config(), NO_SLO), (make_config(slo_budget=False), VOICE)):
+        sched = Scheduler(config)
+        fixed_costs(sched, base_ms=60, decode_ms=2, prefill_ms=1)
+        sched.add_request(slo_request(slo, 4, priority=0, max_tokens=50))
+        step(sched)
+        sched.add_request(slo_request(slo, 200, priority=3, arrival_s=1, tag=2))
+        assert step(sched).num_prompt_tokens == 63  # the budget less the decode token
+
+
+def test_cost_model_fits_the_measured_iterations():
+    cost = CostModel(prior_ms=(1.0, 1.0, 1.0))
+    rng = random.Random(7)
+    for _ in range(300):
+        n_decode, n_prefill = rng.randint(0, 8), rng.choice([0, 0, 16, 64, 256])
+        cost.observe(n_decode, n_prefill, 12.0 + 3.0 * n_decode + 0.25 * n_prefill)
+    assert cost.base_ms == pytest.approx(12.0, abs=0.5)
+    assert cost.decode_ms == pytest.approx(3.0, abs=0.1)
+    assert cost.prefill_ms == pytest.approx(0.25, abs=0.01)
+    assert cost.prefill_within(100.0, 2) == pytest.approx((100 - 12 - 6) / 0.25, abs=10)
+
+
+# -- preemption by priority ---------------------------------------------------------------------------
+
+
+def test_a_more_urgent_request_preempts_a_preemptible_sequence_whose_cells_stay_cached():
+    model = FakeModel(n_ctx=4096, n_batch=64, n_seq_max=2)
+    sched = Scheduler(make_config(max_seqs=2, kv_cells=4096, prefix_cache=True), memory=model)
+    bg = [slo_request(BACKGROUND, 40, priority=3, arrival_s=i, max_tokens=20, tag=10 + i, cls="background")
+          for i in range(2)]
+    for r in bg:
+        sched.add_request(r)
+    step(sched, now=0.0)
+    step(sched, now=0.1)
+    assert all(r.output_tokens for r in bg)
+    voice = slo_request(VOICE, 8, priority=0, arrival_s=5, tag=3, cls="voice")
+    sched.add_request(voice)
+    s = step(sched, now=5.0)
+    # The most recently arrived background sequence gave up its slot; the voice prompt ran at once.
+    assert voice in sched.running and bg[1] in sched.waiting and bg[0] in sched.running
+    assert (voice.request_id, 0, 8, True) in layout(s)
+    assert sched.preemptions_by_class == {("background", "slot"): 1}
+    assert bg[1].num_preemptions == 1 and sched.num_preemptions_total == 1
+    # Its cells stayed as a cached prefix: on resumption only its last token goes through the model.
+    while voice.status is RequestStatus.RUNNING:
+        step(sched, now=5.1)
+        if len(voice.output_tokens) >= voice.params.max_tokens:
+            sched.finish(voice, RequestStatus.FINISHED_LENGTH)
+    s = step(sched, now=6.0)
+    assert bg[1] in sched.running
+    assert [(rid, n) for rid, _, n, _ in layout(s)] == [(bg[0].request_id, 1), (bg[1].request_id, 1)]
+    assert not sched.cache.check()
+
+
+def test_a_class_not_marked_preemptible_keeps_its_slot():
+    sched = Scheduler(make_config(max_seqs=1))
+    chat = slo_request(SloTargets(tpot_ms=150, preemptible=False), 8, priority=1, max_tokens=20)
+    sched.add_request(chat)
+    step(sched)
+    voice = slo_request(VOICE, 4, priority=0, arrival_s=1, tag=2)
+    sched.add_request(voice)
+    step(sched, now=1.0)
+    assert sched.running == [chat] and sched.waiting == [voice] and sched.num_preemptions_total == 0
+
+
+def test_only_a_more_urgent_request_preempts():
+    sched = Scheduler(make_config(max_seqs=1))
+    first = slo_request(BACKGROUND, 8, priority=3, max_tokens=20)
+    sched.add_request(first)
+    step(sched)
+    sched.add_request(slo_request(BACKGROUND, 4, priority=3, arrival_s=1, tag=2))
+    step(sched, now=1.0)
+    assert sched.running == [first] and sched.num_preemptions_total == 0
+
+
+def test_a_just_resumed_sequence_is_not_preempted_again_for_a_while():
+    sched = Scheduler(make_config(max_seqs=1, preempt_protect_s=2.0))
+    bg = slo_request(BACKGROUND, 8, priority=3, max_tokens=100, cls="background")
+    sched.add_request(bg)
+    step(sched, now=0.0)
+    v1 = slo_request(VOICE, 4, priority=0, arrival_s=1, max_tokens=1, tag=2)
+    sched.add_request(v1)
+    step(sched, now=1.0)
+    assert sched.running == [v1]
+    sched.finish(v1, RequestStatus.FINISHED_LENGTH)
+    step(sched, now=1.5)
+    assert sched.running == [bg] and bg.admitted_s == 1.5
+    v2 = slo_request(VOICE, 4, priority=0, arrival_s=2, max_tokens=1, tag=3)
+    sched.add_request(v2)
+    step(sched, now=3.0)  # resumed 1.5 s ago: spared
+    assert sched.running == [bg] and sched.waiting == [v2]
+    step(sched, now=3.6)  # 2.1 s: preemptible again
+    assert sched.running == [v2] and bg.num_preemptions == 2
+
+
+def test_a_more_urgent_request_short_of_kv_preempts_too():
+    sched = Scheduler(make_config(max_seqs=4, kv_cells=128, token_budget=64, max_batch_tokens=64))
+    bg = slo_request(BACKGROUND, 100, priority=3, max_tokens=20, cls="background")
+    sched.add_request(bg)
+    step(sched)
+    step(sched)
+    voice = slo_request(VOICE, 40, priority=0, arrival_s=1, tag=2, cls="voice")
+    sched.add_request(voice)
+    step(sched, now=1.0)
+    assert sched.running == [voice] and sched.preemptions_by_class == {("background", "kv"): 1}
+
+
+def test_serial_and_static_modes_never_preempt_by_priority():
+    for mode in (Mode.SERIAL, Mode.STATIC):
+        sched = Scheduler(make_config(max_seqs=1, mode=mode))
+        bg = slo_request(BACKGROUND, 8, priority=3, max_tokens=20)
+        sched.add_request(bg)
+        step(sched)
+        sched.add_request(slo_request(VOICE, 4, priority=0, arrival_s=1, tag=2))
+        step(sched, now=1.0)
+        assert sched.running == [bg] and sched.num_preemptions_total == 0, mode
+
+
+def test_a_full_cache_preempts_a_preemptible_class_first():
+    sched = Scheduler(make_config())
+    chat = slo_request(SloTargets(tpot_ms=150), 8, priority=4, arrival_s=2)  # least urgent, but not preemptible
+    bg = slo_request(BACKGROUND, 8, priority=3, arrival_s=1, tag=2)
+    voice = slo_request(VOICE, 8, priority=0, arrival_s=0, tag=3)
+    for r in (chat, bg, voice):
+        sched.add_request(r)
+    step(sched)
+    assert sched.choose_victim() is bg
+    sched.preempt(bg)
+    assert sched.choose_victim() is chat  # then by priority, as before

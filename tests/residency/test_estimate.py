@@ -6,7 +6,16 @@ from pathlib import Path
 import pytest
 
 from app.residency.catalog import CatalogEntry, scan
-from app.residency.estimate import MemoryEstimate, bytes_per_token, estimate_memory
+from app.residency.estimate import (
+    AUTO_BUDGET_SHARE,
+    AUTO_CELLS_PER_SLOT,
+    AUTO_SLOTS_CPU,
+    AUTO_SLOTS_GPU,
+    MemoryEstimate,
+    bytes_per_token,
+    estimate_memory,
+    size_runner,
+)
 
 MIB = 1024 * 1024
 
@@ -118,3 +127,34 @@ def test_estimate_is_a_frozen_value():
     assert isinstance(estimate, MemoryEstimate)
     with pytest.raises(AttributeError):
         estimate.total_bytes = 0
+
+
+def test_runner_sizing_gives_a_roomy_box_the_household_overlap():
+    entry = synthetic()
+    sized = size_runner(entry, 24 * 1024 * MIB)
+    assert (sized.parallel, sized.n_ctx) == (AUTO_SLOTS_CPU, AUTO_SLOTS_CPU * AUTO_CELLS_PER_SLOT)
+    assert sized.estimate_bytes == estimate_memory(entry, sized.n_ctx, sized.parallel).total_bytes
+    assert "8 slots: the household overlap" in sized.reason and "(within the 50% one model may take)" in sized.reason
+    assert size_runner(entry, 24 * 1024 * MIB, gpu=True).parallel == AUTO_SLOTS_GPU
+
+
+def test_runner_sizing_shrinks_to_the_budget_and_says_so():
+    entry = synthetic(n_vocab=32000)
+    half = size_runner(entry, 4 * 1024 * MIB)
+    assert half.parallel < AUTO_SLOTS_CPU and half.estimate_bytes <= 4 * 1024 * MIB * AUTO_BUDGET_SHARE
+    assert f"{half.parallel} slots: 8 would not fit the memory budget" in half.reason
+    # Nothing fits half the budget: the whole of it, as the only resident model.
+    alone = size_runner(entry, 2 * 1024 * MIB)
+    assert alone.estimate_bytes <= 2 * 1024 * MIB < 2 * alone.estimate_bytes
+    assert "another model evicts it" in alone.reason
+    hopeless = size_runner(entry, 512 * MIB)
+    assert hopeless.parallel == 1 and "1 slot: 8 would not" in hopeless.reason and "does NOT fit" in hopeless.reason
+
+
+def test_runner_sizing_keeps_what_the_admin_set_and_the_trained_context():
+    entry = synthetic(n_ctx_train=512)
+    sized = size_runner(entry, 24 * 1024 * MIB, parallel=2)
+    assert (sized.parallel, sized.n_ctx) == (2, 2 * 512)  # a slot never holds more than the trained context
+    assert "slots:" not in sized.reason  # only the sized value is explained
+    assert size_runner(synthetic(), 24 * 1024 * MIB, n_ctx=2048).n_ctx == 2048
+    assert size_runner(synthetic(), 24 * 1024 * MIB, n_batch=4).parallel == 4  # never more slots than the batch

@@ -88,6 +88,13 @@ def test_counters_become_rates_against_the_previous_scrape():
     assert all(timeout == sampler_mod.SCRAPE_TIMEOUT_S for _, timeout in http.urls)
 
 
+def test_the_slo_budget_and_its_target_are_read_as_gauges():
+    text = metrics_text(1, 1) + "hearth:prefill_budget 136\nhearth:budget_tpot_target_seconds 0.1\n"
+    got = as_dict(sample_runners([status()], FakeHttp([text]), RateTracker(), now=0.0))
+    assert got[("runner:gemma@local", "prefill_budget")] == 136
+    assert got[("runner:gemma@local", "budget_tpot_ms")] == pytest.approx(100.0)
+
+
 def test_a_counter_reset_gives_no_rate_instead_of_a_negative_one():
     http = FakeHttp([metrics_text(500, 5000), metrics_text(10, 100), metrics_text(30, 100)])
     rates = RateTracker()

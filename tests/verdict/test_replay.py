@@ -185,7 +185,7 @@ def test_apply_updates_runner_settings_and_records_who(tmp_path):
         s.commit()
         sid = store.create_session(s, "household", "gemma", {})
         store.finish_session(s, sid, verdict.as_dict())
-        assert store.current_runner_settings(s, "gemma")["parallel"] == 4
+        assert store.current_runner_settings(s, "gemma")["parallel"] == 8  # sized (no stored default)
         # Nothing has changed before Apply.
         assert s.scalar(select(RunnerSettings)) is None
         store.apply_recommendation(s, sid, 1, "admin")

@@ -61,6 +61,16 @@ def test_slo_attainment_and_fairness_over_the_chosen_range(app, admin):
     assert "4</div>" in week  # the Requests tile counts the 30-hour-old request too
 
 
+def test_preemptions_are_counted_per_class(app, admin):
+    preempted = _request("background", 5, 10, 1, 40)
+    preempted.num_preemptions = 3
+    _add(app, preempted, _request("background", 6, 10, 1, 40), _request("voice", 7, 10, 1, 8))
+    html = admin.get("/classes?range=1h").get_data(as_text=True)
+    row = html[html.index('id="class-background"'):]
+    cells = row[:row.index("</tr>")].split('<td class="right">')
+    assert cells[-4].startswith("2<") and cells[-3].startswith("3<")  # 2 requests, preempted 3 times
+
+
 def test_unknown_range_is_a_clear_400(admin):
     page = admin.get("/classes?range=1y")
     assert page.status_code == 400

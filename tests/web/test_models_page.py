@@ -33,6 +33,8 @@ def test_catalog_with_estimates_and_unusable_reason(app, admin):
     gemma = _gemma(app)
     assert gemma in html and "Weights" in html and "KV cache (" in html and "Compute buffers" in html
     assert "not loaded yet" in html and "never loaded" in html
+    # No runner settings stored: slots and cells are sized, and the card says why.
+    assert "sized from the memory budget and the model" in html and "KV cells: 1,024 per slot" in html
     assert "broken" in html and "cannot be served" in html and "Replace the file" in html
     assert "No loads, unloads or evictions yet" in html
 

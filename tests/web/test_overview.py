@@ -81,6 +81,14 @@ def test_policy_partial_polls_and_names_the_policy(app, admin):
     assert 'hx-trigger="every 5s' in html
     name = next(iter(services(app).catalog.model_specs()))
     assert name in html and "unloaded" in html and "512 tokens / iteration" in html
+    assert "Budget rule." in html and "tightest TPOT target" in html and "not measured yet" in html
+
+
+def test_policy_panel_shows_the_live_prefill_budget(app, admin):
+    name = next(iter(services(app).catalog.model_specs()))
+    services(app).sampler.latest = {f"runner:{name}@local": {"prefill_budget": 136.0, "budget_tpot_ms": 100.0}}
+    html = admin.get("/partials/overview/policy").get_data(as_text=True)
+    assert "136 tokens now, for a 100 ms TPOT target" in html
 
 
 def test_series_raw_range_shapes(clocked, admin):
