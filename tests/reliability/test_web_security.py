@@ -17,8 +17,9 @@ from tests.helpers import ADMIN_PASSWORD, csrf_token, dashboard_app, set_up_admi
 # Public on purpose: the OpenAI API (bearer tokens) and the forms that create or open a session.
 NOT_ADMIN_MUTATIONS = {"gateway.chat_completions", "gateway.completions", "gateway.embeddings", "gateway.infill", "auth.setup",
                        "auth.login"}
-# The Ollama API authenticates by bearer token (its model changes also need api_manage_models).
-TOKEN_BLUEPRINTS = ("ollama.",)
+# The Ollama API authenticates by bearer token (its model changes also need api_manage_models); so do
+# the other vendors' APIs (Anthropic's Messages, OpenAI's Responses).
+TOKEN_BLUEPRINTS = ("ollama.", "vendors.")
 
 
 @pytest.fixture
