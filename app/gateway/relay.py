@@ -83,6 +83,13 @@ def read_summary(payload: dict, outcome: RelayOutcome) -> None:
         return
     if payload.get("usage"):
         outcome.usage = payload["usage"]
+    elif "tokens_predicted" in payload:
+        # llama-server's native answer (/infill, /completion) counts tokens in its own fields, no usage.
+        outcome.usage = {"prompt_tokens": payload.get("tokens_evaluated"),
+                         "completion_tokens": payload.get("tokens_predicted")}
+        cached = (payload.get("timings") or {}).get("cache_n")
+        if cached is not None:
+            outcome.usage["prompt_tokens_details"] = {"cached_tokens": cached}
     if payload.get("timings"):
         outcome.timings = payload["timings"]
     for choice in payload.get("choices") or []:

@@ -49,7 +49,7 @@ def test_infill_answers_like_llama_server_streamed_and_not(fim_runner):
            "n_predict": 4, "temperature": 0}
     whole = fim_runner.client.post("/infill", json=req).json()
     assert whole["stop"] is True and whole["tokens_predicted"] >= 1 and isinstance(whole["content"], str)
-    assert whole["usage"]["completion_tokens"] == whole["tokens_predicted"] <= 4
+    assert whole["tokens_predicted"] <= 4 and whole["tokens_evaluated"] > 4  # llama-server's counts, no usage
     with fim_runner.client.stream("POST", "/infill", json={**req, "stream": True}) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1]["stop"] is True and all(not e["stop"] for e in events[:-1])

@@ -125,3 +125,10 @@ def test_the_gateway_passes_a_streamed_errors_retry_after_on_and_releases_once(s
         rows = wait_until(lambda: query(tmp_path / "data" / "hearth.db", "select status, http_status from requests"),
                           message="the request's row")
         assert rows == [("error", 503)]
+
+
+def test_a_native_answer_counts_its_tokens_in_llama_servers_fields():
+    outcome = relay.RelayOutcome()
+    relay.read_summary({"content": "x", "stop": True, "tokens_evaluated": 12, "tokens_predicted": 3,
+                        "timings": {"cache_n": 8, "predicted_n": 3}}, outcome)
+    assert outcome.usage == {"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}}
