@@ -36,13 +36,11 @@ from pathlib import Path
 import httpx
 import psutil
 
-from app.devtools.gateway_bench import _completion, _streams
+from app.devtools.gateway_bench import TOKEN_EVENT, _streams, added_latency_samples
 from app.devtools.serve_process import ServeProcess, prepare_data
 
 MIB = 1024 * 1024
 CHAT = "/v1/chat/completions"
-# The first event that carries generated text or a tool call (the role chunk carries neither).
-_TOKEN = re.compile(rb'"(content|text|reasoning_content)": "[^"]|"tool_calls": \[')
 
 
 def say(line: str) -> None:
@@ -85,7 +83,7 @@ async def _request(port: int, method: str, path: str, headers: dict, body: bytes
                 if not data:
                     break
                 buf += data
-                if out.first_token_ms is None and b"\r\n\r\n" in buf and _TOKEN.search(buf.partition(b"\r\n\r\n")[2]):
+                if out.first_token_ms is None and b"\r\n\r\n" in buf and TOKEN_EVENT.search(buf.partition(b"\r\n\r\n")[2]):
                     out.first_token_ms = (time.perf_counter() - t0) * 1000
         status_line = buf.split(b"\r\n", 1)[0].split()
         out.status = int(status_line[1]) if len(status_line) > 1 else 0
@@ -133,19 +131,6 @@ def census(serve: ServeProcess) -> Census:
         pass
     return Census(sum(p.num_threads() for p in procs), sum(p.num_fds() for p in procs),
                   sum(p.memory_info().rss for p in procs), kv)
-
-
-def _first_token_ms(client: httpx.Client, url: str, headers: dict) -> float:
-    """Client stopwatch to the first generated token of a streamed 4-token completion."""
-    t0 = time.perf_counter()
-    first = None
-    with client.stream("POST", url, headers=headers, json={"prompt": "Hello", "max_tokens": 4, "temperature": 0,
-                                                          "ignore_eos": True, "stream": True}) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if first is None and _TOKEN.search(line.encode()):
-                first = (time.perf_counter() - t0) * 1000
-    return first
 
 
 @dataclass
@@ -263,19 +248,8 @@ def run_flood(args, model_path: str) -> int:
         try:
             gw_headers = {"Authorization": f"Bearer {token}", "X-Hearth-Class": "chat"}
             client = httpx.Client(timeout=600)
-            gw = serve.url + "/v1/completions"
-            _completion(client, gw, gw_headers, 1)  # loads the model
-            direct = serve.runner_url() + "/v1/completions"
-            for _ in range(3):
-                _completion(client, gw, gw_headers, 1)
-                _completion(client, direct, {}, 1)
-            lat = {"direct": [], "gateway": []}
-            ttft = {"direct": [], "gateway": []}
-            for _ in range(args.samples):
-                lat["direct"].append(_completion(client, direct, {}, 1))
-                lat["gateway"].append(_completion(client, gw, gw_headers, 1))
-                ttft["direct"].append(_first_token_ms(client, direct, {}))
-                ttft["gateway"].append(_first_token_ms(client, gw, gw_headers))
+            lat, ttft = added_latency_samples(client, serve, gw_headers, args.samples)
+            gw, direct = serve.url + "/v1/completions", serve.runner_url() + "/v1/completions"
             med = {k: statistics.median(v) for k, v in lat.items()}
             med_t = {k: statistics.median(v) for k, v in ttft.items()}
             cpu = platform.processor() or platform.machine()

@@ -8,6 +8,7 @@ residency  load/unload cycles of one model: serve's RSS growth, runners left beh
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import statistics
 import sys
@@ -30,19 +31,40 @@ def _completion(client: httpx.Client, url: str, headers: dict, max_tokens: int) 
     return (time.perf_counter() - t0) * 1000
 
 
-def _ttft(client: httpx.Client, url: str, headers: dict) -> float:
+# A streamed event that carries a generated token (not the role chunk a runner sends first).
+TOKEN_EVENT = re.compile(rb'"(content|text|reasoning_content)": "[^"]|"tool_calls": \[')
+
+
+def first_token_ms(client: httpx.Client, url: str, headers: dict) -> float:
+    """Client stopwatch to the first generated token of a streamed 4-token completion."""
     t0 = time.perf_counter()
+    first = None
     with client.stream("POST", url, headers=headers, json={"prompt": "Hello", "max_tokens": 4, "temperature": 0,
-                                                          "stream": True}) as r:
+                                                          "ignore_eos": True, "stream": True}) as r:
         r.raise_for_status()
-        lines = r.iter_lines()
-        for line in lines:
-            if line.startswith("data: {"):
-                ttft = (time.perf_counter() - t0) * 1000
-                break
-        for _ in lines:
-            pass
-    return ttft
+        for line in r.iter_lines():
+            if first is None and TOKEN_EVENT.search(line.encode()):
+                first = (time.perf_counter() - t0) * 1000
+    return first
+
+
+def added_latency_samples(client: httpx.Client, serve: ServeProcess, gw_headers: dict,
+                          samples: int) -> tuple[dict, dict]:
+    """Alternating direct/gateway samples of a 1-token answer and of the first streamed token (ms each)."""
+    gw = serve.url + "/v1/completions"
+    _completion(client, gw, gw_headers, 1)  # loads the model
+    direct = serve.runner_url() + "/v1/completions"
+    for _ in range(3):  # warm both paths
+        _completion(client, gw, gw_headers, 1)
+        _completion(client, direct, {}, 1)
+    lat = {"direct": [], "gateway": []}
+    ttft = {"direct": [], "gateway": []}
+    for _ in range(samples):
+        lat["direct"].append(_completion(client, direct, {}, 1))
+        lat["gateway"].append(_completion(client, gw, gw_headers, 1))
+        ttft["direct"].append(first_token_ms(client, direct, {}))
+        ttft["gateway"].append(first_token_ms(client, gw, gw_headers))
+    return lat, ttft
 
 
 def _streams(url: str, headers: dict, n: int, tokens: int) -> float:
@@ -80,19 +102,8 @@ def run_gateway(args, model_path: str) -> int:
         try:
             gw_headers = {"Authorization": f"Bearer {tokens['bench']}"}
             client = httpx.Client(timeout=600)
-            gw = serve.url + "/v1/completions"
-            _completion(client, gw, gw_headers, 1)  # loads the model
-            direct = serve.runner_url() + "/v1/completions"
-            for _ in range(3):  # warm both paths
-                _completion(client, gw, gw_headers, 1)
-                _completion(client, direct, {}, 1)
-            lat = {"direct": [], "gateway": []}
-            ttft = {"direct": [], "gateway": []}
-            for _ in range(args.samples):
-                lat["direct"].append(_completion(client, direct, {}, 1))
-                lat["gateway"].append(_completion(client, gw, gw_headers, 1))
-                ttft["direct"].append(_ttft(client, direct, {}))
-                ttft["gateway"].append(_ttft(client, gw, gw_headers))
+            lat, ttft = added_latency_samples(client, serve, gw_headers, args.samples)
+            gw, direct = serve.url + "/v1/completions", serve.runner_url() + "/v1/completions"
             rates = {"direct": [], "gateway": []}
             for _ in range(args.repeats):
                 rates["direct"].append(_streams(direct, {}, args.streams, args.tokens))
