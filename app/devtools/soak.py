@@ -28,6 +28,7 @@ import httpx
 import psutil
 
 from app.exposition import Scrape, parse_exposition
+from app.gateway.relay import MAX_IDLE_PER_RUNNER
 from app.store.db import DATABASE_NAME
 from app.telemetry.stats import quantile
 
@@ -81,8 +82,9 @@ class Outcome:
 class ProcessFigures:
     """Threads, open files and RSS of a group of processes (serve or one runner).
 
-    `pooled` counts the relay's keep-alive connections to runners: one per gateway thread at most,
-    kept on purpose, so they are bounded by the thread count instead of compared with the baseline.
+    `pooled` counts the relay's keep-alive connections to runners, kept on purpose in one shared pool
+    (serve's gevent worker): they are bounded by the pool's MAX_IDLE_PER_RUNNER instead of compared with
+    the baseline.
     Descriptors on the store (in `fd_kinds`) are bounded by SQLAlchemy's pool the same way.
     """
 
@@ -473,7 +475,7 @@ def _criteria(report: SoakReport, outs: list[Outcome], after: dict) -> dict[str,
             store_b, store_a = _store_fds(b), _store_fds(a)
             c[f"{group} fds back to baseline"] = (
                 a["fds"] - a["pooled"] - store_a <= b["fds"] - b["pooled"] - store_b + MAX_FDS_GROWTH
-                and a["pooled"] <= a["threads"] and store_a <= MAX_STORE_FDS)
+                and a["pooled"] <= MAX_IDLE_PER_RUNNER and store_a <= MAX_STORE_FDS)
             c[f"{group} memory stable"] = a["rss_mib"] <= b["rss_mib"] * (1 + MAX_RSS_GROWTH_FRACTION) + \
                 MAX_RSS_GROWTH_MIB
     return c
