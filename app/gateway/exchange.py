@@ -13,7 +13,7 @@ from app.engine.api import ApiError
 from app.gateway import relay
 from app.gateway.admission import QueueFull, QueueTimeout, Ticket
 from app.gateway.context import Services
-from app.policy import ClassPolicy
+from app.policy import SLO_HEADER, ClassPolicy, slo_header
 from app.store.models import TTFT_DELIVERED
 
 CLIENT_STALLED = "client_stalled"
@@ -30,6 +30,7 @@ class Exchange:
         self.record = record
         self.arrival_s = arrival_s
         self.ticket: Ticket | None = None
+        self.policy: ClassPolicy | None = None
         self.lease = None
         # When the first generated token was handed to the client's connection (streamed) or the
         # whole answer was (not streamed): the end of TTFT.
@@ -38,6 +39,7 @@ class Exchange:
 
     def admit(self, policy: ClassPolicy) -> Ticket:
         """Wait for a place in the request's class; a refusal is logged and raised as the API's 429/503."""
+        self.policy = policy
         try:
             self.ticket = self.h.admission.admit(policy)
         except QueueFull as exc:
@@ -63,9 +65,11 @@ class Exchange:
         return self.lease
 
     def send(self, send, url: str, forward: dict):
-        """Send to the runner; if it cannot be reached, end the request and answer 502."""
+        """Send to the runner with the class's targets (for its scheduler); if it cannot be reached, end
+        the request and answer 502."""
+        headers = {SLO_HEADER: slo_header(self.policy)} if self.policy is not None else None
         try:
-            return send(url, forward)
+            return send(url, forward, headers)
         except relay.RunnerUnreachable as exc:
             self.finish(relay.RelayOutcome(status=502, error=str(exc)))
             self.h.residency.report_failure(self.lease, str(exc))

@@ -17,10 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from flask import has_app_context
-
-from app.gateway.context import services
-from app.policy import SLO_HEADER, slo_header
 from app.residency.supervisor import node_tls_context
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
@@ -163,18 +159,11 @@ def _connect(origin: Origin) -> http.client.HTTPConnection:
     return conn
 
 
-def _slo_headers(body: dict) -> dict[str, str]:
-    """The class's targets for the runner's scheduler (app.policy.SLO_HEADER), when the class is known."""
-    if not has_app_context():  # relayed from outside a gateway app (tests, tools)
-        return {}
-    policy = services().classes.get(body.get("hearth_class") or "")
-    return {SLO_HEADER: slo_header(policy)} if policy else {}
-
-
-def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, Origin]:
+def _send(url: str, body: dict, extra_headers: dict[str, str] | None
+          ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, Origin]:
     origin, path = _origin(url)
     payload = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload)), **_slo_headers(body)}
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload)), **(extra_headers or {})}
     # A kept-alive connection may have been closed by the runner meanwhile: one retry on a fresh one.
     for fresh in (False, True):
         conn = None if fresh else _take(origin)
@@ -192,10 +181,10 @@ def _send(url: str, body: dict) -> tuple[http.client.HTTPResponse, http.client.H
     raise AssertionError("unreachable")
 
 
-def post(url: str, body: dict) -> tuple[RunnerResponse, RelayOutcome]:
+def post(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[RunnerResponse, RelayOutcome]:
     """A non-streamed request: the runner's whole answer."""
     outcome = RelayOutcome()
-    resp, conn, origin = _send(url, body)
+    resp, conn, origin = _send(url, body, headers)
     try:
         content = resp.read()
     except (OSError, http.client.HTTPException) as exc:
@@ -254,10 +243,10 @@ class RunnerStream:
         self._resp = None
 
 
-def open_stream(url: str, body: dict) -> tuple[RunnerStream, RelayOutcome]:
+def open_stream(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[RunnerStream, RelayOutcome]:
     """Start a streamed request; read it with `stream_chunks`, which closes it."""
     outcome = RelayOutcome()
-    resp, conn, origin = _send(url, body)
+    resp, conn, origin = _send(url, body, headers)
     outcome.status = resp.status
     return RunnerStream(resp, conn, origin), outcome
 

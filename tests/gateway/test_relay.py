@@ -10,6 +10,7 @@ import pytest
 from app.gateway import relay
 from app.gateway.context import services
 from app.gateway.tokens import create_token
+from app.policy import slo_header
 from tests.helpers import dashboard_app, query, wait_until
 
 ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
@@ -22,6 +23,7 @@ class StandIn(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     connections: set = set()
+    slo_headers: list = []  # each request's X-Hearth-Slo (the class's targets for the runner's scheduler)
 
     def log_message(self, *args):
         pass
@@ -29,6 +31,7 @@ class StandIn(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         StandIn.connections.add(self.client_address)
+        StandIn.slo_headers.append(self.headers.get("X-Hearth-Slo"))
         if self.path.startswith("/busy/"):  # the gateway's path under a lease's URL
             self.path = "/busy"
         if self.path == "/stream":
@@ -56,6 +59,7 @@ def standin():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     StandIn.connections = set()
+    StandIn.slo_headers = []
     yield f"http://127.0.0.1:{server.server_address[1]}"
     relay.close_idle()
     server.shutdown()
@@ -121,6 +125,8 @@ def test_the_gateway_passes_a_streamed_errors_retry_after_on_and_releases_once(s
         assert lease.released == 1
         # Busy is an answer: the node is reported busy, never failed.
         assert busy == [lease] and failed == []
+        # The runner was told the admitted class's targets.
+        assert StandIn.slo_headers == [slo_header(h.classes.get("chat"))]
         assert h.admission.snapshot()["chat"]["in_flight"] == 0
         rows = wait_until(lambda: query(tmp_path / "data" / "hearth.db", "select status, http_status from requests"),
                           message="the request's row")
