@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--target", help="also measure this OpenAI-compatible server (base URL)")
     rep.add_argument("--llama-server", nargs="?", const="auto", default=None,
                      help="also start stock llama-server with the same settings (binary path; default: the built one)")
+    rep.add_argument("--serve", action="store_true",
+                     help="also measure through `hearth serve` with default settings (fresh data folder, this model)")
     rep.add_argument("--repeats", type=int, default=1,
                      help="repetitions per level, target order reversed each time (default %(default)s)")
     rep.add_argument("--days", type=float, default=7.0, help="request-log window for the typical overlap (default %(default)s)")
@@ -364,9 +366,10 @@ def main(argv: list[str] | None = None) -> int:
                         tuple(args.parts.split(",")))
         return 0
     if args.command == "bench" and args.bench_command == "replay":
+        from app.devtools.serve_process import serve_target
         from app.verdict.replay import run_from_args as run_replay
 
-        return run_replay(args, resolve_model(args.model))
+        return run_replay(args, resolve_model(args.model), start_serve=serve_target)
     if args.command == "traffic":
         return _traffic(args)
     if args.command == "bench" and args.bench_command == "memory":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,3 +109,64 @@ class ServeProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+class BenchServe:
+    """A `hearth serve` with default settings in a data folder of its own, for `hearth bench replay --serve`.
+
+    stop() ends it and removes the folder; runner_url() is its (one) runner, once a request loaded it.
+    """
+
+    def __init__(self, model_path: str, timeout_s: float = 180):
+        from app.store.seed import DEFAULT_CLASSES
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="hearth-replay-serve-")
+        root = Path(self._tmp.name)
+        data, models = root / "data", root / "models"
+        models.mkdir()
+        names = [c["name"] for c in DEFAULT_CLASSES]
+        # Nothing changed from the defaults; one token that may use every class, as the bench's client needs.
+        self.token = prepare_data(data, tokens=[("bench", names[0], names)])["bench"]
+        try:
+            self.serve = ServeProcess(data, models, Path(model_path), root / "serve.log", timeout_s)
+        except BaseException:
+            self._tmp.cleanup()
+            raise
+        self.headers = {"Authorization": f"Bearer {self.token}"}
+
+    @property
+    def url(self) -> str:
+        return self.serve.url
+
+    @property
+    def pid(self) -> int:
+        return self.serve.proc.pid
+
+    def model_name(self) -> str:
+        """The name serve lists its default model under."""
+        r = httpx.get(f"{self.url}/v1/models", headers=self.headers, timeout=30)
+        r.raise_for_status()
+        return r.json()["data"][0]["id"]
+
+    def runner_url(self) -> str:
+        return self.serve.runner_url()
+
+    def stop(self) -> None:
+        try:
+            self.serve.stop()
+        finally:
+            self._tmp.cleanup()
+
+
+def serve_target(c, timeout_s: float = 180):
+    """bench replay's `serve` target (app.verdict.replay.Target): the gateway, a class named per request."""
+    from app.verdict.replay import Target
+
+    proc = BenchServe(c.model_path, timeout_s)
+    try:
+        model = proc.model_name()
+    except BaseException:
+        proc.stop()
+        raise
+    return Target("serve", proc.url, "serve", model, pid=proc.pid, threads=c.threads, process=proc,
+                  headers=proc.headers)

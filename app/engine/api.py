@@ -105,6 +105,8 @@ class _Body(BaseModel):
     ignore_eos: bool = False
     # llama-server's: false computes the whole prompt and leaves nothing in the prefix cache.
     cache_prompt: bool = True
+    # llama-server's: a streamed prompt_progress object before the prompt and after each of its batches.
+    return_progress: bool = False
     # llama-server's name for max_tokens (-1: no limit but the context).
     n_predict: int | None = Field(default=None, ge=-1)
     # {token id or text: bias} (OpenAI), or llama-server's [[token id or text, bias or false], ...].

@@ -143,9 +143,15 @@ class ChatTemplate:
 
         kwargs are extra template variables (llama-server's chat_template_kwargs, e.g. enable_thinking)."""
         normalised = _normalise_messages(messages)
+        now = self._clock()
+        # llama-server's extra context: templates such as firefunction-v2 read the date as `datetime`
+        # (and Llama 3.x as `date_string`) and the tools as a `functions` JSON text.
+        context = {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
+                   "functions": json.dumps(tools, indent=2, ensure_ascii=False) if tools else "",
+                   **(kwargs or {})}
         try:
             return self._template.render(
-                **(kwargs or {}),
+                **context,
                 messages=normalised,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,

@@ -15,6 +15,7 @@ from app.engine.request import (
     ContextOverflow,
     Delta,
     Finished,
+    Progress,
     Request,
     RequestStats,
     RequestStatus,
@@ -207,6 +208,7 @@ class Engine:
         arrival_s: float | None = None,
         cache_prompt: bool = True,
         slo: SloTargets = NO_SLO,
+        return_progress: bool = False,
     ) -> Request:
         """Queue a request; raises ContextOverflow or QueueFull at once instead of failing later."""
         params = params or SamplingParams()
@@ -220,6 +222,7 @@ class Engine:
             arrival_s=self.clock() if arrival_s is None else arrival_s,
             cache_prompt=cache_prompt,
             slo=slo,
+            return_progress=return_progress,
         )
         if len(request.prompt_tokens) >= self.model.n_ctx:
             raise ContextOverflow(len(request.prompt_tokens), self.model.n_ctx)
@@ -332,6 +335,7 @@ class Engine:
         decode_s = 0.0
         retried = False
         logit_idx: list[int] = []
+        self._progress(schedule, before=True)
         while schedule.chunks:
             td = time.perf_counter()
             rc, logit_idx = self.model.decode(schedule.chunks)
@@ -363,6 +367,7 @@ class Engine:
             return
         with self._cv:
             self.scheduler.commit(schedule)
+        self._progress(schedule, before=False)
         now = self.clock()
         num_sampled = 0
         for chunk, idx in zip(schedule.chunks, logit_idx):
@@ -401,6 +406,22 @@ class Engine:
                     kv_cached=self.scheduler.kv_cached,
                 )
             )
+
+    def _progress(self, schedule, before: bool) -> None:
+        """Prompt progress for the requests that asked for it: 0 before their first prompt chunk, then after each."""
+        for chunk in schedule.chunks:
+            r = chunk.request
+            total = len(r.prompt_tokens)
+            if not r.return_progress or chunk.start_pos >= total:
+                continue
+            if before:
+                if not r.progress_started:
+                    r.progress_started = True
+                    r.events.put(Progress(total, r.num_cached_tokens, r.num_cached_tokens, 0.0))
+                continue
+            started = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
+            r.events.put(Progress(total, r.num_cached_tokens, min(r.num_computed, total),
+                                  max(0.0, (self.clock() - started) * 1000)))
 
     def _sample_one(self, r: Request, batch_index: int, now: float) -> None:
         if r.status is not RequestStatus.RUNNING:

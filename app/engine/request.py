@@ -117,6 +117,15 @@ class Delta(NamedTuple):
     logprob: dict | None = None
 
 
+class Progress(NamedTuple):
+    """How far a request's prompt is (llama-server's prompt_progress, sent when it asks return_progress)."""
+
+    total: int  # prompt tokens
+    cache: int  # of them reused from the prefix cache
+    processed: int  # in the KV cache now, cached ones included
+    time_ms: float  # since the prompt started computing
+
+
 @dataclass(frozen=True)
 class Finished:
     """The last event of a request."""
@@ -183,7 +192,10 @@ class Request:
     # Engine-side state owned by the backend (sampler) and the text pipeline.
     sampler: Any = None
     text_state: Any = None
-    events: queue.SimpleQueue[Delta | Finished] = field(default_factory=queue.SimpleQueue)
+    events: queue.SimpleQueue[Delta | Progress | Finished] = field(default_factory=queue.SimpleQueue)
+    # llama-server's return_progress: a Progress event before the prompt and after each of its chunks.
+    return_progress: bool = False
+    progress_started: bool = False
     # prompt + output, kept up to date by all_tokens instead of concatenated on every call (the
     # scheduler reads a sequence's last token every iteration).
     _tokens: list[int] = field(default_factory=list, init=False, repr=False)

@@ -52,7 +52,7 @@ from app.engine.engine import Engine
 from app.engine.grammar import Grammar, UnsupportedSchema, json_object_grammar, schema_grammar
 from app.engine.model_config import ModelConfig
 from app.engine.named_template import NamedTemplate, is_template_name
-from app.engine.request import ContextOverflow, Delta, Finished, QueueFull, Request, SamplingParams
+from app.engine.request import ContextOverflow, Delta, Finished, Progress, QueueFull, Request, SamplingParams
 from app.policy import SLO_HEADER, Mode, parse_slo_header
 
 log = logging.getLogger(__name__)
@@ -762,6 +762,7 @@ class RunnerApp:
                 arrival_s=time.monotonic(),
                 cache_prompt=body.cache_prompt,
                 slo=parse_slo_header(req.headers.get(SLO_HEADER)),
+                return_progress=body.return_progress and body.stream,
             )
         except ContextOverflow as exc:
             raise ApiError(400, f"request ({exc.num_prompt_tokens} tokens) exceeds the available context size "
@@ -906,7 +907,7 @@ class RunnerApp:
                 parts.append(ev.text)
                 if ev.logprob is not None:
                     logprobs.append(ev.logprob)
-            else:
+            elif isinstance(ev, Finished):
                 fin = ev
         if fin is None:  # client gone: nobody reads this, but answer sanely
             return _error(ApiError(499, "client closed the connection", code="client_closed"))
@@ -988,6 +989,14 @@ class RunnerApp:
         for ev in self._events(environ, engine, request):
             if request.slot is not None:
                 slot = request.slot
+            if isinstance(ev, Progress):
+                extra = {"prompt_progress": ev._asdict(), "timings": _progress_timings(ev)}
+                if native:
+                    yield sse({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": slot,
+                               "tokens_predicted": 0, "tokens_evaluated": ev.total, **extra})
+                else:
+                    yield chunk(None, None, extra=extra)
+                continue
             if isinstance(ev, Delta):
                 if ev.logprob is not None:
                     pending.append(ev.logprob)
@@ -1041,6 +1050,15 @@ class RunnerApp:
                     yield sse(payload)
             if not native:
                 yield b"data: [DONE]\n\n"
+
+
+def _progress_timings(p: Progress) -> dict:
+    """llama-server's timings beside a prompt_progress: the prompt so far, nothing generated yet."""
+    prompt_n = p.processed - p.cache
+    return {"cache_n": p.cache, "prompt_n": prompt_n, "prompt_ms": p.time_ms,
+            "prompt_per_token_ms": p.time_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1e3 * prompt_n / p.time_ms if p.time_ms > 0 else 0.0,
+            "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
 
 
 # How an answer is shaped.

@@ -55,6 +55,8 @@ class Target:
     threads: int | None = None
     process: object = None  # RunnerProcess to stop at the end
     slots: int | None = None  # sequence slots it was started with; None when the bench did not start it
+    headers: dict | None = None  # sent with every request (a gateway's token)
+    metrics_url: str | None = None  # where the sampler reads KV and queue figures (default: url)
 
     @property
     def mode(self) -> str:
@@ -115,9 +117,15 @@ class _Client:
             "stream_options": {"include_usage": True}, "temperature": 0.0, "ignore_eos": True,
             # A stock llama-server would otherwise reuse a slot's KV prefix from an earlier run.
             "cache_prompt": False,
-            # Hearth's extras (a stock server ignores them), as the gateway sends them.
-            "priority": priority, "hearth_class": req.class_name,
         }
+        if self.target.kind == "serve":
+            # As a family app asks `hearth serve`: its class by name; the gateway adds priority and targets.
+            headers = {**(self.target.headers or {}), "X-Hearth-Class": req.class_name}
+        else:
+            # Hearth's extras (a stock server ignores them), as the gateway's relay sends them to a runner;
+            # the class's targets drive the engine's budget and preemption.
+            body.update(priority=priority, hearth_class=req.class_name)
+            headers = {**(self.target.headers or {}), **({SLO_HEADER: slo_header(policy)} if policy else {})}
         row = {"idx": req.idx, "class_name": req.class_name, "priority": priority, "sent_s": None,
                "first_token_s": None, "end_s": None, "prompt_tokens": None, "completion_tokens": None,
                "max_tokens": req.max_tokens, "status": "ok", "error": None, "server_timings": None}
@@ -128,8 +136,6 @@ class _Client:
         first = True
         try:
             row["sent_s"] = time.monotonic() - self.t0
-            # The class's targets as the gateway's relay sends them (the engine's budget and preemption use them).
-            headers = {SLO_HEADER: slo_header(policy)} if policy else {}
             with self.http.stream("POST", f"{self.target.url}/v1/completions", json=body, headers=headers) as resp:
                 if resp.status_code != 200:
                     resp.read()
@@ -193,7 +199,7 @@ def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str,
                     s = {"t_s": time.monotonic() - t0, "in_flight": client.in_flight,
                          "before_first_token": client.before_first_token, "util": util.read()}
                     try:
-                        r = mclient.get(f"{target.url}/metrics")
+                        r = mclient.get(f"{target.metrics_url or target.url}/metrics")
                         values = parse_exposition(r.text) if r.status_code == 200 else Scrape()
                     except (httpx.HTTPError, ValueError):
                         # A sample without server figures; the request timings still count.
@@ -296,10 +302,21 @@ def http_cutter(url: str) -> PromptCutter:
     return PromptCutter(tokenize, detokenize)
 
 
+def serve_ready(target: Target) -> None:
+    """After the warm-up has loaded serve's runner: its slots, and its /metrics for the sampler."""
+    target.metrics_url = target.process.runner_url()
+    props = httpx.get(f"{target.metrics_url}/props", timeout=10).json()
+    target.slots = props.get("total_slots")
+
+
 def warm_up(target: Target) -> None:
-    """One short request, discarded: the first request of a process pays for cold caches."""
-    httpx.post(f"{target.url}/v1/completions", timeout=120,
-               json={"model": target.model, "prompt": "Hello", "max_tokens": 4, "temperature": 0.0})
+    """One short request, discarded: the first request of a process pays for cold caches (serve: loads its model)."""
+    r = httpx.post(f"{target.url}/v1/completions", timeout=300, headers=target.headers,
+                   json={"model": target.model, "prompt": "Hello", "max_tokens": 4, "temperature": 0.0})
+    if target.kind == "serve":
+        if r.status_code != 200:
+            raise RuntimeError(f"hearth serve did not answer the warm-up: HTTP {r.status_code}: {r.text[:300]}")
+        serve_ready(target)
 
 
 def levels_of(scenario: Scenario, levels: list[int]) -> list[int]:
@@ -378,7 +395,10 @@ def comparison(results: list[RunResult]) -> list[dict]:
     for r in results:
         # An external reference was not started by the bench: its slots are unknown, any will do.
         ref = refs.get((r.level, r.slots, r.rep)) or refs.get((r.level, None, r.rep))
-        if ref is None or r.target not in HEARTH_MODES:
+        if ref is None and r.target == "serve":
+            # serve sized its own runner: compare with the reference at the same level and repetition.
+            ref = next((v for k, v in refs.items() if k[0] == r.level and k[2] == r.rep), None)
+        if ref is None or (r.target not in HEARTH_MODES and r.target != "serve"):
             continue
         a, b = r.summary, ref.summary
         one = {"gen_tok_s_ratio": _ratio(a["gen_tok_s"], b["gen_tok_s"]), "per_class": {}}
@@ -447,6 +467,7 @@ class BenchConfig:
     gpu_layers: int = 0
     target_url: str | None = None
     llama_server: str | None = None  # binary of a stock llama-server to start with the same settings
+    serve: bool = False  # also measure through a `hearth serve` with default settings
     traffic_days: float = 7.0
     repeats: int = 1
     slots: tuple[int, ...] | None = None  # slot counts to sweep; None: enough slots for each level
@@ -495,7 +516,7 @@ def plan_for(cfg: BenchConfig, scenario: Scenario, check_memory: bool = True) ->
     if check_memory and cfg.model_path and (cfg.modes or cfg.llama_server):
         runner_bytes, headroom, memory = _memory_check(cfg)
     return plan_runners(levels, cfg.modes, cfg.parallel, cfg.n_ctx, axis, bool(cfg.llama_server),
-                        bool(cfg.target_url), runner_bytes, headroom, memory)
+                        bool(cfg.target_url) + int(cfg.serve), runner_bytes, headroom, memory)
 
 
 def total_runs(cfg: BenchConfig, scenario: Scenario) -> int:
@@ -520,7 +541,7 @@ def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, cl
         "repack": not cpu_has_amx(), "kv_unified": True,
         "sampling": "temperature 0, ignore_eos (fixed output lengths), cache_prompt off",
         "prompt_lengths": "exact (target's tokenizer)" if cutter_exact else "estimated (4 chars/token)",
-        "llama_server": cfg.llama_server, "target_url": cfg.target_url,
+        "llama_server": cfg.llama_server, "target_url": cfg.target_url, "serve": cfg.serve,
         "runner_plan": runner_plan.as_dict() if runner_plan else None,
         "classes": {n: asdict(p) for n, p in class_policies.items()},
         "machine": machine(),
@@ -528,8 +549,11 @@ def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, cl
 
 
 def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, int], None] | None = None,
-              log: Callable[[str], None] = lambda line: None) -> BenchOutcome:
-    """Start each group of runners, replay, store every run as it ends, judge; stops what it started."""
+              log: Callable[[str], None] = lambda line: None,
+              start_serve: Callable[[Constants], Target] | None = None) -> BenchOutcome:
+    """Start each group of runners, replay, store every run as it ends, judge; stops what it started.
+
+    With cfg.serve, start_serve (app.devtools.serve_process.serve_target) starts the `hearth serve` target."""
     from dataclasses import replace
 
     from app.store.settings import all_settings
@@ -539,8 +563,10 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
     from app.verdict.scenarios import load_scenario
 
     scenario = load_scenario(cfg.scenario)
-    if not cfg.modes and not cfg.llama_server and not cfg.target_url:
-        raise ValueError("nothing to measure: give --modes, --llama-server or --target")
+    if not cfg.modes and not cfg.llama_server and not cfg.target_url and not cfg.serve:
+        raise ValueError("nothing to measure: give --modes, --llama-server, --serve or --target")
+    if cfg.serve and start_serve is None:
+        raise ValueError("--serve needs a way to start hearth serve (the command line passes one)")
     # The catalog names a model file by its stem: Apply finds the model under the same name.
     model_name = Path(cfg.model_path).stem if cfg.model_path else "target"
     with sessions() as s:
@@ -578,9 +604,16 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
                 targets.append(start_llama_server(c, cfg.llama_server))
             if cfg.target_url and group.external:
                 targets.append(external_target(cfg.target_url, model_name))
+            if cfg.serve and group.external:
+                log("starting hearth serve (default settings, fresh data folder)")
+                targets.append(start_serve(base))  # type: ignore[misc]
             if not targets:
                 continue
-            cutter = http_cutter(targets[0].url)
+            for t in targets:
+                warm_up(t)
+            # Prompts are cut with a runner's tokenizer: serve's gateway has none of its own.
+            cutter = http_cutter(next((t.metrics_url or t.url for t in targets
+                                       if t.kind in ("hearth", "llama-server", "serve")), targets[0].url))
             if session_id is None:
                 props = None
                 if targets[0].kind == "hearth":
@@ -589,8 +622,6 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
                                                runner_plan)
                 with sessions() as s:
                     session_id = store.create_session(s, scenario.name, model_name, constants)
-            for t in targets:
-                warm_up(t)
             runs += replay(scenario, targets, list(group.levels), class_policies, cutter, progress=on_run,
                            repeats=cfg.repeats, once_levels=group.once_levels)
             stop_targets(targets)
@@ -624,7 +655,7 @@ def format_plan(p: dict) -> list[str]:
     return lines
 
 
-def run_from_args(args, model_path: str) -> int:
+def run_from_args(args, model_path: str, start_serve: Callable[[Constants], Target] | None = None) -> int:
     """`hearth bench replay`: run, print the constants, table, overlap and verdict; write JSON/CSV if asked."""
     import sys
 
@@ -649,7 +680,7 @@ def run_from_args(args, model_path: str) -> int:
     cfg = BenchConfig(scenario=args.scenario, levels=tuple(args.levels), modes=modes,
                       model_path=model_path, n_ctx=args.ctx, parallel=args.parallel,
                       n_batch=args.batch, token_budget=args.budget, threads=args.threads,
-                      gpu_layers=args.gpu_layers, target_url=args.target, llama_server=llama,
+                      gpu_layers=args.gpu_layers, target_url=args.target, llama_server=llama, serve=args.serve,
                       traffic_days=args.days, repeats=args.repeats,
                       slots=tuple(args.slots) if getattr(args, "slots", None) else None)
     engine, sessions = open_store(data_dir())
@@ -663,7 +694,8 @@ def run_from_args(args, model_path: str) -> int:
     from app.residency.supervisor import RunnerStartFailed
 
     try:
-        outcome = run_bench(cfg, sessions, progress=progress, log=lambda line: bar.write(line, file=sys.stderr))
+        outcome = run_bench(cfg, sessions, progress=progress, log=lambda line: bar.write(line, file=sys.stderr),
+                            start_serve=start_serve)
     except (ValueError, RunnerStartFailed) as exc:
         print(f"hearth bench replay: {exc}", file=sys.stderr)
         engine.dispose()

@@ -37,7 +37,7 @@ class RunnerGroup:
     modes: tuple[str, ...]  # hearth runner modes started for this group
     once_levels: tuple[int, ...]  # levels the once-only targets (serial, external) measure here
     llama_server: bool = False
-    external: bool = False
+    external: int = 0  # external targets (--target, --serve) measured in this group
     estimate_bytes: int | None = None  # all of the group's runners together
 
     def runs(self, repeats: int = 1) -> int:
@@ -86,7 +86,7 @@ def _gib(n: int) -> str:
 
 
 def plan_runners(levels: list[int], modes: tuple[str, ...], parallel: int, n_ctx: int,
-                 slots_axis: tuple[int, ...] | None = None, llama_server: bool = False, external: bool = False,
+                 slots_axis: tuple[int, ...] | None = None, llama_server: bool = False, external: int = 0,
                  runner_bytes: Callable[[int, int], int | None] | None = None,
                  headroom_bytes: int | None = None, memory: str = "not checked") -> RunnerPlan:
     """The runner groups for these levels: enough slots for each level (or each swept slot count), memory allowing.
@@ -135,5 +135,5 @@ def plan_runners(levels: list[int], modes: tuple[str, ...], parallel: int, n_ctx
         done_once.update(once)
         group_modes = tuple(m for m in modes if m not in ONCE_MODES or once)
         groups.append(RunnerGroup(s, ctx_for(n_ctx, parallel, s), lvs, group_modes, once, llama_server,
-                                  external and bool(once), group_bytes(s)))
+                                  int(external) if once else 0, group_bytes(s)))
     return RunnerPlan(tuple(groups), notes, tuple(skipped), memory)

@@ -381,3 +381,26 @@ def test_several_choices_and_a_continued_assistant_message(runner):
     both = runner.client.post("/v1/chat/completions", json={"messages": turns, "continue_final_message": True,
                                                              "add_generation_prompt": True})
     assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+
+
+def test_return_progress_streams_prompt_progress_then_a_repeated_short_prompt_is_reused(start_runner):
+    # A prompt over several 32-token batches: a progress object before it and after each batch,
+    # prompt timings that never go back (llama-server's return_progress), then the generated text.
+    runner = start_runner("--ctx", "1024", "--parallel", "1", "--batch", "32")
+    prompt = "the quick brown fox jumps over the lazy dog " * 8
+    with runner.client.stream("POST", "/completion", json={"prompt": prompt, "n_predict": 3, "temperature": 0,
+                                                           "stream": True, "return_progress": True}) as resp:
+        events = sse_events(resp)
+    progress = [e for e in events if "prompt_progress" in e]
+    total = progress[0]["prompt_progress"]["total"]
+    assert total > 64 and len(progress) >= 3
+    assert progress[0]["prompt_progress"]["processed"] == 0 and progress[0]["timings"]["prompt_ms"] == 0.0
+    assert progress[-1]["prompt_progress"]["processed"] == total
+    done = [p["timings"]["prompt_ms"] for p in progress]
+    assert done == sorted(done) and done[-1] > 0
+    assert all(e["content"] == "" for e in progress)
+    assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] == 3
+    # A short prompt (under the cache's 16-token minimum) asked twice: the second reuses all but its last token.
+    short = {"prompt": "Lights off in the kitchen", "n_predict": 2, "temperature": 0}
+    first, second = (runner.client.post("/completion", json=short).json()["timings"] for _ in range(2))
+    assert first["cache_n"] == 0 and second["cache_n"] == first["prompt_n"] - 1 and second["prompt_n"] == 1

@@ -163,6 +163,17 @@ def test_helpers_match_transformers():
     )
 
 
+def test_llama_server_extra_context_dates_and_functions():
+    # firefunction-v2 reads `datetime` and `functions`, Llama 3.x `date_string`; a request's kwargs win.
+    source = "{{ datetime }}|{{ date_string }}|{{ functions }}"
+    template = ChatTemplate(source, "", "", clock=lambda: datetime(2025, 3, 4, 9, 26))
+    tools = [{"type": "function", "function": {"name": "lights"}}]
+    assert template.render(USER_X) == "Mar 04 2025|04 Mar 2025|"
+    rendered = template.render(USER_X, tools=tools)
+    assert rendered.startswith("Mar 04 2025|04 Mar 2025|[\n  {") and '"name": "lights"' in rendered
+    assert template.render(USER_X, kwargs={"date_string": "01 Jan 2000"}) == "Mar 04 2025|01 Jan 2000|"
+
+
 def test_trim_and_lstrip_blocks_are_on():
     source = "{% for m in messages %}\n    {% if true %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}"
     messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]

@@ -141,3 +141,29 @@ def test_cli_replay_sweeps_slots_and_writes_json_and_csv(gemma_path, tmp_path, m
     assert "--levels 1,2,4 --modes continuous,serial" in out
     assert [len(r["requests"]) for r in doc["raw"]] == [2, 2, 2]
     assert (tmp_path / "out-requests.csv").read_text().count("\n") == 7
+
+
+def test_cli_replay_through_hearth_serve_with_its_default_settings(gemma_path, tmp_path, monkeypatch, capsys):
+    # `--serve`: a fresh `hearth serve` (default settings, the runner it sizes itself) measured beside a
+    # runner, every request through the gateway with its class named; the gateway gives each its class's priority.
+    monkeypatch.setenv("HEARTH_DATA", str(tmp_path / "data"))
+    (tmp_path / "tiny.toml").write_text(TINY)
+    rc = main(["bench", "replay", "--scenario", str(tmp_path / "tiny.toml"), "--levels", "2", "--modes", "continuous",
+               "--serve", "--model", str(gemma_path), "--ctx", "1024", "--parallel", "2", "--threads", "2",
+               "--json", str(tmp_path / "out.json")])
+    assert rc == 0
+    doc = json.loads((tmp_path / "out.json").read_text())
+    summaries = {r["mode"]: r for r in doc["summaries"]}
+    raw = {r["mode"]: r for r in doc["raw"]}
+    assert set(summaries) == {"continuous", "serve"} and doc["constants"]["serve"] is True
+    assert summaries["serve"]["slots"] == 8  # serve sized its runner (8 slots on a CPU), not the bench's --parallel
+    assert summaries["serve"]["summary"]["errors"] == 0 and summaries["serve"]["summary"]["requests"] == 2
+    priorities = {"voice": 0, "chat": 1}  # the shipped classes', set by the gateway, not by the client
+    for r in raw["serve"]["requests"]:
+        assert r["server_timings"]["priority"] == priorities[r["class_name"]]
+        assert r["completion_tokens"] == r["max_tokens"]
+        t = request_times(r)
+        # The client's stopwatch covers what the runner measured behind the gateway.
+        assert r["server_timings"]["ttft_ms"] <= t["ttft_ms"] + 1
+        assert r["server_timings"]["total_ms"] <= t["completion_ms"] + 1
+    assert "serve" in capsys.readouterr().out
