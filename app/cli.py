@@ -95,8 +95,8 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None, help="sampling seed when a request names none (-1: random)")
     g.add_argument("--api-key", action="append", default=[],
                    help="API key(s) clients must send as a bearer token or X-Api-Key (comma-separated or repeated)")
-    g.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
-                   help="serve /metrics (default: on, unlike llama-server: the gateway routes by it)")
+    g.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=False,
+                   help="serve /metrics (default: off, as llama-server; `hearth serve` starts its runners with it)")
     g.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True, help="serve /slots (default: on)")
     g.add_argument("--jinja", action=argparse.BooleanOptionalAction, default=True,
                    help="accepted for llama-server's command lines: Hearth always renders Jinja chat templates")

@@ -174,3 +174,14 @@ def test_models_list_and_serve_agree_on_the_stored_models_folder_and_runner_sett
 def json_string(path) -> str:
     """A path as the JSON string `hearth settings set` reads."""
     return '"' + str(path) + '"'
+
+
+def test_runner_serves_metrics_only_when_asked_as_llama_server_and_serve_asks():
+    from app.cli import build_parser
+    from app.residency.supervisor import RunnerSpec
+
+    p = build_parser()
+    assert p.parse_args(["runner", "--model", "m.gguf"]).metrics is False
+    assert p.parse_args(["runner", "--model", "m.gguf", "--metrics"]).metrics is True
+    # The runners `hearth serve` starts: the load probe and the telemetry sampler read /metrics.
+    assert "--metrics" in RunnerSpec(model_name="m", model_path="m.gguf").command(8080)

@@ -78,6 +78,8 @@ class RunnerSpec:
             "--host", "127.0.0.1", "--port", str(port), "--ctx", str(self.n_ctx),
             "--parallel", str(self.parallel), "--batch", str(self.n_batch), "--threads", str(self.threads),
             "--gpu-layers", str(self.gpu_layers), "--mode", self.mode, "--alias", self.model_name,
+            # The gateway's load probe and the telemetry sampler read /metrics (off by default, as llama-server).
+            "--metrics",
         ]
         if parent_pid is not None:
             cmd += ["--parent-pid", str(parent_pid)]

@@ -22,7 +22,7 @@ class Runner:
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "runner", "--model", str(model), "--port", str(self.port),
-             "--threads", "2", *args],
+             "--threads", "2", "--metrics", *args],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.client = httpx.Client(base_url=self.url, timeout=120)
