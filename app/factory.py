@@ -16,6 +16,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from app.engine.api import ApiError
 from app.gateway.context import Services, build_services, install, services
+from app.gateway.cors import install_cors
 from app.residency.manager import ResidencyManager
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(gateway_bp)
     app.register_blueprint(ollama_bp)
     app.register_blueprint(vendors_bp)
+    install_cors(app)
     web.init_app(app)
 
     @app.errorhandler(HTTPException)

@@ -47,6 +47,23 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.\-]+(:[0-9]{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?$")
+
+
+def cors_origins(value: str | None) -> tuple[str, ...]:
+    """The origins of an api_cors_origins value, as browsers send them (lower case, no trailing slash)."""
+    return tuple(o.strip().rstrip("/").lower() for o in (value or "").split(",") if o.strip())
+
+
+def _origins(value: str) -> str | None:
+    """The problem with an api_cors_origins value, or None."""
+    for origin in cors_origins(value):
+        if origin != "*" and not _ORIGIN.match(origin):
+            return (f"'{origin}' is not an origin: write scheme://host[:port] (e.g. http://192.168.1.20:3000), "
+                    "comma-separated, or * for any")
+    return None
+
+
 def _host_port(value: str) -> str | None:
     """The problem with a host:port, or None."""
     match = _HOST_PORT.match(value)
@@ -121,6 +138,10 @@ REGISTRY = {
                    "int", "Models and runners", "CPU threads per runner", "threads", 1, 1024),
         SettingDef("api_open_on_lan", False, "answer API requests without a token from private-network (LAN) addresses, as member 'lan' in class api_open_class; a presented token is still checked",
                    "bool", "Network and access", "Open API on the LAN"),
+        SettingDef("api_cors_origins", None, "web pages (origins, comma-separated, e.g. http://192.168.1.20:3000; * for any) "
+                   "whose browser code may call the API with a token (CORS); default: none. The admin's login cookie is never "
+                   "accepted from them",
+                   "str", "Network and access", "API origins for browser apps", check=_origins),
         SettingDef("api_open_class", "chat", "class of tokenless LAN requests when api_open_on_lan is on",
                    "choice", "Network and access", "Class of LAN requests"),
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned",
