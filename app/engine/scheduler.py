@@ -30,7 +30,8 @@ class SchedulerConfig:
     decode_reserve_cells: int = 16
     # The SLO budget (Sarathi-Serve): each iteration's prefill tokens are what fits, by the measured
     # cost of an iteration, in `slo_headroom` of the tightest TPOT target among decoding sequences
-    # (a prefilling one's own tokens are not between two of its outputs: its TTFT gains from big chunks);
+    # (a prefilling one's own tokens are not between two of its outputs: its TTFT gains from big chunks,
+    # but the prompts queued behind it in the same iteration are held to its TPOT target too);
     # never fewer than `min_prefill_tokens`, so prefill always moves. Where the target cannot be met
     # even without prefill (a slow or busy machine), prefill may still make an iteration
     # `slow_machine_stretch` times as long as its decode tokens alone: smaller chunks would no longer
@@ -327,16 +328,26 @@ class Scheduler:
         prefill_left = min(budget, self._prefill_limit(num_decode))
         self.prefill_budget = max(prefill_left, 0)
         # Prompt chunks in admission order: the most urgent prefill first, then the oldest.
+        urgent: tuple[int, int] | None = None  # (priority, prompt tokens the iteration may hold) of the first target
         for r in sorted(self.running, key=Request.sort_key):
             if prefill_left <= 0:
                 break
             if r.is_decoding or r.num_pending <= 0:
                 continue
             n = min(r.num_pending, prefill_left)
+            if urgent is not None and r.priority > urgent[0]:
+                n = min(n, urgent[1] - num_prompt)
+                if n <= 0:
+                    break
             tokens = r.all_tokens[r.num_computed : r.num_computed + n]
             chunks.append(Chunk(r, tokens, r.num_computed, n == r.num_pending))
             prefill_left -= n
             num_prompt += n
+            if urgent is None and self.config.slo_budget and r.slo.tpot_ms:
+                # Less urgent prompts behind this one would lengthen the iteration it computes in (its
+                # first token's): they get what its TPOT target leaves; its own tokens are never cut.
+                within = self.cost.prefill_within(r.slo.tpot_ms * self.config.slo_headroom, num_decode)
+                urgent = (r.priority, max(within, num_prompt))
         schedule = Schedule(chunks, num_decode, num_prompt)
         self.make_room(schedule.num_tokens)
         return schedule

@@ -525,8 +525,9 @@ def test_prefill_budget_follows_the_tightest_tpot_target_among_decoding_sequence
     voice = slo_request(VOICE, 4, priority=0, arrival_s=1, max_tokens=3, tag=2)
     sched.add_request(voice)
     s = step(sched)
-    # The voice prompt first, the document the rest of the batch.
-    assert layout(s) == [(voice.request_id, 0, 4, True), (doc.request_id, 512, 508, False)]
+    # The voice prompt first; the document only as much as voice's target allows beside it (its first
+    # token comes out of this iteration): (0.8 × 100 ms − 10 ms base) / 0.5 = 140 prefill tokens in all.
+    assert layout(s) == [(voice.request_id, 0, 4, True), (doc.request_id, 512, 136, False)]
     s = step(sched)
     # Voice decoding: 0.8 × 100 ms − 10 ms base − 2 ms for its token leaves (80 − 12) / 0.5 prefill tokens.
     assert s.num_decode_tokens == 1 and s.num_prompt_tokens == (80 - 10 - 2) / 0.5 == sched.prefill_budget
@@ -685,3 +686,22 @@ def test_a_full_cache_preempts_a_preemptible_class_first():
     assert sched.choose_victim() is bg
     sched.preempt(bg)
     assert sched.choose_victim() is chat  # then by priority, as before
+
+
+def test_less_urgent_prompts_behind_an_urgent_prefill_get_only_what_its_target_leaves():
+    sched = Scheduler(make_config(max_seqs=4, token_budget=512, max_batch_tokens=512, kv_cells=8192))
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=0.5)
+    bg = [slo_request(BACKGROUND, 1500, priority=3, tag=i, arrival_s=i) for i in (1, 2)]
+    for r in bg:
+        sched.add_request(r)
+    # Alone, background prompts fill the batch: one class's own tokens are never held back.
+    assert layout(step(sched)) == [(bg[0].request_id, 0, 512, False)]
+    # A voice prompt longer than its target's share: all of it goes (its TTFT gains from big chunks) and
+    # nothing less urgent rides along; a short one leaves (80 − 10) / 0.5 = 140 tokens in all.
+    long_voice = slo_request(VOICE, 300, priority=0, arrival_s=5, tag=9)
+    sched.add_request(long_voice)
+    assert layout(step(sched)) == [(long_voice.request_id, 0, 300, True)]
+    sched.finish(long_voice, RequestStatus.FINISHED_LENGTH)
+    voice = slo_request(VOICE, 20, priority=0, arrival_s=6, tag=10)
+    sched.add_request(voice)
+    assert layout(step(sched)) == [(voice.request_id, 0, 20, True), (bg[0].request_id, 512, 120, False)]
