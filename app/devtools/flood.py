@@ -253,8 +253,11 @@ def run_flood(args, model_path: str) -> int:
             med = {k: statistics.median(v) for k, v in lat.items()}
             med_t = {k: statistics.median(v) for k, v in ttft.items()}
             cpu = platform.processor() or platform.machine()
-            say(f"model {model_path}; hearth serve with default settings (runner ctx 4096, 4 slots, threads = "
-                f"cores; model pinned, chat {max(8, args.streams)} concurrent); machine: {cpu}, {os.cpu_count()} "
+            props = httpx.get(serve.runner_url() + "/props", timeout=10).json()
+            say(f"model {model_path}; hearth serve with default settings (runner sized by serve: "
+                f"{props.get('total_slots')} slots, {props.get('default_generation_settings', {}).get('n_ctx')} "
+                f"KV cells shared, threads = cores; model pinned, chat {max(8, args.streams)} concurrent); "
+                f"machine: {cpu}, {os.cpu_count()} "
                 f"cores, load average {os.getloadavg()[0]:.1f}")
             say(f"-- quiet box, {args.samples} alternating samples:")
             say(f"   non-streamed (1 token): direct p50 {med['direct']:.2f} ms, gateway {med['gateway']:.2f} ms "
