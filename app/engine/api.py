@@ -107,6 +107,8 @@ class _Body(BaseModel):
     cache_prompt: bool = True
     # llama-server's: a streamed prompt_progress object before the prompt and after each of its batches.
     return_progress: bool = False
+    # llama-server's: the whole answer carries __verbose (the prompt as rendered, the content).
+    verbose: bool = False
     # llama-server's name for max_tokens (-1: no limit but the context).
     n_predict: int | None = Field(default=None, ge=-1)
     # {token id or text: bias} (OpenAI), or llama-server's [[token id or text, bias or false], ...].
@@ -405,6 +407,11 @@ class ChatBody(_Body):
             if m.content is None and not (m.role == "assistant" and (m.tool_calls or m.function_call)):
                 why = " (an assistant message may omit it only when it has tool_calls)" if m.role == "assistant" else ""
                 raise BodyProblem("messages", f"'messages.{i}.content' is required in a {m.role} message{why}")
+        roles = [m.role for m in self.messages[-2:]]
+        if roles == ["assistant", "assistant"] and self.prefill:
+            # Which one would be continued? llama-server refuses it too.
+            raise BodyProblem("messages", "'messages': two assistant messages end the list; merge them into one "
+                                          "to continue it")
         return self
 
     @model_validator(mode="after")

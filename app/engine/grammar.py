@@ -89,6 +89,9 @@ def _normalise(schema, path: str) -> dict:
         return {}
     if not isinstance(schema, dict):
         raise UnsupportedSchema(type(schema).__name__, path)
+    if isinstance(schema.get("items"), list) and "prefixItems" not in schema:
+        # Draft 4's tuple form (items as a list) is today's prefixItems, as llama-server reads it.
+        schema = {**{k: v for k, v in schema.items() if k != "items"}, "prefixItems": schema["items"]}
     out: dict = {}
     for key, value in schema.items():
         here = f"{path}.{key}" if path else key

@@ -547,7 +547,7 @@ class RunnerApp:
             tokens = self._fim_tokens(body.prompt, body.suffix, [], "", "suffix")
         else:
             tokens = self._prompt_tokens(body.prompt, "prompt")
-        return self._generate(req, engine, body, tokens, _Answer(kind=TEXT), logprobs=body.logprobs)
+        return self._generate(req, engine, body, tokens, _Answer(kind=TEXT, verbose=body.verbose), logprobs=body.logprobs)
 
     def on_native_completion(self, req):
         body = self._parse(req, NativeCompletionBody)
@@ -665,10 +665,12 @@ class RunnerApp:
 
     def _continue_final(self, messages: list[dict], tools, kwargs) -> str:
         """The prompt that continues the final assistant message: rendered, then cut after its text."""
-        text = self._render(messages, False, tools, kwargs)
         content = messages[-1].get("content")
         if isinstance(content, list):
-            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+            # The continued message's text parts are joined by a blank line, as llama-server continues them.
+            content = "\n\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            messages = [*messages[:-1], {**messages[-1], "content": content}]
+        text = self._render(messages, False, tools, kwargs)
         cut = text.rfind(content.rstrip()) if content and content.strip() else -1
         return text[: cut + len(content.rstrip())] if cut >= 0 else text
 
@@ -683,7 +685,7 @@ class RunnerApp:
             param = "tools" if tools else "response_format"
             raise ApiError(400, f"'{param}': {exc}", param=param, code="unsupported_schema")
         top = (body.top_logprobs or 0) if body.logprobs else None
-        answer = _Answer(kind=CHAT, tools=tools or None, fmt=fmt)
+        answer = _Answer(kind=CHAT, tools=tools or None, fmt=fmt, verbose=body.verbose)
         return self._generate(req, engine, body, tokens, answer, grammar=grammar, logprobs=top)
 
     def _chat_grammar(self, body: ChatBody, tools: list[dict], fmt: str) -> Grammar | None:
@@ -941,7 +943,7 @@ class RunnerApp:
             "choices": [choice], "usage": self._usage(fin), "timings": self._timings(fin),
             "hearth_class": fin.stats.class_name,  # the class the runner applied (timings hold numbers only)
         }
-        if self.state.config.verbose:
+        if self.state.config.verbose or answer.verbose:
             out["__verbose"] = {"prompt": self._detokenize(request.prompt_tokens), "content": text}
         return _json(out)
 
@@ -1079,6 +1081,7 @@ class _Answer:
     post_sampling: bool = False
     response_fields: tuple[str, ...] = ()
     index: int = 0
+    verbose: bool = False  # llama-server's per-request `verbose`: the answer carries __verbose
 
 
 def _native_prob(entry: dict, post_sampling: bool) -> dict:

@@ -124,7 +124,7 @@ BAD_REQUESTS = [
      "unknown role"),
     ("/v1/chat/completions", b'{"messages": [{"content": "hi"}]}', 400, "messages.0.role", "required"),
     ("/v1/chat/completions", b'{"messages": [{"role": "assistant", "content": "hi"}, {"role": "assistant", '
-     b'"content": "again"}]}', 400, "messages", "alternate"),
+     b'"content": "again"}]}', 400, "messages", "two assistant messages"),
     ("/v1/completions", b'{"prompt": "hi", "priority": "high"}', 400, "priority", "integer"),
 ]
 
@@ -381,6 +381,14 @@ def test_several_choices_and_a_continued_assistant_message(runner):
     both = runner.client.post("/v1/chat/completions", json={"messages": turns, "continue_final_message": True,
                                                              "add_generation_prompt": True})
     assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+    # Text parts of the continued message join with a blank line, as llama-server continues them; a
+    # request's own `verbose` shows the prompt.
+    parts = [{"type": "text", "text": "The colour"}, {"type": "text", "text": "is"}]
+    r = runner.client.post("/chat/completions", json={"messages": [turns[0], {"role": "assistant", "content": parts}],
+                                                      "max_tokens": 1, "verbose": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["__verbose"]["prompt"].endswith("The colour\n\nis")
+    assert "__verbose" not in runner.client.post("/chat/completions", json={"messages": turns, "max_tokens": 1}).json()
 
 
 def test_return_progress_streams_prompt_progress_then_a_repeated_short_prompt_is_reused(start_runner):

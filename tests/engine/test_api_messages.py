@@ -40,3 +40,14 @@ def test_an_assistant_message_may_omit_content_only_when_it_calls_tools():
 
 def test_empty_content_is_still_content():
     assert parse({"role": "user", "content": ""}).messages[0].content == ""
+
+
+def test_two_assistant_messages_at_the_end_cannot_be_continued():
+    with pytest.raises(ApiError, match="two assistant messages end the list") as caught:
+        parse({"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"},
+              {"role": "assistant", "content": "b"})
+    assert caught.value.status == 400 and caught.value.param == "messages"
+    # Not continued (a generation prompt after them): nothing to choose between.
+    body = parse_body(json.dumps({"messages": [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
+                                  "add_generation_prompt": False}).encode(), ChatBody)[0]
+    assert len(body.messages) == 2

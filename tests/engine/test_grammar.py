@@ -90,3 +90,11 @@ def test_tool_call_grammar_bounds_unbounded_arrays():
                                   "required": ["d"]})], "generic", parallel=False)
     assert '"\\"f\\""' in g.gbnf and "{0,3}" not in g.gbnf
     assert "tool0-args-d" in g.gbnf
+
+
+def test_draft_4_tuple_items_are_prefix_items():
+    # {"items": [...]}: llama-server reads the list form as a tuple, exactly those items in order.
+    g = schema_grammar({"items": [{"type": "integer"}, {"type": "string"}]})
+    root = next(line for line in g.gbnf.splitlines() if line.startswith("root ::="))
+    assert "integer" in root and "string" in root and "," in root
+    assert normalise_schema({"items": [{"type": "integer"}]}) == {"prefixItems": [{"type": "integer"}]}
