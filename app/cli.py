@@ -520,7 +520,6 @@ def _runner(args) -> int:
         alias=args.alias,
         prefix_cache=args.prefix_cache,
         default_max_tokens=None if args.n_predict == -1 else args.n_predict,
-        max_tokens_cap=None if args.n_predict == -1 else args.n_predict,
         default_temperature=args.temp,
         default_seed=None if args.seed is None or args.seed == -1 else args.seed,
         api_keys=api_keys,

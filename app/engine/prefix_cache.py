@@ -193,10 +193,9 @@ class PrefixCache:
 
     def match(self, tokens: list[int]) -> Match:
         """The longest prefix of tokens whose cells are in the cache (NO_MATCH when the cache is off)."""
-        if not self.enabled or not tokens:
+        if not self.enabled or len(tokens) < MIN_MATCH_TOKENS:
             return NO_MATCH
-        # A short prompt counts only when all of it is cached (a repeated question, as llama-server reuses it).
-        enough = min(MIN_MATCH_TOKENS, len(tokens))
+        enough = MIN_MATCH_TOKENS
         node, pos, running = self.root, 0, 0
         while pos < len(tokens):
             best, best_n = None, 0

@@ -106,8 +106,6 @@ class RunnerConfig:
     max_waiting: int = 64
     # Tokens generated when a request names no limit (None: until the context is full, llama-server's -n -1).
     default_max_tokens: int | None = 512
-    # llama-server's -n: no request generates more than this (None: no cap).
-    max_tokens_cap: int | None = None
     alias: str | None = None
     prefix_cache: bool = True
     # Sampling defaults for requests that name none (llama-server's --temp, --seed).
@@ -367,7 +365,7 @@ class RunnerApp:
         """llama-server's `generation_settings` of a request (None: the runner's defaults)."""
         cfg = self.state.config
         if params is None:
-            limit = cfg.max_tokens_cap or cfg.default_max_tokens
+            limit = cfg.default_max_tokens
             params = SamplingParams(max_tokens=limit or -1,
                                     temperature=0.8 if cfg.default_temperature is None else cfg.default_temperature,
                                     seed=cfg.default_seed)
@@ -709,13 +707,12 @@ class RunnerApp:
         return calls
 
     def _params(self, body, n_prompt: int, grammar: Grammar | None, logprobs: int | None) -> SamplingParams:
-        """The engine's sampling settings of a request, with the runner's defaults and cap (-n) applied."""
+        """The engine's sampling settings of a request, with the runner's defaults (-n: a limit for requests naming none)."""
         cfg = self.state.config
         room = max(1, self.state.model.n_ctx - n_prompt)
         requested = getattr(body, "max_completion_tokens", None) or body.requested_max_tokens
+        # As llama-server: a request's own limit wins over -n, which only fills in for requests naming none.
         limit = requested or cfg.default_max_tokens or room
-        if cfg.max_tokens_cap is not None:
-            limit = min(limit, cfg.max_tokens_cap)
         params = dataclasses.replace(body.sampling(limit), max_tokens=limit, grammar=grammar, logprobs=logprobs,
                                      logit_bias=self._logit_bias(body.logit_bias))
         given = body.model_fields_set

@@ -391,7 +391,7 @@ def test_several_choices_and_a_continued_assistant_message(runner):
     assert "__verbose" not in runner.client.post("/chat/completions", json={"messages": turns, "max_tokens": 1}).json()
 
 
-def test_return_progress_streams_prompt_progress_then_a_repeated_short_prompt_is_reused(start_runner):
+def test_return_progress_streams_prompt_progress(start_runner):
     # A prompt over several 32-token batches: a progress object before it and after each batch,
     # prompt timings that never go back (llama-server's return_progress), then the generated text.
     runner = start_runner("--ctx", "1024", "--parallel", "1", "--batch", "32")
@@ -408,7 +408,11 @@ def test_return_progress_streams_prompt_progress_then_a_repeated_short_prompt_is
     assert done == sorted(done) and done[-1] > 0
     assert all(e["content"] == "" for e in progress)
     assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] == 3
-    # A short prompt (under the cache's 16-token minimum) asked twice: the second reuses all but its last token.
-    short = {"prompt": "Lights off in the kitchen", "n_predict": 2, "temperature": 0}
-    first, second = (runner.client.post("/completion", json=short).json()["timings"] for _ in range(2))
-    assert first["cache_n"] == 0 and second["cache_n"] == first["prompt_n"] - 1 and second["prompt_n"] == 1
+
+
+def test_n_predict_is_the_limit_of_requests_naming_none_not_a_cap(start_runner):
+    runner = start_runner("--ctx", "512", "--parallel", "1", "-n", "4")
+    ask = {"prompt": "Once upon a time", "temperature": 0, "ignore_eos": True}
+    assert runner.client.post("/completion", json=ask).json()["tokens_predicted"] == 4
+    # As llama-server: a request's own limit wins, above -n too.
+    assert runner.client.post("/completion", json={**ask, "n_predict": 6}).json()["tokens_predicted"] == 6
