@@ -487,6 +487,11 @@ class RunnerApp:
 
     def on_embeddings(self, req):
         body = self._parse(req, EmbeddingBody)
+        if self.state.config.pooling == "none":
+            # One vector per token has no OpenAI shape; llama-server refuses it the same way.
+            raise ApiError(400, "this runner was started with --pooling none (a vector per token), which has no "
+                                "embeddings answer here: start it with --pooling mean, cls or last",
+                           param="input", code="pooling_not_supported")
         self._ready()
         model = self.state.model
         inputs = []

@@ -87,3 +87,10 @@ def test_endpoints_switched_off_answer_501():
     for path in ("/metrics", "/slots"):
         r = c.get(path)
         assert r.status_code == 501 and r.json["error"]["type"] == "not_supported_error"
+
+
+def test_pooling_none_has_no_embeddings_answer_and_says_which_pooling_to_start_with():
+    c = keyed_client(embedding=True, pooling="none")
+    r = c.post("/v1/embeddings", json={"input": "hello hello hello"})
+    assert r.status_code == 400 and r.json["error"]["code"] == "pooling_not_supported"
+    assert "--pooling mean" in r.json["error"]["message"]
