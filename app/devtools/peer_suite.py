@@ -41,6 +41,14 @@ _MODEL_SOURCE_FLAGS = {
     "--mmproj-url": 1, "--offline": 0, "--no-mmproj": 0, "--no-ui": 0,
 }
 
+# Tests of what the issue leaves out of scope (router mode, built-in /tools, /cors-proxy), by file and
+# name (None: the whole file). They stay in the table, apart, and out of the share.
+OUT_OF_SCOPE: dict[tuple[str, str | None], str] = {
+    ("test_stream", None): "router mode (stream sessions resumed through the router)",
+    ("test_security", "test_cors_origins_defaults_to_localhost_with_tools_enabled"): "built-in /tools (router mode)",
+    ("test_security", "test_cors_proxy_only_forwards_explicit_proxy_headers"): "/cors-proxy",
+}
+
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 PER_TEST_TIMEOUT_S = 90
 
@@ -167,11 +175,16 @@ def read_junit(folder: Path) -> dict[tuple[str, str], Outcome]:
     return results
 
 
+def out_of_scope(file: str, name: str) -> str | None:
+    """Why a test is out of the issue's scope, or None."""
+    return OUT_OF_SCOPE.get((file, None)) or OUT_OF_SCOPE.get((file, name.split("[")[0]))
+
+
 def report(out: Path, files: list[str]) -> str:
     """The per-file comparison table and the reason of every test only stock llama-server passes."""
     stock = read_junit(out / "llama-server")
     ours = read_junit(out / "hearth")
-    rows, only_stock = [], []
+    rows, only_stock, skipped = [], [], []
     totals: Counter = Counter()
     for file in files:
         keys = sorted(k for k in set(stock) | set(ours) if k[0] == file)
@@ -179,6 +192,11 @@ def report(out: Path, files: list[str]) -> str:
         for key in keys:
             s, h = stock.get(key, Outcome(False, "not run")), ours.get(key, Outcome(False, "not run"))
             c["total"] += 1
+            why = out_of_scope(*key)
+            if why is not None:
+                c["out_of_scope"] += 1
+                skipped.append((key, why, s.passed, h.passed))
+                continue
             if s.passed and h.passed:
                 c["both"] += 1
             elif s.passed:
@@ -190,14 +208,24 @@ def report(out: Path, files: list[str]) -> str:
                 c["neither"] += 1
         totals.update(c)
         rows.append((file, c))
-    lines = [f"{'file':28} {'total':>5} {'both':>5} {'llama-server only':>17} {'both fail':>9} {'Hearth only':>11}"]
+    lines = [f"{'file':28} {'total':>5} {'both':>5} {'llama-server only':>17} {'both fail':>9} {'Hearth only':>11}"
+             f" {'out of scope':>12}"]
     for file, c in [*rows, ("TOTAL", totals)]:
         lines.append(f"{file:28} {c['total']:5} {c['both']:5} {c['stock_only']:17} {c['neither']:9} "
-                     f"{c['hearth_only']:11}")
+                     f"{c['hearth_only']:11} {c['out_of_scope']:12}")
     stock_passed = totals["both"] + totals["stock_only"]
     share = 100 * totals["both"] / stock_passed if stock_passed else 0.0
-    lines.append(f"\nHearth passes {totals['both']} of the {stock_passed} tests stock llama-server passes "
-                 f"({share:.0f} %); target ≥ 90 %.")
+    lines.append(f"\nHearth passes {totals['both']} of the {stock_passed} in-scope tests stock llama-server passes "
+                 f"({share:.1f} %); target ≥ 90 %.")
+    if skipped:
+        s_pass = sum(1 for *_, s, _h in skipped if s)
+        both = sum(1 for *_, s, h in skipped if s and h)
+        all_share = 100 * (totals["both"] + both) / (stock_passed + s_pass) if stock_passed + s_pass else 0.0
+        lines.append(f"Counting the out-of-scope tests too: {totals['both'] + both} of {stock_passed + s_pass} "
+                     f"({all_share:.1f} %). Out of scope (the issue's list):")
+        for (file, name), why, s, h in skipped:
+            lines.append(f"  {file}::{name}: {why} (llama-server {'passes' if s else 'fails'}, "
+                         f"Hearth {'passes' if h else 'fails'})")
     if only_stock:
         lines.append("\nPassed by llama-server only, with Hearth's failure:")
         for (file, name), reason in only_stock:
