@@ -8,8 +8,9 @@ the runner's chat route (app.engine.compat) and translated back: a `message` wit
 or Anthropic's event stream (message_start, content_block_start / _delta / _stop, message_delta,
 message_stop). Errors take Anthropic's shape, {"type": "error", "error": {"type", "message"}}.
 
-Not honoured: `thinking` (the model's reasoning is not split out; accepted and ignored, as a
-model without reasoning would), `metadata`, `cache_control` (the prefix cache needs no hint), and
+Not honoured: `thinking` in the request (the model's reasoning is not split out of the answer;
+accepted and ignored, as a model without reasoning would; thinking blocks of the history become
+the assistant turn's `reasoning_content`, which templates that show past reasoning render), `metadata`, `cache_control` (the prefix cache needs no hint), and
 `stop_sequence` in the answer, which stays null: the engine does not report which stop string
 ended generation (stop_reason is then "end_turn", as llama-server reports it).
 """
@@ -43,8 +44,8 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 # Claude Code stamps its system prompt with a per-request hash (cch=xxxxx;) that would defeat the
 # prefix cache at the first line; llama-server blanks it the same way (llama.cpp PR 21793).
 _BILLING_CCH = re.compile(r"^(x-anthropic-billing-header:.*?cch=)[0-9a-fA-F]{5};")
-# Block types of the history that carry nothing the model can be shown.
-_IGNORED_BLOCKS = ("thinking", "redacted_thinking")
+# Block types of the history that carry nothing the model can be shown (redacted reasoning is opaque).
+_IGNORED_BLOCKS = ("redacted_thinking",)
 
 
 def error_response(err: ApiError) -> Response:
@@ -99,11 +100,13 @@ def _message(i: int, msg) -> list[dict]:
         return [{"role": role, "content": content or ""}]
     if not isinstance(content, list):
         raise ApiError(400, f"'messages.{i}.content' must be a string or a list of blocks", param="messages")
-    texts, calls, results = [], [], []
+    texts, calls, results, thoughts = [], [], [], []
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append({"type": "text", "text": block.get("text", "")})
+        elif kind == "thinking":
+            thoughts.append(str(block.get("thinking") or ""))
         elif kind == "image":
             raise image_unsupported()
         elif kind == "tool_use":
@@ -119,9 +122,11 @@ def _message(i: int, msg) -> list[dict]:
     # Tool results answer the previous assistant turn, so they come first (OpenAI's order), the
     # message's own text after them.
     out += results
-    if role == "assistant" and (texts or calls):
+    reasoning = "\n".join(t for t in thoughts if t)
+    if role == "assistant" and (texts or calls or reasoning):
         text = "".join(t["text"] for t in texts)
-        out.append({"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})})
+        out.append({"role": "assistant", "content": text or ("" if reasoning and not calls else None),
+                    **({"tool_calls": calls} if calls else {}), **({"reasoning_content": reasoning} if reasoning else {})})
     elif texts:
         out.append({"role": role, "content": texts})
     return out

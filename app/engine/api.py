@@ -278,6 +278,8 @@ class Message(BaseModel):
     function_call: dict | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    # An assistant turn's reasoning, as llama-server takes it: templates that show past reasoning (Qwen3) render it.
+    reasoning_content: str | None = None
 
 
 class FunctionDef(BaseModel):

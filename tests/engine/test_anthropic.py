@@ -169,3 +169,31 @@ def test_errors_on_the_route_take_anthropics_shape():
     assert r.status_code == 503 and r.json["error"]["type"] == "overloaded_error"
     assert r.headers["Retry-After"] == "1"
     assert c.post("/v1/messages/count_tokens", json={"messages": []}).status_code == 503
+
+
+def test_thinking_blocks_of_the_history_become_the_turns_reasoning_and_templates_render_it():
+    from pathlib import Path
+
+    from app.engine.api import ChatBody, parse_body
+    from app.engine.chat import ChatTemplate
+    from app.llama_tools import tools_cache_dir
+
+    chat = to_chat({"tools": [WEATHER], "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Paris, I guess.", "signature": "x"},
+                                          {"type": "redacted_thinking", "data": "opaque"},
+                                          {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "Sunny"}]},
+    ]})
+    assert chat["messages"][1]["reasoning_content"] == "Paris, I guess." and chat["messages"][1]["tool_calls"]
+    # The chat body keeps it for the template (it was dropped as an unknown field before).
+    body = parse_body(json.dumps(chat).encode(), ChatBody)[0]
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    assert messages[1]["reasoning_content"] == "Paris, I guess."
+    # Qwen3's template shows the reasoning of turns after the last user query (as llama-server renders it).
+    qwen3 = next(iter(sorted((tools_cache_dir() / "src").glob(
+        "llama_cpp_python-*/vendor/llama.cpp/models/templates/Qwen-Qwen3-0.6B.jinja"))), None)
+    if qwen3 is None:
+        pytest.skip("llama.cpp's templates are unpacked by scripts/build_llama_tools.sh")
+    prompt = ChatTemplate(Path(qwen3).read_text(), "", "<|im_end|>").render(messages, tools=body.tool_list)
+    assert "<think>\nParis, I guess.\n</think>" in prompt
