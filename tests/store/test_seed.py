@@ -19,7 +19,7 @@ def test_seeds_the_five_default_classes(sessions):
     voice = classes["voice"]
     assert (voice.priority, voice.ttft_target_ms, voice.tpot_target_ms) == (0, 500, 100)
     assert (voice.default_max_tokens, voice.max_output_tokens) == (128, 256)
-    assert (voice.max_concurrent, voice.max_queue, voice.weight) == (4, 16, 4.0)
+    assert (voice.max_concurrent, voice.max_queue, voice.weight) == (8, 16, 4.0)
     assert (voice.preemptible, voice.queue_timeout_s, voice.default_model) == (False, 10.0, None)
     background = classes["background"]
     assert (background.max_queue, background.preemptible, background.queue_timeout_s) == (256, True, 600.0)
