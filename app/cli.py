@@ -9,7 +9,6 @@ import signal
 import sys
 from pathlib import Path
 
-from app.engine.scheduler import CPU_ITERATION_TOKENS, cpu_iteration_budget
 from app.hardware import usable_cores
 from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS, Mode
 
@@ -72,9 +71,7 @@ def _add_model_args(p: argparse.ArgumentParser, ctx: int, parallel: int) -> None
     p.add_argument("--parallel", "-np", type=int, default=parallel, help="sequence slots (default %(default)s)")
     p.add_argument("--batch", "-b", "--batch-size", dest="batch", type=int, default=512,
                    help="n_batch: max tokens per llama_decode (default %(default)s)")
-    p.add_argument("--budget", type=int, default=None,
-                   help=f"tokens per iteration (default: --batch on a GPU; on a CPU {CPU_ITERATION_TOKENS}, or --batch "
-                        "if smaller: see app.engine.scheduler.CPU_ITERATION_TOKENS)")
+    p.add_argument("--budget", type=int, default=None, help="tokens per iteration (default: --batch)")
     p.add_argument("--threads", "-t", type=int, default=usable_cores(), help="CPU threads (default %(default)s)")
     p.add_argument("--gpu-layers", "-ngl", "--n-gpu-layers", dest="gpu_layers", type=int, default=0,
                    help="layers offloaded to the GPU (default %(default)s)")
@@ -518,7 +515,7 @@ def _runner(args) -> int:
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn),
         mode=mode,
-        token_budget=args.budget or cpu_iteration_budget(args.gpu_layers, args.batch, args.parallel),
+        token_budget=args.budget,
         max_waiting=args.max_waiting,
         alias=args.alias,
         prefix_cache=args.prefix_cache,

@@ -14,20 +14,6 @@ from app.engine.prefix_cache import MIN_MATCH_TOKENS, NO_MATCH, KvMemory, Match,
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
 from app.policy import Mode
 
-# Tokens per iteration of a runner on a CPU when none is given. Prefill on a CPU gains nothing from
-# bigger chunks beyond this (Gemma 3 270M Q4_K_M, 2 cores, a 1,500-token prompt: 512-token chunks 320
-# tok/s, 128 355, 64 250, 32 235), and a shorter iteration is a shorter wait for a voice request that
-# arrives during one (512 tokens took 1.6 s there). A GPU's prefill keeps gaining with the batch.
-CPU_ITERATION_TOKENS = 128
-
-
-def cpu_iteration_budget(gpu_layers: int, n_batch: int, slots: int) -> int | None:
-    """The default token budget of a runner: CPU_ITERATION_TOKENS on a CPU (at least one token per slot, at
-    most the batch), None (the batch) when layers run on a GPU."""
-    if gpu_layers:
-        return None
-    return min(n_batch, max(CPU_ITERATION_TOKENS, slots))
-
 
 @dataclass(frozen=True)
 class SchedulerConfig:
