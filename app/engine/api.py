@@ -109,6 +109,8 @@ class _Body(BaseModel):
     return_progress: bool = False
     # llama-server's: the whole answer carries __verbose (the prompt as rendered, the content).
     verbose: bool = False
+    # llama-server's: every streamed piece carries the timings so far.
+    timings_per_token: bool = False
     # llama-server's name for max_tokens (-1: no limit but the context).
     n_predict: int | None = Field(default=None, ge=-1)
     # {token id or text: bias} (OpenAI), or llama-server's [[token id or text, bias or false], ...].

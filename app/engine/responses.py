@@ -38,7 +38,7 @@ from app.engine.compat import (
 
 # Chat parameters that a Responses request carries under the same name.
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "parallel_tool_calls", "presence_penalty",
-           "frequency_penalty", "repeat_penalty", "stop")
+           "frequency_penalty", "repeat_penalty", "stop", "return_progress", "timings_per_token")
 _TEXT_PARTS = ("input_text", "output_text")
 
 
@@ -263,6 +263,12 @@ class ResponseStream:
                         **self._snapshot("failed"), "error": {"code": err.get("code") or "server_error",
                                                               "message": err.get("message", "")}})]
         out: list[bytes] = []
+        if "prompt_progress" in chunk:
+            # llama-server's telemetry (return_progress): the prompt's progress as an in_progress event.
+            out.append(self._event("response.in_progress", response=self._snapshot("in_progress"),
+                                   prompt_progress=chunk["prompt_progress"], timings=chunk.get("timings")))
+            return out
+        timed = {"timings": chunk["timings"]} if "timings" in chunk else {}
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("content"):
@@ -277,7 +283,7 @@ class ResponseStream:
                     self.text = ""
                 self.text += delta["content"]
                 out.append(self._event("response.output_text.delta", item_id=self.msg_id, output_index=len(self.output),
-                                       content_index=0, delta=delta["content"], logprobs=[]))
+                                       content_index=0, delta=delta["content"], logprobs=[], **timed))
             for call in delta.get("tool_calls") or []:
                 fn = call.get("function") or {}
                 if call.get("id"):
@@ -293,7 +299,7 @@ class ResponseStream:
             if choice.get("finish_reason") is not None:
                 out += self._close()
                 event = self._event("response.completed",
-                                    response=self._snapshot("completed", _usage(chunk.get("usage") or {})))
+                                    response=self._snapshot("completed", _usage(chunk.get("usage") or {})), **timed)
                 out.append(event)
         return out
 

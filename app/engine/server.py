@@ -1004,6 +1004,7 @@ class RunnerApp:
             if isinstance(ev, Delta):
                 if ev.logprob is not None:
                     pending.append(ev.logprob)
+                timed = {"timings": _running_timings(request)} if body.timings_per_token else None
                 if native:
                     if not ev.text:
                         continue
@@ -1011,7 +1012,7 @@ class RunnerApp:
                     out = {"index": 0, "content": ev.text,
                            "tokens": list(request.output_tokens[num_sent:upto]) if answer.return_tokens else [],
                            "stop": False, "id_slot": slot,
-                           "tokens_predicted": upto, "tokens_evaluated": len(request.prompt_tokens)}
+                           "tokens_predicted": upto, "tokens_evaluated": len(request.prompt_tokens), **(timed or {})}
                     num_sent = upto
                     if pending:
                         out["completion_probabilities"] = [_native_prob(e, answer.post_sampling) for e in pending]
@@ -1020,7 +1021,7 @@ class RunnerApp:
                     continue
                 text = calls.push(ev.text) if calls is not None else ev.text
                 if text:
-                    yield chunk(text, None, logprobs=pending)
+                    yield chunk(text, None, logprobs=pending, extra=timed)
                     pending = []
                 continue
             if ev.error:
@@ -1054,6 +1055,21 @@ class RunnerApp:
                     yield sse(payload)
             if not native:
                 yield b"data: [DONE]\n\n"
+
+
+def _running_timings(r: Request) -> dict:
+    """llama-server's timings of a request still generating (timings_per_token): the prompt, the tokens so far."""
+    start = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
+    prompt_n = len(r.prompt_tokens) - r.num_cached_tokens
+    prompt_ms = max(0.0, ((r.first_token_s or start) - start) * 1000)
+    steps = max(0, len(r.output_tokens) - 1)
+    predicted_ms = max(0.0, ((r.last_token_s or r.first_token_s or start) - (r.first_token_s or start)) * 1000)
+    return {"cache_n": r.num_cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+            "predicted_n": len(r.output_tokens), "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / predicted_ms if predicted_ms > 0 else 0.0}
 
 
 def _progress_timings(p: Progress) -> dict:

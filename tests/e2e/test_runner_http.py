@@ -416,3 +416,14 @@ def test_n_predict_is_the_limit_of_requests_naming_none_not_a_cap(start_runner):
     assert runner.client.post("/completion", json=ask).json()["tokens_predicted"] == 4
     # As llama-server: a request's own limit wins, above -n too.
     assert runner.client.post("/completion", json={**ask, "n_predict": 6}).json()["tokens_predicted"] == 6
+
+
+def test_timings_per_token_ride_every_streamed_piece(runner):
+    body = {"messages": [{"role": "user", "content": "Count to three"}], "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True, "stream": True, "timings_per_token": True}
+    with runner.client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        events = [e for e in sse_events(resp) if e != "[DONE]"]
+    pieces = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert pieces and all("timings" in e for e in pieces)
+    counts = [e["timings"]["predicted_n"] for e in pieces]
+    assert counts == sorted(counts) and all(e["timings"]["prompt_n"] > 0 for e in pieces)

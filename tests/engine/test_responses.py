@@ -109,3 +109,22 @@ def test_errors_keep_openais_shape():
     assert r.status_code == 400 and r.json["error"]["param"] == "previous_response_id"
     r = c.post("/responses", json={"input": "hi"})
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+
+
+def test_llama_servers_telemetry_rides_the_events_it_belongs_to():
+    # return_progress: prompt progress comes as in_progress events; timings_per_token: each text delta
+    # carries the timings so far, and the completed event the final ones.
+    s = ResponseStream("resp_1", {"input": "x"}, "m")
+    raw = s.start()
+    progress = {"total": 40, "cache": 0, "processed": 32, "time_ms": 90.0}
+    timings = {"prompt_n": 40, "prompt_per_second": 400.0, "predicted_n": 1, "predicted_per_second": 0.0}
+    raw += s.feed({"choices": [{"delta": {}, "finish_reason": None}], "prompt_progress": progress, "timings": timings})
+    raw += s.feed({"choices": [{"delta": {"content": "Hi"}, "finish_reason": None}], "timings": timings})
+    raw += s.feed({"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 40, "completion_tokens": 1},
+                   "timings": {**timings, "predicted_per_second": 20.0}})
+    got = events(raw)
+    assert got[2]["type"] == "response.in_progress" and got[2]["prompt_progress"] == progress
+    delta = next(e for e in got if e["type"] == "response.output_text.delta")
+    assert delta["timings"] == timings
+    assert got[-1]["type"] == "response.completed" and got[-1]["timings"]["predicted_per_second"] == 20.0
+    assert [e["sequence_number"] for e in got] == list(range(len(got)))
