@@ -193,9 +193,10 @@ class PrefixCache:
 
     def match(self, tokens: list[int]) -> Match:
         """The longest prefix of tokens whose cells are in the cache (NO_MATCH when the cache is off)."""
-        if not self.enabled or len(tokens) < MIN_MATCH_TOKENS:
+        if not self.enabled:
             return NO_MATCH
-        enough = MIN_MATCH_TOKENS
+        if len(tokens) < MIN_MATCH_TOKENS:
+            return NO_MATCH
         node, pos, running = self.root, 0, 0
         while pos < len(tokens):
             best, best_n = None, 0
@@ -210,9 +211,9 @@ class PrefixCache:
                 running = pos + best_n
             pos += best_n
             if best_n < len(best.tokens):
-                return Match(pos, running, best, best_n) if pos >= enough else NO_MATCH
+                return Match(pos, running, best, best_n) if pos >= MIN_MATCH_TOKENS else NO_MATCH
             node = best
-        if node is self.root or pos < enough:
+        if node is self.root or pos < MIN_MATCH_TOKENS:
             return NO_MATCH
         return Match(pos, running, node, len(node.tokens))
 
