@@ -866,14 +866,7 @@ class RunnerApp:
         predicted_ms = (s.tpot_ms or 0.0) * steps
         # Numbers only, none null (llama-server's timings are all finite numbers; clients sum and compare them).
         own = {k: v for k, v in s.as_dict().items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        return {
-            **own, "cache_n": s.num_cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
-            "predicted_per_second": 1e3 * steps / predicted_ms if predicted_ms > 0 else 0.0,
-        }
+        return {**own, **_llama_timings(s.num_cached_tokens, prompt_n, prompt_ms, predicted_n, predicted_ms)}
 
     def _native_final(self, request: Request, params: SamplingParams, fin: Finished, text: str,
                       answer: _Answer, probs: list[dict] | None, stream: bool, slot: int) -> dict:
@@ -1057,28 +1050,31 @@ class RunnerApp:
                 yield b"data: [DONE]\n\n"
 
 
-def _running_timings(r: Request) -> dict:
-    """llama-server's timings of a request still generating (timings_per_token): the prompt, the tokens so far."""
-    start = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
-    prompt_n = len(r.prompt_tokens) - r.num_cached_tokens
-    prompt_ms = max(0.0, ((r.first_token_s or start) - start) * 1000)
-    steps = max(0, len(r.output_tokens) - 1)
-    predicted_ms = max(0.0, ((r.last_token_s or r.first_token_s or start) - (r.first_token_s or start)) * 1000)
-    return {"cache_n": r.num_cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+def _llama_timings(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float) -> dict:
+    """llama-server's timings object: counts and times with their per-token times and rates.
+
+    The first token comes with the prompt's last batch, so the generation rate is over the steps after it."""
+    steps = max(0, predicted_n - 1)
+    return {"cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-            "predicted_n": len(r.output_tokens), "predicted_ms": predicted_ms,
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
             "predicted_per_second": 1e3 * steps / predicted_ms if predicted_ms > 0 else 0.0}
 
 
+def _running_timings(r: Request) -> dict:
+    """llama-server's timings of a request still generating (timings_per_token): the prompt, the tokens so far."""
+    start = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
+    first = r.first_token_s or start
+    return _llama_timings(r.num_cached_tokens, len(r.prompt_tokens) - r.num_cached_tokens,
+                          max(0.0, (first - start) * 1000), len(r.output_tokens),
+                          max(0.0, ((r.last_token_s or first) - first) * 1000))
+
+
 def _progress_timings(p: Progress) -> dict:
     """llama-server's timings beside a prompt_progress: the prompt so far, nothing generated yet."""
-    prompt_n = p.processed - p.cache
-    return {"cache_n": p.cache, "prompt_n": prompt_n, "prompt_ms": p.time_ms,
-            "prompt_per_token_ms": p.time_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1e3 * prompt_n / p.time_ms if p.time_ms > 0 else 0.0,
-            "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
+    return _llama_timings(p.cache, p.processed - p.cache, p.time_ms, 0, 0.0)
 
 
 # How an answer is shaped.
