@@ -312,7 +312,10 @@ def test_a_runner_without_the_prefix_cache_says_so(start_runner):
     assert props["enabled"] is False and "setting" in props["note"]
 
 
-def test_native_completion_honours_n_predict_and_llama_servers_fields(runner):
+def test_native_completion_honours_n_predict_and_llama_servers_fields(start_runner):
+    # A runner of its own: on the shared one, after the earlier tests of this file, the streamed greedy
+    # text came out ", there was a little" against the whole answer's ", there was a small" (alone: equal).
+    runner = start_runner("--ctx", "2048", "--parallel", "4")
     r = runner.client.post("/completion", json={"prompt": "Once upon a time", "n_predict": 5, "temperature": 0,
                                                 "return_tokens": True, "n_probs": 3})
     assert r.status_code == 200, r.text
