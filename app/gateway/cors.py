@@ -10,11 +10,10 @@ preflight from one that is not listed is answered 403 with the setting to change
 
 from __future__ import annotations
 
-import json
-
 from flask import Flask, Response, request
 
 from app.engine.api import ApiError
+from app.gateway.api import _error_response
 from app.gateway.context import services
 from app.store.settings import cors_origins
 
@@ -53,7 +52,7 @@ def install_cors(app: Flask) -> None:
             err = ApiError(403, f"web pages from {origin} may not call this API: an admin can allow the origin under "
                                 "Settings → Network and access → API origins for browser apps (api_cors_origins)",
                            code="origin_not_allowed", err_type="permission_error")
-            return Response(json.dumps(err.body()), status=403, mimetype="application/json")
+            return _error_response(err)
         resp = Response(status=204)
         resp.headers["Access-Control-Allow-Origin"] = allow
         resp.headers["Access-Control-Allow-Methods"] = ALLOW_METHODS
@@ -72,4 +71,3 @@ def install_cors(app: Flask) -> None:
                 resp.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
                 resp.vary.add("Origin")
         return resp
-
