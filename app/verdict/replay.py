@@ -611,9 +611,8 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
                 continue
             for t in targets:
                 warm_up(t)
-            # Prompts are cut with a runner's tokenizer: serve's gateway has none of its own.
-            cutter = http_cutter(next((t.metrics_url or t.url for t in targets
-                                       if t.kind in ("hearth", "llama-server", "serve")), targets[0].url))
+            # Prompts are cut with a runner's tokenizer (serve's runner: its gateway has none of its own).
+            cutter = http_cutter(next((t.metrics_url or t.url for t in targets if t.kind != "external"), targets[0].url))
             if session_id is None:
                 props = None
                 if targets[0].kind == "hearth":
