@@ -695,7 +695,8 @@ def run_from_args(args, model_path: str, start_serve: Callable[[Constants], Targ
     try:
         outcome = run_bench(cfg, sessions, progress=progress, log=lambda line: bar.write(line, file=sys.stderr),
                             start_serve=start_serve)
-    except (ValueError, RunnerStartFailed) as exc:
+    except (ValueError, RuntimeError, RunnerStartFailed) as exc:
+        # RuntimeError: a target that did not answer (serve's warm-up, requests that never finished).
         print(f"hearth bench replay: {exc}", file=sys.stderr)
         engine.dispose()
         return 2

@@ -276,3 +276,32 @@ def test_repetitions_median_run_and_ratios_within_a_repetition(tmp_path):
         back = store.load_runs(s, sid, POLICIES)
     engine.dispose()
     assert [(r.target, r.rep) for r in back] == [(r.target, r.rep) for r in runs]
+
+
+def test_a_serve_target_that_refuses_the_warm_up_is_a_clear_error():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from app.verdict.replay import Target, warm_up
+
+    class Loading(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"error": {"message": "the model is loading", "code": "loading"}}'
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Loading)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        target = Target("serve", f"http://127.0.0.1:{server.server_port}", "serve", "m", headers={"Authorization": "Bearer t"})
+        with pytest.raises(RuntimeError, match="hearth serve did not answer the warm-up: HTTP 503: .*loading"):
+            warm_up(target)
+    finally:
+        server.shutdown()
+        server.server_close()
