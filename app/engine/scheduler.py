@@ -28,17 +28,26 @@ class SchedulerConfig:
     # Admission keeps this many cells free per running sequence, so newcomers don't
     # immediately push the others into preemption.
     decode_reserve_cells: int = 16
-    # The SLO budget (Sarathi-Serve): each iteration's prefill tokens are what fits, by the measured
-    # cost of an iteration, in `slo_headroom` of the tightest TPOT target among decoding sequences
-    # (a prefilling one's own tokens are not between two of its outputs: its TTFT gains from big chunks,
-    # but the prompts queued behind it in the same iteration are held to its TPOT target too);
-    # never fewer than `min_prefill_tokens`, so prefill always moves. Where the target cannot be met
-    # even without prefill (a slow or busy machine), prefill may still make an iteration
-    # `slow_machine_stretch` times as long as its decode tokens alone: smaller chunks would no longer
-    # buy the target, only pay the iteration's fixed cost more often. Off: the whole token_budget.
+    # The SLO budget (Sarathi-Serve, with the time a sequence has banked): a class's TPOT target is a
+    # mean, so a decoding sequence's next token is due by its first token + `slo_headroom` × target ×
+    # the tokens it has; each iteration's prefill tokens are what fits, by the measured cost of an
+    # iteration, before the earliest such deadline among decoding sequences. A sequence that runs ahead
+    # of its pace (decode-only iterations are shorter than the target) banks time that a later prompt
+    # chunk spends; one behind its pace (resumed after a preemption, or an iteration longer than the cost
+    # model said) still lets an iteration take `slo_headroom` × the tightest target, so prompts always
+    # move and one late sequence never holds the others up. A chunk is at least `min_prefill_tokens` unless it ends its prompt:
+    # a smaller piece waits while the time is banked, since a few prompt tokens beside the decode tokens
+    # cost more per token. No iteration is stretched by prefill beyond `slo_max_stall` tightest targets
+    # (no long pause in a stream). A prefilling sequence's own tokens are not between two of its outputs:
+    # its TTFT gains from big chunks, but the prompts queued behind it in the same iteration are held to
+    # its TPOT target too. Where the target cannot be met even without prefill (a slow or busy machine),
+    # prefill may still make an iteration `slow_machine_stretch` times as long as its decode tokens
+    # alone: smaller chunks would no longer buy the target, only pay the iteration's fixed cost more
+    # often. Off: the whole token_budget.
     slo_budget: bool = True
-    slo_headroom: float = 0.8
-    min_prefill_tokens: int = 16
+    slo_headroom: float = 0.9
+    slo_max_stall: float = 5.0
+    min_prefill_tokens: int = 32
     slow_machine_stretch: float = 2.0
     # Slot and KV preemption by priority: a more urgent waiting request takes the slot of a preemptible,
     # less urgent one, whose cells stay cached; a sequence resumed less than this long ago is spared.
@@ -314,8 +323,9 @@ class Scheduler:
 
     def schedule(self, admit: bool = True, now: float | None = None) -> Schedule:
         """Admit in policy order, then build one batch: decode tokens first, then prompt chunks."""
+        now = time.monotonic() if now is None else now
         if admit:
-            self._admit(time.monotonic() if now is None else now)
+            self._admit(now)
         budget = self.config.token_budget
         chunks: list[Chunk] = []
         num_decode = 0
@@ -325,7 +335,7 @@ class Scheduler:
                 num_decode += 1
         budget -= num_decode
         num_prompt = 0
-        prefill_left = min(budget, self._prefill_limit(num_decode))
+        prefill_left = min(budget, self._prefill_limit(num_decode, now))
         self.prefill_budget = max(prefill_left, 0)
         # Prompt chunks in admission order: the most urgent prefill first, then the oldest.
         urgent: tuple[int, int] | None = None  # (priority, prompt tokens the iteration may hold) of the first target
@@ -337,8 +347,8 @@ class Scheduler:
             n = min(r.num_pending, prefill_left)
             if urgent is not None and r.priority > urgent[0]:
                 n = min(n, urgent[1] - num_prompt)
-                if n <= 0:
-                    break
+            if n < min(r.num_pending, self.config.min_prefill_tokens, budget - num_prompt):
+                break  # a small piece of a long prompt costs more per token than it is worth: bank the time
             tokens = r.all_tokens[r.num_computed : r.num_computed + n]
             chunks.append(Chunk(r, tokens, r.num_computed, n == r.num_pending))
             prefill_left -= n
@@ -352,15 +362,28 @@ class Scheduler:
         self.make_room(schedule.num_tokens)
         return schedule
 
-    def _prefill_limit(self, num_decode: int) -> int:
-        """Prefill tokens this iteration may carry: what the tightest decoding TPOT target leaves (see SchedulerConfig)."""
-        targets = [r.slo.tpot_ms for r in self.running if r.slo.tpot_ms and r.is_decoding]
-        self.tightest_tpot_ms = min(targets) if targets else None
+    def _prefill_limit(self, num_decode: int, now: float) -> int:
+        """Prefill tokens this iteration may carry: what the decoding sequences' TPOT targets leave (see SchedulerConfig)."""
+        decoding = [r for r in self.running if r.slo.tpot_ms and r.is_decoding]
+        self.tightest_tpot_ms = min(r.slo.tpot_ms for r in decoding) if decoding else None
         if not self.config.slo_budget or self.tightest_tpot_ms is None:
             return self.config.token_budget
-        limit_ms = max(self.tightest_tpot_ms * self.config.slo_headroom,
-                       self.config.slow_machine_stretch * self.cost.iteration_ms(num_decode, 0))
-        return max(self.cost.prefill_within(limit_ms, num_decode), self.config.min_prefill_tokens)
+        h = self.config.slo_headroom
+        per_iteration_ms = self.tightest_tpot_ms * h
+        decode_only_ms = self.cost.iteration_ms(num_decode, 0)
+        if decode_only_ms > per_iteration_ms:
+            limit_ms = self.config.slow_machine_stretch * decode_only_ms
+        else:
+            banked_ms = min(self._slack_ms(r, now) for r in decoding)
+            limit_ms = min(max(banked_ms, per_iteration_ms), self.config.slo_max_stall * self.tightest_tpot_ms)
+        return self.cost.prefill_within(limit_ms, num_decode)
+
+    def _slack_ms(self, r: Request, now: float) -> float:
+        """How long the next iteration may take and this sequence still keep its mean TPOT pace (headroom included)."""
+        if r.first_token_s is None:
+            return r.slo.tpot_ms * self.config.slo_headroom
+        due_s = r.first_token_s + r.slo.tpot_ms * self.config.slo_headroom * len(r.output_tokens) / 1000
+        return (due_s - now) * 1000
 
     def make_room(self, num_cells: int) -> int:
         """Evict cached prefixes until num_cells cells are free (as far as the cache can); returns cells freed."""

@@ -31,10 +31,12 @@ KV_RULE = ("A request joins only if its prompt plus 16 cells per running sequenc
            "the lowest-priority newest sequence is preempted.")
 BUDGET_RULE = ("Each iteration carries one decode token per generating sequence, then prompt chunks (most "
                "urgent first) up to the prefill budget: the tokens that fit, by this model's measured cost per "
-               "iteration, per decode token and per prefill token, in 80 % of the tightest TPOT target among the "
-               "decoding sequences (at least 16, at most the batch size; where the target is out of reach even "
-               "without prefill, prefill may double the iteration). While nothing with a target decodes, the "
-               "whole batch.")
+               "iteration, per decode token and per prefill token, before the next token of every decoding "
+               "sequence is due at 90 % of its class's TPOT target (a mean: a sequence ahead of its pace banks "
+               "time for a bigger chunk; an iteration may always take 90 % of the tightest target, and never "
+               "more than 5 of them). A chunk is at least 32 tokens unless it ends its prompt; where the target "
+               "is out of reach even without prefill, prefill may double the iteration. While nothing with a "
+               "target decodes, the whole batch.")
 
 
 @dataclass(frozen=True)

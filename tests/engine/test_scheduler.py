@@ -40,6 +40,8 @@ def step(sched: Scheduler, admit: bool = True, now: float = 0.0):
     for c in schedule.chunks:
         if c.want_logits:
             c.request.output_tokens.append(NEXT_TOKEN)
+            if c.request.first_token_s is None:
+                c.request.first_token_s = now
     return schedule
 
 
@@ -524,30 +526,66 @@ def test_prefill_budget_follows_the_tightest_tpot_target_among_decoding_sequence
     assert step(sched).num_prompt_tokens == 512 and sched.tightest_tpot_ms is None
     voice = slo_request(VOICE, 4, priority=0, arrival_s=1, max_tokens=3, tag=2)
     sched.add_request(voice)
-    s = step(sched)
+    s = step(sched, now=1.0)
     # The voice prompt first; the document only as much as voice's target allows beside it (its first
-    # token comes out of this iteration): (0.8 × 100 ms − 10 ms base) / 0.5 = 140 prefill tokens in all.
-    assert layout(s) == [(voice.request_id, 0, 4, True), (doc.request_id, 512, 136, False)]
-    s = step(sched)
-    # Voice decoding: 0.8 × 100 ms − 10 ms base − 2 ms for its token leaves (80 − 12) / 0.5 prefill tokens.
-    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == (80 - 10 - 2) / 0.5 == sched.prefill_budget
+    # token comes out of this iteration): (0.9 × 100 ms − 10 ms base) / 0.5 = 160 prefill tokens in all.
+    assert layout(s) == [(voice.request_id, 0, 4, True), (doc.request_id, 512, 156, False)]
+    # Voice decoding, its first token out at 1.0 s: its second is due by 1.09 s. At 1.0 s that leaves
+    # 0.9 × 100 ms − 10 ms base − 2 ms for its token: (90 − 12) / 0.5 prefill tokens.
+    s = step(sched, now=1.0)
+    assert s.num_decode_tokens == 1 and s.num_prompt_tokens == (90 - 12) / 0.5 == sched.prefill_budget
     assert sched.tightest_tpot_ms == 100
     sched.finish(voice, RequestStatus.FINISHED_LENGTH)
     assert step(sched).num_prompt_tokens == 512  # nothing decodes again
 
 
-def decoding_voice_and_a_document(sched: Scheduler) -> None:
-    """A voice answer decoding beside a long document prompt."""
-    sched.add_request(slo_request(VOICE, 4, priority=0, max_tokens=50))
-    step(sched)
+def decoding_voice_and_a_document(sched: Scheduler, max_tokens: int = 50) -> Request:
+    """A voice answer decoding (its first token out at 0 s) beside a long document prompt."""
+    voice = slo_request(VOICE, 4, priority=0, max_tokens=max_tokens)
+    sched.add_request(voice)
+    step(sched, now=0.0)
     sched.add_request(slo_request(BACKGROUND, 3000, priority=3, arrival_s=1, tag=2))
+    return voice
 
 
-def test_prefill_budget_never_falls_below_its_floor():
+def test_a_sequence_ahead_of_its_pace_banks_time_for_a_bigger_prompt_chunk():
+    sched = Scheduler(make_config(token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    voice = decoding_voice_and_a_document(sched)
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=4)
+    # Its 2nd token is due by 0.09 s: one pace leaves (90 − 12) / 4 = 19 prompt tokens, fewer than a
+    # chunk is worth (32), so this iteration decodes alone and the time is banked.
+    assert step(sched, now=0.0).num_prompt_tokens == 0 and sched.prefill_budget == 19
+    # The decode-only iteration was quick: at 0.01 s voice has 2 tokens, its 3rd due by 0.18 s.
+    assert len(voice.output_tokens) == 2
+    assert step(sched, now=0.01).num_prompt_tokens == (170 - 12) // 4
+
+
+def test_a_sequence_behind_its_pace_still_lets_one_pace_of_prefill_through():
     sched = Scheduler(make_config(token_budget=512, max_batch_tokens=512, kv_cells=4096))
     decoding_voice_and_a_document(sched)
-    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=100)  # a prefill token dearer than the target
-    assert step(sched).num_prompt_tokens == sched.config.min_prefill_tokens == 16
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=1)
+    # Long overdue (its 2nd token was due by 0.09 s): an iteration may still take 0.9 × 100 ms.
+    assert step(sched, now=5.0).num_prompt_tokens == 90 - 12
+
+
+def test_no_iteration_is_stretched_beyond_the_stall_limit():
+    sched = Scheduler(make_config(token_budget=2048, max_batch_tokens=2048, kv_cells=8192))
+    voice = decoding_voice_and_a_document(sched, max_tokens=500)
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=1)
+    voice.first_token_s = 10.0  # its pace 10 s ahead of the clock
+    assert step(sched, now=0.0).num_prompt_tokens == 5 * 100 - 12  # slo_max_stall × 100 ms
+
+
+def test_a_small_piece_of_a_long_prompt_waits_but_the_end_of_a_prompt_goes():
+    sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    decoding_voice_and_a_document(sched)
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=4)  # one pace leaves (90 − 12) / 4 = 19 tokens
+    assert step(sched, now=0.0).num_prompt_tokens == 0 and sched.prefill_budget == 19
+    # A 10-token chat prompt fits whole in those 19 tokens: it goes (its TTFT), the document still waits.
+    chat = slo_request(SloTargets(ttft_ms=1500, tpot_ms=150), 10, priority=1, arrival_s=2, tag=3)
+    sched.add_request(chat)
+    s = step(sched, now=0.0)
+    assert [(rid, n) for rid, _, n, _ in layout(s) if n > 1] == [(chat.request_id, 10)]
 
 
 def test_on_a_machine_too_slow_for_the_target_prefill_may_double_the_iteration():
@@ -697,11 +735,11 @@ def test_less_urgent_prompts_behind_an_urgent_prefill_get_only_what_its_target_l
     # Alone, background prompts fill the batch: one class's own tokens are never held back.
     assert layout(step(sched)) == [(bg[0].request_id, 0, 512, False)]
     # A voice prompt longer than its target's share: all of it goes (its TTFT gains from big chunks) and
-    # nothing less urgent rides along; a short one leaves (80 − 10) / 0.5 = 140 tokens in all.
+    # nothing less urgent rides along; a short one leaves (0.9 × 100 − 10) / 0.5 = 160 tokens in all.
     long_voice = slo_request(VOICE, 300, priority=0, arrival_s=5, tag=9)
     sched.add_request(long_voice)
     assert layout(step(sched)) == [(long_voice.request_id, 0, 300, True)]
     sched.finish(long_voice, RequestStatus.FINISHED_LENGTH)
     voice = slo_request(VOICE, 20, priority=0, arrival_s=6, tag=10)
     sched.add_request(voice)
-    assert layout(step(sched)) == [(voice.request_id, 0, 20, True), (bg[0].request_id, 512, 120, False)]
+    assert layout(step(sched)) == [(voice.request_id, 0, 20, True), (bg[0].request_id, 512, 140, False)]
