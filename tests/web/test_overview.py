@@ -81,7 +81,7 @@ def test_policy_partial_polls_and_names_the_policy(app, admin):
     assert 'hx-trigger="every 5s' in html
     name = next(iter(services(app).catalog.model_specs()))
     assert name in html and "unloaded" in html and "512 tokens / iteration" in html
-    assert "Budget rule." in html and "tightest TPOT target" in html and "not measured yet" in html
+    assert "Budget rule." in html and "90 % of its class&#39;s TPOT target" in html and "banks" in html and "not measured yet" in html
 
 
 def test_policy_panel_shows_the_live_prefill_budget(app, admin):
