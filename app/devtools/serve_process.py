@@ -70,13 +70,29 @@ class ServeProcess:
                 raise TimeoutError(f"hearth serve not ready in {timeout_s} s:\n{log_path.read_text()}")
             time.sleep(0.2)
 
-    def runner_processes(self) -> list[psutil.Process]:
-        """Runner processes started by this serve (arbiters and workers)."""
+    def runner_commands(self) -> list[tuple[psutil.Process, str]]:
+        """Live runner processes started by this serve (arbiters and workers), each with its command line.
+
+        A runner that exits while the list is read (gone, or a zombie its parent has not reaped) is left
+        out instead of raising: the command line is read once, here.
+        """
         try:
             kids = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
-        return [p for p in kids if "runner" in " ".join(p.cmdline())]
+        out = []
+        for p in kids:
+            try:
+                command = " ".join(p.cmdline())
+            except psutil.NoSuchProcess:  # ZombieProcess included
+                continue
+            if "runner" in command:
+                out.append((p, command))
+        return out
+
+    def runner_processes(self) -> list[psutil.Process]:
+        """Runner processes started by this serve (arbiters and workers)."""
+        return [p for p, _ in self.runner_commands()]
 
     def runner_arbiters(self) -> list[psutil.Process]:
         """One process per running runner (its gunicorn arbiter, not the worker forked from it)."""

@@ -184,8 +184,8 @@ def test_runner_killed_mid_stream_fails_clearly_and_restarts_on_the_next_request
         it = r.iter_lines()
         seen = [next(it) for _ in range(6)]
         assert any(s.startswith("data: ") for s in seen)
-        for p in serve.runner_processes():
-            if DEFAULT in " ".join(p.cmdline()):
+        for p, command in serve.runner_commands():
+            if DEFAULT in command:
                 p.kill()
         rest = list(it)
     error_events = [json.loads(line[6:]) for line in rest if line.startswith("data: {") and '"error"' in line]
