@@ -347,7 +347,7 @@ class Engine:
             with self._cv:
                 # Cached prefixes go first: a running sequence is preempted only when none is left.
                 if self.scheduler.cache.evict(schedule.num_tokens):
-                    schedule = self.scheduler.schedule(admit=False)
+                    schedule = self.scheduler.schedule(admit=False, now=self.clock())
                     continue
                 victim = self.scheduler.choose_victim()
                 if len(self.scheduler.running) <= 1:
@@ -360,7 +360,7 @@ class Engine:
                     )
                 else:
                     self.scheduler.preempt(victim, reason="kv")
-                schedule = self.scheduler.schedule(admit=False)
+                schedule = self.scheduler.schedule(admit=False, now=self.clock())
         num_preempted = self.scheduler.num_preemptions_total - preempted_before
         self.counters.preemptions_total = self.scheduler.num_preemptions_total
         if not schedule.chunks:
