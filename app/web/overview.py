@@ -4,11 +4,12 @@ beside them, the admission policy in force — the numbers mean little without i
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from flask import Blueprint, render_template, request
 from sqlalchemy import select
 
+from app.engine.scheduler import SchedulerConfig
 from app.gateway.context import Services, services
 from app.store.models import Series
 from app.web.auth import login_required
@@ -24,19 +25,23 @@ MODE_RULES = {
     "serial": "One request at a time: batching off.",
     "static": "A fixed batch is admitted only when the engine is empty and runs until its longest member ends.",
 }
-KV_RULE = ("A request joins only if its prompt plus 16 cells per running sequence fits in the free KV "
-           "cache (cached prefixes count as free: they are evicted first). A more urgent request that finds no "
-           "slot or KV room preempts a preemptible, less urgent sequence (not one resumed in the last 2 s); the "
-           "preempted sequence's cells stay cached, so it resumes cheaply. When the cache fills during a step, "
-           "the lowest-priority newest sequence is preempted.")
+# The scheduler's defaults the two rules below state, read from it so the text cannot fall behind a changed default.
+_SCHED = {f.name: f.default for f in fields(SchedulerConfig)}
+KV_RULE = (f"A request joins only if its prompt plus {_SCHED['decode_reserve_cells']} cells per running sequence "
+           "fits in the free KV cache (cached prefixes count as free: they are evicted first). A more urgent request "
+           "that finds no slot or KV room preempts a preemptible, less urgent sequence (not one resumed in the last "
+           f"{_SCHED['preempt_protect_s']:g} s); the preempted sequence's cells stay cached, so it resumes cheaply. "
+           "When the cache fills during a step, the lowest-priority newest sequence is preempted.")
+_PACE = f"{100 * _SCHED['slo_headroom']:.0f} %"
 BUDGET_RULE = ("Each iteration carries one decode token per generating sequence, then prompt chunks (most "
                "urgent first) up to the prefill budget: the tokens that fit, by this model's measured cost per "
                "iteration, per decode token and per prefill token, before the next token of every decoding "
-               "sequence is due at 90 % of its class's TPOT target (a mean: a sequence ahead of its pace banks "
-               "time for a bigger chunk; an iteration may always take 90 % of the tightest target, and never "
-               "more than 5 of them). A chunk is at least 32 tokens unless it ends its prompt; where the target "
-               "is out of reach even without prefill, prefill may double the iteration. While nothing with a "
-               "target decodes, the whole batch.")
+               f"sequence is due at {_PACE} of its class's TPOT target (a mean: a sequence ahead of its pace banks "
+               f"time for a bigger chunk; an iteration may always take {_PACE} of the tightest target, and never "
+               f"more than {_SCHED['slo_max_stall']:g} of them). A chunk is at least {_SCHED['min_prefill_tokens']} "
+               "tokens unless it ends its prompt; where the target is out of reach even without prefill, prefill may "
+               f"make the iteration {_SCHED['slow_machine_stretch']:g}× as long as its decode tokens alone. While "
+               "nothing with a target decodes, the whole batch.")
 
 
 @dataclass(frozen=True)
