@@ -483,8 +483,8 @@ def _token(args) -> int:
 
 def _runner(args) -> int:
     from app.engine.named_template import NamedTemplate, is_template_name
-    from app.engine.runner import serve
-    from app.engine.server import RunnerConfig
+    from app.runner.main import serve
+    from app.runner.server import RunnerConfig
 
     if args.parallel < 1 or args.ctx < 16 or args.batch < args.parallel:
         raise SystemExit("hearth runner: need --parallel ≥ 1, --ctx ≥ 16 and --batch ≥ --parallel")

@@ -13,6 +13,11 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+# Latency histogram buckets in seconds, the same on a runner's /metrics and on `hearth serve`'s: voice wants a
+# first token within a few hundred ms; documents may take many seconds.
+TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
 
 class Scrape:
     """The samples of one exposition, by sample name; labelled series of a name add up unless labels narrow them."""

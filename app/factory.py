@@ -14,9 +14,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from app.engine.api import ApiError
 from app.gateway.context import Services, build_services, install, services
 from app.gateway.cors import install_cors
+from app.protocols.openai import ApiError
 from app.residency.manager import ResidencyManager
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
-from app.engine.runner import no_delay
+from app.sockets import no_delay
 
 DEFAULT_BIND = "127.0.0.1:8080"
 # On SIGTERM the arbiter SIGKILLs the worker GRACEFUL_TIMEOUT_S later, and a killed worker stops no
@@ -159,7 +159,7 @@ def gunicorn_settings(bind: str, limits: ConnectionLimits | None = None, workers
         "loglevel": "warning",
         "preload_app": False,
         "proc_name": "hearth-serve",
-        "when_ready": no_delay,
+        "when_ready": lambda arbiter: no_delay(arbiter.LISTENERS),
         "post_worker_init": worker_ready,
     }
 

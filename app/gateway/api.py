@@ -5,15 +5,18 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import select
-import socket
 import time
 from datetime import UTC, datetime
 
 from flask import Blueprint, Response, request, stream_with_context
 from pydantic import BaseModel
 
-from app.engine.api import (
+from app.gateway import relay
+from app.gateway.auth import Principal, bearer_token
+from app.gateway.context import services
+from app.gateway.exchange import CLIENT_STALLED, STALL_SHARE, Exchange
+from app.gateway.headers import header_value
+from app.protocols.openai import (
     FIM_CLASS,
     MAX_BODY_BYTES,
     ApiError,
@@ -24,11 +27,7 @@ from app.engine.api import (
     parse_body,
     too_large,
 )
-from app.gateway import relay
-from app.gateway.auth import Principal, bearer_token
-from app.gateway.context import services
-from app.gateway.exchange import CLIENT_STALLED, STALL_SHARE, Exchange
-from app.gateway.headers import header_value
+from app.sockets import client_gone
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +182,7 @@ def _serve(schema, path: str, shape=None):
     ex = Exchange(h, record, arrival_s)
     ticket = ex.admit(policy)
     try:
-        if ticket.queue_position and _client_gone():
+        if ticket.queue_position and client_gone(request.environ):
             # Left while queued (a flood's abandoned requests): no runner is asked for a prefill.
             ex.finish(relay.RelayOutcome(status=CLIENT_CLOSED, error="the client left while waiting for admission"),
                       status="cancelled")
@@ -206,17 +205,6 @@ def _serve(schema, path: str, shape=None):
         ex.finish(relay.RelayOutcome(status=500, error="the gateway failed before answering"))
         raise
 
-
-def _client_gone() -> bool:
-    """Whether the client closed its connection (seen without blocking: readable and at EOF)."""
-    sock = request.environ.get("gunicorn.socket")
-    if sock is None:
-        return False
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-    except (OSError, ValueError):
-        return True
 
 
 def _complete(ex: Exchange, url, forward, headers, shape=None, generates: bool = True):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 
-from app.engine.api import ApiError
 from app.gateway.api import _error_response
 from app.gateway.context import services
+from app.protocols.openai import ApiError
 from app.store.settings import cors_origins
 
 # The blueprints whose routes are the API (app.gateway.api, .ollama, .vendors).

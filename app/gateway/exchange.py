@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 
-from app.engine.api import ApiError
 from app.gateway import relay
 from app.gateway.admission import QueueFull, QueueTimeout, Ticket
 from app.gateway.context import Services
 from app.policy import SLO_HEADER, ClassPolicy, slo_header
+from app.protocols.openai import ApiError
 from app.store.models import TTFT_DELIVERED
 
 CLIENT_STALLED = "client_stalled"

@@ -23,11 +23,11 @@ from flask import Blueprint, Response, request, stream_with_context
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from app.engine.api import ApiError, ChatBody, CompletionBody, EmbeddingBody, validation_error
 from app.engine.chat import load_chat_template
 from app.gateway.api import _authenticate, _serve
 from app.gateway.context import services
 from app.gguf_meta import GgufArray, GgufError, read_metadata
+from app.protocols.openai import ApiError, ChatBody, CompletionBody, EmbeddingBody, validation_error
 from app.residency.manager import ModelBusy, UnknownModel
 from app.store import models as db
 

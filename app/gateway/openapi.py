@@ -10,7 +10,7 @@ from functools import cache
 
 from pydantic.json_schema import models_json_schema
 
-from app.engine.api import MAX_BODY_BYTES, UNSUPPORTED, ChatBody, CompletionBody, InfillBody
+from app.protocols.openai import MAX_BODY_BYTES, UNSUPPORTED, ChatBody, CompletionBody, InfillBody
 
 REF = "#/components/schemas/{model}"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.engine.api import ApiError
 from app.policy import ClassPolicy
+from app.protocols.openai import ApiError
 from app.residency.manager import Lease, ModelBusy, ModelLoadFailed, NotEnoughMemory, ResidencyManager, UnknownModel
 from app.services.catalog import Catalog, DefaultModelPending, ModelEmbedded, ModelNotFound, ModelUnusable
 

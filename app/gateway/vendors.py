@@ -2,7 +2,7 @@
 
 Each is relayed like /v1/chat/completions (app.gateway.api's _serve: token, class, admission,
 route, record), with a shape as the Ollama routes have one: the request is translated into a chat
-request by the runner's own translators (app.engine.anthropic, app.engine.responses), the chat
+request by the runner's own translators (app.protocols.anthropic, app.protocols.responses), the chat
 route of whichever runner serves the model answers it — hearth runner, stock llama-server or a
 remote node alike — and the answer is translated back. The token is a bearer token as on /v1;
 Anthropic clients send it with ANTHROPIC_AUTH_TOKEN (or as x-api-key, which the gateway does not
@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from flask import Blueprint, request
 from pydantic import ValidationError
 
-from app.engine import anthropic, responses
-from app.engine.api import ApiError, ChatBody, validation_error
 from app.gateway.api import _error_response, _serve
+from app.protocols import anthropic, responses
+from app.protocols.openai import ApiError, ChatBody, validation_error
 
 bp = Blueprint("vendors", __name__)
 

@@ -255,7 +255,7 @@ class RequestRecord(Base):
     status: Mapped[str] = mapped_column(String(16))
     http_status: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
-    # What the request used beyond plain generation, comma-separated (FEATURES in app.engine.api); migration 0007.
+    # What the request used beyond plain generation, comma-separated (FEATURES in app.protocols.openai); migration 0007.
     features: Mapped[str | None] = mapped_column(String(64))
 
 

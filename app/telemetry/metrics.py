@@ -8,7 +8,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from app.engine.metrics import TPOT_BUCKETS_S, TTFT_BUCKETS_S
+from app.exposition import TPOT_BUCKETS_S, TTFT_BUCKETS_S
 from app.store.writer import LOSS_REASONS
 from app.telemetry.sampler import Sampler
 

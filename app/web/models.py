@@ -15,9 +15,9 @@ import time
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
 from app.admin import AdminError, set_model_policy
-from app.engine.api import ApiError
 from app.gateway.context import services
 from app.policy import MODEL_POLICIES
+from app.protocols.openai import ApiError
 from app.residency.manager import ModelBusy, ResidencyError
 from app.services.settings import budget_bytes
 from app.web.auth import login_required

@@ -11,9 +11,9 @@ import pytest
 from werkzeug.serving import make_server
 
 from app.engine.model_config import ModelConfig
-from app.engine.server import RunnerConfig, create_app
 from app.llama_tools import stock_llama_server
 from app.residency.supervisor import free_port
+from app.runner.server import RunnerConfig, create_app
 from tests.helpers import wait_until
 
 # A small model fills a city in a few tokens; an arithmetic expression it can repeat until max_tokens.

@@ -5,10 +5,10 @@ import json
 import pytest
 from werkzeug.test import Client
 
-from app.engine.anthropic import MessageStream, to_chat, to_message
-from app.engine.api import ApiError
 from app.engine.model_config import ModelConfig
-from app.engine.server import RunnerConfig, create_app
+from app.protocols.anthropic import MessageStream, to_chat, to_message
+from app.protocols.openai import ApiError
+from app.runner.server import RunnerConfig, create_app
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -174,9 +174,9 @@ def test_errors_on_the_route_take_anthropics_shape():
 def test_thinking_blocks_of_the_history_become_the_turns_reasoning_and_templates_render_it():
     from pathlib import Path
 
-    from app.engine.api import ChatBody, parse_body
     from app.engine.chat import ChatTemplate
     from app.llama_tools import tools_cache_dir
+    from app.protocols.openai import ChatBody, parse_body
 
     chat = to_chat({"tools": [WEATHER], "messages": [
         {"role": "user", "content": "Weather?"},

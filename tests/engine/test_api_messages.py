@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.engine.api import ApiError, ChatBody, parse_body
+from app.protocols.openai import ApiError, ChatBody, parse_body
 
 CALL = [{"id": "call_1", "type": "function", "function": {"name": "lights_on", "arguments": "{}"}}]
 

@@ -4,7 +4,7 @@ import pytest
 from werkzeug.test import Client
 
 from app.engine.model_config import ModelConfig
-from app.engine.server import RunnerConfig, create_app
+from app.runner.server import RunnerConfig, create_app
 
 
 def client(reranking: bool) -> Client:

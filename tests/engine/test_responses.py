@@ -5,10 +5,10 @@ import json
 import pytest
 from werkzeug.test import Client
 
-from app.engine.api import ApiError
 from app.engine.model_config import ModelConfig
-from app.engine.responses import ResponseStream, to_chat, to_response
-from app.engine.server import RunnerConfig, create_app
+from app.protocols.openai import ApiError
+from app.protocols.responses import ResponseStream, to_chat, to_response
+from app.runner.server import RunnerConfig, create_app
 
 
 def events(raw: list[bytes]) -> list[dict]:

@@ -3,7 +3,7 @@
 from werkzeug.test import Client
 
 from app.engine.model_config import ModelConfig
-from app.engine.server import RunnerConfig, create_app
+from app.runner.server import RunnerConfig, create_app
 
 
 def make_client(status: str, error: str | None = None) -> Client:

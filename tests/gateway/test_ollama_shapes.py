@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from app.engine.api import ApiError
 from app.gateway.ollama import (
     Shape,
     capabilities,
@@ -18,6 +17,7 @@ from app.gateway.ollama import (
     parse_keep_alive,
     tool_calls_from_openai,
 )
+from app.protocols.openai import ApiError
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                                  "parameters": {"type": "object", "required": ["city"],

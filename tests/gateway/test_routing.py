@@ -2,9 +2,9 @@
 
 import pytest
 
-from app.engine.api import ApiError
 from app.gateway.classes import ClassRegistry
 from app.gateway.routing import Router
+from app.protocols.openai import ApiError
 from app.residency.manager import ModelLoadFailed, NotEnoughMemory, UnknownModel
 from app.services.catalog import Catalog
 from app.services.settings import SettingsCache

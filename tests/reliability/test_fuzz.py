@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 
-from app.engine.api import ApiError, ChatBody, CompletionBody, parse_body
 from app.gateway.openapi import openapi_document
+from app.protocols.openai import ApiError, ChatBody, CompletionBody, parse_body
+from app.runner.server import sampling_params
 
 FIELDS = sorted(set(ChatBody.model_fields) | set(CompletionBody.model_fields) | {"tools", "logprobs", "role"})
 json_values = st.recursive(
@@ -36,7 +37,7 @@ def _parse_ok_or_4xx(raw: bytes, schema) -> None:
         assert err.message and err.body()["error"]["message"] == err.message
         return
     # Whatever validates must turn into engine settings without surprises.
-    body.sampling(16)
+    sampling_params(body, 16)
 
 
 @settings(max_examples=150, deadline=None)

@@ -19,8 +19,8 @@ import weakref
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
-from app.engine.api import ApiError
-from app.engine.compat import json_response, loaded_state, read_json
+from app.protocols.openai import ApiError
+from app.runner.compat import json_response, loaded_state, read_json
 
 PATHS = ("/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
 MAX_DOCUMENTS = 1024

@@ -1,12 +1,12 @@
 """Other vendors' APIs on the runner, translated to and from its own OpenAI chat route.
 
-Anthropic's Messages API (app.engine.anthropic) and OpenAI's Responses API (app.engine.responses)
+Anthropic's Messages API (app.protocols.anthropic) and OpenAI's Responses API (app.protocols.responses)
 are the same generation as /v1/chat/completions in other words, so they are served the way
 llama-server serves them: the request is translated into a chat request, the runner's chat route
 answers it in-process (the same WSGI call a client's request takes, so the engine, templates,
 tool calls and grammars are the chat route's own), and its answer — JSON or an event stream — is
 translated back. The coupling is the OpenAI wire format, not the server's internals.
-/rerank (app.engine.rerank) is registered here too.
+/rerank (app.runner.rerank) is registered here too.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
 from app.engine import tools as toolfmt
-from app.engine.api import ApiError, ChatBody, parse_body, too_large, validation_error
 from app.engine.chat import ChatTemplateError, strip_leading_bos
+from app.protocols.openai import ApiError, ChatBody, parse_body, too_large, validation_error
 
 CHAT_PATH = "/v1/chat/completions"
 # llama-server answers 500 with this message when a request carries an image and no vision
@@ -172,7 +172,8 @@ def prompt_tokens(state, chat: dict) -> list[int]:
 
 def install(app, url_map: Map) -> None:
     """Add the translated APIs' routes to a runner app's map (their endpoints are the handlers themselves)."""
-    from app.engine import anthropic, rerank, responses
+    from app.protocols import anthropic, responses
+    from app.runner import rerank
 
     routes: dict[str, Callable] = {
         "/v1/messages": anthropic.on_messages,

@@ -3,7 +3,7 @@
 Newer OpenAI clients (`client.responses.create`) speak it. As llama-server does, a request is
 translated into a chat request — `instructions` and `input` (a string or a list of items:
 messages, function_call, function_call_output), function `tools`, `tool_choice`, `text.format`,
-`max_output_tokens`, sampling — answered by the runner's chat route (app.engine.compat) and
+`max_output_tokens`, sampling — answered by the runner's chat route (app.runner.compat) and
 translated back: a `response` object with message and function_call output items, or the event
 stream (response.created, response.in_progress, response.output_item.added,
 response.content_part.added, response.output_text.delta, …, response.completed), every event
@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
-from app.engine.api import ApiError
-from app.engine.compat import (
+from app.protocols.openai import ApiError
+from app.runner.compat import (
     call_chat,
     image_unsupported,
     json_response,

@@ -7,13 +7,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from app.engine.engine import Engine
 from app.engine.request import RequestStats
+from app.exposition import TPOT_BUCKETS_S, TTFT_BUCKETS_S
 
 # llama-server exports no *_created series; neither do we.
 disable_created_metrics()
 
-# Buckets in seconds: voice wants a first token within a few hundred ms; documents may take many seconds.
-TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
-TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 
 class _EngineCollector:

@@ -6,7 +6,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -14,7 +13,8 @@ import time
 from gunicorn.app.base import BaseApplication
 from gunicorn.errors import HaltServer
 
-from app.engine.server import RunnerConfig, create_app
+from app.runner.server import RunnerConfig, create_app
+from app.sockets import no_delay
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class RunnerServer(BaseApplication):
             self.cfg.set(key, value)
 
     def _when_ready(self, arbiter) -> None:
-        no_delay(arbiter)
+        no_delay(arbiter.LISTENERS)
         # Runs in the arbiter, before the worker is forked, so the watcher lives in the arbiter only.
         if self.parent_pid is not None:
             watch_parent(self.parent_pid)
@@ -118,14 +118,6 @@ class RunnerServer(BaseApplication):
         # Runs in the worker after fork: the model and the engine thread belong to the worker.
         return create_app(self.config)
 
-
-def no_delay(arbiter) -> None:
-    """TCP_NODELAY on the listeners (accepted sockets inherit it): a streamed token is one small
-    write, and Nagle's algorithm would hold it back waiting for the previous write's ACK."""
-    for listener in arbiter.LISTENERS:
-        sock = getattr(listener, "sock", None)
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _worker_exited(arbiter, worker) -> None:

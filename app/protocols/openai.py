@@ -14,8 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.engine.grammar import UnsupportedSchema, normalise_schema
-from app.engine.request import SamplingParams
+from app.schema_subset import UnsupportedSchema, normalise_schema
 
 MAX_STOP_STRINGS = 8
 MAX_CHOICES = 8  # `n`: each choice is a sequence of its own, generated side by side
@@ -148,22 +147,6 @@ class _Body(BaseModel):
             return self.max_tokens
         return self.n_predict if self.n_predict is not None and self.n_predict > 0 else None
 
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
-        """Engine sampling settings from this body."""
-        return SamplingParams(
-            max_tokens=self.requested_max_tokens or default_max_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            seed=self.seed,
-            repeat_penalty=self.repeat_penalty,
-            repeat_last_n=self.repeat_last_n,
-            frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty,
-            stop=self.stops(),
-            ignore_eos=self.ignore_eos,
-        )
 
     @property
     def include_usage(self) -> bool:
@@ -464,12 +447,6 @@ class ChatBody(_Body):
             out.append("logprobs")
         return tuple(out)
 
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
-        """As for completions; max_completion_tokens wins over max_tokens, as in OpenAI's API."""
-        params = super().sampling(default_max_tokens)
-        if self.max_completion_tokens is not None:
-            params = SamplingParams(**{**params.__dict__, "max_tokens": self.max_completion_tokens})
-        return params
 
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's own limit per request

@@ -4,7 +4,7 @@ Coding tools that speak Anthropic's API (Claude Code and others) can point at a 
 way. As llama-server does, a request is translated into an OpenAI chat request (system, text and
 image blocks, tool_use / tool_result, tools, tool_choice, stop_sequences, output_config.format,
 sampling), answered by
-the runner's chat route (app.engine.compat) and translated back: a `message` with content blocks,
+the runner's chat route (app.runner.compat) and translated back: a `message` with content blocks,
 or Anthropic's event stream (message_start, content_block_start / _delta / _stop, message_delta,
 message_stop). Errors take Anthropic's shape, {"type": "error", "error": {"type", "message"}}.
 
@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
-from app.engine.api import ApiError
-from app.engine.compat import (
+from app.protocols.openai import ApiError
+from app.runner.compat import (
     call_chat,
     image_unsupported,
     json_response,

@@ -16,8 +16,6 @@ import hmac
 import json
 import logging
 import math
-import select
-import socket
 import threading
 import time
 import uuid
@@ -31,9 +29,15 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
-from app.engine import compat
 from app.engine import tools as toolfmt
-from app.engine.api import (
+from app.engine.chat import ChatTemplate, ChatTemplateError, fallback_template, strip_leading_bos, template_for
+from app.engine.engine import Engine
+from app.engine.grammar import Grammar, UnsupportedSchema, json_object_grammar, schema_grammar
+from app.engine.model_config import ModelConfig
+from app.engine.named_template import NamedTemplate, is_template_name
+from app.engine.request import ContextOverflow, Delta, Finished, Progress, QueueFull, Request, SamplingParams
+from app.policy import SLO_HEADER, Mode, parse_slo_header
+from app.protocols.openai import (
     MAX_BODY_BYTES,
     ApiError,
     ApplyTemplateBody,
@@ -47,13 +51,8 @@ from app.engine.api import (
     parse_body,
     too_large,
 )
-from app.engine.chat import ChatTemplate, ChatTemplateError, fallback_template, strip_leading_bos, template_for
-from app.engine.engine import Engine
-from app.engine.grammar import Grammar, UnsupportedSchema, json_object_grammar, schema_grammar
-from app.engine.model_config import ModelConfig
-from app.engine.named_template import NamedTemplate, is_template_name
-from app.engine.request import ContextOverflow, Delta, Finished, Progress, QueueFull, Request, SamplingParams
-from app.policy import SLO_HEADER, Mode, parse_slo_header
+from app.runner import compat
+from app.sockets import client_gone
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ class RunnerState:
     def load(self) -> None:
         """Load the model, create the engine and start its thread; records any failure for /health."""
         from app.engine.llama_model import LlamaModel
-        from app.engine.metrics import RunnerMetrics
+        from app.runner.metrics import RunnerMetrics
 
         t0 = time.monotonic()
         cfg = self.config
@@ -209,21 +208,6 @@ class RunnerState:
         t.start()
         return t
 
-
-def _client_gone(environ) -> bool:
-    """True when the client closed its connection (checked without consuming data)."""
-    sock = environ.get("gunicorn.socket")
-    if sock is None:
-        return False
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
 
 
 def _json(data, status: int = 200, headers: dict | None = None) -> Response:
@@ -284,7 +268,7 @@ class RunnerApp:
             if req.path not in PUBLIC_PATHS:
                 self._check_key(req)
             endpoint, _ = self.url_map.bind_to_environ(req.environ).match()
-            if callable(endpoint):  # routes added by app.engine.compat carry their handler as the endpoint
+            if callable(endpoint):  # routes added by app.runner.compat carry their handler as the endpoint
                 return endpoint(req)
             handler = self.handlers[endpoint]
             return getattr(self, f"on_{handler}")(req) if isinstance(handler, str) else handler(self, req)
@@ -718,7 +702,7 @@ class RunnerApp:
         requested = getattr(body, "max_completion_tokens", None) or body.requested_max_tokens
         # As llama-server: a request's own limit wins over -n, which only fills in for requests naming none.
         limit = requested or cfg.default_max_tokens or room
-        params = dataclasses.replace(body.sampling(limit), max_tokens=limit, grammar=grammar, logprobs=logprobs,
+        params = dataclasses.replace(sampling_params(body, limit), max_tokens=limit, grammar=grammar, logprobs=logprobs,
                                      logit_bias=self._logit_bias(body.logit_bias))
         given = body.model_fields_set
         if "temperature" not in given and cfg.default_temperature is not None:
@@ -834,7 +818,7 @@ class RunnerApp:
                 # Tokens may arrive faster than the poll interval, so check by the clock, not on idle.
                 if time.monotonic() >= next_check_s:
                     next_check_s = time.monotonic() + CLIENT_CHECK_S
-                    if _client_gone(environ):
+                    if client_gone(environ):
                         log.info("client went away; cancelling request %s", request.request_id)
                         return
                 if ev is None:
@@ -1048,6 +1032,16 @@ class RunnerApp:
                     yield sse(payload)
             if not native:
                 yield b"data: [DONE]\n\n"
+
+
+def sampling_params(body, max_tokens: int) -> SamplingParams:
+    """The engine's sampling settings named by a request body (chat, completion, native or infill)."""
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+        seed=body.seed, repeat_penalty=body.repeat_penalty, repeat_last_n=body.repeat_last_n,
+        frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty, stop=body.stops(),
+        ignore_eos=body.ignore_eos,
+    )
 
 
 def _llama_timings(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float) -> dict:

@@ -1,0 +1,1 @@
+"""The wire formats shared by the runner and the gateway: no Flask, no engine."""

@@ -1,0 +1,1 @@
+"""The llama-server-compatible runner process: routes, generation jobs, answer writers."""
