@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "bench" and args.bench_command == "replay":
         from app.devtools.serve_process import serve_target
-        from app.verdict.replay import run_from_args as run_replay
+        from app.verdict.command import run_from_args as run_replay
 
         return run_replay(args, resolve_model(args.model), start_serve=serve_target)
     if args.command == "traffic":

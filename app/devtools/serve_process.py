@@ -175,8 +175,8 @@ class BenchServe:
 
 
 def serve_target(c, timeout_s: float = 180):
-    """bench replay's `serve` target (app.verdict.replay.Target): the gateway, a class named per request."""
-    from app.verdict.replay import Target
+    """bench replay's `serve` target (app.verdict.targets.Target): the gateway, a class named per request."""
+    from app.verdict.targets import Target
 
     proc = BenchServe(c.model_path, timeout_s)
     try:

@@ -32,12 +32,13 @@ from flask import (
 
 from app.gateway.context import services
 from app.llama_tools import stock_llama_server
+from app.policy import MODES
 from app.store.models import BenchRun, BenchSession
 from app.verdict import sessions as store
 from app.verdict.decide import thresholds_from
 from app.verdict.overlap import BUCKET_LABELS, BUCKETS, MAX_LEVEL, describe_burst, is_rare
 from app.verdict.overlap import traffic as read_traffic
-from app.verdict.replay import HEARTH_MODES, BenchConfig, run_bench, total_runs
+from app.verdict.replay import BenchConfig, run_bench, total_runs
 from app.verdict.results import RunResult, request_times
 from app.verdict.scenarios import ScenarioError, load_scenario, shipped_names
 from app.web.auth import login_required
@@ -173,7 +174,7 @@ def _page_context(session_id: int | None) -> dict:
         ctx = _session_context(s, session_id)
         t = thresholds_from(all_settings(s))
         traffic = read_traffic(s, TRAFFIC_DAYS, burst_overlap=t.burst_overlap)
-    return {**ctx, "overlap": _overlap_view(traffic, t.rare_overlap_share), "modes": HEARTH_MODES,
+    return {**ctx, "overlap": _overlap_view(traffic, t.rare_overlap_share), "modes": MODES,
             "job": _jobs()["job"], "has_llama_server": _llama_server_path() is not None, "max_level": MAX_LEVEL}
 
 
@@ -202,7 +203,7 @@ def start():
     levels = _counts(request.form.get("levels", "1,2,4,8"), "levels", MAX_LEVEL)
     slots_text = request.form.get("slots", "").strip()
     slots = _counts(slots_text, "slots", MAX_SLOTS) if slots_text else None
-    modes = tuple(m for m in HEARTH_MODES if request.form.get(f"mode_{m}"))
+    modes = tuple(m for m in MODES if request.form.get(f"mode_{m}"))
     llama = _llama_server_path() if request.form.get("llama_server") else None
     if not modes and not llama:
         abort(400, description="choose at least one mode (or the stock llama-server) to measure")

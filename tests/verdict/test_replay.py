@@ -14,7 +14,6 @@ from app.store.db import open_store
 from app.store.models import BenchApplied, Model, RunnerSettings
 from app.verdict import sessions as store
 from app.verdict.decide import HouseholdOverlap, Recommendation, Verdict
-from app.verdict.replay import format_table
 from app.verdict.results import RunResult, request_times, summarise
 from app.verdict.scenarios import (
     PromptCutter,
@@ -26,6 +25,7 @@ from app.verdict.scenarios import (
     plan,
     shipped_names,
 )
+from app.verdict.tables import format_table
 
 POLICIES = {"voice": ClassPolicy("voice", priority=0, ttft_target_ms=500, tpot_target_ms=100, weight=4.0),
             "chat": ClassPolicy("chat", priority=1, ttft_target_ms=1500, tpot_target_ms=150, weight=2.0)}
@@ -222,7 +222,7 @@ def test_cli_arguments():
 
 
 def test_comparison_against_the_reference_server():
-    from app.verdict.replay import comparison, format_comparison
+    from app.verdict.tables import comparison, format_comparison
 
     ours = RunResult("continuous", "hearth", 2, ROWS, SAMPLES, summarise(ROWS, SAMPLES, POLICIES))
     slow = [dict(r, first_token_s=None if r["first_token_s"] is None else r["first_token_s"] * 10,
@@ -252,8 +252,8 @@ def test_cli_says_what_to_fix(tmp_path, monkeypatch, capsys):
 
 
 def test_repetitions_median_run_and_ratios_within_a_repetition(tmp_path):
-    from app.verdict.replay import comparison
     from app.verdict.results import median_runs
+    from app.verdict.tables import comparison
 
     def scaled(target, rep, factor):
         rows = [dict(r, end_s=r["end_s"] * factor) for r in ROWS]
@@ -282,7 +282,7 @@ def test_a_serve_target_that_refuses_the_warm_up_is_a_clear_error():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from app.verdict.replay import Target, warm_up
+    from app.verdict.targets import Target, warm_up
 
     class Loading(BaseHTTPRequestHandler):
         def do_POST(self):

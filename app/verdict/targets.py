@@ -1,0 +1,120 @@
+"""The servers the bench measures: hearth runners and a stock llama-server it starts, or a URL it is given.
+
+Every target the bench starts is started with the same constants (model, context, slots, batch,
+threads, GPU layers), so only the scheduling differs between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from app.verdict.scenarios import PromptCutter
+
+
+@dataclass
+class Target:
+    """A server the client measures: a runner the bench started, or a URL it was given."""
+
+    label: str  # what the tables call it: the mode for hearth runners, "llama-server", "target"
+    url: str
+    kind: str  # "hearth", "llama-server" or "external"
+    model: str  # the model name sent in requests
+    pid: int | None = None  # the process whose CPU is the device's utilisation
+    threads: int | None = None
+    process: object = None  # RunnerProcess to stop at the end
+    slots: int | None = None  # sequence slots it was started with; None when the bench did not start it
+    headers: dict | None = None  # sent with every request (a gateway's token)
+    metrics_url: str | None = None  # where the sampler reads KV and queue figures (default: url)
+
+    @property
+    def mode(self) -> str:
+        """The scheduling mode for hearth runners; the server kind otherwise."""
+        return self.label
+
+
+@dataclass(frozen=True)
+class Constants:
+    """What every target is started with."""
+
+    model_path: str
+    model_name: str
+    n_ctx: int
+    parallel: int
+    n_batch: int
+    threads: int
+    gpu_layers: int = 0
+    token_budget: int | None = None
+
+
+def start_hearth(c: Constants, mode: str, timeout_s: float = 180) -> Target:
+    """A hearth runner in `mode` with the constants; waits until it serves."""
+    from app.residency.supervisor import RunnerProcess, RunnerSpec
+
+    extra = ("--budget", str(c.token_budget)) if c.token_budget else ()
+    spec = RunnerSpec(model_name=c.model_name, model_path=c.model_path, kind="hearth", n_ctx=c.n_ctx,
+                      parallel=c.parallel, n_batch=c.n_batch, threads=c.threads, gpu_layers=c.gpu_layers,
+                      mode=mode, extra_args=extra)
+    proc = RunnerProcess(spec).start(timeout_s)
+    return Target(mode, proc.url, "hearth", c.model_name, pid=proc.pid, threads=c.threads, process=proc,
+                  slots=c.parallel)
+
+
+def start_llama_server(c: Constants, binary: str, timeout_s: float = 180) -> Target:
+    """Stock llama-server with the same model, context, slots (-np), batch and threads."""
+    from app.residency.supervisor import RunnerProcess, RunnerSpec
+
+    spec = RunnerSpec(model_name=c.model_name, model_path=c.model_path, kind="llama-server", binary_path=binary,
+                      n_ctx=c.n_ctx, parallel=c.parallel, n_batch=c.n_batch, threads=c.threads,
+                      gpu_layers=c.gpu_layers)
+    proc = RunnerProcess(spec).start(timeout_s)
+    return Target("llama-server", proc.url, "llama-server", c.model_name, pid=proc.pid, threads=c.threads,
+                  process=proc, slots=c.parallel)
+
+
+def external_target(url: str, model: str) -> Target:
+    """Any OpenAI-compatible server; its device utilisation is the whole machine's."""
+    return Target("target", url.rstrip("/"), "external", model)
+
+
+def stop_targets(targets: list[Target]) -> None:
+    """Stop the runners the bench started."""
+    for t in targets:
+        if t.process is not None:
+            t.process.stop()
+
+
+def http_cutter(url: str) -> PromptCutter:
+    """Prompt cutting with the server's /tokenize and /detokenize; estimated lengths if it has neither."""
+    try:
+        r = httpx.post(f"{url}/tokenize", json={"content": "hello"}, timeout=10)
+        d = httpx.post(f"{url}/detokenize", json={"tokens": r.json()["tokens"]}, timeout=10)
+        d.json()["content"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return PromptCutter()
+
+    def tokenize(text: str) -> list[int]:
+        return httpx.post(f"{url}/tokenize", json={"content": text}, timeout=60).json()["tokens"]
+
+    def detokenize(tokens: list[int]) -> str:
+        return httpx.post(f"{url}/detokenize", json={"tokens": tokens}, timeout=60).json()["content"]
+
+    return PromptCutter(tokenize, detokenize)
+
+
+def serve_ready(target: Target) -> None:
+    """After the warm-up has loaded serve's runner: its slots, and its /metrics for the sampler."""
+    target.metrics_url = target.process.runner_url()
+    props = httpx.get(f"{target.metrics_url}/props", timeout=10).json()
+    target.slots = props.get("total_slots")
+
+
+def warm_up(target: Target) -> None:
+    """One short request, discarded: the first request of a process pays for cold caches (serve: loads its model)."""
+    r = httpx.post(f"{target.url}/v1/completions", timeout=300, headers=target.headers,
+                   json={"model": target.model, "prompt": "Hello", "max_tokens": 4, "temperature": 0.0})
+    if target.kind == "serve":
+        if r.status_code != 200:
+            raise RuntimeError(f"hearth serve did not answer the warm-up: HTTP {r.status_code}: {r.text[:300]}")
+        serve_ready(target)
