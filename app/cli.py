@@ -126,7 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hearth", description="The household's shared local LLM server.")
     parser.add_argument("-v", "--verbose", action="store_true", help="more logging")
     sub = parser.add_subparsers(dest="command", required=True)
+    # The order here is the order `hearth --help` lists them in.
+    for add in (_add_runner, _add_bench, _add_serve, _add_token, _add_traffic, _add_models, _add_soak, _add_classes,
+                _add_backup, _add_settings):
+        add(sub)
+    return parser
 
+
+def _add_runner(sub: argparse._SubParsersAction) -> None:
+    """`hearth runner`: one model over loopback HTTP, llama-server's flags."""
     # No abbreviations: llama-server's flags are matched whole, so an unknown one is refused, never guessed.
     runner = sub.add_parser("runner", help="serve one model over loopback HTTP (llama-server's protocol)",
                             allow_abbrev=False)
@@ -142,8 +150,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="exit when this process is gone (set by `hearth serve` for its runners)")
     _add_llama_server_args(runner)
 
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    """`hearth bench ...`: the benchmarks."""
     bench = sub.add_parser("bench", help="benchmarks that print figures and write JSON")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
+                _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
+                _add_bench_replay):
+        add(bench_sub)
+
+
+def _add_bench_engine(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench engine`: the engine in-process, modes × overlap levels."""
     eng = bench_sub.add_parser("engine", help="drive the engine in-process: modes × overlap levels")
     _add_model_args(eng, ctx=4096, parallel=8)
     eng.add_argument("--levels", type=_levels, default=[1, 2, 4, 8])
@@ -158,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--pressure-ctx", type=int, default=1024,
                      help="KV cells for the preemption scenario (8 long requests); 0 to skip")
 
+
+def _add_bench_overhead(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench overhead`: Python work per iteration and sampling cost."""
     ovh = bench_sub.add_parser("overhead", help="the engine's Python work per iteration, decode taken out; sampling cost")
     ovh.add_argument("--levels", type=_levels, default=[1, 8, 32, 64], help="sequences decoding together")
     ovh.add_argument("--gen-tokens", type=int, default=400, help="tokens generated per request (default %(default)s)")
@@ -167,11 +189,17 @@ def build_parser() -> argparse.ArgumentParser:
     ovh.add_argument("--threads", type=int, default=usable_cores(), help="CPU threads for the real model")
     ovh.add_argument("--json", dest="json_path", help="write every figure and the constants to this file")
 
+
+def _add_bench_vram(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench vram`: the residency estimate against NVML."""
     vram = bench_sub.add_parser("vram", help="the residency estimate against NVML's measured use; the NVML sampler under load")
     _add_model_args(vram, ctx=4096, parallel=8)
     vram.add_argument("--requests", type=int, default=8, help="completions sent at once while sampling (default %(default)s)")
     vram.add_argument("--json", dest="json_path", help="write every figure and the samples to this file")
 
+
+def _add_bench_tools(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench tools`: constrained decoding."""
     tls = bench_sub.add_parser("tools", help="constrained decoding: throughput cost, grammar compile, call/JSON validity")
     tls.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
     tls.add_argument("--threads", type=int, default=2)
@@ -179,24 +207,18 @@ def build_parser() -> argparse.ArgumentParser:
     tls.add_argument("--reps", type=int, default=3, help="interleaved throughput repetitions")
     tls.add_argument("--out", help="write the figures and raw per-request data here (JSON)")
     tls.add_argument("--parts", default="compile,throughput,validity", help="comma-separated parts to run")
+
+
+def _add_bench_memory(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench memory`: a real runner's resident memory under load."""
     mem = bench_sub.add_parser("memory", help="resident memory of a real runner under concurrent load")
     _add_model_args(mem, ctx=4096, parallel=8)
     mem.add_argument("--requests", type=int, default=8, help="concurrent requests (default %(default)s)")
     mem.add_argument("--tokens", type=int, default=128, help="tokens generated per request (default %(default)s)")
 
-    serve = sub.add_parser("serve", help="the household server: gateway, residency, store (gunicorn, one worker)")
-    serve.add_argument("--bind", default=None, help="host:port (default $HEARTH_BIND or 127.0.0.1:8080)")
 
-    token = sub.add_parser("token", help="API tokens of family members and apps")
-    token_sub = token.add_subparsers(dest="token_command", required=True)
-    create = token_sub.add_parser("create", help="create a token (shown once)")
-    create.add_argument("--member", required=True, help="family member or app the token belongs to")
-    create.add_argument("--class", dest="default_class", required=True, help="its default request class")
-    create.add_argument("--allow", default="", help="comma-separated further classes it may ask for")
-    token_sub.add_parser("list", help="list tokens (never the tokens themselves)")
-    revoke = token_sub.add_parser("revoke", help="revoke a token by id or prefix")
-    revoke.add_argument("token", help="token id or prefix as `hearth token list` shows it")
-
+def _add_bench_gateway(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench gateway`: what hearth serve adds over its runner."""
     gw = bench_sub.add_parser("gateway", help="added latency and streaming ratio of hearth serve vs its runner")
     _add_model_args(gw, ctx=4096, parallel=8)
     gw.add_argument("--samples", type=int, default=30, help="alternating latency samples (default %(default)s)")
@@ -204,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--tokens", type=int, default=64, help="tokens per stream (default %(default)s)")
     gw.add_argument("--repeats", type=int, default=3, help="stream repetitions (default %(default)s)")
     gw.add_argument("--json", dest="json_path", help="write the raw samples here")
+
+
+def _add_bench_flood(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench flood`: hearth serve under a flood of connections."""
     fl = bench_sub.add_parser("flood", help="hearth serve (default settings) under a flood of streams, half-open "
                                             "and idle connections: /healthz, voice TTFT, RSS, 5xx, leftovers")
     fl.add_argument("--model", help="GGUF file (default: the embedded Gemma 3 270M Q4_K_M)")
@@ -222,14 +248,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "(default %(default)s)")
     fl.add_argument("--settle", type=float, default=60, help="seconds to wait for the baseline (default %(default)s)")
     fl.add_argument("--json", dest="json_path", help="write the raw figures here")
+
+
+def _add_bench_residency(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench residency`: load/unload cycles."""
     res = bench_sub.add_parser("residency", help="load/unload cycles through hearth serve")
     _add_model_args(res, ctx=1024, parallel=2)
     res.add_argument("--cycles", type=int, default=20, help="load/unload cycles (default %(default)s)")
 
+
+def _add_bench_sampling(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench sampling`: the telemetry job's CPU cost."""
     smp = bench_sub.add_parser("sampling", help="CPU cost of the 1-second telemetry job against a real runner")
     _add_model_args(smp, ctx=1024, parallel=2)
     smp.add_argument("--calls", type=int, default=100, help="sampler calls (default %(default)s)")
 
+
+def _add_bench_history(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench history`: dashboard pages over synthetic history."""
     hist = bench_sub.add_parser("history", help="dashboard pages and store size with days of synthetic history")
     hist.add_argument("--days", type=float, default=7, help="days of 1-second samples in the timed store (default %(default)s)")
     hist.add_argument("--size-days", type=float, default=30, help="days of history in the size store (default %(default)s)")
@@ -246,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--data", help="build the stores in this (empty) folder and keep them (default: a temporary folder)")
     hist.add_argument("--json", dest="json_path", help="write every figure and the constants to this file")
 
+
+def _add_bench_replay(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench replay`: the household bench."""
     rep = bench_sub.add_parser("replay", help="replay a household scenario over HTTP: modes × overlap levels, verdict")
     _add_model_args(rep, ctx=8192, parallel=8)
     rep.add_argument("--scenario", default="household", help="shipped scenario name or a .toml file (default %(default)s)")
@@ -266,9 +305,34 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", dest="json_path", help="write summaries, verdict, constants and raw rows here")
     rep.add_argument("--csv", dest="csv_path", help="write one row per mode × level here (raw rows beside it)")
 
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    """`hearth serve`: the household server."""
+    serve = sub.add_parser("serve", help="the household server: gateway, residency, store (gunicorn, one worker)")
+    serve.add_argument("--bind", default=None, help="host:port (default $HEARTH_BIND or 127.0.0.1:8080)")
+
+
+def _add_token(sub: argparse._SubParsersAction) -> None:
+    """`hearth token ...`: API tokens."""
+    token = sub.add_parser("token", help="API tokens of family members and apps")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    create = token_sub.add_parser("create", help="create a token (shown once)")
+    create.add_argument("--member", required=True, help="family member or app the token belongs to")
+    create.add_argument("--class", dest="default_class", required=True, help="its default request class")
+    create.add_argument("--allow", default="", help="comma-separated further classes it may ask for")
+    token_sub.add_parser("list", help="list tokens (never the tokens themselves)")
+    revoke = token_sub.add_parser("revoke", help="revoke a token by id or prefix")
+    revoke.add_argument("token", help="token id or prefix as `hearth token list` shows it")
+
+
+def _add_traffic(sub: argparse._SubParsersAction) -> None:
+    """`hearth traffic`: the request log's overlap."""
     traffic = sub.add_parser("traffic", help="how often requests overlap (request log) and residency advice")
     traffic.add_argument("--days", type=float, default=7.0, help="window (default %(default)s days)")
 
+
+def _add_models(sub: argparse._SubParsersAction) -> None:
+    """`hearth models ...`: model files, their settings and nodes."""
     models = sub.add_parser("models", help="model files")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
@@ -296,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("url")
     node.add_argument("--label")
 
+
+def _add_soak(sub: argparse._SubParsersAction) -> None:
+    """`hearth soak`: the load test."""
     soak = sub.add_parser("soak", help="load test: mixed classes, clients hanging up mid-stream; PASS/FAIL per criterion")
     soak.add_argument("--streams", type=int, default=32, help="concurrent clients (default %(default)s)")
     soak.add_argument("--minutes", type=float, default=2.0, help="duration (default %(default)s)")
@@ -308,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--seed", type=int, default=0)
     soak.add_argument("--json", action="store_true", help="print the report as JSON")
 
+
+def _add_classes(sub: argparse._SubParsersAction) -> None:
+    """`hearth classes ...`: request classes."""
     classes = sub.add_parser("classes", help="request classes")
     classes_sub = classes.add_subparsers(dest="classes_command", required=True)
     classes_sub.add_parser("list", help="the classes and their policies")
@@ -315,18 +385,24 @@ def build_parser() -> argparse.ArgumentParser:
     cset.add_argument("name")
     cset.add_argument("assignments", nargs="+", metavar="FIELD=VALUE")
 
+
+def _add_backup(sub: argparse._SubParsersAction) -> None:
+    """`hearth backup` and `hearth restore`."""
     bk = sub.add_parser("backup", help="consistent copy of the store, safe while hearth serve runs")
     bk.add_argument("file")
     rs = sub.add_parser("restore", help="replace the store with a backup (stop hearth serve first)")
     rs.add_argument("file")
 
+
+def _add_settings(sub: argparse._SubParsersAction) -> None:
+    """`hearth settings ...`: stored settings."""
     settings = sub.add_parser("settings", help="stored settings")
     settings_sub = settings.add_subparsers(dest="settings_command", required=True)
     settings_sub.add_parser("list", help="every setting, its value, what it does and its bounds")
     sset = settings_sub.add_parser("set", help="set a setting, checked against its kind and bounds ('null' restores the default)")
     sset.add_argument("name")
     sset.add_argument("value")
-    return parser
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,53 +423,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.devtools.soak import main as soak_main
 
         return soak_main(args)
-    if args.command == "bench" and args.bench_command == "engine":
-        from app.devtools.engine_bench import run_from_args
-
-        return run_from_args(args, model_config(args, resolve_model(args.model)))
-    if args.command == "bench" and args.bench_command == "overhead":
-        from app.devtools.overhead import run_from_args as run_overhead
-
-        return run_overhead(args, None if args.no_model else resolve_model(args.model))
-    if args.command == "bench" and args.bench_command == "vram":
-        from app.devtools.gpu_probe import run_from_args as run_vram
-
-        return run_vram(args, resolve_model(args.model))
-    if args.command == "bench" and args.bench_command == "tools":
-        from app.devtools.tools_bench import run_tools_bench
-
-        run_tools_bench(resolve_model(args.model), args.threads, args.requests, args.reps, args.out,
-                        tuple(args.parts.split(",")))
-        return 0
-    if args.command == "bench" and args.bench_command == "replay":
-        from app.devtools.serve_process import serve_target
-        from app.verdict.command import run_from_args as run_replay
-
-        return run_replay(args, resolve_model(args.model), start_serve=serve_target)
+    if args.command == "bench":
+        return _bench(args)
     if args.command == "traffic":
         return _traffic(args)
-    if args.command == "bench" and args.bench_command == "memory":
-        from app.devtools.memory_bench import run_from_args as run_memory
-
-        return run_memory(args, resolve_model(args.model))
-    if args.command == "bench" and args.bench_command == "sampling":
-        from app.devtools.telemetry_bench import run_sampling
-
-        return run_sampling(args, resolve_model(args.model))
-    if args.command == "bench" and args.bench_command == "history":
-        from app.devtools.history_bench import run_history
-
-        # HEARTH_DEFAULT_MODEL: a GGUF already at hand (tests share one) instead of assembling one.
-        return run_history(args, resolve_model(os.environ.get("HEARTH_DEFAULT_MODEL")))
-    if args.command == "bench" and args.bench_command == "flood":
-        from app.devtools.flood import run_flood
-
-        return run_flood(args, resolve_model(args.model))
-    if args.command == "bench" and args.bench_command in ("gateway", "residency"):
-        from app.devtools import gateway_bench
-
-        run = gateway_bench.run_gateway if args.bench_command == "gateway" else gateway_bench.run_residency
-        return run(args, resolve_model(args.model))
     if args.command == "models" and args.models_command == "random":
         from app.devtools.gguf_shapes import run_from_args as run_random_model
 
@@ -414,6 +447,57 @@ def main(argv: list[str] | None = None) -> int:
         from app.admin import run as run_admin
 
         return run_admin(args)
+    return 2
+
+
+def _bench(args) -> int:
+    """`hearth bench ...`: the benchmark asked for, with its model resolved."""
+    name = args.bench_command
+    if name == "engine":
+        from app.devtools.engine_bench import run_from_args
+
+        return run_from_args(args, model_config(args, resolve_model(args.model)))
+    if name == "overhead":
+        from app.devtools.overhead import run_from_args as run_overhead
+
+        return run_overhead(args, None if args.no_model else resolve_model(args.model))
+    if name == "vram":
+        from app.devtools.gpu_probe import run_from_args as run_vram
+
+        return run_vram(args, resolve_model(args.model))
+    if name == "tools":
+        from app.devtools.tools_bench import run_tools_bench
+
+        run_tools_bench(resolve_model(args.model), args.threads, args.requests, args.reps, args.out,
+                        tuple(args.parts.split(",")))
+        return 0
+    if name == "replay":
+        from app.devtools.serve_process import serve_target
+        from app.verdict.command import run_from_args as run_replay
+
+        return run_replay(args, resolve_model(args.model), start_serve=serve_target)
+    if name == "memory":
+        from app.devtools.memory_bench import run_from_args as run_memory
+
+        return run_memory(args, resolve_model(args.model))
+    if name == "sampling":
+        from app.devtools.telemetry_bench import run_sampling
+
+        return run_sampling(args, resolve_model(args.model))
+    if name == "history":
+        from app.devtools.history_bench import run_history
+
+        # HEARTH_DEFAULT_MODEL: a GGUF already at hand (tests share one) instead of assembling one.
+        return run_history(args, resolve_model(os.environ.get("HEARTH_DEFAULT_MODEL")))
+    if name == "flood":
+        from app.devtools.flood import run_flood
+
+        return run_flood(args, resolve_model(args.model))
+    if name in ("gateway", "residency"):
+        from app.devtools import gateway_bench
+
+        run = gateway_bench.run_gateway if name == "gateway" else gateway_bench.run_residency
+        return run(args, resolve_model(args.model))
     return 2
 
 
@@ -483,8 +567,8 @@ def _token(args) -> int:
 
 def _runner(args) -> int:
     from app.engine.named_template import NamedTemplate, is_template_name
-    from app.runner.main import serve
     from app.runner.server import RunnerConfig
+    from app.runner.main import serve
 
     if args.parallel < 1 or args.ctx < 16 or args.batch < args.parallel:
         raise SystemExit("hearth runner: need --parallel ≥ 1, --ctx ≥ 16 and --batch ≥ --parallel")
