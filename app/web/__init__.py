@@ -10,20 +10,18 @@ from __future__ import annotations
 
 from datetime import timedelta
 from importlib import import_module
-from pathlib import Path
 
 from flask import Flask, current_app, render_template, request
 from flask.sessions import SecureCookieSessionInterface
-from flask_limiter import Limiter
-from flask_limiter.util import get_remote_address
-from flask_wtf.csrf import CSRFProtect
 from werkzeug.exceptions import HTTPException
 from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.routing import RequestRedirect
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES_DIR = ROOT / "templates"
-STATIC_DIR = ROOT / "static"
+# The folders and the extensions live in modules of their own: the page modules import them from
+# there, never from this package, which imports the page modules. app.factory reads the folders here.
+from app.web.extensions import csrf, limiter
+from app.web.folders import STATIC_DIR as STATIC_DIR
+from app.web.folders import TEMPLATES_DIR as TEMPLATES_DIR
 
 BLUEPRINTS = (
     "app.web.auth",
@@ -51,11 +49,6 @@ NAV = (
     ("Settings", "/settings"),
     ("Status", "/status"),
 )
-
-csrf = CSRFProtect()
-# Memory storage: one gunicorn worker (enforced by hearth serve), so one counter per client IP.
-limiter = Limiter(get_remote_address, storage_uri="memory://", headers_enabled=True)
-
 
 class _SchemeAwareSessions(SecureCookieSessionInterface):
     """Session cookies are Secure exactly when the request came over HTTPS.

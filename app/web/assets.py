@@ -8,7 +8,7 @@ import json
 
 from flask import Blueprint, Response, abort, send_file
 
-from app.web import ROOT
+from app.web.folders import ROOT
 
 bp = Blueprint("assets", __name__)
 

@@ -40,7 +40,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from app.gateway.context import services
 from app.residency.default_model import log_line
 from app.secrets import create_secret, read_secret, remove_secret, secret, secrets_dir, write_secret
-from app.web import limiter
+from app.web.extensions import limiter
 
 bp = Blueprint("auth", __name__)
 

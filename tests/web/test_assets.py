@@ -3,7 +3,8 @@
 
 import json
 
-from app.web import ROOT, assets
+from app.web import assets
+from app.web.folders import ROOT
 
 
 def test_vendor_files_come_from_node_modules_at_the_pinned_versions(client):
