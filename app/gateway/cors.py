@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 
-from app.gateway.api import _error_response
 from app.gateway.context import services
+from app.gateway.pipeline import error_response
 from app.protocols.openai import ApiError
 from app.store.settings import cors_origins
 
@@ -52,7 +52,7 @@ def install_cors(app: Flask) -> None:
             err = ApiError(403, f"web pages from {origin} may not call this API: an admin can allow the origin under "
                                 "Settings → Network and access → API origins for browser apps (api_cors_origins)",
                            code="origin_not_allowed", err_type="permission_error")
-            return _error_response(err)
+            return error_response(err)
         resp = Response(status=204)
         resp.headers["Access-Control-Allow-Origin"] = allow
         resp.headers["Access-Control-Allow-Methods"] = ALLOW_METHODS

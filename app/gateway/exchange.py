@@ -2,7 +2,8 @@
 
 Whatever happens (refused, runner lost, client gone or stalled, normal end), `finish` runs once:
 it releases the model lease and the class place (each in a `finally`, so a failing release never
-keeps the other) and queues the request's one row for the store.
+keeps the other) and queues the request's one row for the store. What a runner's answer says about
+its node (busy, failed) is reported to residency in one place, `report`, streamed or not.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ STALL_SHARE = 0.9
 class Exchange:
     """A request from its arrival at the gateway to its row in the request log."""
 
-    def __init__(self, h: Services, record: dict, arrival_s: float):
-        self.h = h
+    def __init__(self, svc: Services, record: dict, arrival_s: float):
+        self.svc = svc
         self.record = record
         self.arrival_s = arrival_s
         self.ticket: Ticket | None = None
@@ -41,7 +42,7 @@ class Exchange:
         """Wait for a place in the request's class; a refusal is logged and raised as the API's 429/503."""
         self.policy = policy
         try:
-            self.ticket = self.h.admission.admit(policy)
+            self.ticket = self.svc.admission.admit(policy)
         except QueueFull as exc:
             self._log(status="rejected", http_status=429, error=str(exc))
             raise ApiError(429, str(exc), code="queue_full", err_type="rate_limit_error",
@@ -57,7 +58,7 @@ class Exchange:
     def acquire(self, model_name: str):
         """Lease a runner for the model; a failure ends the request (place released, row logged)."""
         try:
-            self.lease = self.h.router.acquire(model_name)
+            self.lease = self.svc.router.acquire(model_name)
         except ApiError as err:
             self.finish(relay.RelayOutcome(status=err.status, error=err.message))
             raise
@@ -71,8 +72,7 @@ class Exchange:
         try:
             return send(url, forward, headers)
         except relay.RunnerUnreachable as exc:
-            self.finish(relay.RelayOutcome(status=502, error=str(exc)))
-            self.h.residency.report_failure(self.lease, str(exc))
+            self.conclude(relay.RelayOutcome(status=502, error=str(exc)))
             raise ApiError(502, f"the runner for '{self.lease.model_name}' failed ({exc}); it will be restarted "
                                 "on the next request", code="runner_failed", err_type="server_error")
 
@@ -80,19 +80,36 @@ class Exchange:
         """Arrival at the gateway → first generated token sent to the client, if one was."""
         return None if self.first_token_s is None else (self.first_token_s - self.arrival_s) * 1000
 
+    def report(self, outcome: relay.RelayOutcome) -> None:
+        """Tell residency what the runner's answer says about its node: busy (a 503, loading or full: an
+        answer, not a failure), failed (unreachable, lost mid-stream, a 5xx of its own), or nothing."""
+        if self.lease is None:
+            return
+        if outcome.status == 503 and not outcome.lost_mid_stream:
+            self.svc.residency.report_busy(self.lease)
+        elif outcome.runner_fault:
+            self.svc.residency.report_failure(self.lease, outcome.error or f"HTTP {outcome.status}")
+
+    def conclude(self, outcome: relay.RelayOutcome, status: str | None = None) -> None:
+        """The runner's answer has ended (whole, refused, streamed or cut): report it, then finish."""
+        if self._finished:
+            return
+        try:
+            self.report(outcome)
+        finally:
+            self.finish(outcome, status=status)
+
     def finish(self, outcome: relay.RelayOutcome, status: str | None = None) -> None:
-        """Release lease and place, report a failed runner, log the row; only the first call counts."""
+        """Release lease and place, log the row; only the first call counts."""
         if self._finished:
             return
         self._finished = True
         try:
             if self.lease is not None:
                 self.lease.release()
-            if outcome.lost_mid_stream:
-                self.h.residency.report_failure(self.lease, outcome.error or "lost mid-stream")
         finally:
             if self.ticket is not None:
-                self.h.admission.release(self.ticket)
+                self.svc.admission.release(self.ticket)
         t = outcome.timings or {}
         usage = outcome.usage or {}
         if status is None:
@@ -113,4 +130,4 @@ class Exchange:
         )
 
     def _log(self, **fields) -> None:
-        self.h.recorder.record_request(self.record, **fields)
+        self.svc.recorder.record_request(self.record, **fields)

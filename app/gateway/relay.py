@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from app.protocols import sse
 from app.residency.supervisor import node_tls_context
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
@@ -257,17 +258,15 @@ def stream_chunks(stream: RunnerStream, outcome: RelayOutcome) -> Iterator[bytes
     Each chunk is looked at before it is passed on, so `outcome.token_seen` is true once the chunk
     holding the first generated token has been handed over.
     """
-    tail = b""
+    decoder = sse.Decoder()
     try:
         for chunk in stream.chunks():
-            # Only whole events are parsed, and only those that can matter; content passes untouched
-            # once the first token has been seen.
-            tail += chunk
-            *events, tail = tail.split(b"\n\n")
-            for ev in events:
-                if not outcome.token_seen or b'"usage"' in ev or b'"error"' in ev:
+            # Only the events that can matter are parsed as JSON; content passes untouched once the
+            # first token has been seen.
+            for ev in decoder.feed(chunk):
+                if not outcome.token_seen or b'"usage"' in ev.data or b'"error"' in ev.data:
                     try:
-                        payload = json.loads(ev.partition(b"data: ")[2])
+                        payload = ev.json()
                     except ValueError:
                         continue
                     read_summary(payload, outcome)
@@ -279,6 +278,6 @@ def stream_chunks(stream: RunnerStream, outcome: RelayOutcome) -> Iterator[bytes
         # The client is told what happened and what to do; the request log keeps the raw cause.
         message = f"{outcome.error}; the answer is incomplete, retry: the model is restarted on the next request"
         err = {"error": {"message": message, "type": "server_error", "param": None, "code": "runner_failed"}}
-        yield b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
+        yield sse.encode(err) + sse.DONE
     finally:
         stream.close()

@@ -4,9 +4,13 @@ import json
 
 import pytest
 
-from app.gateway.ollama import (
-    Shape,
-    capabilities,
+from app.gateway.ollama import capabilities
+from app.gateway.pipeline import translate_stream
+from app.protocols.ollama import (
+    ChatAdapter,
+    EmbedAdapter,
+    EmbeddingsAdapter,
+    GenerateAdapter,
     chat_to_openai,
     format_to_response_format,
     generate_to_openai,
@@ -135,7 +139,7 @@ CHAT_COMPLETION = {
 
 
 def test_whole_chat_answer():
-    out = json.loads(Shape("chat", {"model": "gemma:latest"}, "gemma:latest").complete(200, json.dumps(CHAT_COMPLETION).encode()))
+    out = ChatAdapter({"model": "gemma:latest"}).answer(CHAT_COMPLETION)
     assert out["model"] == "gemma:latest" and out["done"] is True and out["done_reason"] == "stop"
     assert out["message"] == {"role": "assistant", "content": "",
                               "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
@@ -147,17 +151,24 @@ def test_whole_chat_answer():
 def test_whole_generate_answer_and_errors():
     completion = {"choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
                   "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
-    out = json.loads(Shape("generate", {}, "m").complete(200, json.dumps(completion).encode()))
+    out = GenerateAdapter({"model": "m"}).answer(completion)
     assert out["response"] == " Paris." and out["done_reason"] == "length" and "message" not in out
-    err = {"error": {"message": "the model is still loading", "type": "unavailable_error"}}
-    assert json.loads(Shape("chat", {}, "m").complete(503, json.dumps(err).encode())) == {
-        "error": "the model is still loading"}
+    assert ChatAdapter({"model": "m"}).error(ApiError(503, "the model is still loading")) == (
+        503, {"error": "the model is still loading"})
+    bad_call = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{city"}}]}}]}
+    assert "not JSON" in ChatAdapter({"model": "m"}).answer(bad_call)["error"]
 
 
 def sse(*payloads) -> list[bytes]:
     """SSE events cut at awkward places, as the network may deliver them."""
     raw = b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in payloads) + b"data: [DONE]\n\n"
     return [raw[i:i + 37] for i in range(0, len(raw), 37)]
+
+
+def ndjson_lines(adapter, events) -> list[dict]:
+    """The adapter's stream for these SSE bytes, as the gateway relays it, one object a line."""
+    return [json.loads(x) for x in b"".join(translate_stream(adapter, iter(events))).splitlines()]
 
 
 def chunk(delta=None, finish=None, **extra):
@@ -169,7 +180,7 @@ def test_streamed_chat_is_ndjson():
     events = sse(chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}), chunk({"content": "lo"}),
                  chunk(finish="length", usage={"prompt_tokens": 3, "completion_tokens": 2}, timings={"ttft_ms": 5}),
                  {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
-    lines = [json.loads(x) for x in b"".join(Shape("chat", {}, "m").stream(iter(events))).splitlines()]
+    lines = ndjson_lines(ChatAdapter({"model": "m"}), events)
     assert [x["message"]["content"] for x in lines] == ["Hel", "lo", ""]
     assert [x["done"] for x in lines] == [False, False, True]
     assert lines[-1]["done_reason"] == "length" and lines[-1]["eval_count"] == 2
@@ -182,7 +193,7 @@ def test_streamed_tool_call_deltas_arrive_whole():
                  chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
                  chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
                  chunk(finish="tool_calls", usage={"prompt_tokens": 3, "completion_tokens": 9}))
-    lines = [json.loads(x) for x in b"".join(Shape("chat", {}, "m").stream(iter(events))).splitlines()]
+    lines = ndjson_lines(ChatAdapter({"model": "m"}), events)
     assert lines[0]["message"]["tool_calls"] == [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
     assert lines[0]["done"] is False and lines[1]["done"] is True and lines[1]["done_reason"] == "stop"
 
@@ -190,14 +201,25 @@ def test_streamed_tool_call_deltas_arrive_whole():
 def test_streamed_generate_and_a_runner_error_mid_stream():
     events = sse({"choices": [{"index": 0, "text": " Par", "finish_reason": None}]},
                  {"choices": [{"index": 0, "text": "is", "finish_reason": "stop"}], "usage": {"completion_tokens": 2}})
-    lines = [json.loads(x) for x in b"".join(Shape("generate", {}, "m").stream(iter(events))).splitlines()]
+    lines = ndjson_lines(GenerateAdapter({"model": "m"}), events)
     assert [x["response"] for x in lines] == [" Par", "is", ""] and lines[-1]["done"]
     broken = sse(chunk({"content": "Hel"}), {"error": {"message": "the runner stopped mid-stream", "code": "runner_failed"}})
-    lines = [json.loads(x) for x in b"".join(Shape("chat", {}, "m").stream(iter(broken))).splitlines()]
+    lines = ndjson_lines(ChatAdapter({"model": "m"}), broken)
     assert lines[-1] == {"error": "the runner stopped mid-stream"}
     cut = sse(chunk({"content": "Hel"}))[:-1]  # ends without a finish reason
-    lines = [json.loads(x) for x in b"".join(Shape("chat", {}, "m").stream(iter(cut))).splitlines()]
+    lines = ndjson_lines(ChatAdapter({"model": "m"}), cut)
     assert "error" in lines[-1]
+
+
+def test_embeddings_in_both_of_ollamas_shapes():
+    body = {"model": "e:latest", "input": ["a", "b"], "prompt": "c", "truncate": False}
+    assert EmbedAdapter(body).to_openai() == {"model": "e:latest", "input": ["a", "b"], "truncate": False}
+    assert EmbeddingsAdapter(body).to_openai()["input"] == "c"
+    answer = {"data": [{"index": 1, "embedding": [0.0, 1.0]}, {"index": 0, "embedding": [1.0, 0.0]}],
+              "usage": {"prompt_tokens": 4}}
+    out = EmbedAdapter(body).answer(answer)
+    assert out["embeddings"] == [[1.0, 0.0], [0.0, 1.0]] and out["prompt_eval_count"] == 4 and out["model"] == "e:latest"
+    assert EmbeddingsAdapter(body).answer(answer) == {"embedding": [1.0, 0.0]}
 
 
 def test_capabilities_from_the_header():

@@ -32,8 +32,9 @@ class StandIn(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["Content-Length"]))
         StandIn.connections.add(self.client_address)
         StandIn.slo_headers.append(self.headers.get("X-Hearth-Slo"))
-        if self.path.startswith("/busy/"):  # the gateway's path under a lease's URL
-            self.path = "/busy"
+        for name in ("/busy", "/failed", "/crash"):
+            if self.path.startswith(name + "/"):  # the gateway's path under a lease's URL
+                self.path = name
         if self.path == "/stream":
             body = b"".join(b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in (ROLE, TOKEN)) + b"data: [DONE]\n\n"
             self._send(200, body, {"Content-Type": "text/event-stream"})
@@ -110,15 +111,15 @@ class FakeLease:
 
 def test_the_gateway_passes_a_streamed_errors_retry_after_on_and_releases_once(standin, tmp_path, standin_model):
     with dashboard_app(tmp_path, standin_model) as app:
-        h = services(app)
-        with h.sessions() as s:
+        svc = services(app)
+        with svc.sessions() as s:
             token, _ = create_token(s, "alice", "chat")
             s.commit()
         lease = FakeLease(standin + "/busy")
-        h.router.acquire = lambda name: lease
+        svc.router.acquire = lambda name: lease
         busy, failed = [], []
-        h.residency.report_busy = busy.append
-        h.residency.report_failure = lambda lease, error: failed.append(error)
+        svc.residency.report_busy = busy.append
+        svc.residency.report_failure = lambda lease, error: failed.append(error)
         r = app.test_client().post("/v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
                                    json={"messages": [{"role": "user", "content": "hi"}], "stream": True})
         assert (r.status_code, r.headers.get("Retry-After")) == (503, "7")
@@ -126,11 +127,38 @@ def test_the_gateway_passes_a_streamed_errors_retry_after_on_and_releases_once(s
         # Busy is an answer: the node is reported busy, never failed.
         assert busy == [lease] and failed == []
         # The runner was told the admitted class's targets.
-        assert StandIn.slo_headers == [slo_header(h.classes.get("chat"))]
-        assert h.admission.snapshot()["chat"]["in_flight"] == 0
+        assert StandIn.slo_headers == [slo_header(svc.classes.get("chat"))]
+        assert svc.admission.snapshot()["chat"]["in_flight"] == 0
         rows = wait_until(lambda: query(tmp_path / "data" / "hearth.db", "select status, http_status from requests"),
                           message="the request's row")
         assert rows == [("error", 503)]
+
+
+@pytest.mark.parametrize("path, busy_reported, failure_reported", [
+    ("/crash", False, True), ("/failed", False, False), ("/busy", True, False),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_runners_error_is_reported_the_same_streamed_or_not(standin, tmp_path, standin_model, stream, path,
+                                                              busy_reported, failure_reported):
+    with dashboard_app(tmp_path, standin_model) as app:
+        svc = services(app)
+        with svc.sessions() as s:
+            token, _ = create_token(s, "alice", "chat")
+            s.commit()
+        lease = FakeLease(standin + path)
+        svc.router.acquire = lambda name: lease
+        busy, failed = [], []
+        svc.residency.report_busy = busy.append
+        svc.residency.report_failure = lambda lease, error: failed.append(error)
+        r = app.test_client().post("/v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
+                                   json={"messages": [{"role": "user", "content": "hi"}], "stream": stream})
+        assert r.status_code == (503 if path == "/busy" else 500)
+        assert r.get_json()["error"]["message"] == "no"
+        assert lease.released == 1
+        # A crash (a 5xx of the runner's own) is a failure of the node; its generation failure and
+        # its busy answer are not.
+        assert busy == ([lease] if busy_reported else [])
+        assert failed == (["no"] if failure_reported else [])
 
 
 def test_a_native_answer_counts_its_tokens_in_llama_servers_fields():

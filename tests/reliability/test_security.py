@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.gateway.api import _from_lan
 from app.gateway.auth import TokenCache, hash_token
+from app.gateway.pipeline import from_lan
 from app.residency.catalog import OUTSIDE_REASON, scan
 from app.store.settings import REGISTRY
 from tests.helpers import SMALL_RUNNERS, query, store_now, wait_until
@@ -45,7 +45,7 @@ def test_the_api_is_closed_without_a_token_by_default(serve):
     ("fd12:3456::1", True), ("8.8.8.8", False), ("2001:4860:4860::8888", False), ("", False), ("nonsense", False),
 ])
 def test_only_private_addresses_count_as_lan(addr, lan):
-    assert _from_lan(addr) is lan
+    assert from_lan(addr) is lan
 
 
 def test_an_api_opened_to_the_lan_serves_tokenless_requests_as_one_member(start_serve):
