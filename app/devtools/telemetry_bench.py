@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from app.gateway.admission import Admission
+from app.residency.manager import ModelState
 from app.residency.supervisor import RunnerProcess, RunnerSpec
 from app.store.db import make_engine, upgrade
 from app.store.writer import StoreWriter
@@ -38,11 +39,11 @@ def run_sampling(args, model_path: str) -> int:
                       parallel=args.parallel, threads=args.threads)
     runner = RunnerProcess(spec).start()
     with tempfile.TemporaryDirectory(prefix="hearth-bench-") as tmp:
-        engine = make_engine(Path(tmp) / "hearth.db")
-        upgrade(engine)
-        writer = StoreWriter(engine)
+        db_engine = make_engine(Path(tmp) / "hearth.db")
+        upgrade(db_engine)
+        writer = StoreWriter(db_engine)
         writer.start()
-        status = [{"name": spec.model_name, "state": "ready", "pid": runner.pid, "rss_bytes": 0,
+        status = [{"name": spec.model_name, "state": ModelState.READY, "pid": runner.pid, "rss_bytes": 0,
                    "nodes": [{"label": "local", "url": runner.url, "local": True, "healthy": True}]}]
         sampler = Sampler(writer, lambda: status, Admission().snapshot)
         try:
@@ -61,7 +62,7 @@ def run_sampling(args, model_path: str) -> int:
             r1 = _cpu_s(procs)
         finally:
             writer.stop()
-            engine.dispose()
+            db_engine.dispose()
             runner.stop()
     ours = (u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime) / args.calls
     theirs = (r1 - r0) / args.calls

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal
 
 from app.policy import MODEL_POLICIES, ModelPolicy
@@ -19,6 +20,21 @@ from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, Runn
 log = logging.getLogger(__name__)
 
 LOCAL = "local"
+
+
+class ModelState(StrEnum):
+    """A model's residency state, as status() reports it; the dashboard's words are derived from these."""
+
+    UNLOADED = "unloaded"  # no runner (never loaded, unloaded, evicted or expired)
+    LOADING = "loading"  # a runner is starting
+    READY = "ready"  # a runner serves it (for a remote-only model: some node is healthy)
+    FAILED = "failed"  # its last load failed (a remote-only model: no node is healthy); the next request retries
+    CRASHED = "crashed"  # its runner died; the next request restarts it
+
+
+# The states in which a model holds (or is about to hold) a runner's memory.
+RESIDENT_STATES = (ModelState.LOADING, ModelState.READY)
+
 STATUS_LOG_LINES = 50
 ERROR_LOG_LINES = 20
 
@@ -108,7 +124,7 @@ def _ttl_s(m: _Model) -> float | None:
 def _expires_in_s(m: _Model, now: float) -> float | None:
     """Seconds until `m`'s idle expiry (its full TTL while it serves); None when it never expires."""
     ttl = _ttl_s(m)
-    if ttl is None or m.state != "ready" or m.spec.runner is None:
+    if ttl is None or m.state != ModelState.READY or m.spec.runner is None:
         return None
     idle_s = 0.0 if m.in_flight or m.last_used is None else now - m.last_used
     return max(0.0, ttl - idle_s)
@@ -145,7 +161,7 @@ class _Model:
     def __init__(self, spec: ModelSpec):
         self.name = spec.name
         self.spec = spec
-        self.state = "unloaded"
+        self.state = ModelState.UNLOADED
         self.runner: RunnerProcess | None = None
         self.local: _Node | None = None
         self.remotes: dict[str, _Node] = {}
@@ -166,7 +182,7 @@ class _Model:
 
     @property
     def resident(self) -> bool:
-        return self.state in ("loading", "ready")
+        return self.state in RESIDENT_STATES
 
     def nodes(self) -> list[_Node]:
         return ([self.local] if self.local else []) + list(self.remotes.values())
@@ -250,7 +266,7 @@ class ResidencyManager:
                 if spec is None:
                     raise UnknownModel(name)
                 m = self._sync(spec)
-                if m.state == "ready" or spec.runner is None or failure is not None:
+                if m.state == ModelState.READY or spec.runner is None or failure is not None:
                     if not want_lease:
                         if failure is not None:
                             raise failure
@@ -258,7 +274,7 @@ class ResidencyManager:
                     nodes = [n for n in m.nodes() if n.healthy or self._clock() >= n.retry_at]
                     if not nodes:
                         raise failure or ModelLoadFailed(name, self._no_node_reason(m))
-                elif m.state == "loading":
+                elif m.state == ModelState.LOADING:
                     wait_for = m.loading
                 else:
                     try:
@@ -270,9 +286,9 @@ class ResidencyManager:
                         runner, event = self._detach(victim, "evict", f"evicted to make room for {name}")
                         victims.append(runner)
                         events.append(event)
-                    reason = {"crashed": "restart after a crash", "failed": "retry after a failed load"}.get(
+                    reason = {ModelState.CRASHED: "restart after a crash", ModelState.FAILED: "retry after a failed load"}.get(
                         m.state, "first request" if want_lease else why)
-                    m.state = "loading"
+                    m.state = ModelState.LOADING
                     m.loading_since = self._clock()
                     m.loading = wait_for = Future()
                     m.resident_bytes = spec.estimate_bytes
@@ -323,7 +339,7 @@ class ResidencyManager:
         blocked: dict[str, str] = {}
         evictable = []
         for x in resident:
-            if x.state == "loading":
+            if x.state == ModelState.LOADING:
                 blocked[x.name] = "loading"
             elif x.spec.policy == "pinned":
                 blocked[x.name] = "pinned"
@@ -359,12 +375,12 @@ class ResidencyManager:
             with self._lock:
                 closed = self._closed
                 if closed:
-                    m.state, m.loading, m.starting, m.resident_bytes = "unloaded", None, None, 0
+                    m.state, m.loading, m.starting, m.resident_bytes = ModelState.UNLOADED, None, None, 0
             if closed:
                 done.set_exception(ModelLoadFailed(m.name, "Hearth is shutting down"))
                 return
             with self._lock:
-                m.state, m.loading, m.starting = "failed", None, None
+                m.state, m.loading, m.starting = ModelState.FAILED, None, None
                 m.last_runner, m.resident_bytes = runner, 0
                 m.error, m.error_log, m.returncode = exc.reason, tail, runner.returncode
             event = ResidencyEvent(m.name, "load_failed", "\n".join([exc.reason, *tail]), node=LOCAL,
@@ -378,11 +394,11 @@ class ResidencyManager:
             m.starting = None
             m.loading = None
             if self._closed:
-                m.state = "unloaded"
+                m.state = ModelState.UNLOADED
                 closed = True
             else:
                 closed = False
-                m.state, m.runner, m.last_runner = "ready", runner, runner
+                m.state, m.runner, m.last_runner = ModelState.READY, runner, runner
                 m.local = _Node(LOCAL, runner.url, RemoteNode(runner.url, LOCAL), runner=runner)
                 m.cold_start_ms, m.measured_bytes = runner.cold_start_ms, measured
                 m.error, m.error_log, m.returncode = None, [], None
@@ -452,7 +468,7 @@ class ResidencyManager:
             lease._node.in_flight -= 1
             m.in_flight -= 1
             m.last_used = self._clock()
-            if m.in_flight == 0 and m.state == "ready" and _ttl_s(m) == 0:
+            if m.in_flight == 0 and m.state == ModelState.READY and _ttl_s(m) == 0:
                 why = "on demand" if m.client_keep_alive_s is None else "keep_alive 0 from a client"
                 runner, event = self._detach(m, "unload", f"{why}: the last request finished")
         if runner is not None:
@@ -495,7 +511,7 @@ class ResidencyManager:
     def _mark_crashed(self, m: _Model, runner: RunnerProcess) -> ResidencyEvent:
         """Under the lock: the runner died; the next acquire restarts it."""
         tail = runner.log_tail(ERROR_LOG_LINES)
-        m.state, m.runner, m.local, m.last_runner = "crashed", None, None, runner
+        m.state, m.runner, m.local, m.last_runner = ModelState.CRASHED, None, None, runner
         m.resident_bytes = 0
         m.returncode = runner.poll()
         m.error = f"runner exited with code {m.returncode}"
@@ -525,7 +541,7 @@ class ResidencyManager:
         runner = m.runner
         ev = ResidencyEvent(m.name, event, reason, node=LOCAL, estimate_bytes=m.spec.estimate_bytes,
                             measured_bytes=runner.rss_bytes(), pid=runner.pid)
-        m.state, m.runner, m.local, m.resident_bytes = "unloaded", None, None, 0
+        m.state, m.runner, m.local, m.resident_bytes = ModelState.UNLOADED, None, None, 0
         m.client_keep_alive_s = None
         return runner, ev
 
@@ -537,7 +553,7 @@ class ResidencyManager:
         with self._lock:
             now = self._clock()
             for m in self._models.values():
-                if m.state != "ready" or m.in_flight:
+                if m.state != ModelState.READY or m.in_flight:
                     continue
                 spec = catalog.get(m.name)
                 idle_s = now - (m.last_used if m.last_used is not None else now)
@@ -578,9 +594,9 @@ class ResidencyManager:
         """Stop `name`'s local runner now; False if it was not resident; ModelBusy while loading or serving."""
         with self._lock:
             m = self._models.get(name)
-            if m is None or m.state not in ("loading", "ready"):
+            if m is None or m.state not in RESIDENT_STATES:
                 return False
-            if m.state == "loading":
+            if m.state == ModelState.LOADING:
                 raise ModelBusy(f"{name} is still loading; unload it once it is ready")
             if m.in_flight:
                 raise ModelBusy(f"{name} is serving {m.in_flight} request(s); unload it when they finish")
@@ -610,7 +626,7 @@ class ResidencyManager:
         with self._lock:
             self._closed = True
             for m in self._models.values():
-                if m.state == "ready":
+                if m.state == ModelState.READY:
                     runner, event = self._detach(m, "unload", "shutdown")
                     stops.append(runner)
                     events.append(event)
@@ -652,7 +668,7 @@ class ResidencyManager:
                 runner = m.runner or m.starting or m.last_runner
                 state = m.state
                 if m.spec.runner is None:
-                    state = "ready" if any(n.healthy for n in m.remotes.values()) else "failed"
+                    state = ModelState.READY if any(n.healthy for n in m.remotes.values()) else ModelState.FAILED
                 rows.append({
                     "name": m.name,
                     "state": state,
@@ -664,12 +680,12 @@ class ResidencyManager:
                     "estimate_bytes": m.spec.estimate_bytes,
                     "measured_bytes": m.measured_bytes,
                     "rss_bytes": m.runner.rss_bytes() if m.runner else None,
-                    "pid": runner.pid if runner is not None and m.state in ("loading", "ready") else None,
+                    "pid": runner.pid if runner is not None and m.state in RESIDENT_STATES else None,
                     "in_flight": m.in_flight,
                     "last_used": m.last_used,
                     "idle_s": now - m.last_used if m.last_used is not None else None,
                     "cold_start_ms": m.cold_start_ms,
-                    "loading_s": now - m.loading_since if m.state == "loading" and m.loading_since is not None else None,
+                    "loading_s": now - m.loading_since if m.state == ModelState.LOADING and m.loading_since is not None else None,
                     "error": m.error,
                     "returncode": m.returncode,
                     "nodes": [{"label": n.label, "url": n.url, "local": n.local, "healthy": n.healthy,

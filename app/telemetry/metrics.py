@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from app.exposition import TPOT_BUCKETS_S, TTFT_BUCKETS_S
+from app.residency.manager import ModelState
 from app.store.writer import LOSS_REASONS
 from app.telemetry.sampler import Sampler
 
@@ -33,7 +34,7 @@ class _ResidencyCollector:
         in_flight = GaugeMetricFamily("hearth:model_in_flight", "Requests leased to the model's nodes", labels=["model"])
         for m in self.runner_status():
             name = m["name"]
-            state.add_metric([name], 1.0 if m["state"] == "ready" else 0.0)
+            state.add_metric([name], 1.0 if m["state"] == ModelState.READY else 0.0)
             rss.add_metric([name], float(m.get("rss_bytes") or 0))
             estimate.add_metric([name], float(m.get("estimate_bytes") or 0))
             in_flight.add_metric([name], float(m.get("in_flight") or 0))

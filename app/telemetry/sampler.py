@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from app.exposition import parse_exposition
 from app.hardware import nvml_gpus, report_nvml_error
+from app.residency.manager import ModelState
 from app.store.models import Sample, Series
 from app.store.writer import StoreWriter
 
@@ -227,7 +228,7 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
     seen: list[tuple[str, str]] = []
     scraped: list[tuple[str, str]] = []
     for model in statuses:
-        if model.get("state") != "ready":
+        if model.get("state") != ModelState.READY:
             continue
         for node in model.get("nodes") or []:
             if not node.get("healthy") or not node.get("url"):

@@ -19,6 +19,7 @@ from werkzeug.routing import RequestRedirect
 
 # The folders and the extensions live in modules of their own: the page modules import them from
 # there, never from this package, which imports the page modules. app.factory reads the folders here.
+from app.residency.manager import ModelState
 from app.web.extensions import csrf, limiter
 from app.web.folders import STATIC_DIR as STATIC_DIR
 from app.web.folders import TEMPLATES_DIR as TEMPLATES_DIR
@@ -177,6 +178,8 @@ def init_app(app: Flask) -> None:
     app.add_template_filter(fmt_bytes, "bytes")
     app.add_template_filter(fmt_duration_s, "duration")
     app.add_template_global(svc.writer.health, "telemetry_health")
+    # Templates compare model states with the enum's members, not with strings of their own.
+    app.add_template_global(ModelState, "ModelState")
     for module in BLUEPRINTS:
         app.register_blueprint(import_module(module).bp)
 

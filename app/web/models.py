@@ -18,7 +18,7 @@ from app.admin import AdminError, set_model_policy
 from app.gateway.context import services
 from app.policy import MODEL_POLICIES
 from app.protocols.openai import ApiError
-from app.residency.manager import ModelBusy, ResidencyError
+from app.residency.manager import RESIDENT_STATES, ModelBusy, ModelState, ResidencyError
 from app.services.settings import budget_bytes
 from app.web.auth import login_required
 from app.web.queries import EVENT_LIMIT, model_cards, recent_events
@@ -64,7 +64,7 @@ def _summary() -> dict:
     svc = services()
     with svc.sessions() as s:
         cards = model_cards(svc.catalog, svc.residency.status(), s)
-    resident = sum(c.estimate.total_bytes for c in cards if c.state in ("resident", "loading") and c.estimate)
+    resident = sum(c.estimate.total_bytes for c in cards if c.state in RESIDENT_STATES and c.estimate)
     return {"cards": cards, "resident_bytes": resident, "budget_bytes": budget_bytes(svc.settings)}
 
 
@@ -94,7 +94,7 @@ def _start_load(name: str) -> None:
     deadline = time.monotonic() + LOAD_START_WAIT_S
     while time.monotonic() < deadline and name not in errors:
         state = next((m["state"] for m in residency.status() if m["name"] == name), None)
-        if state in ("loading", "ready", "failed"):
+        if state in (ModelState.LOADING, ModelState.READY, ModelState.FAILED):
             return
         time.sleep(0.02)
 
@@ -187,7 +187,7 @@ def policy(name: str):
     message = f"Saved: {POLICY_LABELS[form['policy']].lower()}" + (f", {ttl} s." if form["policy"] == "keep_alive" else ".")
     if form["policy"] == "pinned" and name in svc.catalog.model_specs():
         state = next((m["state"] for m in svc.residency.status() if m["name"] == name), None)
-        if state not in ("loading", "ready"):
+        if state not in RESIDENT_STATES:
             _start_load(name)
             message += " Loading it now."
     return _render_card(name, message=message)

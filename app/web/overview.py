@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from app.engine.scheduler import SchedulerConfig
 from app.gateway.context import Services, services
+from app.residency.manager import ModelState
 from app.store.models import Series
 from app.web.auth import login_required
 from app.web.series import RANGES
@@ -84,8 +85,8 @@ def live_state(svc: Services) -> Live:
     return Live(
         up=True,
         models=models,
-        resident=[m for m in models if m["state"] == "ready"],
-        loading=[m for m in models if m["state"] == "loading"],
+        resident=[m for m in models if m["state"] == ModelState.READY],
+        loading=[m for m in models if m["state"] == ModelState.LOADING],
         gen_tok_s=_sum(per_runner("gen_tok_s")),
         prompt_tok_s=_sum(per_runner("prompt_tok_s")),
         running=_sum(per_runner("running")),
@@ -125,7 +126,7 @@ def admission_policy(svc: Services, models: list[dict]) -> dict:
         runner = spec.runner
         rows.append({
             "name": name,
-            "state": states.get(name, {}).get("state", "unloaded"),
+            "state": states.get(name, {}).get("state", ModelState.UNLOADED),
             "policy": spec.policy,
             "remote": len(spec.remote),
             "kind": runner.kind if runner else "remote",

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from app.engine.prefix_cache import reuse_note
 from app.gateway.tokens import TokenInfo, list_tokens
 from app.residency.estimate import MemoryEstimate, estimate_memory
+from app.residency.manager import ModelState
 from app.services.catalog import Catalog
 from app.store.models import (
     REQUEST_STATUSES,
@@ -310,8 +311,9 @@ class ModelCard:
     estimate: MemoryEstimate | None
     n_ctx: int | None
     parallel: int | None
-    state: str
+    state: ModelState
     label: str
+    badge: str  # the label's colour: ok, warn, bad or neutral
     in_flight: int = 0
     idle_s: float | None = None
     measured_bytes: int | None = None
@@ -345,29 +347,29 @@ class ModelCard:
     @property
     def loading(self) -> bool:
         """Whether a runner is starting for it right now."""
-        return self.state == "loading"
+        return self.state == ModelState.LOADING
 
 
-def state_label(status: dict | None, last_event: str | None) -> tuple[str, str]:
-    """(state, words for the admin): loading / resident / evicted / crashed / failed / not loaded."""
+def state_label(status: dict | None, last_event: str | None) -> tuple[ModelState, str, str]:
+    """(state, words for the admin, badge): resident / loading / crashed / failed / evicted / not loaded."""
     if status is None:
-        return "unloaded", "not loaded"
+        return ModelState.UNLOADED, "not loaded", "neutral"
     state = status["state"]
-    if state == "ready":
+    if state == ModelState.READY:
         busy = status.get("in_flight") or 0
         if busy:
-            return "resident", f"resident · serving {busy}"
+            return ModelState.READY, f"resident · serving {busy}", "ok"
         idle = status.get("idle_s")
-        return "resident", "resident · idle" + (f" {_duration(idle)}" if idle is not None else "")
-    if state == "loading":
-        return "loading", "loading"
-    if state == "crashed":
-        return "crashed", "crashed · restarts on the next request"
-    if state == "failed":
-        return "failed", "failed to load"
+        return ModelState.READY, "resident · idle" + (f" {_duration(idle)}" if idle is not None else ""), "ok"
+    if state == ModelState.LOADING:
+        return ModelState.LOADING, "loading", "warn"
+    if state == ModelState.CRASHED:
+        return ModelState.CRASHED, "crashed · restarts on the next request", "bad"
+    if state == ModelState.FAILED:
+        return ModelState.FAILED, "failed to load", "bad"
     if last_event == "evict":
-        return "evicted", "evicted to make room"
-    return "unloaded", "not loaded"
+        return ModelState.UNLOADED, "evicted to make room", "warn"
+    return ModelState.UNLOADED, "not loaded", "neutral"
 
 
 def _duration(seconds: float) -> str:
@@ -392,7 +394,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
         estimate = None
         if e.usable and spec is not None and spec.runner is not None:
             estimate = estimate_memory(e, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch)
-        state, label = state_label(status, hist["last_event"])
+        state, label, badge = state_label(status, hist["last_event"])
         card = ModelCard(
             name=e.name, source=e.source, usable=e.usable, unusable_reason=e.unusable_reason,
             architecture=e.architecture, n_params=e.n_params, quantization=e.quantization,
@@ -400,7 +402,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             prefix_reuse=reuse_note(e.architecture, e.n_swa),
             policy=(row.policy if row else "keep_alive"), keep_alive_s=(row.keep_alive_s if row else 300),
             estimate=estimate, n_ctx=spec.runner.n_ctx if spec and spec.runner else None,
-            parallel=spec.runner.parallel if spec and spec.runner else None, state=state, label=label,
+            parallel=spec.runner.parallel if spec and spec.runner else None, state=state, label=label, badge=badge,
             cold_starts_ms=hist["cold_starts_ms"], measured_bytes=hist["measured_bytes"],
             n_batch=spec.runner.n_batch if spec and spec.runner else None,
             sizing_note=spec.sizing_note if spec else None,
@@ -414,7 +416,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             card.error = status.get("error")
             card.log_tail = list(status.get("log_tail") or [])[-LOG_LINES_SHOWN:]
             card.nodes = status.get("nodes") or []
-            if state == "loading":
+            if state == ModelState.LOADING:
                 usual = card.usual_cold_start_ms
                 card.progress = LoadProgress(status.get("loading_s") or 0.0, usual / 1000 if usual else None)
         cards.append(card)

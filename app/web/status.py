@@ -10,6 +10,7 @@ import functools
 from flask import Blueprint, render_template
 
 from app.gateway.context import services
+from app.residency.manager import ModelState
 from app.web.auth import login_required
 from app.web.overview import has_gpu, live_state
 
@@ -35,7 +36,7 @@ def public_or_login(view):
 def _context() -> dict:
     svc = services()
     live = live_state(svc)
-    failed = [m for m in live.models if m["state"] == "failed"]
+    failed = [m for m in live.models if m["state"] == ModelState.FAILED]
     if live.sample_age_s is not None and live.sample_age_s > STALE_SAMPLE_S:
         health, health_text = "warn", "Degraded: telemetry stalled"
     elif failed:

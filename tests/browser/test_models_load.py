@@ -11,7 +11,7 @@ def test_load_a_model_from_the_models_page(page, served):
     card = page.locator("article.model-card:not(.unusable)").first
     name = card.locator("h2").inner_text()
     assert card.locator("text=Weights").count() == 1  # the estimate breakdown is shown
-    if card.get_attribute("data-state") == "resident":
+    if card.get_attribute("data-state") == "ready":
         # Another test's traffic loaded it already: unload first, through the page.
         card.locator("button", has_text="Unload").click()
         page.wait_for_selector(f"#{card.get_attribute('id')}[data-state=unloaded]", timeout=30_000)
@@ -20,11 +20,11 @@ def test_load_a_model_from_the_models_page(page, served):
     card_id = card.get_attribute("id")
     card.locator("button", has_text="Load").click()
     # The POST answers with the card in its loading state; the card then polls itself until resident.
-    page.wait_for_selector(f"#{card_id}[data-state=loading], #{card_id}[data-state=resident]", timeout=30_000)
+    page.wait_for_selector(f"#{card_id}[data-state=loading], #{card_id}[data-state=ready]", timeout=30_000)
     if page.locator(f"#{card_id}[data-state=loading]").count():
         assert page.locator(f"#{card_id} .progress").count() == 1
         shot(page, "models-loading")
-    page.wait_for_selector(f"#{card_id}[data-state=resident]", timeout=120_000)
+    page.wait_for_selector(f"#{card_id}[data-state=ready]", timeout=120_000)
     card = page.locator(f"#{card_id}")
     assert card.get_attribute("hx-trigger") is None  # polling stopped
     assert "Resident\n1" in page.locator("#model-tiles").inner_text()  # tiles swapped out of band

@@ -15,6 +15,7 @@ from app.residency.manager import (
     Lease,
     ModelLoadFailed,
     ModelSpec,
+    ModelState,
     NotEnoughMemory,
     ResidencyManager,
     UnknownModel,
@@ -142,7 +143,7 @@ def test_acquire_loads_serves_records_and_shutdown_stops(harness, gemma_path):
     assert lease.node_label == "local" and lease.local and lease.model_name == "a"
     assert complete(lease)["usage"]["completion_tokens"] == 2
     row = h.state("a")
-    assert row["state"] == "ready" and row["in_flight"] == 1 and row["pid"] == lease.pid
+    assert row["state"] == ModelState.READY and row["in_flight"] == 1 and row["pid"] == lease.pid
     assert row["rss_bytes"] > 100 * MiB and row["cold_start_ms"] > 0 and row["log_tail"]
     assert row["nodes"] == [{"label": "local", "url": lease.url, "local": True, "healthy": True, "load": None,
                              "in_flight": 1, "error": None}]
@@ -193,7 +194,7 @@ def test_budget_that_fits_one_model(harness, gemma_path, tmp_path):
     assert "cannot evict a (busy: 1 in flight)" in message
     assert err.value.blocked == {"a": "busy: 1 in flight"} and err.value.resident == {"a": 300 * MiB}
     assert h.kinds() == [("a", "load")] and not gone(a.pid)
-    assert h.state("b")["state"] == "unloaded"
+    assert h.state("b")["state"] == ModelState.UNLOADED
     # Once idle, A is the least recently used unpinned model: it goes to make room.
     a.release()
     h.now += 5
@@ -201,7 +202,7 @@ def test_budget_that_fits_one_model(harness, gemma_path, tmp_path):
     assert h.kinds() == [("a", "load"), ("a", "evict"), ("b", "load")]
     assert h.events[1].reason == "evicted to make room for b" and h.events[1].pid == a.pid
     assert gone(a.pid) and not gone(b.pid)
-    assert [h.state(n)["state"] for n in "ab"] == ["unloaded", "ready"]
+    assert [h.state(n)["state"] for n in "ab"] == [ModelState.UNLOADED, ModelState.READY]
     b.release()
 
 
@@ -214,7 +215,7 @@ def test_pinned_models_are_never_evicted_or_expired(harness, gemma_path, tmp_pat
         h.manager.acquire("b")
     h.now += 10**6
     assert h.manager.expire_idle() == []
-    assert h.state("p")["state"] == "ready"
+    assert h.state("p")["state"] == ModelState.READY
 
 
 def test_keep_alive_expiry_follows_the_clock(harness, gemma_path):
@@ -228,7 +229,7 @@ def test_keep_alive_expiry_follows_the_clock(harness, gemma_path):
     h.now += 2
     assert h.manager.expire_idle() == ["a"]
     assert h.kinds() == [("a", "load"), ("a", "unload")] and h.events[-1].reason == "idle 61 s, keep-alive 60 s"
-    assert gone(lease.pid) and h.state("a")["state"] == "unloaded"
+    assert gone(lease.pid) and h.state("a")["state"] == ModelState.UNLOADED
     again = h.manager.acquire("a")
     assert again.pid != lease.pid and h.kinds()[-1] == ("a", "load")
     again.release()
@@ -238,11 +239,11 @@ def test_on_demand_unloads_when_the_last_lease_is_released(harness, gemma_path):
     h = harness([spec("a", gemma_path, policy="on_demand")])
     first, second = h.manager.acquire("a"), h.manager.acquire("a")
     first.release()
-    assert h.state("a")["state"] == "ready" and not gone(first.pid)
+    assert h.state("a")["state"] == ModelState.READY and not gone(first.pid)
     second.release()
     assert h.kinds() == [("a", "load"), ("a", "unload")]
     assert h.events[-1].reason == "on demand: the last request finished"
-    assert gone(first.pid) and h.state("a")["state"] == "unloaded"
+    assert gone(first.pid) and h.state("a")["state"] == ModelState.UNLOADED
 
 
 def test_crashed_runner_is_restarted_by_the_next_acquire(harness, gemma_path):
@@ -255,7 +256,7 @@ def test_crashed_runner_is_restarted_by_the_next_acquire(harness, gemma_path):
     assert crash.pid == lease.pid and crash.reason.startswith("runner exited with code 70")
     assert "exited unexpectedly" in crash.reason  # the runner's own log line, from the tail
     row = h.state("a")
-    assert row["state"] == "crashed" and row["returncode"] == 70 and row["pid"] is None and row["log_tail"]
+    assert row["state"] == ModelState.CRASHED and row["returncode"] == 70 and row["pid"] is None and row["log_tail"]
     lease.release()
     again = h.manager.acquire("a")
     assert again.pid != lease.pid and complete(again)
@@ -268,11 +269,11 @@ def test_report_failure_marks_a_dead_runner_crashed_once(harness, gemma_path):
     h = harness([spec("a", gemma_path)])
     lease = h.manager.acquire("a")
     h.manager.report_failure(lease, "connection reset")  # alive: one failed request is not a crash
-    assert h.state("a")["state"] == "ready"
+    assert h.state("a")["state"] == ModelState.READY
     os.kill(lease.pid, signal.SIGKILL)
     wait_until(lambda: gone(lease.pid), 10, "the killed runner is still there")
     h.manager.report_failure(lease, "connection refused")
-    assert h.state("a")["state"] == "crashed"
+    assert h.state("a")["state"] == ModelState.CRASHED
     # The watcher's report of the same exit must not count twice: once it has reported, nothing new was emitted.
     wait_until(lambda: lease.pid in h.exits_reported, 10, "the runner's watcher never reported its exit")
     assert h.kinds() == [("a", "load"), ("a", "crash")]
@@ -294,7 +295,7 @@ def test_bad_model_file_fails_the_load_with_the_logs_reason(harness, tmp_path):
     [event] = h.events
     assert event.event == "load_failed" and "could not load" in event.reason
     row = h.state("junk")
-    assert row["state"] == "failed" and "could not load" in row["error"] and row["log_tail"]
+    assert row["state"] == ModelState.FAILED and "could not load" in row["error"] and row["log_tail"]
     assert not runner_children()
 
 
@@ -372,7 +373,7 @@ def test_remote_only_model_and_remote_fallback(harness, gemma_path, remote_runne
     with h.manager.acquire("tight") as lease:
         assert lease.node_label == "nas"
     states = {row["name"]: row["state"] for row in h.manager.status()}
-    assert states == {"r": "ready", "down": "failed", "tight": "unloaded"}
+    assert states == {"r": ModelState.READY, "down": ModelState.FAILED, "tight": ModelState.UNLOADED}
     assert h.events == [] and not runner_children()
 
 
@@ -397,4 +398,4 @@ def test_client_keep_alive_sets_the_ttl_but_never_unpins(harness, gemma_path):
     h.manager.set_client_keep_alive("p", 0)
     h.manager.acquire("p").release()
     h.now += 10**6
-    assert h.manager.expire_idle() == ["a"] and h.state("p")["state"] == "ready"
+    assert h.manager.expire_idle() == ["a"] and h.state("p")["state"] == ModelState.READY

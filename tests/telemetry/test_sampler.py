@@ -7,6 +7,7 @@ import pytest
 from sqlalchemy import select
 
 from app import hardware
+from app.residency.manager import ModelState
 from app.store.models import Sample, Series
 from app.store.writer import StoreWriter
 from app.telemetry import sampler as sampler_mod
@@ -59,7 +60,7 @@ class FakeHttp:
         raise AssertionError(url)
 
 
-def status(name="gemma", state="ready", nodes=None):
+def status(name="gemma", state=ModelState.READY, nodes=None):
     """One model as ResidencyManager.status() describes it."""
     if nodes is None:
         nodes = [{"label": "local", "url": "http://127.0.0.1:9001", "local": True, "healthy": True}]
@@ -111,7 +112,7 @@ def test_only_healthy_nodes_of_ready_models_are_scraped_and_failures_are_skipped
         return metrics_text(1, 1) if url.endswith("/metrics") else "[]"
 
     statuses = [
-        status("loading-model", state="loading"),
+        status("loading-model", state=ModelState.LOADING),
         status("gemma", nodes=[
             {"label": None, "url": "http://127.0.0.1:9001/", "healthy": True},
             {"label": "down", "url": "http://127.0.0.1:9002", "healthy": True},

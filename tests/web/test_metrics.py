@@ -4,6 +4,7 @@ histograms, residency gauges and KV usage per model."""
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.gateway.context import services
+from app.residency.manager import ModelState
 from app.telemetry.sampler import RateTracker, sample_runners
 
 
@@ -35,7 +36,7 @@ def test_failed_runner_scrapes_are_exported_per_model_and_node(app, client):
     def refused(url, timeout_s):
         raise OSError("connection refused")
 
-    ready = [{"name": "gemma", "state": "ready",
+    ready = [{"name": "gemma", "state": ModelState.READY,
               "nodes": [{"label": "local", "url": "http://127.0.0.1:9", "healthy": True}]}]
     for now in (1.0, 2.0):
         sample_runners(ready, refused, RateTracker(), now, hearth.sampler.scrape_failures)

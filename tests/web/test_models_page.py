@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from app.gateway.context import services
-from app.residency.manager import ModelLoadFailed
+from app.residency.manager import ModelLoadFailed, ModelState
 from app.store.models import Model, ResidencyEvent
 from tests.helpers import wait_until
 
@@ -120,7 +120,7 @@ class TestWithTheEmbeddedModel:
 
         card = wait_until(resident_card, 120, "the card never said resident (HTTP 286)", every_s=0.3)
         html = card.get_data(as_text=True)
-        assert 'data-state="resident"' in html and "hx-trigger" not in html and "Unload" in html
+        assert f'data-state="{ModelState.READY}"' in html and "hx-trigger" not in html and "Unload" in html
         # The page's tiles come along out of band, so "Resident" no longer says 0.
         tiles = html[html.index('id="model-tiles" hx-swap-oob="true"'):]
         assert '<div class="tile-label">Resident</div>\n  <div class="tile-value">1' in tiles
@@ -128,7 +128,7 @@ class TestWithTheEmbeddedModel:
         r = _post(admin, csrf_token, f"/models/{gemma}/unload")
         assert r.status_code == 200 and "Unloaded" in r.get_data(as_text=True)
         assert 'data-state="unloaded"' in r.get_data(as_text=True)
-        assert [e["state"] for e in services(app).residency.status() if e["name"] == gemma] == ["unloaded"]
+        assert [e["state"] for e in services(app).residency.status() if e["name"] == gemma] == [ModelState.UNLOADED]
 
 
 def test_pinning_loads_the_model(app, admin, csrf_token, monkeypatch):

@@ -7,6 +7,7 @@ import pytest
 
 from app.gateway.classes import policy_of
 from app.gateway.tokens import create_token, revoke_token
+from app.residency.manager import ModelState
 from app.store.db import open_store
 from app.store.models import RequestClass, RequestRecord, ResidencyEvent
 from app.telemetry.analysis import class_figures
@@ -31,9 +32,9 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 @pytest.fixture
 def sessions(tmp_path):
-    engine, sessions = open_store(tmp_path)
+    db_engine, sessions = open_store(tmp_path)
     yield sessions
-    engine.dispose()
+    db_engine.dispose()
 
 
 def test_sql_class_figures_equal_the_analysis_module(sessions):
@@ -129,9 +130,10 @@ def test_events_history_and_state_labels(sessions):
         history = load_history(s, ["m", "never-loaded"])
     assert history["m"]["cold_starts_ms"] == [3000.0, 1000.0] and history["m"]["last_event"] == "evict"
     assert history["never-loaded"] == {"cold_starts_ms": [], "measured_bytes": None, "last_event": None}
-    assert state_label(None, "evict") == ("unloaded", "not loaded")
-    assert state_label({"state": "unloaded"}, "evict")[0] == "evicted"
-    assert state_label({"state": "ready", "in_flight": 2}, None) == ("resident", "resident · serving 2")
-    assert state_label({"state": "ready", "in_flight": 0, "idle_s": 125}, None) == ("resident", "resident · idle 2 min")
-    assert state_label({"state": "crashed"}, "crash")[0] == "crashed"
+    assert state_label(None, "evict") == (ModelState.UNLOADED, "not loaded", "neutral")
+    assert state_label({"state": ModelState.UNLOADED}, "evict") == (ModelState.UNLOADED, "evicted to make room", "warn")
+    assert state_label({"state": ModelState.READY, "in_flight": 2}, None) == (ModelState.READY, "resident · serving 2", "ok")
+    assert state_label({"state": ModelState.READY, "in_flight": 0, "idle_s": 125}, None) == (
+        ModelState.READY, "resident · idle 2 min", "ok")
+    assert state_label({"state": ModelState.CRASHED}, "crash")[:2] == (ModelState.CRASHED, "crashed · restarts on the next request")
     assert LoadProgress(3.0, 2.0).pct == 99 and LoadProgress(1.0, 4.0).pct == 25 and LoadProgress(1.0, None).pct is None
