@@ -507,13 +507,13 @@ def _traffic(args) -> int:
     from app.store.settings import get_setting
     from app.verdict.overlap import format_traffic, traffic
 
-    engine, sessions = open_store(data_dir())
+    db_engine, sessions = open_store(data_dir())
     try:
         with sessions() as session:
             t = traffic(session, args.days, burst_overlap=int(get_setting(session, "verdict_burst_overlap")))
             print(format_traffic(t, float(get_setting(session, "verdict_rare_overlap_share"))))
     finally:
-        engine.dispose()
+        db_engine.dispose()
     return 0
 
 
@@ -539,7 +539,7 @@ def _token(args) -> int:
     from app.paths import data_dir
     from app.store.db import open_store
 
-    engine, sessions = open_store(data_dir())
+    db_engine, sessions = open_store(data_dir())
     try:
         with sessions() as session:
             if args.token_command == "create":
@@ -561,7 +561,7 @@ def _token(args) -> int:
         print(f"hearth token: {exc}", file=sys.stderr)
         return 2
     finally:
-        engine.dispose()
+        db_engine.dispose()
     return 0
 
 

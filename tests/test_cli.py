@@ -70,12 +70,12 @@ def test_classes_and_settings(data, capsys):
 
 def stored_settings(data):
     """The registry's settings that have a stored value, read back through the store."""
-    engine, sessions = open_store(data)
+    db_engine, sessions = open_store(data)
     try:
         with sessions() as s:
             return {k: get_setting(s, k) for k in REGISTRY if s.get(Setting, k) is not None}
     finally:
-        engine.dispose()
+        db_engine.dispose()
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [

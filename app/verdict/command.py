@@ -38,7 +38,7 @@ def run_from_args(args, model_path: str, start_serve: Callable[[Constants], Targ
                       gpu_layers=args.gpu_layers, target_url=args.target, llama_server=llama, serve=args.serve,
                       traffic_days=args.days, repeats=args.repeats,
                       slots=tuple(args.slots) if getattr(args, "slots", None) else None)
-    engine, sessions = open_store(data_dir())
+    db_engine, sessions = open_store(data_dir())
     bar = tqdm(total=total_runs(cfg, scenario), desc="bench replay", unit="run", file=sys.stderr)
 
     def progress(run: RunResult, done: int, total: int) -> None:
@@ -52,7 +52,7 @@ def run_from_args(args, model_path: str, start_serve: Callable[[Constants], Targ
     except (ValueError, RuntimeError, RunnerStartFailed) as exc:
         # RuntimeError: a target that did not answer (serve's warm-up, requests that never finished).
         print(f"hearth bench replay: {exc}", file=sys.stderr)
-        engine.dispose()
+        db_engine.dispose()
         return 2
     finally:
         bar.close()
@@ -84,7 +84,7 @@ def run_from_args(args, model_path: str, start_serve: Callable[[Constants], Targ
     if args.csv_path:
         raw = store.write_csv(outcome.runs, args.csv_path)
         print(f"wrote {args.csv_path} and {raw}", file=sys.stderr)
-    engine.dispose()
+    db_engine.dispose()
     return 0
 
 

@@ -148,11 +148,11 @@ def test_hearth_models_pull_from_the_command_line(hub, tmp_path, monkeypatch, ca
     from app.store.db import open_store
     from app.store.settings import set_setting
 
-    engine, sessions = open_store(tmp_path / "data")
+    db_engine, sessions = open_store(tmp_path / "data")
     with sessions() as s:
         set_setting(s, "hf_endpoint", hub.url)
         s.commit()
-    engine.dispose()
+    db_engine.dispose()
     assert main(["models", "pull", "hf.co/owner/repo:Q4_K_M"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli-models" / "tiny-Q4_K_M.gguf")
     assert main(["models", "pull", "owner/repo/tiny-Q4_K_M.gguf"]) == 2

@@ -34,14 +34,14 @@ def test_meets_targets_needs_success_and_both_targets():
 
 
 def test_class_figures_and_weighted_fairness(tmp_path):
-    engine, sessions = open_store(tmp_path)
+    db_engine, sessions = open_store(tmp_path)
     with sessions() as s:
         s.add_all([req("voice", 300, 50, 40), req("voice", 900, 50, 40), req("voice", 200, 80, 40),
                    req("voice", 250, 60, 40), req("chat", 1000, 100, 40), req("chat", 1000, 100, 0, status="error"),
                    req("chat", 100, 10, 999, minutes=90)])  # outside the window
         s.commit()
         figs = class_figures(s, {"voice": VOICE, "chat": CHAT}, T0, T0 + timedelta(hours=1))
-    engine.dispose()
+    db_engine.dispose()
     by = {f.name: f for f in figs}
     assert (by["voice"].requests, by["voice"].met, by["voice"].slo_attainment) == (4, 3, 0.75)
     assert (by["chat"].requests, by["chat"].met, by["chat"].completion_tokens) == (2, 1, 40)

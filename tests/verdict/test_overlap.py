@@ -78,7 +78,7 @@ def test_bursts_in_waves_are_one_and_far_apart_are_two():
 
 
 def test_traffic_over_the_store_with_an_injected_clock(tmp_path):
-    engine, sessions = open_store(tmp_path)
+    db_engine, sessions = open_store(tmp_path)
     with sessions() as s:
         s.add(Model(name="gemma", source="default", policy="keep_alive"))
         s.add(Model(name="big", source="folder", policy="pinned"))
@@ -99,7 +99,7 @@ def test_traffic_over_the_store_with_an_injected_clock(tmp_path):
         s.commit()
         t = traffic(s, 1, clock=lambda: NOW)
         quiet = traffic(s, 1, clock=lambda: NOW, burst_overlap=20)
-    engine.dispose()
+    db_engine.dispose()
     assert t["requests"] == 15
     (burst,) = t["bursts"]
     assert burst["start"] == "2026-03-02T02:00:00+00:00" and burst["peak"] == 12 and burst["requests"] == 12
@@ -127,9 +127,9 @@ def test_traffic_over_the_store_with_an_injected_clock(tmp_path):
 
 
 def test_traffic_on_an_empty_log(tmp_path):
-    engine, sessions = open_store(tmp_path)
+    db_engine, sessions = open_store(tmp_path)
     with sessions() as s:
         t = traffic(s, 7, clock=lambda: NOW)
-    engine.dispose()
+    db_engine.dispose()
     assert t["busy_s"] == 0 and t["idle_share"] == 1.0 and t["typical_overlap"] == 0 and t["bursts"] == []
     assert "no requests" in format_traffic(t, 0.1)

@@ -153,7 +153,7 @@ def test_summary_without_server_metrics_says_na():
 
 
 def test_store_round_trip_recomputes_the_live_summary(tmp_path):
-    engine, sessions = open_store(tmp_path)
+    db_engine, sessions = open_store(tmp_path)
     live = RunResult("continuous", "hearth", 2, ROWS, SAMPLES, summarise(ROWS, SAMPLES, POLICIES), slots=16)
     with sessions() as s:
         sid = store.create_session(s, "household", "gemma", {"classes": {n: p.__dict__ for n, p in POLICIES.items()}})
@@ -169,11 +169,11 @@ def test_store_round_trip_recomputes_the_live_summary(tmp_path):
     raw_csv = store.write_csv([back], tmp_path / "out.csv")
     assert (tmp_path / "out.csv").read_text().splitlines()[0].startswith("target,level")
     assert len(raw_csv.read_text().splitlines()) == 5
-    engine.dispose()
+    db_engine.dispose()
 
 
 def test_apply_updates_runner_settings_and_records_who(tmp_path):
-    engine, sessions = open_store(tmp_path)
+    db_engine, sessions = open_store(tmp_path)
     verdict = Verdict(HouseholdOverlap(4, "default", "default", "no traffic"), 4, (
         Recommendation("continuous", "Use continuous", ("r",), {"gain": 1.5}, (1,), {"mode": "continuous"}),
         Recommendation("smaller_slots", "Fewer slots", ("r",), {}, (2,), {"parallel": 2}),
@@ -206,7 +206,7 @@ def test_apply_updates_runner_settings_and_records_who(tmp_path):
         assert history[0].at <= datetime.now(UTC)
         assert s.query(BenchApplied).count() == 3
         assert store.current_runner_settings(s, "gemma") == {"parallel": 2, "n_batch": 512, "mode": "continuous"}
-    engine.dispose()
+    db_engine.dispose()
 
 
 def test_cli_arguments():
@@ -268,13 +268,13 @@ def test_repetitions_median_run_and_ratios_within_a_repetition(tmp_path):
     med = {r.target: r for r in median_runs(runs)}
     assert med["continuous"].rep in (0, 1)  # the two fast ones tie; never the slow one
     assert med["llama-server"].rep == 2  # rates r/2, r/4, r/3: the median is r/3
-    engine, sessions = open_store(tmp_path)
+    db_engine, sessions = open_store(tmp_path)
     with sessions() as s:
         sid = store.create_session(s, "x", None, {})
         for r in runs:
             store.save_run(s, sid, r)
         back = store.load_runs(s, sid, POLICIES)
-    engine.dispose()
+    db_engine.dispose()
     assert [(r.target, r.rep) for r in back] == [(r.target, r.rep) for r in runs]
 
 

@@ -37,13 +37,13 @@ def bench(gemma_path, tmp_path_factory):
     data = tmp_path_factory.mktemp("bench-data")
     scenario = data / "tiny.toml"
     scenario.write_text(TINY)
-    engine, sessions = open_store(data)
+    db_engine, sessions = open_store(data)
     seen = []
     cfg = BenchConfig(scenario=str(scenario), levels=(1, 2, 4), model_path=str(gemma_path), n_ctx=1024, parallel=2,
                       n_batch=256, threads=2)
     outcome = run_bench(cfg, sessions, progress=lambda run, done, total: seen.append((done, total)))
     yield outcome, sessions, seen
-    engine.dispose()
+    db_engine.dispose()
 
 
 def test_every_mode_and_level_ran_with_progress(bench):

@@ -264,11 +264,11 @@ def test_behind_a_trusted_proxy_https_and_client_ip_come_from_its_headers(tmp_pa
     from app.store.db import open_store
     from app.store.settings import set_setting
 
-    engine, sessions = open_store(tmp_path / "data")
+    db_engine, sessions = open_store(tmp_path / "data")
     with sessions() as s:
         set_setting(s, "proxy_hops", 1)
         s.commit()
-    engine.dispose()
+    db_engine.dispose()
     with dashboard_app(tmp_path, default_model_path, LOGIN_RATE_LIMIT="2 per minute") as app:
         client = app.test_client()
         set_up_admin(client)
