@@ -140,7 +140,8 @@ def run_tools_bench(model_path: str, threads: int, requests: int, reps: int, out
     """Run the three parts and print their figures; returns the JSON written to out."""
     from werkzeug.test import Client
 
-    from app.runner.server import RunnerConfig, create_app
+    from app.runner.app import create_app
+    from app.runner.config import RunnerConfig
 
     cfg = ModelConfig(path=model_path, n_ctx=8192, n_seq_max=THROUGHPUT_STREAMS, n_batch=512, n_threads=threads)
     app = create_app(RunnerConfig(cfg, default_max_tokens=256, max_waiting=256))

@@ -177,7 +177,7 @@ class Engine:
         self.finished_listeners: list[Callable[[RequestStats], None]] = []
         self._cv = threading.Condition()
         self._cancels: set[Request] = set()
-        self._held: list[Request] = []  # STATIC mode: finished, answered when their batch ends
+        self._held: list[tuple[Request, int]] = []  # STATIC mode: finished (with their slot), answered when their batch ends
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -414,14 +414,15 @@ class Engine:
             total = len(r.prompt_tokens)
             if not r.return_progress or chunk.start_pos >= total:
                 continue
+            slot = -1 if r.slot is None else r.slot
             if before:
                 if not r.progress_started:
                     r.progress_started = True
-                    r.events.put(Progress(total, r.num_cached_tokens, r.num_cached_tokens, 0.0))
+                    r.events.put(Progress(total, r.num_cached_tokens, r.num_cached_tokens, 0.0, slot))
                 continue
             started = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
             r.events.put(Progress(total, r.num_cached_tokens, min(r.num_computed, total),
-                                  max(0.0, (self.clock() - started) * 1000)))
+                                  max(0.0, (self.clock() - started) * 1000), slot))
 
     def _sample_one(self, r: Request, batch_index: int, now: float) -> None:
         if r.status is not RequestStatus.RUNNING:
@@ -441,7 +442,10 @@ class Engine:
         text, hit = stops.push(utf8.push(self.model.token_bytes(token)))
         # One Delta per token keeps streamed token counts honest even when text is held back
         # (a partial UTF-8 character or a possible stop-string prefix).
-        r.events.put(Delta(text, 1, logprob))
+        started = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
+        first = r.first_token_s
+        r.events.put(Delta(text, 1, logprob, (token,), -1 if r.slot is None else r.slot, r.num_cached_tokens,
+                           max(0.0, (first - started) * 1000), (now - first) * 1000))
         if hit:
             with self._cv:
                 self._finish(r, RequestStatus.FINISHED_STOP)
@@ -472,20 +476,23 @@ class Engine:
         r.error = error
         batch_still_running = self.scheduler.config.mode is Mode.STATIC and self.scheduler.running
         if batch_still_running and slot is not None and error is None:
-            self._held.append(r)
+            self._held.append((r, slot))
             return
-        self._deliver(r)
+        self._deliver(r, slot)
         if not self.scheduler.running:
             now = self.clock()
-            for held in self._held:
+            for held, held_slot in self._held:
                 held.finished_s = now
-                self._deliver(held)
+                self._deliver(held, held_slot)
             self._held.clear()
 
-    def _deliver(self, r: Request) -> None:
+    def _deliver(self, r: Request, slot: int | None) -> None:
         stats = r.make_stats()
         self.counters.requests_finished[stats.finish_reason] += 1
-        r.events.put(Finished(stats.finish_reason, stats, r.error))
+        stops = r.text_state[1] if r.text_state is not None else None
+        word = (stops.matched_stop or "") if stops is not None and stops.stopped else ""
+        r.events.put(Finished(stats.finish_reason, stats, r.error, -1 if slot is None else slot,
+                              tuple(r.output_tokens), word))
         for listener in self.finished_listeners:
             try:
                 listener(stats)

@@ -1,18 +1,19 @@
-"""Anthropic's Messages API on the runner: POST /v1/messages and /v1/messages/count_tokens.
+"""Anthropic's Messages API as an adapter on OpenAI's chat shape: MessagesAdapter.
 
-Coding tools that speak Anthropic's API (Claude Code and others) can point at a local runner this
-way. As llama-server does, a request is translated into an OpenAI chat request (system, text and
-image blocks, tool_use / tool_result, tools, tool_choice, stop_sequences, output_config.format,
-sampling), answered by
-the runner's chat route (app.runner.compat) and translated back: a `message` with content blocks,
-or Anthropic's event stream (message_start, content_block_start / _delta / _stop, message_delta,
-message_stop). Errors take Anthropic's shape, {"type": "error", "error": {"type", "message"}}.
+Coding tools that speak Anthropic's API (Claude Code and others) can point at a local runner or
+the gateway this way. As llama-server does, a request is translated into an OpenAI chat request
+(system, text and image blocks, tool_use / tool_result, tools, tool_choice, stop_sequences,
+output_config.format, sampling) and the chat answer is translated back: a `message` with content
+blocks, or Anthropic's event stream (message_start, content_block_start / _delta / _stop,
+message_delta, message_stop). Errors take Anthropic's shape, {"type": "error", "error": {"type", "message"}}.
+Pure wire format: the runner feeds it chat chunks built from its engine's events, the gateway the
+chunks it relays.
 
 Not honoured: `thinking` in the request (the model's reasoning is not split out of the answer;
 accepted and ignored, as a model without reasoning would; thinking blocks of the history become
-the assistant turn's `reasoning_content`, which templates that show past reasoning render), `metadata`, `cache_control` (the prefix cache needs no hint), and
-`stop_sequence` in the answer, which stays null: the engine does not report which stop string
-ended generation (stop_reason is then "end_turn", as llama-server reports it).
+the assistant turn's `reasoning_content`, which templates that show past reasoning render), `metadata`,
+`cache_control` (the prefix cache needs no hint), and `stop_sequence` in the answer, which stays
+null (stop_reason is then "end_turn", as llama-server reports it).
 """
 
 from __future__ import annotations
@@ -20,21 +21,13 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
 
-from werkzeug.wrappers import Request as HttpRequest
-from werkzeug.wrappers import Response
-
+from app.protocols import sse
 from app.protocols.openai import ApiError
-from app.runner.compat import (
-    call_chat,
-    image_unsupported,
-    json_response,
-    loaded_state,
-    prompt_tokens,
-    read_json,
-    sse,
-)
+
+# llama-server answers 500 with this message when a request carries an image and no vision
+# projector is loaded; clients written against it (and its own tests) look for these words.
+IMAGE_UNSUPPORTED = "image input is not supported by this runner: its model has no vision projector (mmproj)"
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -48,17 +41,15 @@ _BILLING_CCH = re.compile(r"^(x-anthropic-billing-header:.*?cch=)[0-9a-fA-F]{5};
 _IGNORED_BLOCKS = ("redacted_thinking",)
 
 
-def error_response(err: ApiError) -> Response:
-    """An ApiError in Anthropic's shape."""
+def image_unsupported() -> ApiError:
+    """The error for an image in a request (500, as llama-server answers it)."""
+    return ApiError(500, IMAGE_UNSUPPORTED, code="image_unsupported", err_type="server_error")
+
+
+def error_body(err: ApiError) -> tuple[int, dict]:
+    """An ApiError in Anthropic's shape: status and body."""
     kind = ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
-    return json_response({"type": "error", "error": {"type": kind, "message": err.message}}, err.status, err.headers)
-
-
-def _upstream_error(upstream) -> Response:
-    """The chat route's OpenAI-shaped error, re-shaped (a 503's Retry-After kept)."""
-    err = upstream.json().get("error") or {}
-    return error_response(ApiError(upstream.status, err.get("message") or "request failed",
-                                   headers=upstream.retry_after))
+    return err.status, {"type": "error", "error": {"type": kind, "message": err.message}}
 
 
 def _system_text(system) -> str:
@@ -229,104 +220,119 @@ def to_message(chat: dict, msg_id: str) -> dict:
 
 
 class MessageStream:
-    """Turns the chat route's stream chunks into Anthropic's events, one block open at a time."""
+    """Turns the chat stream's chunks into Anthropic's events, one block open at a time."""
 
-    def __init__(self, msg_id: str, model: str, input_tokens: int):
+    def __init__(self, msg_id: str, model: str | None, input_tokens: int):
         self.msg_id = msg_id
         self.model = model
         self.input_tokens = input_tokens
         self.started = False
+        self.ended = False  # a finish or an error has been sent
         self.index = -1  # the open block's index
         self.open = None  # "text", "tool_use" or None
 
-    def _start(self) -> list[bytes]:
+    def start(self) -> list[bytes]:
+        """message_start, once: the message so far (empty) and the prompt's size."""
+        if self.started:
+            return []
         self.started = True
-        return [sse("message_start", {"type": "message_start", "message": {
+        return [sse.encode({"type": "message_start", "message": {
             "id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": self.input_tokens, "cache_read_input_tokens": 0,
-                      "cache_creation_input_tokens": 0, "output_tokens": 0}}})]
+                      "cache_creation_input_tokens": 0, "output_tokens": 0}}}, "message_start")]
 
     def _close(self) -> list[bytes]:
         if self.open is None:
             return []
         self.open = None
-        return [sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        return [sse.encode({"type": "content_block_stop", "index": self.index}, "content_block_stop")]
 
     def _open(self, block: dict) -> list[bytes]:
         out = self._close()
         self.index += 1
         self.open = block["type"]
-        return out + [sse("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                  "content_block": block})]
+        return out + [sse.encode({"type": "content_block_start", "index": self.index, "content_block": block},
+                                 "content_block_start")]
 
     def _delta(self, delta: dict) -> bytes:
-        return sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+        return sse.encode({"type": "content_block_delta", "index": self.index, "delta": delta}, "content_block_delta")
 
     def feed(self, chunk: dict) -> list[bytes]:
-        """The events for one chunk of the chat stream."""
-        out = [] if self.started else self._start()
+        """The events for one chunk of the chat stream (message_start first, if start() has not sent it)."""
+        out = self.start()
         if "error" in chunk:
-            err = chunk["error"]
-            out += [sse("error", {"type": "error", "error": {"type": "api_error", "message": err.get("message", "")}})]
-            return out
+            self.ended = True
+            message = (chunk["error"] or {}).get("message", "")
+            return out + [sse.encode({"type": "error", "error": {"type": "api_error", "message": message}}, "error")]
         for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                if self.open != "text":
-                    out += self._open({"type": "text", "text": ""})
-                out.append(self._delta({"type": "text_delta", "text": delta["content"]}))
-            for call in delta.get("tool_calls") or []:
-                fn = call.get("function") or {}
-                if call.get("id"):
-                    out += self._open({"type": "tool_use", "id": call["id"], "name": fn.get("name", ""), "input": {}})
-                if fn.get("arguments"):
-                    out.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
-            if choice.get("finish_reason") is not None:
-                usage = chunk.get("usage") or {}
-                out += self._close()
-                out.append(sse("message_delta", {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": STOP_REASONS.get(choice["finish_reason"], "end_turn"),
-                              "stop_sequence": None},
-                    "usage": {**_input_usage(usage), "output_tokens": usage.get("completion_tokens", 0)}}))
-                out.append(sse("message_stop", {"type": "message_stop"}))
+            out += self._choice(choice, chunk.get("usage") or {})
+        return out
+
+    def _choice(self, choice: dict, usage: dict) -> list[bytes]:
+        out: list[bytes] = []
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            if self.open != "text":
+                out += self._open({"type": "text", "text": ""})
+            out.append(self._delta({"type": "text_delta", "text": delta["content"]}))
+        for call in delta.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            if call.get("id"):
+                out += self._open({"type": "tool_use", "id": call["id"], "name": fn.get("name", ""), "input": {}})
+            if fn.get("arguments"):
+                out.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
+        if choice.get("finish_reason") is not None:
+            self.ended = True
+            out += self._close()
+            out.append(sse.encode({
+                "type": "message_delta",
+                "delta": {"stop_reason": STOP_REASONS.get(choice["finish_reason"], "end_turn"), "stop_sequence": None},
+                "usage": {**_input_usage(usage), "output_tokens": usage.get("completion_tokens", 0)}}, "message_delta"))
+            out.append(sse.encode({"type": "message_stop"}, "message_stop"))
         return out
 
 
-def _stream(upstream, msg_id: str, model: str, input_tokens: int) -> Iterator[bytes]:
-    translate = MessageStream(msg_id, model, input_tokens)
-    for chunk in upstream.events():
-        yield from translate.feed(chunk)
+class MessagesAdapter:
+    """Anthropic's Messages API on OpenAI's chat shape (app.protocols.adapter's interface)."""
 
+    stream_mimetype = "text/event-stream"
 
-def on_messages(app, req: HttpRequest) -> Response:
-    """POST /v1/messages."""
-    try:
-        body = read_json(req)
-        chat = to_chat(body)
-        msg_id = "msg_" + uuid.uuid4().hex[:24]
-        if chat.get("stream"):
-            # message_start carries the prompt's size before any token is generated.
-            n_prompt = len(prompt_tokens(loaded_state(app), chat))
-            upstream = call_chat(app, req, chat)
-            if upstream.status != 200:
-                return _upstream_error(upstream)
-            return Response(_stream(upstream, msg_id, app.state.config.model_name, n_prompt),
-                            mimetype="text/event-stream", headers={"Cache-Control": "no-cache",
-                                                                   "X-Accel-Buffering": "no"})
-        upstream = call_chat(app, req, chat)
-        if upstream.status != 200:
-            return _upstream_error(upstream)
-        return json_response(to_message(upstream.json(), msg_id))
-    except ApiError as err:
-        return error_response(err)
+    def __init__(self, body: dict, input_tokens: int = 0):
+        self.body = body
+        # The prompt's size for message_start; a runner knows it before generating, a relay does not (0:
+        # message_delta then carries the count).
+        self.input_tokens = input_tokens
+        self.msg_id = "msg_" + uuid.uuid4().hex[:24]
+        self._stream: MessageStream | None = None
 
+    def to_openai(self) -> dict:
+        """The Messages request as a chat request, its model as the client named it."""
+        return {**to_chat(self.body), "model": self.body.get("model")}
 
-def on_count_tokens(app, req: HttpRequest) -> Response:
-    """POST /v1/messages/count_tokens: the prompt's size, as the chat route would build it."""
-    try:
-        chat = to_chat(read_json(req))
-        return json_response({"input_tokens": len(prompt_tokens(loaded_state(app), chat))})
-    except ApiError as err:
-        return error_response(err)
+    def answer(self, completion: dict) -> dict:
+        """A chat completion as an Anthropic message."""
+        return to_message(completion, self.msg_id)
+
+    def _translator(self) -> MessageStream:
+        if self._stream is None:
+            self._stream = MessageStream(self.msg_id, self.body.get("model"), self.input_tokens)
+        return self._stream
+
+    def start(self) -> list[bytes]:
+        """message_start."""
+        return self._translator().start()
+
+    def feed(self, chunk: dict) -> list[bytes]:
+        """Anthropic's events for one chat chunk."""
+        return self._translator().feed(chunk)
+
+    def end(self) -> list[bytes]:
+        """Nothing after message_stop; an error event when the chat stream stopped before its finish."""
+        if self._translator().ended:
+            return []
+        return self.feed({"error": {"message": "the answer ended before it was complete"}})
+
+    def error(self, err: ApiError) -> tuple[int, dict]:
+        """Anthropic's error shape."""
+        return error_body(err)

@@ -1,13 +1,13 @@
-"""OpenAI's Responses API on the runner, stateless: POST /v1/responses and /v1/responses/input_tokens.
+"""OpenAI's Responses API, stateless, as an adapter on OpenAI's chat shape: ResponsesAdapter.
 
 Newer OpenAI clients (`client.responses.create`) speak it. As llama-server does, a request is
 translated into a chat request — `instructions` and `input` (a string or a list of items:
 messages, function_call, function_call_output), function `tools`, `tool_choice`, `text.format`,
-`max_output_tokens`, sampling — answered by the runner's chat route (app.runner.compat) and
-translated back: a `response` object with message and function_call output items, or the event
-stream (response.created, response.in_progress, response.output_item.added,
-response.content_part.added, response.output_text.delta, …, response.completed), every event
-numbered by `sequence_number` as OpenAI numbers them.
+`max_output_tokens`, sampling — and the chat answer is translated back: a `response` object with
+message and function_call output items, or the event stream (response.created,
+response.in_progress, response.output_item.added, response.content_part.added,
+response.output_text.delta, …, response.completed), every event numbered by `sequence_number` as
+OpenAI numbers them. Errors keep OpenAI's shape. Pure wire format, shared by the runner and the gateway.
 
 Stateless: nothing is stored, so `previous_response_id` is refused (400), as llama-server refuses
 it. Tools other than functions (web_search, file_search, …) have no chat equivalent and are
@@ -20,21 +20,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
-from werkzeug.wrappers import Request as HttpRequest
-from werkzeug.wrappers import Response
-
+from app.protocols import sse
+from app.protocols.anthropic import image_unsupported
 from app.protocols.openai import ApiError
-from app.runner.compat import (
-    call_chat,
-    image_unsupported,
-    json_response,
-    loaded_state,
-    prompt_tokens,
-    read_json,
-    sse,
-)
 
 # Chat parameters that a Responses request carries under the same name.
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "parallel_tool_calls", "presence_penalty",
@@ -218,11 +207,12 @@ class ResponseStream:
         self.text: str | None = None  # the open message's text so far
         self.msg_id = _new_id("msg")
         self.call: dict | None = None  # the open function call
+        self.ended = False  # response.completed or response.failed has been sent
 
     def _event(self, kind: str, **fields) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return sse(kind, data)
+        return sse.encode(data, kind)
 
     def _snapshot(self, status: str, usage: dict | None = None) -> dict:
         return _response(self.resp_id, self.body, self.model, self.created, list(self.output), usage, status)
@@ -258,6 +248,7 @@ class ResponseStream:
         """The events for one chunk of the chat stream."""
         if "error" in chunk:
             err = chunk["error"]
+            self.ended = True
             return [self._event("error", code=err.get("code"), message=err.get("message", ""), param=None),
                     self._event("response.failed", response={
                         **self._snapshot("failed"), "error": {"code": err.get("code") or "server_error",
@@ -297,6 +288,7 @@ class ResponseStream:
                                            item_id="fc_" + self.call["call_id"], output_index=len(self.output),
                                            delta=fn["arguments"]))
             if choice.get("finish_reason") is not None:
+                self.ended = True
                 out += self._close()
                 event = self._event("response.completed",
                                     response=self._snapshot("completed", _usage(chunk.get("usage") or {})), **timed)
@@ -304,30 +296,43 @@ class ResponseStream:
         return out
 
 
-def _stream(upstream, translate: ResponseStream) -> Iterator[bytes]:
-    yield from translate.start()
-    for chunk in upstream.events():
-        yield from translate.feed(chunk)
+class ResponsesAdapter:
+    """OpenAI's Responses API on the chat shape (app.protocols.adapter's interface)."""
 
+    stream_mimetype = "text/event-stream"
 
-def on_responses(app, req: HttpRequest) -> Response:
-    """POST /v1/responses."""
-    body = read_json(req)
-    chat = to_chat(body)
-    resp_id = _new_id("resp")
-    upstream = call_chat(app, req, chat)
-    if upstream.status != 200 or not chat.get("stream"):
-        answer = upstream.json()
-        if upstream.status != 200:
-            return json_response(answer, upstream.status, upstream.retry_after)
-        return json_response(to_response(answer, body, resp_id))
-    translate = ResponseStream(resp_id, body, app.state.config.model_name)
-    return Response(_stream(upstream, translate), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, body: dict):
+        self.body = body
+        self.resp_id = _new_id("resp")
+        self._stream: ResponseStream | None = None
 
+    def to_openai(self) -> dict:
+        """The Responses request as a chat request, its model as the client named it."""
+        return {**to_chat(self.body), "model": self.body.get("model")}
 
-def on_input_tokens(app, req: HttpRequest) -> Response:
-    """POST /v1/responses/input_tokens: the prompt's size, as the chat route would build it."""
-    chat = to_chat(read_json(req))
-    return json_response({"object": "response.input_tokens",
-                          "input_tokens": len(prompt_tokens(loaded_state(app), chat))})
+    def answer(self, completion: dict) -> dict:
+        """A chat completion as a `response`."""
+        return to_response(completion, self.body, self.resp_id)
+
+    def _translator(self) -> ResponseStream:
+        if self._stream is None:
+            self._stream = ResponseStream(self.resp_id, self.body, self.body.get("model"))
+        return self._stream
+
+    def start(self) -> list[bytes]:
+        """response.created and response.in_progress."""
+        return self._translator().start()
+
+    def feed(self, chunk: dict) -> list[bytes]:
+        """The Responses events for one chat chunk."""
+        return self._translator().feed(chunk)
+
+    def end(self) -> list[bytes]:
+        """Nothing after response.completed; response.failed when the chat stream stopped before its finish."""
+        if self._translator().ended:
+            return []
+        return self.feed({"error": {"code": "server_error", "message": "the answer ended before it was complete"}})
+
+    def error(self, err: ApiError) -> tuple[int, dict]:
+        """OpenAI's error shape, as on /v1."""
+        return err.status, err.body()

@@ -13,7 +13,8 @@ import time
 from gunicorn.app.base import BaseApplication
 from gunicorn.errors import HaltServer
 
-from app.runner.server import RunnerConfig, create_app
+from app.runner.app import create_app
+from app.runner.config import RunnerConfig
 from app.sockets import no_delay
 
 log = logging.getLogger(__name__)

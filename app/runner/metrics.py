@@ -14,6 +14,18 @@ disable_created_metrics()
 
 
 
+def counter(name: str, doc: str, value) -> CounterMetricFamily:
+    """A counter of one unlabelled value."""
+    m = CounterMetricFamily(name, doc)
+    m.add_metric([], value)
+    return m
+
+
+def gauge(name: str, doc: str, value) -> GaugeMetricFamily:
+    """A gauge of one unlabelled value."""
+    return GaugeMetricFamily(name, doc, value=value)
+
+
 class _EngineCollector:
     """Reads the engine's counters and snapshot at scrape time; never drives the engine."""
 
@@ -22,18 +34,16 @@ class _EngineCollector:
         self.n_tokens_max = 0  # the longest finished sequence (prompt + output), llama-server's n_tokens_max
 
     def collect(self):
+        """Every metric, read now: llama-server's, then the engine's scheduling, then its prefix cache."""
+        snap = self.engine.snapshot()
+        yield from self._llama_server(snap)
+        yield from self._scheduling(snap)
+        yield from self._prefix_cache(snap)
+
+    def _llama_server(self, snap):
+        """llama-server's `llamacpp:` names."""
         e = self.engine
         c = e.counters
-        snap = e.snapshot()
-
-        def counter(name, doc, value):
-            m = CounterMetricFamily(name, doc)
-            m.add_metric([], value)
-            return m
-
-        def gauge(name, doc, value):
-            return GaugeMetricFamily(name, doc, value=value)
-
         yield counter("llamacpp:prompt_tokens", "Number of prompt tokens processed", c.prompt_tokens_total)
         yield counter("llamacpp:prompt_tokens_cached", "Number of prompt tokens served from the cache",
                       e.scheduler.cache.counters.hit_tokens_total)
@@ -75,6 +85,9 @@ class _EngineCollector:
             snap.kv_used / snap.kv_total if snap.kv_total else 0.0,
         )
 
+    def _scheduling(self, snap):
+        """Hearth's KV, slot, preemption and SLO-budget figures."""
+        c = self.engine.counters
         yield gauge("hearth:kv_cells_used", "KV cache cells held by running sequences", snap.kv_used)
         yield gauge("hearth:kv_cells_total", "KV cache cells in the unified cache", snap.kv_total)
         yield counter("hearth:preemptions", "Sequences evicted from the KV cache for recompute", c.preemptions_total)
@@ -106,7 +119,10 @@ class _EngineCollector:
             finished.add_metric([reason], n)
         yield finished
         yield counter("hearth:iterations", "Engine iterations", c.iterations_total)
-        pc = e.scheduler.cache.counters
+
+    def _prefix_cache(self, snap):
+        """The prefix cache's use, and the last iteration's time outside llama_decode."""
+        pc = self.engine.scheduler.cache.counters
         yield gauge("hearth:kv_cells_cached", "KV cache cells held only by the prefix cache (evictable)", snap.kv_cached)
         yield counter("hearth:prefix_cache_query_tokens", "Prompt tokens of admitted requests looked up in the prefix cache",
                       pc.query_tokens_total)

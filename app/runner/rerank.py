@@ -20,7 +20,8 @@ from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
 from app.protocols.openai import ApiError
-from app.runner.compat import json_response, loaded_state, read_json
+from app.runner.state import RunnerState
+from app.runner.transport import json_response, read_object
 
 PATHS = ("/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
 MAX_DOCUMENTS = 1024
@@ -49,12 +50,12 @@ def _documents(body: dict) -> list[str]:
     return docs
 
 
-def on_rerank(app, req: HttpRequest) -> Response:
+def on_rerank(state: RunnerState, req: HttpRequest) -> Response:
     """POST /rerank: the documents scored against the query, best first."""
-    if not app.state.config.reranking:
+    if not state.config.reranking:
         raise ApiError(501, "This server does not support reranking. Start it with `--reranking`",
                        code="not_supported", err_type="not_supported_error")
-    body = read_json(req)
+    body = read_object(req)
     query = body.get("query")
     if not isinstance(query, str):
         raise ApiError(400, '"query" must be provided as a string', param="query")
@@ -63,7 +64,7 @@ def on_rerank(app, req: HttpRequest) -> Response:
     if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0:
         raise ApiError(400, '"top_n" must be a non-negative integer', param="top_n")
     tei = "texts" in body
-    state = loaded_state(app)
+    state.ready()
     from app.engine.embeddings import InputTooLong, rerank_tokens
 
     inputs = [rerank_tokens(state.model, query, d) for d in docs]

@@ -13,7 +13,8 @@ from werkzeug.serving import make_server
 from app.engine.model_config import ModelConfig
 from app.llama_tools import stock_llama_server
 from app.residency.supervisor import free_port
-from app.runner.server import RunnerConfig, create_app
+from app.runner.app import create_app
+from app.runner.config import RunnerConfig
 from tests.helpers import wait_until
 
 # A small model fills a city in a few tokens; an arithmetic expression it can repeat until max_tokens.

@@ -296,3 +296,69 @@ class FakeModel:
     def batches_of(self, request_id: int) -> list[int]:
         """Indexes of the accepted batches that carried this request."""
         return [i for i, b in enumerate(self.batches) if any(e.request_id == request_id for e in b)]
+
+
+BYTE_BASE = 100  # a FakeTextModel's token for byte b is BYTE_BASE + b
+
+
+class FakeTextModel(FakeModel):
+    """A FakeModel with a byte vocabulary and a chat template, so the runner's routes can load and drive it.
+
+    Text tokenizes to one token per UTF-8 byte (BOS first with add_special). The answer to a prompt
+    whose text contains a key of `replies` is that reply's bytes, then EOS; other prompts get
+    default_next_token's tokens, which read as "<n>".
+    """
+
+    def __init__(self, replies: dict[str, str] | None = None, template: str | None = None, **kwargs):
+        kwargs.setdefault("eos_token", 2)
+        super().__init__(**kwargs)
+        self.bos_token = 1
+        self.n_vocab = BYTE_BASE + 256
+        self.add_bos = True
+        self.architecture = "fake"
+        self.eog_tokens = (self.eos_token,)
+        self.replies = dict(replies or {})
+        self._template = template
+        self._reply_of: dict[tuple[int, ...], list[int] | None] = {}
+
+    def chat_template(self) -> str | None:
+        """The GGUF's template (None: the runner falls back to ChatML)."""
+        return self._template
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """One token per byte, BOS first when add_special."""
+        return ([self.bos_token] if add_special else []) + [BYTE_BASE + b for b in text.encode()]
+
+    def token_bytes(self, token: int) -> bytes:
+        """A byte token's byte, a special token's text; else as FakeModel."""
+        if BYTE_BASE <= token < BYTE_BASE + 256:
+            return bytes([token - BYTE_BASE])
+        return {self.bos_token: b"<s>", self.eos_token: b"</s>"}.get(token) or super().token_bytes(token)
+
+    def token_text(self, token: int) -> str:
+        """A token's text."""
+        return self.token_bytes(token).decode("utf-8", "replace")
+
+    def next_token(self, prompt: tuple[int, ...], history: tuple[int, ...]) -> int:
+        """The reply chosen by the prompt's text, else FakeModel's own."""
+        if prompt not in self._reply_of:
+            text = b"".join(self.token_bytes(t) for t in prompt).decode("utf-8", "replace")
+            reply = next((r for key, r in self.replies.items() if key in text), None)
+            self._reply_of[prompt] = None if reply is None else [BYTE_BASE + b for b in reply.encode()]
+        reply = self._reply_of[prompt]
+        if reply is None:
+            return super().next_token(prompt, history)
+        n_generated = len(history) - len(prompt)
+        return reply[n_generated] if n_generated < len(reply) else self.eos_token
+
+    def fim_tokens(self) -> dict[str, int]:
+        """No fill-in-the-middle tokens."""
+        return {}
+
+    def describe(self) -> dict:
+        """What /props shows of the model."""
+        return {"n_ctx": self.n_ctx, "n_vocab": self.n_vocab, "architecture": self.architecture}
+
+    def kv_cache_bytes(self) -> int:
+        """No real cache."""
+        return 0

@@ -15,7 +15,7 @@ from schemathesis.checks import not_a_server_error
 
 from app.gateway.openapi import openapi_document
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, parse_body
-from app.runner.server import sampling_params
+from app.runner.sampling import sampling_params
 
 FIELDS = sorted(set(ChatBody.model_fields) | set(CompletionBody.model_fields) | {"tools", "logprobs", "role"})
 json_values = st.recursive(

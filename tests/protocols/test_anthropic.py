@@ -1,14 +1,11 @@
-"""Anthropic's Messages API translated to and from the chat route's OpenAI shapes (no model needed)."""
+"""Anthropic's Messages API translated to and from OpenAI's chat shapes (no model needed)."""
 
 import json
 
 import pytest
-from werkzeug.test import Client
 
-from app.engine.model_config import ModelConfig
 from app.protocols.anthropic import MessageStream, to_chat, to_message
 from app.protocols.openai import ApiError
-from app.runner.server import RunnerConfig, create_app
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -155,20 +152,6 @@ def test_an_error_in_the_stream_is_anthropics_error_event():
     got = events(s.feed({"error": {"message": "engine stopped", "type": "server_error"}}))
     assert got == [("error", {"type": "error", "error": {"type": "api_error", "message": "engine stopped"}})]
 
-
-def test_errors_on_the_route_take_anthropics_shape():
-    app = create_app(RunnerConfig(ModelConfig(path="/nowhere/model.gguf")), load=False)
-    c = Client(app)
-    r = c.post("/v1/messages", json={"max_tokens": 5})
-    assert r.status_code == 400
-    assert r.json == {"type": "error", "error": {"type": "invalid_request_error", "message": "'messages' is required"}}
-    r = c.post("/v1/messages", data=b"{not json", content_type="application/json")
-    assert r.status_code == 400 and r.json["error"]["type"] == "invalid_request_error"
-    # While the model loads the chat route's 503 comes back in Anthropic's words.
-    r = c.post("/v1/messages", json={"messages": [{"role": "user", "content": "hi"}]})
-    assert r.status_code == 503 and r.json["error"]["type"] == "overloaded_error"
-    assert r.headers["Retry-After"] == "1"
-    assert c.post("/v1/messages/count_tokens", json={"messages": []}).status_code == 503
 
 
 def test_thinking_blocks_of_the_history_become_the_turns_reasoning_and_templates_render_it():

@@ -4,7 +4,8 @@ import pytest
 from werkzeug.test import Client
 
 from app.engine.model_config import ModelConfig
-from app.runner.server import RunnerConfig, create_app
+from app.runner.app import create_app
+from app.runner.config import RunnerConfig
 
 
 def client(reranking: bool) -> Client:

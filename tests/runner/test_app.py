@@ -1,9 +1,10 @@
-"""The runner's WSGI app before a model is there: loading and failed states (no llama.cpp needed)."""
+"""The runner's WSGI app before a model is there: loading and failed states, key, CORS, error shapes (no llama.cpp needed)."""
 
 from werkzeug.test import Client
 
 from app.engine.model_config import ModelConfig
-from app.runner.server import RunnerConfig, create_app
+from app.runner.app import create_app
+from app.runner.config import RunnerConfig
 
 
 def make_client(status: str, error: str | None = None) -> Client:
@@ -94,3 +95,25 @@ def test_pooling_none_has_no_embeddings_answer_and_says_which_pooling_to_start_w
     r = c.post("/v1/embeddings", json={"input": "hello hello hello"})
     assert r.status_code == 400 and r.json["error"]["code"] == "pooling_not_supported"
     assert "--pooling mean" in r.json["error"]["message"]
+
+
+def test_errors_on_messages_take_anthropics_shape():
+    c = make_client("loading")
+    r = c.post("/v1/messages", json={"max_tokens": 5})
+    assert r.status_code == 400
+    assert r.json == {"type": "error", "error": {"type": "invalid_request_error", "message": "'messages' is required"}}
+    r = c.post("/v1/messages", data=b"{not json", content_type="application/json")
+    assert r.status_code == 400 and r.json["error"]["type"] == "invalid_request_error"
+    # While the model loads the chat route's 503 comes back in Anthropic's words.
+    r = c.post("/v1/messages", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503 and r.json["error"]["type"] == "overloaded_error"
+    assert r.headers["Retry-After"] == "1"
+    assert c.post("/v1/messages/count_tokens", json={"messages": []}).status_code == 503
+
+
+def test_errors_on_responses_keep_openais_shape():
+    c = make_client("loading")
+    r = c.post("/v1/responses", json={"input": "hi", "previous_response_id": "resp_x"})
+    assert r.status_code == 400 and r.json["error"]["param"] == "previous_response_id"
+    r = c.post("/responses", json={"input": "hi"})
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1"

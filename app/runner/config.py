@@ -1,0 +1,54 @@
+"""What `hearth runner` was started with: llama-server's flags as one frozen value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.engine.model_config import ModelConfig
+from app.policy import Mode
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Everything `hearth runner` was started with."""
+
+    model: ModelConfig
+    mode: str = Mode.CONTINUOUS.value
+    token_budget: int | None = None
+    max_waiting: int = 64
+    # Tokens generated when a request names no limit (None: until the context is full, llama-server's -n -1).
+    default_max_tokens: int | None = 512
+    alias: str | None = None
+    prefix_cache: bool = True
+    # Sampling defaults for requests that name none (llama-server's --temp, --seed).
+    default_temperature: float | None = None
+    default_seed: int | None = None
+    # Clients must send one of these as a bearer token or X-Api-Key (empty: no key asked).
+    api_keys: tuple[str, ...] = ()
+    metrics: bool = True
+    slots: bool = True
+    # Jinja text that replaces the model's own chat template.
+    chat_template: str | None = None
+    # Embedding and reranking modes (llama-server's --embedding, --pooling, --reranking).
+    embedding: bool = False
+    pooling: str | None = None
+    reranking: bool = False
+    # llama-server's --cors-origins: "*" echoes any Origin (with credentials), "localhost" loopback ones only.
+    cors_origins: str = "*"
+    # llama-server's --verbose: chat answers carry `__verbose` with the rendered prompt.
+    verbose: bool = False
+    # llama-server's --reasoning: "on"/"off" set the templates' enable_thinking; "auto" leaves it to them.
+    reasoning: str = "auto"
+    # llama-server's --tags: listed on /models.
+    tags: tuple[str, ...] = ()
+
+    @property
+    def model_name(self) -> str:
+        """The name clients see in responses (of several comma-separated aliases, the first in order, as llama-server)."""
+        return min(self.aliases) if self.aliases else Path(self.model.path).name
+
+    @property
+    def aliases(self) -> list[str]:
+        """The names given with --alias (llama-server takes several, comma-separated)."""
+        return [a.strip() for a in (self.alias or "").split(",") if a.strip()]

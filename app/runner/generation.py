@@ -1,0 +1,126 @@
+"""Jobs through the engine: submit, watch the client, and drive the job's writer to a stream or a whole answer.
+
+    submit(job)          -> a Request in the engine (its refusals as llama-server's errors)
+    whole(jobs)          -> each job's whole answer (all submitted first, so they batch)
+    stream(job)          -> the job's pieces as dicts: the writer's, or the error payload
+    sse(pieces)          -> OpenAI's / llama-server's event stream of them
+
+A request whose client goes away is cancelled, streamed or not.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+
+from app.engine.engine import Engine
+from app.engine.request import ContextOverflow, Delta, Finished, Progress, QueueFull, Request
+from app.protocols import sse as sse_codec
+from app.protocols.openai import ApiError
+from app.runner.job import NATIVE, Job
+from app.runner.state import RunnerState
+from app.runner.writers import Writer, writer_for
+from app.sockets import client_gone
+
+log = logging.getLogger(__name__)
+
+CLIENT_CHECK_S = 0.2  # how often a waiting request looks whether its client is still there
+
+
+def submit(engine: Engine, job: Job) -> Request:
+    """Queue a job's request; the engine's refusals become llama-server's errors."""
+    try:
+        return engine.submit(job.tokens, job.params, priority=job.priority, class_name=job.class_name,
+                             arrival_s=time.monotonic(), cache_prompt=job.cache_prompt, slo=job.slo,
+                             return_progress=job.return_progress)
+    except ContextOverflow as exc:
+        raise ApiError(400, f"request ({exc.num_prompt_tokens} tokens) exceeds the available context size "
+                            f"({exc.n_ctx} tokens), try increasing it",
+                       param=job.prompt_param, code="context_length_exceeded", err_type="exceed_context_size_error",
+                       extra={"n_prompt_tokens": exc.num_prompt_tokens, "n_ctx": exc.n_ctx})
+    except QueueFull as exc:
+        raise ApiError(503, str(exc), code="queue_full", err_type="unavailable_error",
+                       headers={"Retry-After": str(exc.retry_after_s)})
+    except ValueError as exc:  # a grammar llama.cpp cannot parse
+        raise ApiError(400, f"'grammar': {exc}", param="grammar", code="invalid_grammar")
+
+
+def generation_error(fin: Finished) -> ApiError:
+    """A request the engine ended with an error (503 when it was cancelled under it: a shutdown)."""
+    return ApiError(503 if fin.finish_reason == "cancelled" else 500, fin.error or "generation failed",
+                    code="generation_failed", err_type="server_error")
+
+
+def watched(environ: Mapping, engine: Engine, request: Request) -> Iterator[Delta | Progress | Finished]:
+    """The request's events; cancels it when the client goes away (the events then stop)."""
+    done = False
+    next_check_s = time.monotonic() + CLIENT_CHECK_S
+    try:
+        for ev in engine.events(request, poll_s=CLIENT_CHECK_S):
+            # Tokens may arrive faster than the poll interval, so check by the clock, not on idle.
+            if time.monotonic() >= next_check_s:
+                next_check_s = time.monotonic() + CLIENT_CHECK_S
+                if client_gone(environ):
+                    log.info("client went away; cancelling request %s", request.request_id)
+                    return
+            if ev is None:
+                continue
+            if isinstance(ev, Finished):
+                done = True
+            yield ev
+    finally:
+        if not done:
+            engine.cancel(request)
+
+
+def whole(state: RunnerState, environ: Mapping, jobs: list[Job]) -> list[dict]:
+    """Each job's whole answer, in order; all are submitted first, so they generate side by side."""
+    engine = state.ready()
+    requests: list[Request] = []
+    try:
+        for job in jobs:
+            requests.append(submit(engine, job))
+        return [_whole_one(state, environ, engine, job, request) for job, request in zip(jobs, requests)]
+    finally:
+        # One failed: the others' answers would go nowhere (cancelling a finished request does nothing).
+        for request in requests:
+            engine.cancel(request)
+
+
+def _whole_one(state: RunnerState, environ: Mapping, engine: Engine, job: Job, request: Request) -> dict:
+    writer = writer_for(job, state)
+    for ev in watched(environ, engine, request):
+        if isinstance(ev, Finished):
+            if ev.error:
+                raise generation_error(ev)
+            return writer.whole(ev)
+        writer.delta(ev)
+    # The client is gone: nobody reads this, but answer sanely.
+    raise ApiError(499, "client closed the connection", code="client_closed")
+
+
+def stream(state: RunnerState, environ: Mapping, job: Job) -> Iterator[dict]:
+    """The job's streamed pieces; submitted now, so a refusal is the answer's status, not a piece."""
+    engine = state.ready()
+    request = submit(engine, job)
+    return _pieces(writer_for(job, state), watched(environ, engine, request))
+
+
+def _pieces(writer: Writer, events: Iterable[Delta | Progress | Finished]) -> Iterator[dict]:
+    yield from writer.start()
+    for ev in events:
+        if not isinstance(ev, Finished):
+            yield from writer.delta(ev)
+        elif ev.error:
+            yield generation_error(ev).body()
+        else:
+            yield from writer.final(ev)
+
+
+def sse(job: Job, pieces: Iterable[dict]) -> Iterator[bytes]:
+    """The pieces as server-sent events; OpenAI's streams end with [DONE], llama-server's native ones do not."""
+    for piece in pieces:
+        yield sse_codec.encode(piece)
+    if job.kind != NATIVE:
+        yield sse_codec.DONE

@@ -1,0 +1,95 @@
+"""The routes that describe the runner: /health, /slots, /metrics, /props, /models."""
+
+from __future__ import annotations
+
+import time
+
+from werkzeug.wrappers import Request as HttpRequest
+from werkzeug.wrappers import Response
+
+from app.protocols.openai import ApiError
+from app.runner.sampling import generation_settings
+from app.runner.state import RunnerState
+from app.runner.transport import json_response
+from app.runner.writers import SYSTEM_FINGERPRINT
+
+PROCESS_START_S = int(time.time())
+
+
+def not_supported(message: str) -> ApiError:
+    """llama-server's 501 for an endpoint switched off by a flag."""
+    return ApiError(501, message, code="not_supported", err_type="not_supported_error")
+
+
+def on_health(state: RunnerState, req: HttpRequest) -> Response:
+    """GET /health: ok with the slots' use, 503 while loading, 500 when loading failed."""
+    if state.status == "ok":
+        snap = state.engine.snapshot()
+        return json_response({"status": "ok", "slots_idle": snap.n_seq_max - snap.num_running,
+                              "slots_processing": snap.num_running, "requests_waiting": snap.num_waiting})
+    if state.status == "loading":
+        return json_response({"status": "loading", "error": {"code": 503, "message": "Loading model"}}, 503)
+    return json_response({"status": "error", "error": {"code": 500, "message": state.error}}, 500)
+
+
+def on_slots(state: RunnerState, req: HttpRequest) -> Response:
+    """GET /slots: each slot's sequence."""
+    if not state.config.slots:
+        raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
+    engine = state.ready()
+    n_ctx = state.model.n_ctx
+    # llama-server's fields (id, n_ctx, is_processing, id_task) beside Hearth's own.
+    return json_response([{**slot, "n_ctx": n_ctx, "id_task": slot["request_id"] if slot["is_processing"] else -1}
+                          for slot in engine.snapshot().slots])
+
+
+def on_metrics(state: RunnerState, req: HttpRequest) -> Response:
+    """GET /metrics: Prometheus text."""
+    if not state.config.metrics:
+        raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
+    state.ready()
+    return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4",
+                    headers={"Process-Start-Time-Unix": str(PROCESS_START_S)})
+
+
+def on_props(state: RunnerState, req: HttpRequest) -> Response:
+    """GET /props: llama-server's properties, then Hearth's own (engine mode, prefix cache, model)."""
+    engine = state.ready()
+    snap = engine.snapshot()
+    cfg, model, template = state.config, state.model, state.template
+    return json_response({
+        # llama-server's fields first; is_sleeping is always false (Hearth has no sleep on idle).
+        "default_generation_settings": {"params": generation_settings(state, None), "n_ctx": model.n_ctx},
+        "model_path": cfg.model.path,
+        "model_alias": cfg.model_name,
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": cfg.slots, "endpoint_props": False, "endpoint_metrics": cfg.metrics,
+        "bos_token": template.bos_token if template else "", "eos_token": template.eos_token if template else "",
+        "build_info": SYSTEM_FINGERPRINT, "is_sleeping": False,
+        "total_slots": snap.n_seq_max,
+        "mode": snap.mode,
+        "token_budget": snap.token_budget,
+        "load_s": state.load_s,
+        "kv_cache_bytes": model.kv_cache_bytes(),
+        "model": model.describe(),
+        "chat_template": template.source if template else None,
+        "tool_format": state.tool_format,
+        "fim_tokens": sorted(model.fim_tokens()),
+        "prefix_cache": {
+            "enabled": snap.prefix_cache,
+            "note": snap.prefix_cache_note,
+            "n_swa": model.n_swa,
+            "entries": snap.prefix_cache_entries,
+            "max_entries": engine.scheduler.cache.max_entries,
+            "kv_cells_cached": snap.kv_cached,
+        },
+    })
+
+
+def on_models(state: RunnerState, req: HttpRequest) -> Response:
+    """GET /v1/models: the one model, by its alias."""
+    cfg = state.config
+    return json_response({"object": "list", "data": [
+        {"id": cfg.model_name, "object": "model", "owned_by": "hearth", "created": 0,
+         "aliases": cfg.aliases or [cfg.model_name], "tags": list(cfg.tags)}
+    ]})

@@ -1,0 +1,155 @@
+"""A request body as generation jobs: one frozen value carries everything from the body to the answer writer.
+
+Every generating route runs the same steps (as SGLang's serving handlers): validate the body,
+build its job (prompt tokens, constraint, sampling settings, the answer's shape), then stream
+the job's answer or give it whole (app.runner.generation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from app.engine import tools as toolfmt
+from app.engine.grammar import Grammar, UnsupportedSchema, json_object_grammar, schema_grammar
+from app.engine.request import SamplingParams
+from app.policy import NO_SLO, SLO_HEADER, SloTargets, parse_slo_header
+from app.protocols.openai import ApiError, ChatBody, CompletionBody, InfillBody, NativeCompletionBody
+from app.runner.prompts import chat_prompt, fim_tokens, native_prompts, prompt_tokens
+from app.runner.sampling import request_params
+from app.runner.state import RunnerState
+
+# How an answer is shaped.
+CHAT = "chat"  # OpenAI chat completion
+TEXT = "text"  # OpenAI text completion
+NATIVE = "native"  # llama-server's /completion and /infill
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation a request asks for: its prompt and settings, and how its answer is written."""
+
+    kind: str
+    tokens: tuple[int, ...]
+    params: SamplingParams
+    rid: str  # the answer's id (chatcmpl-…, cmpl-…), shared by the choices of n > 1
+    stream: bool = False
+    n: int = 1  # OpenAI's n: as many sequences of the same prompt, one choice each
+    index: int = 0  # its place among several native prompts
+    tools: list[dict] | None = None  # offered tools: the answer's text is parsed for calls to them
+    tool_format: str = toolfmt.GENERIC
+    logprobs: bool = False
+    include_usage: bool = False  # OpenAI's stream_options.include_usage: a last chunk with the usage
+    timings_per_token: bool = False  # llama-server's: every streamed piece carries the timings so far
+    return_progress: bool = False  # llama-server's: prompt_progress pieces while the prompt computes
+    return_tokens: bool = False  # llama-server's: the native answer lists the generated token ids
+    post_sampling: bool = False  # llama-server's post_sampling_probs: probabilities instead of logprobs
+    response_fields: tuple[str, ...] = ()  # llama-server's: the native answer cut to these fields
+    verbose: bool = False  # llama-server's per-request `verbose`: the answer carries __verbose
+    priority: int = 0
+    class_name: str = "default"
+    cache_prompt: bool = True
+    slo: SloTargets = NO_SLO
+    prompt_param: str = "prompt"  # the body field a prompt too long for the context is named by
+
+
+def _job(state: RunnerState, headers: Mapping, body, kind: str, tokens: list[int], grammar: Grammar | None,
+         logprobs: int | None, **shape) -> Job:
+    """The job of one prompt of a body; `shape` holds the answer's extras."""
+    return Job(
+        kind=kind, tokens=tuple(tokens), params=request_params(state, body, len(tokens), grammar, logprobs),
+        rid=("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex[:24], stream=body.stream,
+        n=getattr(body, "n", 1) if kind != NATIVE else 1, logprobs=logprobs is not None,
+        include_usage=body.include_usage, timings_per_token=body.timings_per_token,
+        return_progress=body.return_progress and body.stream, priority=body.priority, class_name=body.hearth_class,
+        cache_prompt=body.cache_prompt, slo=parse_slo_header(headers.get(SLO_HEADER)),
+        prompt_param="messages" if kind == CHAT else "prompt", **shape,
+    )
+
+
+def _one_stream(job: Job) -> Job:
+    if job.n > 1 and job.stream:
+        raise ApiError(400, "'n': several choices cannot be streamed; send one request per choice", param="n")
+    return job
+
+
+def chat_job(state: RunnerState, body: ChatBody, headers: Mapping) -> Job:
+    """A chat request's job: its prompt, its constraint (tools, response format, grammar), its tool parsing."""
+    prompt = chat_prompt(state, body)
+    fmt = state.tool_format
+    try:
+        grammar = chat_grammar(state, body, prompt.tools, fmt)
+    except UnsupportedSchema as exc:
+        param = "tools" if prompt.tools else "response_format"
+        raise ApiError(400, f"'{param}': {exc}", param=param, code="unsupported_schema")
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    return _one_stream(_job(state, headers, body, CHAT, prompt.tokens, grammar, top, tools=prompt.tools or None,
+                            tool_format=fmt, verbose=body.verbose))
+
+
+def text_job(state: RunnerState, body: CompletionBody, headers: Mapping) -> Job:
+    """A text completion's job (a fill-in-the-middle one when it has a suffix)."""
+    model = state.model
+    if body.fim:
+        if not isinstance(body.prompt, str):
+            raise ApiError(400, "'prompt': with 'suffix', the prompt must be text", param="prompt")
+        tokens = fim_tokens(model, body.prompt, body.suffix, [], "", "suffix")
+    else:
+        tokens = prompt_tokens(model, body.prompt, "prompt")
+    return _one_stream(_job(state, headers, body, TEXT, tokens, None, body.logprobs, verbose=body.verbose))
+
+
+def native_jobs(state: RunnerState, body: NativeCompletionBody, headers: Mapping) -> list[Job]:
+    """llama-server's /completion: a job per prompt (several are generated together, answered in order)."""
+    prompts = native_prompts(state.model, body.prompt)
+    try:
+        grammar = native_grammar(body)
+    except UnsupportedSchema as exc:
+        raise ApiError(400, f"'json_schema': {exc}", param="json_schema", code="unsupported_schema")
+    job = _job(state, headers, body, NATIVE, prompts[0], grammar, body.n_probs or None,
+               return_tokens=body.return_tokens, post_sampling=body.post_sampling_probs,
+               response_fields=tuple(body.response_fields or ()))
+    if len(prompts) > 1 and body.stream:
+        raise ApiError(400, "'prompt': several prompts cannot be streamed; send one per request", param="prompt")
+    return [job] + [dataclasses.replace(job, index=i, tokens=tuple(tokens),
+                                        params=request_params(state, body, len(tokens), grammar, body.n_probs or None))
+                    for i, tokens in enumerate(prompts[1:], start=1)]
+
+
+def infill_job(state: RunnerState, body: InfillBody, headers: Mapping) -> Job:
+    """llama-server's /infill: a fill-in-the-middle prompt, answered in the native shape."""
+    tokens = fim_tokens(state.model, body.input_prefix, body.input_suffix, body.input_extra, body.prompt,
+                        "input_suffix")
+    return _job(state, headers, body, NATIVE, tokens, None, body.n_probs or None)
+
+
+def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: str) -> Grammar | None:
+    """The constraint of a chat request: a forced call, else the response format, else a lazy call grammar."""
+    forced = tools and (body.choice == "required" or isinstance(body.choice, dict))
+    calls = toolfmt.call_grammar(tools, fmt, body.choice, body.parallel_tool_calls,
+                                 state.tool_trigger_tokens) if tools else None
+    if forced:
+        return calls
+    rf = body.response_format
+    if rf is not None and rf.type == "json_object" and rf.schema_ is not None:
+        return schema_grammar(rf.schema_)
+    if rf is not None and rf.type == "json_object":
+        return json_object_grammar()
+    if rf is not None and rf.type == "json_schema":
+        return schema_grammar(rf.json_schema.schema_)
+    if body.grammar:
+        return Grammar(gbnf=body.grammar, root="root", kind="grammar")
+    if body.json_schema is not None:
+        return schema_grammar(body.json_schema)
+    return calls
+
+
+def native_grammar(body: NativeCompletionBody) -> Grammar | None:
+    """The constraint of a native request: GBNF text, else a JSON Schema."""
+    if body.grammar:
+        return Grammar(gbnf=body.grammar, root="root", kind="grammar")
+    if body.json_schema is not None:
+        return schema_grammar(body.json_schema)
+    return None

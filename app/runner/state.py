@@ -1,0 +1,115 @@
+"""The model and engine behind a runner's routes: loaded in the background so /health answers at once.
+
+The model comes from a backend factory (ModelConfig -> model): llama.cpp's LlamaModel in a real
+runner, a fake model in tests, which then drive every route without a GGUF.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from app.engine import tools as toolfmt
+from app.engine.chat import ChatTemplate, fallback_template, template_for
+from app.engine.engine import Engine
+from app.engine.model_config import ModelConfig
+from app.engine.named_template import NamedTemplate, is_template_name
+from app.protocols.openai import ApiError
+from app.runner.config import RunnerConfig
+
+log = logging.getLogger(__name__)
+
+# Makes the model a runner serves from its settings.
+Backend = Callable[[ModelConfig], Any]
+
+
+def llama_backend(config: ModelConfig):
+    """The real model: llama.cpp through llama-cpp-python (imported only when a runner loads one)."""
+    from app.engine.llama_model import LlamaModel
+
+    return LlamaModel(config)
+
+
+class RunnerState:
+    """The model, its chat template and tool format, and the engine; loads in the background."""
+
+    def __init__(self, config: RunnerConfig, backend: Backend = llama_backend):
+        self.config = config
+        self.backend = backend
+        self.status = "loading"
+        self.error: str | None = None
+        self.model = None
+        self.engine: Engine | None = None
+        self.metrics = None
+        self.template: ChatTemplate | None = None
+        self.tool_format = toolfmt.GENERIC
+        self.tool_trigger_tokens: tuple[int, ...] = ()
+        self.load_s: float | None = None
+        self._embedder = None
+        self._embedder_lock = threading.Lock()
+
+    def embedder(self):
+        """The embedding context on the loaded model, made on first use (a runner that never embeds never pays for it)."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                from app.engine.embeddings import EmbeddingContext
+
+                self._embedder = EmbeddingContext(self.model, self.config.model.n_threads, pooling=self.config.pooling)
+            return self._embedder
+
+    def load(self) -> None:
+        """Load the model, create the engine and start its thread; records any failure for /health."""
+        from app.runner.metrics import RunnerMetrics
+
+        t0 = time.monotonic()
+        cfg = self.config
+        try:
+            self.model = self.backend(cfg.model)
+            self._read_template()
+            self.engine = Engine(
+                self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting,
+                prefix_cache=cfg.prefix_cache,
+            ).start()
+            self.metrics = RunnerMetrics(self.engine)
+            self.load_s = time.monotonic() - t0
+            self.status = "ok"
+            log.info("model %s loaded in %.2f s", cfg.model.path, self.load_s)
+        except Exception as exc:
+            log.exception("loading %s failed", cfg.model.path)
+            self.error = str(exc)
+            self.status = "error"
+
+    def _read_template(self) -> None:
+        """The chat template: --chat-template, else the GGUF's own, else a built-in one for its architecture, else ChatML."""
+        m, chosen = self.model, self.config.chat_template
+        # Read through llama.cpp, which has the metadata loaded already.
+        bos, eos = m.token_text(m.bos_token), m.token_text(m.eos_token)
+        if chosen and is_template_name(chosen):
+            self.template = NamedTemplate(chosen, bos, eos)
+        elif chosen:
+            self.template = ChatTemplate(chosen, bos, eos, origin="command line")
+        else:
+            self.template = template_for(m.chat_template(), m.architecture, bos, eos) or fallback_template(bos, eos)
+        self.tool_format = toolfmt.detect_format(self.template.source)
+        if self.tool_format == toolfmt.MISTRAL:
+            marker = m.tokenize(toolfmt.MISTRAL_MARK, add_special=False, parse_special=True)
+            self.tool_trigger_tokens = tuple(marker) if len(marker) == 1 else ()
+
+    def start_loading(self) -> threading.Thread:
+        """Load in a background thread."""
+        t = threading.Thread(target=self.load, name="hearth-load", daemon=True)
+        t.start()
+        return t
+
+    def ready(self) -> Engine:
+        """The engine once the model is loaded; llama-server's 503 while it loads, a 500 when loading failed."""
+        if self.status == "loading":
+            raise ApiError(503, "the model is still loading; retry shortly", code="loading",
+                           err_type="unavailable_error", headers={"Retry-After": "1"})
+        if self.status == "error":
+            raise ApiError(500, f"the model failed to load: {self.error}", code="load_failed", err_type="server_error")
+        assert self.engine is not None
+        return self.engine

@@ -1,0 +1,340 @@
+"""Answer writers, one per shape (chat, text, native): engine events in, llama-server's answer objects out.
+
+A writer reads the engine's immutable events only, never the live request. `delta(event)` takes
+a Delta or a Progress and returns the stream's pieces for it (none when the answer is whole: the
+writer keeps the text and logprobs); `final(finished)` returns a stream's closing pieces, and
+`whole(finished)` the whole answer. The pieces are dicts: the route encodes them as SSE, or feeds
+the chat writer's chunks to another API's adapter.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from app.engine import tools as toolfmt
+from app.engine.request import Delta, Finished, Progress
+from app.runner.job import CHAT, NATIVE, Job
+from app.runner.prompts import detokenize
+from app.runner.sampling import generation_settings
+from app.runner.state import RunnerState
+
+# OpenAI's system_fingerprint; llama-server puts its build ("b<number>-<commit>") there.
+SYSTEM_FINGERPRINT = "b0-hearth"
+
+
+def llama_timings(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float) -> dict:
+    """llama-server's timings object: counts and times with their per-token times and rates.
+
+    The first token comes with the prompt's last batch, so the generation rate is over the steps after it."""
+    steps = max(0, predicted_n - 1)
+    return {"cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / predicted_ms if predicted_ms > 0 else 0.0}
+
+
+def usage(fin: Finished) -> dict:
+    """OpenAI's usage of a finished request."""
+    s = fin.stats
+    return {"prompt_tokens": s.num_prompt_tokens, "completion_tokens": s.num_completion_tokens,
+            "total_tokens": s.num_prompt_tokens + s.num_completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.num_cached_tokens}}
+
+
+def timings(fin: Finished) -> dict:
+    """llama-server's timings of a finished request (prompt tokens reused and computed, times, rates) beside Hearth's own."""
+    s = fin.stats
+    prompt_n = s.num_prompt_tokens - s.num_cached_tokens
+    prompt_ms = max(0.0, (s.ttft_ms or s.total_ms) - s.queue_ms)
+    predicted_ms = (s.tpot_ms or 0.0) * max(0, s.num_completion_tokens - 1)
+    # Numbers only, none null (llama-server's timings are all finite numbers; clients sum and compare them).
+    own = {k: v for k, v in s.as_dict().items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {**own, **llama_timings(s.num_cached_tokens, prompt_n, prompt_ms, s.num_completion_tokens, predicted_ms)}
+
+
+def progress_fields(p: Progress) -> dict:
+    """llama-server's prompt_progress and the timings beside it: the prompt so far, nothing generated yet."""
+    return {"prompt_progress": {"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": p.time_ms},
+            "timings": llama_timings(p.cache, p.processed - p.cache, p.time_ms, 0, 0.0)}
+
+
+class Writer:
+    """What the three shapes share: the text and logprobs so far, the slot, the running timings."""
+
+    def __init__(self, job: Job, state: RunnerState):
+        self.job = job
+        self.state = state
+        self.model_name = state.config.model_name
+        self.created = int(time.time())
+        self.parts: list[str] = []
+        self.logprobs: list[dict] = []  # a whole answer's, or a stream's not yet sent
+        self.slot = -1  # the slot it runs in, from the events
+        self.num_tokens = 0  # generated so far
+        self._last: Delta | None = None  # the last token's event, for the running timings
+
+    def start(self) -> list[dict]:
+        """The stream's opening pieces."""
+        return []
+
+    def delta(self, ev: Delta | Progress) -> list[dict]:
+        """The stream's pieces for one event (none for a whole answer, which keeps the text)."""
+        if ev.slot >= 0:
+            self.slot = ev.slot
+        if isinstance(ev, Progress):
+            return self.progress(ev) if self.job.stream else []
+        if ev.token_ids:
+            self._last = ev
+            self.num_tokens += ev.num_tokens
+        if ev.logprob is not None:
+            self.logprobs.append(ev.logprob)
+        if not self.job.stream:
+            self.parts.append(ev.text)
+            return []
+        return self.piece(ev)
+
+    def progress(self, p: Progress) -> list[dict]:
+        """The stream's pieces for the prompt's progress."""
+        raise NotImplementedError
+
+    def piece(self, ev: Delta) -> list[dict]:
+        """The stream's pieces for a text delta."""
+        raise NotImplementedError
+
+    def final(self, fin: Finished) -> list[dict]:
+        """The stream's closing pieces."""
+        raise NotImplementedError
+
+    def whole(self, fin: Finished) -> dict:
+        """The whole answer."""
+        raise NotImplementedError
+
+    def take_logprobs(self) -> list[dict]:
+        """The logprobs not sent yet, handed over once."""
+        out, self.logprobs = self.logprobs, []
+        return out
+
+    def running_timings(self) -> dict:
+        """llama-server's timings of a request still generating (timings_per_token): the prompt, the tokens so far."""
+        last = self._last or Delta("", 0)
+        return llama_timings(last.num_cached, len(self.job.tokens) - last.num_cached, last.prompt_ms,
+                             self.num_tokens, last.predicted_ms)
+
+    def prompt_text(self) -> str:
+        """The prompt as text (llama-server's `prompt`, `__verbose`)."""
+        return detokenize(self.state.model, self.job.tokens)
+
+
+class OpenAIWriter(Writer):
+    """OpenAI's chat and text completions: chunks, then a last one with the usage; n > 1 merges whole ones."""
+
+    def __init__(self, job: Job, state: RunnerState):
+        super().__init__(job, state)
+        self.chat = job.kind == CHAT
+        self.object = "chat.completion.chunk" if self.chat else "text_completion"
+        self.calls = toolfmt.ToolStream(job.tool_format, job.tools) if self.chat and job.tools and job.stream else None
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.job.rid, "object": obj, "created": self.created, "model": self.model_name,
+                "system_fingerprint": SYSTEM_FINGERPRINT}
+
+    def chunk(self, text: str | None, finish: str | None, logprobs: list[dict] | None = None, delta: dict | None = None,
+              **extra) -> dict:
+        """One streamed chunk: text (or a chat delta), its logprobs, a finish reason, and extra fields after."""
+        if self.chat:
+            delta = dict(delta or {})
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": {"content": logprobs} if logprobs else None,
+                      "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "",
+                      "logprobs": completion_logprobs(logprobs) if logprobs else None, "finish_reason": finish}
+        return {**self._head(self.object), "choices": [choice], **extra}
+
+    def start(self) -> list[dict]:
+        """llama-server's first chat chunk: the role, content null."""
+        return [self.chunk(None, None, delta={"role": "assistant", "content": None})] if self.chat else []
+
+    def progress(self, p: Progress) -> list[dict]:
+        """A chunk of no text with the prompt's progress."""
+        return [self.chunk(None, None, **progress_fields(p))]
+
+    def piece(self, ev: Delta) -> list[dict]:
+        """A chunk of the text (tool-call text held back until it is parsed)."""
+        text = self.calls.push(ev.text) if self.calls is not None else ev.text
+        if not text:
+            return []
+        timed = {"timings": self.running_timings()} if self.job.timings_per_token else {}
+        return [self.chunk(text, None, logprobs=self.take_logprobs(), **timed)]
+
+    def final(self, fin: Finished) -> list[dict]:
+        """The parsed tool calls, the finishing chunk with usage and timings, and include_usage's chunk."""
+        finish, out = fin.finish_reason, []
+        if self.calls is not None:
+            out, called = self._calls()
+            finish = "tool_calls" if called else finish
+        used, timed = usage(fin), timings(fin)
+        out.append(self.chunk(None if self.chat else "", finish, logprobs=self.take_logprobs() or None,
+                              usage=used, timings=timed, hearth_class=fin.stats.class_name))
+        if self.job.include_usage:
+            out.append({**self._head(self.object), "choices": [], "usage": used, "timings": timed})
+        return out
+
+    def _calls(self) -> tuple[list[dict], bool]:
+        """The chunks of the tool calls parsed at the end: leftover text, then each call (OpenAI's shape)."""
+        parsed, out = self.calls.finish(), []
+        if parsed.content.strip() or (self.logprobs and parsed.content):
+            out.append(self.chunk(parsed.content, None, logprobs=self.take_logprobs()))
+        for i, call in enumerate(parsed.calls):
+            # OpenAI's shape: id, type and name in a call's first delta, arguments after.
+            out.append(self.chunk(None, None, delta={"tool_calls": [
+                {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}]}))
+            out.append(self.chunk(None, None, delta={"tool_calls": [
+                {"index": i, "function": {"arguments": call.arguments}}]}))
+        return out, bool(parsed.calls)
+
+    def whole(self, fin: Finished) -> dict:
+        """chat.completion or text_completion."""
+        text = "".join(self.parts)
+        out = {**self._head("chat.completion" if self.chat else "text_completion"),
+               "choices": [self._choice(text, fin.finish_reason)], "usage": usage(fin), "timings": timings(fin),
+               "hearth_class": fin.stats.class_name}  # the class the runner applied (timings hold numbers only)
+        if self.state.config.verbose or self.job.verbose:
+            out["__verbose"] = {"prompt": self.prompt_text(), "content": text}
+        return out
+
+    def _choice(self, text: str, finish: str) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": text,
+                    "logprobs": completion_logprobs(self.logprobs) if self.job.logprobs else None,
+                    "finish_reason": finish}
+        message: dict = {"role": "assistant", "content": text}
+        if self.job.tools:
+            parsed = toolfmt.parse(text, self.job.tool_format, self.job.tools)
+            if parsed.calls:
+                message["content"] = parsed.content.strip() or None
+                message["tool_calls"] = [c.as_openai() for c in parsed.calls]
+                finish = "tool_calls"
+        return {"index": 0, "message": message, "logprobs": {"content": self.logprobs} if self.job.logprobs else None,
+                "finish_reason": finish}
+
+
+class NativeWriter(Writer):
+    """llama-server's /completion and /infill: content pieces, then the last object with its settings and timings."""
+
+    def __init__(self, job: Job, state: RunnerState):
+        super().__init__(job, state)
+        self.unsent: list[int] = []  # ids of tokens whose text has not gone out yet
+
+    def delta(self, ev: Delta | Progress) -> list[dict]:
+        """As every writer, keeping the ids of tokens whose text is held back (return_tokens)."""
+        if isinstance(ev, Delta):
+            self.unsent.extend(ev.token_ids)
+        return super().delta(ev)
+
+    def progress(self, p: Progress) -> list[dict]:
+        """A piece of no content with the prompt's progress."""
+        return [{"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": self.slot,
+                 "tokens_predicted": 0, "tokens_evaluated": p.total, **progress_fields(p)}]
+
+    def piece(self, ev: Delta) -> list[dict]:
+        """A piece of content with the ids it covers."""
+        if not ev.text:
+            return []
+        out = {"index": 0, "content": ev.text, "tokens": self.unsent if self.job.return_tokens else [],
+               "stop": False, "id_slot": self.slot, "tokens_predicted": self.num_tokens,
+               "tokens_evaluated": len(self.job.tokens)}
+        if self.job.timings_per_token:
+            out["timings"] = self.running_timings()
+        self.unsent = []
+        if self.logprobs:
+            out["completion_probabilities"] = [native_prob(e, self.job.post_sampling) for e in self.take_logprobs()]
+        return [out]
+
+    def final(self, fin: Finished) -> list[dict]:
+        """The last object, no content (it went out in pieces)."""
+        return [self._last_object(fin, "", stream=True)]
+
+    def whole(self, fin: Finished) -> dict:
+        """The one object, with all the content."""
+        return self._last_object(fin, "".join(self.parts), stream=False)
+
+    def _last_object(self, fin: Finished, text: str, stream: bool) -> dict:
+        job, s = self.job, fin.stats
+        stop_type = "limit" if fin.finish_reason == "length" else ("word" if fin.stop_word else "eos")
+        slot = fin.slot if fin.slot >= 0 else self.slot
+        out = {
+            "index": job.index, "content": text,
+            "tokens": list(fin.output_tokens) if job.return_tokens and not stream else [],
+            "id_slot": slot, "stop": True, "model": self.model_name,
+            "tokens_predicted": s.num_completion_tokens, "tokens_evaluated": s.num_prompt_tokens,
+            "generation_settings": generation_settings(self.state, job.params, n_probs=job.params.logprobs or 0,
+                                                       stream=stream),
+            "prompt": self.prompt_text(), "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type,
+            "stopping_word": fin.stop_word, "tokens_cached": s.num_prompt_tokens + s.num_completion_tokens,
+            "timings": timings(fin),
+        }
+        probs = self.take_logprobs()
+        if probs:
+            out["completion_probabilities"] = [native_prob(e, job.post_sampling) for e in probs]
+        if job.response_fields:
+            out = {f: _nested(out, f) for f in job.response_fields}
+        return out
+
+
+def writer_for(job: Job, state: RunnerState) -> Writer:
+    """The writer of a job's shape."""
+    return NativeWriter(job, state) if job.kind == NATIVE else OpenAIWriter(job, state)
+
+
+def merge_choices(answers: list[dict]) -> dict:
+    """OpenAI's n > 1: the whole answers of one prompt's sequences as one answer, a choice each, usage summed."""
+    out = dict(answers[0])
+    out["choices"] = [{**a["choices"][0], "index": i} for i, a in enumerate(answers)]
+    completion = sum(a["usage"]["completion_tokens"] for a in answers)
+    out["usage"] = {**out["usage"], "completion_tokens": completion,
+                    "total_tokens": out["usage"]["prompt_tokens"] + completion}
+    return out
+
+
+def native_prob(entry: dict, post_sampling: bool) -> dict:
+    """A logprob entry in llama-server's completion_probabilities shape (probabilities when post_sampling)."""
+    def one(e: dict) -> dict:
+        base = {"id": e.get("id", -1), "token": e["token"], "bytes": e["bytes"]}
+        if post_sampling:
+            return {**base, "prob": math.exp(e["logprob"])}
+        return {**base, "logprob": e["logprob"]}
+
+    out = one(entry)
+    top = [one(t) for t in entry.get("top_logprobs", [])]
+    if post_sampling:
+        top = [t for t in top if t["prob"] > 0.0]
+    out["top_probs" if post_sampling else "top_logprobs"] = top
+    return out
+
+
+def _nested(obj: dict, path: str):
+    """A field of llama-server's response_fields: "a/b" reads obj["a"]["b"]."""
+    value = obj
+    for part in path.split("/"):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def completion_logprobs(entries: list[dict]) -> dict:
+    """The legacy completions logprobs object from per-token entries."""
+    offsets, pos = [], 0
+    for e in entries:
+        offsets.append(pos)
+        pos += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }
