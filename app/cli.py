@@ -567,7 +567,7 @@ def _token(args) -> int:
 
 def _runner(args) -> int:
     from app.engine.named_template import NamedTemplate, is_template_name
-    from app.runner.server import RunnerConfig
+    from app.runner.config import RunnerConfig
     from app.runner.main import serve
 
     if args.parallel < 1 or args.ctx < 16 or args.batch < args.parallel:
