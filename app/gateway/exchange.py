@@ -81,8 +81,9 @@ class Exchange:
         return None if self.first_token_s is None else (self.first_token_s - self.arrival_s) * 1000
 
     def report(self, outcome: relay.RelayOutcome) -> None:
-        """Tell residency what the runner's answer says about its node: busy (a 503, loading or full: an
-        answer, not a failure), failed (unreachable, lost mid-stream, a 5xx of its own), or nothing."""
+        """Tell residency what the runner's answer says about its node: busy, failed, or nothing."""
+        # Busy is a 503 (loading or full): an answer, not a failure. Failed is unreachable, lost
+        # mid-stream, or a 5xx other than its own generation failure (RelayOutcome.runner_fault).
         if self.lease is None:
             return
         if outcome.status == 503 and not outcome.lost_mid_stream:

@@ -224,6 +224,8 @@ def _answer(status: int, content: bytes, adapter: Adapter | None) -> tuple[int, 
 def _whole(ex: Exchange, url: str, forward: dict, headers: dict, adapter: Adapter | None,
            generates: bool = True) -> Response:
     resp, outcome = ex.send(relay.post, url, forward)
+    # Reported before the answer is translated: a translation that fails leaves the node's health as the runner said.
+    ex.report(outcome)
     out_headers = dict(headers)
     if "retry-after" in resp.headers:
         out_headers["Retry-After"] = resp.headers["retry-after"]
@@ -231,7 +233,7 @@ def _whole(ex: Exchange, url: str, forward: dict, headers: dict, adapter: Adapte
     if generates and resp.status_code == 200:
         # A whole answer reaches the client all at once: its first token goes out now.
         ex.first_token_s = time.monotonic()
-    ex.conclude(outcome)
+    ex.finish(outcome)
     return Response(content, status=status, headers=out_headers, mimetype="application/json")
 
 
