@@ -43,8 +43,8 @@ NEVER = datetime(2318, 1, 1, tzinfo=UTC)
 
 @bp.errorhandler(ApiError)
 def _api_error(err: ApiError):
-    return Response(json.dumps(ollama.error_body(err)), status=err.status, headers=err.headers,
-                    mimetype="application/json")
+    status, body = ollama.error_body(err)
+    return Response(json.dumps(body), status=status, headers=err.headers, mimetype="application/json")
 
 
 # -- endpoints -------------------------------------------------------------------------------------

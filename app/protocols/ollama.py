@@ -31,9 +31,9 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def error_body(err: ApiError) -> dict:
-    """Ollama's error shape: {"error": "message"} (its clients raise ResponseError with it)."""
-    return {"error": err.message}
+def error_body(err: ApiError) -> tuple[int, dict]:
+    """An ApiError in Ollama's shape, {"error": "message"} (its clients raise ResponseError with it): status and body."""
+    return err.status, {"error": err.message}
 
 
 def ndjson(obj: dict) -> bytes:
@@ -356,7 +356,7 @@ class _Generation:
 
     def error(self, err: ApiError) -> tuple[int, dict]:
         """An error as Ollama answers it."""
-        return err.status, error_body(err)
+        return error_body(err)
 
 
 class ChatAdapter(_Generation):
@@ -424,7 +424,7 @@ class EmbedAdapter:
 
     def error(self, err: ApiError) -> tuple[int, dict]:
         """An error as Ollama answers it."""
-        return err.status, error_body(err)
+        return error_body(err)
 
 
 class EmbeddingsAdapter(EmbedAdapter):
