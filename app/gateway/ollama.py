@@ -29,7 +29,7 @@ from app.gguf_meta import GgufArray, GgufError, read_metadata
 from app.protocols import ollama
 from app.protocols.ollama import DEFAULT_TAG, NDJSON, hearth_name, ollama_name, parse_keep_alive
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, EmbeddingBody
-from app.residency.manager import ModelBusy, UnknownModel
+from app.residency.manager import ModelBusy, ModelState, UnknownModel
 from app.store import models as db
 
 bp = Blueprint("ollama", __name__)
@@ -142,7 +142,7 @@ def ps():
     models = []
     for st in svc.residency.status():
         e = entries.get(st["name"])
-        if e is None or st["state"] != "ready" or st["pid"] is None:
+        if e is None or st["state"] != ModelState.READY or st["pid"] is None:
             continue
         runner = specs[st["name"]].runner
         size = st["measured_bytes"] or st["estimate_bytes"]

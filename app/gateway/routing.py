@@ -10,7 +10,15 @@ from pathlib import Path
 
 from app.policy import ClassPolicy
 from app.protocols.openai import ApiError
-from app.residency.manager import Lease, ModelBusy, ModelLoadFailed, NotEnoughMemory, ResidencyManager, UnknownModel
+from app.residency.manager import (
+    Lease,
+    ModelBusy,
+    ModelLoadFailed,
+    ModelState,
+    NotEnoughMemory,
+    ResidencyManager,
+    UnknownModel,
+)
 from app.services.catalog import Catalog, DefaultModelPending, ModelEmbedded, ModelNotFound, ModelUnusable
 
 
@@ -74,7 +82,7 @@ class Router:
         for name, spec in self.catalog.model_specs().items():
             st = states.get(name, {})
             out.append({"id": name, "object": "model", "created": 0, "owned_by": "hearth",
-                        "hearth": {"state": st.get("state", "unloaded"), "policy": spec.policy,
+                        "hearth": {"state": st.get("state", ModelState.UNLOADED), "policy": spec.policy,
                                    "estimate_bytes": spec.estimate_bytes,
                                    "aliases": sorted(a for a, n in aliases.items() if n == name)}})
         for alias, name in sorted(aliases.items()):
