@@ -293,18 +293,16 @@ class MessageStream:
         return out
 
 
-class MessagesAdapter:
-    """Anthropic's Messages API on OpenAI's chat shape (app.protocols.adapter's interface)."""
+class MessagesAdapter(MessageStream):
+    """Anthropic's Messages API on OpenAI's chat shape (app.protocols.adapter's interface); its stream is a MessageStream."""
 
     stream_mimetype = "text/event-stream"
 
     def __init__(self, body: dict, input_tokens: int = 0):
-        self.body = body
         # The prompt's size for message_start; a runner knows it before generating, a relay does not (0:
         # message_delta then carries the count).
-        self.input_tokens = input_tokens
-        self.msg_id = "msg_" + uuid.uuid4().hex[:24]
-        self._stream: MessageStream | None = None
+        super().__init__("msg_" + uuid.uuid4().hex[:24], body.get("model"), input_tokens)
+        self.body = body
 
     def to_openai(self) -> dict:
         """The Messages request as a chat request, its model as the client named it."""
@@ -314,22 +312,9 @@ class MessagesAdapter:
         """A chat completion as an Anthropic message."""
         return to_message(completion, self.msg_id)
 
-    def _translator(self) -> MessageStream:
-        if self._stream is None:
-            self._stream = MessageStream(self.msg_id, self.body.get("model"), self.input_tokens)
-        return self._stream
-
-    def start(self) -> list[bytes]:
-        """message_start."""
-        return self._translator().start()
-
-    def feed(self, chunk: dict) -> list[bytes]:
-        """Anthropic's events for one chat chunk."""
-        return self._translator().feed(chunk)
-
     def end(self) -> list[bytes]:
         """Nothing after message_stop; an error event when the chat stream stopped before its finish."""
-        if self._translator().ended:
+        if self.ended:
             return []
         return self.feed({"error": {"message": "the answer ended before it was complete"}})
 

@@ -296,15 +296,13 @@ class ResponseStream:
         return out
 
 
-class ResponsesAdapter:
-    """OpenAI's Responses API on the chat shape (app.protocols.adapter's interface)."""
+class ResponsesAdapter(ResponseStream):
+    """OpenAI's Responses API on the chat shape (app.protocols.adapter's interface); its stream is a ResponseStream."""
 
     stream_mimetype = "text/event-stream"
 
     def __init__(self, body: dict):
-        self.body = body
-        self.resp_id = _new_id("resp")
-        self._stream: ResponseStream | None = None
+        super().__init__(_new_id("resp"), body, body.get("model"))
 
     def to_openai(self) -> dict:
         """The Responses request as a chat request, its model as the client named it."""
@@ -314,22 +312,9 @@ class ResponsesAdapter:
         """A chat completion as a `response`."""
         return to_response(completion, self.body, self.resp_id)
 
-    def _translator(self) -> ResponseStream:
-        if self._stream is None:
-            self._stream = ResponseStream(self.resp_id, self.body, self.body.get("model"))
-        return self._stream
-
-    def start(self) -> list[bytes]:
-        """response.created and response.in_progress."""
-        return self._translator().start()
-
-    def feed(self, chunk: dict) -> list[bytes]:
-        """The Responses events for one chat chunk."""
-        return self._translator().feed(chunk)
-
     def end(self) -> list[bytes]:
         """Nothing after response.completed; response.failed when the chat stream stopped before its finish."""
-        if self._translator().ended:
+        if self.ended:
             return []
         return self.feed({"error": {"code": "server_error", "message": "the answer ended before it was complete"}})
 
