@@ -32,7 +32,7 @@ LAYER_FF_ACTIVATIONS = 4
 LAYER_EMBD_ACTIVATIONS = 2
 
 # RSS of a Python process that has imported the runner (llama_cpp, numpy, jinja2, werkzeug,
-# gunicorn, pydantic, app.runner.server): 63 MiB, measured with psutil on this project's venv.
+# gunicorn, pydantic, app.runner.app): 63 MiB, measured with psutil on this project's venv.
 RUNNER_BASELINE_BYTES = 64 * MIB
 # Peak minus idle RSS of the calibration run, less the compute and output buffers that are
 # first touched when decoding starts: 472 − 415 − 25.77 − 8 ≈ 23 MiB of request state, HTTP
