@@ -141,7 +141,7 @@ def pull_model(s, data: Path, source: str) -> Path:
     against the disk and the memory budget (the runner settings of the store) before the weights come."""
     from tqdm import tqdm
 
-    from app.residency.library import PullError, budget_refusal, pull, resolve
+    from app.residency.library import HostPolicy, PullError, budget_refusal, pull, resolve
     from app.services.catalog import resolve_models_dir
     from app.services.settings import budget_bytes
     from app.store.settings import get_setting
@@ -151,13 +151,18 @@ def pull_model(s, data: Path, source: str) -> Path:
     models_dir = resolve_models_dir(data, get_setting(s, "models_dir"), os.environ.get("HEARTH_MODELS_DIR"))
     models_dir.mkdir(parents=True, exist_ok=True)
     try:
-        src = resolve(source, get_setting(s, "hf_endpoint"))
+        try:
+            hosts = HostPolicy.parse(get_setting(s, "pull_allowed_hosts"))
+        except ValueError as exc:
+            raise PullError(f"the setting pull_allowed_hosts cannot be read: {exc}") from exc
+        src = resolve(source, get_setting(s, "hf_endpoint"), hosts)
         with tqdm(total=src.size_bytes, unit="B", unit_scale=True, desc=src.filename, file=sys.stderr) as bar:
             def progress(p) -> None:
                 bar.total = p.total_bytes
                 bar.update(p.done_bytes - bar.n)
 
-            return pull(src, models_dir, lambda m: budget_refusal(m, ctx, parallel, int(batch), budget), progress)
+            return pull(src, models_dir, lambda m: budget_refusal(m, ctx, parallel, int(batch), budget), progress,
+                        hosts=hosts)
     except PullError as exc:
         raise AdminError(str(exc)) from exc
 

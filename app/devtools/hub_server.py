@@ -1,6 +1,7 @@
 """A loopback stand-in for the Hugging Face hub and a plain file server: the paths huggingface_hub asks for
 (/api/models/<repo>/tree/<rev>, HEAD and GET /<repo>/resolve/<rev>/<file>) and /files/<name>, with HTTP
-Range, a configurable cut of the connection, and a log of what was asked."""
+Range, a configurable cut of the connection, redirects, a gate that holds downloads, a log of what
+was asked and a count of the connections accepted (a refused pull must have made none)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,12 +38,17 @@ def tiny_gguf(path: Path, arch: str = "llama", weights_mib: int = 6) -> Path:
 
 
 class HubServer:
-    """Serves `files` (name → path) as repo `owner/repo` and under /files/."""
+    """Serves `files` (name → path) as repo `owner/repo` and under /files/, on `host` (IPv4 or IPv6) and `port` (0: any)."""
 
-    def __init__(self, files: dict[str, Path], repo: str = "owner/repo"):
+    def __init__(self, files: dict[str, Path], repo: str = "owner/repo", host: str = "127.0.0.1", port: int = 0):
         self.files = files
         self.repo = repo
         self.log: list[tuple[str, str, str | None]] = []
+        self.connections = 0  # accepted, whatever was sent on them
+        self.redirects: dict[str, str] = {}  # path → Location answered with a 302
+        self.hold: threading.Event | None = None  # set: file bodies wait for it (pulls kept under way)
+        self.held = 0  # file GETs waiting on `hold`
+        self._count_lock = threading.Lock()
         self.cut_after: int | None = None  # bytes of the next GET after which the connection is dropped
         self.sha_override: str | None = None  # a wrong sha256 to announce
         self.sent_bytes = 0
@@ -60,13 +67,22 @@ class HubServer:
             def do_GET(self):
                 server._answer(self, head=False)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+            def verify_request(self, request, client_address):
+                """Count every connection accepted (the accept loop takes them in order)."""
+                server.connections += 1
+                return True
+
+        self.httpd = Server((host, port), Handler)
         self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._thread.start()
 
     def sha256(self, name: str) -> str:
+        """The sha256 of a served file (or the wrong one announced), computed once."""
         if name not in self._sha:
             self._sha[name] = hashlib.sha256(self.files[name].read_bytes()).hexdigest()
         return self._sha[name]
@@ -74,6 +90,12 @@ class HubServer:
     def _answer(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         path = h.path.split("?")[0]
         self.log.append((h.command, path, h.headers.get("Range")))
+        if path in self.redirects:
+            h.send_response(302)
+            h.send_header("Location", self.redirects[path])
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         tree = re.fullmatch(rf"/api/models/{re.escape(self.repo)}/tree/[^/]+/?", path)
         if tree:
             body = json.dumps([{"type": "file", "path": n, "size": p.stat().st_size, "oid": "0" * 40}
@@ -112,6 +134,10 @@ class HubServer:
         h.end_headers()
         if head:
             return
+        if self.hold is not None:
+            with self._count_lock:  # handlers run on threads of their own
+                self.held += 1
+            self.hold.wait()
         limit, self.cut_after = self.cut_after, None
         with open(file, "rb") as f:
             f.seek(start)
@@ -130,5 +156,8 @@ class HubServer:
                 self.sent_bytes += n
 
     def close(self) -> None:
+        """Stop serving (a held download is let go first)."""
+        if self.hold is not None:
+            self.hold.set()
         self.httpd.shutdown()
         self.httpd.server_close()

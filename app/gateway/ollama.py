@@ -22,13 +22,13 @@ from typing import Any
 from flask import Blueprint, Response, request, stream_with_context
 from sqlalchemy import select
 
-from app.engine.chat import load_chat_template
 from app.gateway.context import services
 from app.gateway.pipeline import authenticate, serve_generation
-from app.gguf_meta import GgufArray, GgufError, read_metadata
+from app.gguf_meta import GgufArray, GgufError
 from app.protocols import ollama
 from app.protocols.ollama import DEFAULT_TAG, NDJSON, hearth_name, ollama_name, parse_keep_alive
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, EmbeddingBody
+from app.residency.catalog import file_facts
 from app.residency.manager import ModelBusy, ModelState, UnknownModel
 from app.store import models as db
 
@@ -37,6 +37,9 @@ bp = Blueprint("ollama", __name__)
 # The Ollama release whose API this follows; clients that check a minimum version read it.
 OLLAMA_VERSION = "0.12.6"
 PULL_POLL_S = 0.25
+# The status of a pull that did not finish, by why (app.residency.library.PULL_CODES); others: 409 refused, 502 failed.
+PULL_STATUS = {"bad_source": 400, "not_found": 404, "host_refused": 403, "exists": 409, "busy": 409,
+               "disk_full": 507, "read_only": 500, "write_failed": 500, "unservable": 422, "mismatch": 502}
 # What /api/ps says for a model that never expires (pinned, or keep_alive -1), as Ollama does.
 NEVER = datetime(2318, 1, 1, tzinfo=UTC)
 
@@ -194,11 +197,11 @@ def show():
     if entry is None:
         raise ApiError(404, f"model '{body.get('model')}' not found", param="model", code="model_not_found")
     try:
-        fields = dict(read_metadata(entry.path).fields)
+        # Cached per version of the file: Home Assistant and Open WebUI call show for every model they list.
+        facts = file_facts(entry.path)
     except (GgufError, OSError) as exc:
         raise ApiError(500, f"cannot read {entry.path}: {exc}", err_type="server_error")
-    # The template the runner prompts it with: its own, else its architecture's built-in one, else ChatML.
-    template = load_chat_template(entry.path).source
+    fields, template = facts.fields, facts.template
     runner = svc.catalog.model_specs()[name].runner
     parameters = f"num_ctx {runner.n_ctx}" if runner else ""
     modelfile = f"# Modelfile of Hearth's model {name}\nFROM {entry.path}\n" + (f"PARAMETER {parameters}\n" if parameters else "")
@@ -316,15 +319,16 @@ def pull():
     """Pull a GGUF (hf.co/owner/repo:QUANT, owner/repo/file.gguf or a URL) into the models folder, with progress."""
     _may_manage()
     body = _json_body()
-    p = services().library.start(_model_field(body))
+    svc = services()
+    p = svc.library.start(_model_field(body), allowed_hosts=svc.settings.get("pull_allowed_hosts"))
     if body.get("stream") is not False:
         # The pull runs on its own thread; this response only reports on it, so a client that
         # goes away leaves the download going (the dashboard shows it).
         return Response(stream_with_context(ollama.ndjson(line) for line in pull_lines(p)), mimetype=NDJSON)
     lines = list(pull_lines(p))
     if "error" in lines[-1]:
-        status = 507 if "disk" in lines[-1]["error"] else 409 if p.state == "refused" else 502
-        raise ApiError(status, lines[-1]["error"], code="pull_" + p.state)
+        status = PULL_STATUS.get(p.code or "", 409 if p.state == "refused" else 502)
+        raise ApiError(status, lines[-1]["error"], code=f"pull_{p.code or p.state}")
     return lines[-1]
 
 

@@ -360,3 +360,43 @@ def _max_int(value: Any) -> int | None:
         integers = [item for item in value if _int_or_none(item) is not None]
         return max(integers) if integers else None
     return _int_or_none(value)
+
+
+# -- what /api/show reads from a file -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """What Ollama's /api/show tells of a GGUF beyond its catalog entry: every header field, and the
+    source of the chat template the runner prompts it with (its own, its architecture's, or ChatML)."""
+
+    fields: dict[str, Any]
+    template: str | None
+
+
+# A household's folder holds a handful of models; past this the least recently shown is read again.
+MAX_CACHED_FACTS = 32
+_facts: dict[Path, tuple[tuple[int, int], FileFacts]] = {}
+
+
+def file_facts(path: Path) -> FileFacts:
+    """The header fields and chat template of `path`, read once per version of the file (its size and
+    mtime): clients poll /api/show, and a big vocabulary takes a whole parse. A miss is read off serve's
+    event loop. Callers must not change the fields they get (they are shared)."""
+    stat = os.stat(path)
+    stamp = (stat.st_size, stat.st_mtime_ns)
+    hit = _facts.pop(path, None)  # popped and put back: the dict's order is the recency order
+    if hit is None or hit[0] != stamp:
+        from app.residency.offload import off_loop
+
+        hit = (stamp, off_loop(_read_facts, path))
+    _facts[path] = hit
+    while len(_facts) > MAX_CACHED_FACTS:
+        _facts.pop(next(iter(_facts)), None)
+    return hit[1]
+
+
+def _read_facts(path: Path) -> FileFacts:
+    from app.engine.chat import load_chat_template
+
+    return FileFacts(dict(read_metadata(path).fields), load_chat_template(path).source)

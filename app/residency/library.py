@@ -5,35 +5,50 @@ Sources: `hf.co/owner/repo:Q4_K_M` (Ollama's spelling: the repo's GGUF of that q
 Face file is resolved through `huggingface_hub` against a configurable endpoint (a mirror), which
 also gives its size and, for files in LFS, its sha256; a URL may carry `#sha256=<hex>`.
 
-A pull is refused before the first byte when the disk cannot hold the file, and once the GGUF
+A pull reaches public hosts only: on every hop (the first request and each redirect) the host is
+resolved here, every address it has is checked, and the connection goes to the address that was
+checked (a second lookup could answer otherwise: DNS rebinding). Private, loopback, link-local,
+CGNAT, multicast and unspecified addresses are refused before a byte is sent to them — a model
+source must not be a way to probe the household's router — unless the admin allows the host in
+`pull_allowed_hosts` (a LAN mirror); the Hugging Face endpoint the admin set is allowed too.
+
+A pull is refused before the first byte when the disk cannot hold the file beside what the other
+pulls under way still have to write (a ledger of reservations per file system), and once the GGUF
 header has arrived (the first megabytes) when the model cannot be served or would not fit the
 memory budget — before the weights are downloaded. Bytes go to a hidden `.<name>.part` file next to
-the target, so an interrupted pull (a cut connection is retried at once, a stopped one by the next
-pull of the same source) resumes where it stopped with an HTTP Range request. A sha256 mismatch
-deletes the part: nothing is left behind. The file appears under its name only when complete and
-checked, so the catalog never sees half a model.
+the target, locked while a pull writes it (one pull per file, in this process or another), so an
+interrupted pull (a cut connection is retried at once, a stopped one by the next pull of the same
+source) resumes where it stopped with an HTTP Range request. A sha256 mismatch deletes the part:
+nothing is left behind. The file appears under its name only when complete and checked, so the
+catalog never sees half a model. Writing, hashing and header parsing run off serve's event loop
+(app.residency.offload). URLs are shown and logged with their credentials and query values
+redacted (signed CDN links carry tokens).
 """
 
 from __future__ import annotations
 
+import base64
+import errno
+import fcntl
 import hashlib
 import http.client
+import ipaddress
 import itertools
 import logging
 import os
 import queue
 import re
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urljoin, urlsplit
-
-import httpx
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from app.gguf_meta import GgufError, GgufMetadata, read_metadata_prefix
+from app.residency.offload import off_loop
 
 log = logging.getLogger(__name__)
 
@@ -53,30 +68,192 @@ DISK_RESERVE_BYTES = 256 * 1024 * 1024
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _HF_PREFIXES = ("hf.co/", "huggingface.co/", "https://huggingface.co/", "https://hf.co/", "hf://")
 PULL_STATES = ("resolving", "downloading", "verifying", "done", "failed", "refused")
+# Why a pull ended otherwise than done: the API answers each with its own HTTP status.
+PULL_CODES = ("bad_source", "not_found", "host_refused", "exists", "busy", "disk_full", "read_only",
+              "unservable", "upstream", "mismatch", "write_failed", "cut")
+ALLOW_SETTING = "pull_allowed_hosts"
+
+
+# -- redaction -------------------------------------------------------------------------------------
+
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its credentials, query values and any fragment but `sha256=` as ***: host and path stay."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<an unreadable URL>"
+    if not parts.scheme or not parts.netloc:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "&".join(f"{key}=***" if sep else "***"
+                     for key, sep, _ in (piece.partition("=") for piece in parts.query.split("&") if piece))
+    fragment = parts.fragment if not parts.fragment or _SHA256_FRAGMENT.match(parts.fragment) else "***"
+    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
+_SHA256_FRAGMENT = re.compile(r"^sha256=[0-9a-fA-F]{64}$")
+
+
+def redact(text: str) -> str:
+    """`text` with every URL in it redacted (error messages quote the URL they failed on)."""
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
 
 
 class PullError(Exception):
-    """A pull that cannot go on; `refused` when it was stopped by a check rather than a failure."""
+    """A pull that cannot go on; `refused` when it was stopped by a check rather than a failure.
 
-    def __init__(self, message: str, refused: bool = False):
-        super().__init__(message)
+    `code` (one of PULL_CODES) says why, for the API's status; `discard` deletes the part file (a
+    model refused from its header), otherwise what was downloaded stays to be resumed. The message
+    is redacted here, once, so no caller can show or log a signed URL.
+    """
+
+    def __init__(self, message: str, refused: bool = False, code: str = "upstream", discard: bool = False):
+        super().__init__(redact(message))
         self.refused = refused
+        self.code = code
+        self.discard = discard
+
+
+# -- which hosts a pull may reach ------------------------------------------------------------------
+
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*$")
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def address_kind(ip: IpAddress) -> str | None:
+    """What kind of non-public address `ip` is ("loopback", "private", …), None for a public one.
+    IPv4 written inside IPv6 (::ffff:a.b.c.d, 6to4, NAT64) is judged by its IPv4 address."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (
+            ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF) if ip in _NAT64 else None)
+        if embedded is not None:
+            kind = address_kind(embedded)
+            if kind is not None or ip.ipv4_mapped is not None:
+                return kind
+    if ip.is_unspecified:
+        return "unspecified"
+    if ip.is_loopback:
+        return "loopback"
+    if ip.is_link_local:
+        return "link-local"
+    if ip.is_multicast:
+        return "multicast"
+    if isinstance(ip, ipaddress.IPv4Address) and ip in _CGNAT:
+        return "carrier-grade NAT (100.64.0.0/10)"
+    if ip.is_private:
+        return "private"
+    if ip.is_reserved or not ip.is_global:
+        return "reserved"
+    return None
+
+
+def _plain(ip: IpAddress) -> IpAddress:
+    """An IPv4-mapped IPv6 address as the IPv4 address it is."""
+    return ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
+
+
+@dataclass(frozen=True)
+class HostPolicy:
+    """The hosts a pull may connect to: every public address, plus the host names and networks an admin allowed."""
+
+    names: frozenset[str] = frozenset()
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str | None) -> HostPolicy:
+        """The policy of a pull_allowed_hosts value (names, addresses, CIDR networks; commas or spaces);
+        ValueError naming the first entry that is none of them."""
+        names, networks = set(), []
+        for item in re.split(r"[,\s]+", (text or "").strip()):
+            if not item:
+                continue
+            bare = item.removeprefix("[").removesuffix("]") if item.startswith("[") else item
+            try:
+                networks.append(ipaddress.ip_network(bare, strict=False))
+                continue
+            except ValueError:
+                pass
+            name = item.lower().rstrip(".")
+            if not _HOST_NAME.match(name) or name.replace(".", "").isdigit():
+                raise ValueError(f"'{item}' is not a host name, an address or a network: write e.g. mirror.lan, "
+                                 "192.168.1.20 or 192.168.1.0/24 (no port, no scheme), comma-separated")
+            names.add(name)
+        return cls(frozenset(names), tuple(networks))
+
+    def with_endpoint(self, endpoint: str | None) -> HostPolicy:
+        """This policy, also allowing the host of the Hugging Face endpoint the admin set (a mirror)."""
+        host = urlsplit(endpoint).hostname if endpoint else None
+        if not host:
+            return self
+        try:
+            return HostPolicy(self.names, self.networks + (ipaddress.ip_network(host),))
+        except ValueError:
+            return HostPolicy(self.names | {host.lower().rstrip(".")}, self.networks)
+
+    def allows(self, host: str, ip: IpAddress) -> bool:
+        """Whether `host` at `ip` may be connected to: a public address, an allowed name or an allowed network."""
+        ip = _plain(ip)
+        if address_kind(ip) is None or host.lower().rstrip(".") in self.names:
+            return True
+        return any(ip.version == net.version and ip in net for net in self.networks)
+
+    def connect_addresses(self, host: str, port: int) -> list[str]:
+        """The addresses to connect to for `host`, in the resolver's order: resolved once here and checked,
+        so the connection goes where the check looked. PullError (refused) when none may be reached."""
+        literal = host.removeprefix("[").removesuffix("]")
+        allowed, refused = [], []
+        for *_, sockaddr in socket.getaddrinfo(literal, port, type=socket.SOCK_STREAM):
+            address = sockaddr[0]
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+            if self.allows(host, ip):
+                allowed.append(address)
+            else:
+                refused.append((_plain(ip), address_kind(_plain(ip))))
+        if allowed:
+            return allowed
+        if not refused:
+            raise OSError(f"{host} has no address")
+        ip, kind = refused[0]
+        raise PullError(f"refused to connect to {host} ({ip}, a {kind} address): pulls reach public hosts only, so a "
+                        f"model source cannot reach into the household's network; to pull from a LAN mirror the "
+                        f"admin adds it to the setting {ALLOW_SETTING}", refused=True, code="host_refused")
+
+
+def allowed_hosts_problem(text: str) -> str | None:
+    """The problem with a pull_allowed_hosts value, or None (the setting's check)."""
+    try:
+        HostPolicy.parse(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+# -- sources and pulls -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a model file comes from, as resolved before downloading."""
+    """Where a model file comes from, as resolved before downloading (`endpoint`: the Hugging Face
+    endpoint it was resolved through, whose host the pull may reach)."""
 
     spec: str
     url: str
     filename: str
     size_bytes: int | None = None
     sha256: str | None = None
+    endpoint: str | None = None
 
 
 @dataclass
 class Pull:
-    """One pull's progress, read by the dashboard, the CLI and /api/pull."""
+    """One pull's progress, read by the dashboard, the CLI and /api/pull; `label` is the spec as shown (redacted)."""
 
     spec: str
     id: int = 0
@@ -87,9 +264,14 @@ class Pull:
     resumed_from: int = 0
     sha256: str | None = None
     error: str | None = None
+    code: str | None = None
     path: Path | None = None
     started_s: float = field(default_factory=time.monotonic)
     finished_s: float | None = None
+    label: str = ""
+
+    def __post_init__(self):
+        self.label = redact(self.spec)
 
     @property
     def active(self) -> bool:
@@ -100,6 +282,11 @@ class Pull:
     def percent(self) -> int:
         """How far the download is, 0–100."""
         return int(100 * self.done_bytes / self.total_bytes) if self.total_bytes else 0
+
+    def end(self, exc: PullError) -> None:
+        """Record why the pull stopped (refused by a check, or failed)."""
+        self.state = "refused" if exc.refused else "failed"
+        self.error, self.code, self.finished_s = str(exc), exc.code, time.monotonic()
 
 
 def _hf_parts(spec: str) -> tuple[str, str | None, str | None] | None:
@@ -138,33 +325,38 @@ def _pick_quant(files: list[str], tag: str | None, repo: str) -> str:
         return ggufs[0]
     what = f"quantisation '{tag}'" if tag else "a tag"
     if not ggufs:
-        raise PullError(f"{repo} has no GGUF file" + (f" of quantisation '{tag}'" if tag else ""))
-    raise PullError(f"{repo} has {len(ggufs)} GGUF files for {what}: name one ({', '.join(sorted(ggufs)[:8])})")
+        raise PullError(f"{repo} has no GGUF file" + (f" of quantisation '{tag}'" if tag else ""), refused=True,
+                        code="not_found")
+    raise PullError(f"{repo} has {len(ggufs)} GGUF files for {what}: name one ({', '.join(sorted(ggufs)[:8])})",
+                    refused=True, code="bad_source")
 
 
-def resolve(spec: str, endpoint: str | None = None, client: httpx.Client | None = None) -> Source:
-    """Where `spec` is and what it should be (size, sha256), without downloading it."""
+def resolve(spec: str, endpoint: str | None = None, hosts: HostPolicy | None = None) -> Source:
+    """Where `spec` is and what it should be (size, sha256), without downloading it; a URL's HEAD
+    request reaches only the hosts `hosts` allows (public ones by default)."""
     spec = spec.strip()
     if not spec:
         raise PullError("no source given: a Hugging Face repo (hf.co/owner/repo:Q4_K_M), a file (owner/repo/file.gguf) "
-                        "or an http(s) URL")
+                        "or an http(s) URL", refused=True, code="bad_source")
     hf = _hf_parts(spec)
     if hf is None and spec.startswith(("http://", "https://")):
         url, _, fragment = spec.partition("#")
         sha = fragment.removeprefix("sha256=").lower() if fragment.startswith("sha256=") else None
         name = unquote(Path(urlsplit(url).path).name)
+        filename = _gguf_name(name)
         size = None
-        if client is not None:
-            try:
-                head = client.head(url, follow_redirects=True)
-                if head.status_code < 400 and head.headers.get("content-length"):
-                    size = int(head.headers["content-length"])
-            except httpx.HTTPError:
-                pass  # a server without HEAD: the GET tells
-        return Source(spec, url, _gguf_name(name), size, sha)
+        try:
+            conn, resp = _open(url, {}, hosts or HostPolicy(), method="HEAD")
+            conn.close()
+            if resp.status < 400 and resp.getheader("Content-Length"):
+                size = int(resp.getheader("Content-Length"))
+        except (OSError, http.client.HTTPException, ValueError):
+            pass  # a server without HEAD: the GET tells
+        return Source(spec, url, filename, size, sha)
     if hf is None:
         raise PullError(f"cannot pull {spec!r}: Hearth pulls from Hugging Face (hf.co/owner/repo:Q4_K_M or "
-                        "owner/repo/file.gguf) or an http(s) URL to a .gguf; the Ollama registry is not supported")
+                        "owner/repo/file.gguf) or an http(s) URL to a .gguf; the Ollama registry is not supported",
+                        refused=True, code="bad_source")
     repo, file, tag = hf
     from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import HfHubHTTPError
@@ -175,19 +367,23 @@ def resolve(spec: str, endpoint: str | None = None, client: httpx.Client | None 
         url = hf_hub_url(repo, file, endpoint=endpoint)
         meta = get_hf_file_metadata(url, endpoint=endpoint)
     except HfHubHTTPError as exc:
-        raise PullError(f"Hugging Face ({endpoint or 'default endpoint'}) refused {repo}/{file or ''}: {exc}")
-    except (httpx.HTTPError, OSError) as exc:
-        raise PullError(f"cannot reach Hugging Face ({endpoint or 'default endpoint'}): {exc}")
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        raise PullError(f"Hugging Face ({endpoint or 'default endpoint'}) refused {repo}/{file or ''}: {exc}",
+                        refused=status == 404, code="not_found" if status == 404 else "upstream")
+    except PullError:
+        raise
+    except Exception as exc:  # huggingface_hub's HTTP client raises its own errors for an unreachable endpoint
+        raise PullError(f"cannot reach Hugging Face ({endpoint or 'default endpoint'}): {type(exc).__name__}: {exc}")
     etag = (meta.etag or "").lower()
     return Source(spec, meta.location or url, _gguf_name(Path(file).name), meta.size,
-                  etag if _SHA256.match(etag) else None)
+                  etag if _SHA256.match(etag) else None, endpoint)
 
 
 def _gguf_name(name: str) -> str:
     if not name.lower().endswith(".gguf"):
-        raise PullError(f"{name!r} is not a .gguf file: Hearth serves GGUF models only")
+        raise PullError(f"{name!r} is not a .gguf file: Hearth serves GGUF models only", refused=True, code="bad_source")
     if "/" in name or name.startswith("."):
-        raise PullError(f"{name!r} is not a plain file name")
+        raise PullError(f"{name!r} is not a plain file name", refused=True, code="bad_source")
     return name
 
 
@@ -196,56 +392,220 @@ def part_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.part")
 
 
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection to one of `addresses`, those checked for its host (the Host header still names the host)."""
+
+    def __init__(self, host: str, port: int, addresses: list[str], **kwargs):
+        super().__init__(host, port, **kwargs)
+        self._addresses = addresses
+        # HTTPConnection.connect (and HTTPSConnection's, before it wraps the socket for `host`) opens
+        # its socket through this attribute: only an address that was checked is connected to.
+        self._create_connection = self._connect_checked
+
+    def _connect_checked(self, host_port, timeout, source_address):
+        error: OSError | None = None
+        for address in self._addresses:  # as socket.create_connection tries a name's addresses in turn
+            try:
+                sock = socket.create_connection((address, host_port[1]), CONNECT_TIMEOUT_S, source_address)
+            except OSError as exc:
+                error = exc
+                continue
+            sock.settimeout(timeout)
+            return sock
+        raise error or OSError(f"no address to connect to for {self.host}")
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """An HTTPS connection to one of `addresses`; the certificate is checked against the host name, as usual."""
+
+    def __init__(self, host: str, port: int, addresses: list[str], **kwargs):
+        super().__init__(host, port, **kwargs)
+        self._addresses = addresses
+        self._create_connection = self._connect_checked
+
+    _connect_checked = _PinnedHTTPConnection._connect_checked
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
+
+
+def _basic_auth(url: str) -> str | None:
+    """The Authorization header of a URL's user:password@ (sent to that URL's origin only)."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    return "Basic " + base64.b64encode(pair).decode()
+
+
+def _open(url: str, headers: dict[str, str], hosts: HostPolicy,
+          method: str = "GET") -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """A request on `url`, following redirects (a hub's CDN), each hop's host checked against `hosts`
+    and connected at the address checked; with the response's headers read."""
+    first, auth = url, _basic_auth(url)
+    for _ in range(MAX_REDIRECTS + 1):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PullError(f"{url} is not an http(s) URL: pulls follow http and https only", refused=True,
+                            code="bad_source")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        addresses = hosts.connect_addresses(parts.hostname, port)
+        conn_class = _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection
+        conn = conn_class(parts.hostname, port, addresses, timeout=READ_TIMEOUT_S)
+        sent = {"User-Agent": "hearth-library", "Accept-Encoding": "identity", **headers}
+        if auth and _origin(url) == _origin(first):
+            sent["Authorization"] = auth
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        try:
+            conn.request(method, target, headers=sent)
+            resp = conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+        if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
+            conn.close()  # a redirect's body is not read: the next hop is checked before anything is sent to it
+            url = urljoin(url, resp.getheader("Location"))
+            continue
+        return conn, resp
+    raise PullError(f"more than {MAX_REDIRECTS} redirects from {first}", code="upstream")
+
+
+# -- disk reservations -----------------------------------------------------------------------------
+
+
+@dataclass(eq=False)  # one pull's promise: released by identity, never by an equal one
+class Reservation:
+    """Disk space a pull under way has promised to fill: what it needs less what it has written so far."""
+
+    device: int
+    need_bytes: int
+    written_bytes: int = 0
+
+    @property
+    def outstanding_bytes(self) -> int:
+        """What it has yet to write (free space shrinks as it writes, so only this is still promised)."""
+        return max(0, self.need_bytes - self.written_bytes)
+
+
+class DiskLedger:
+    """Disk space promised to the pulls under way, per file system: each pull's free-disk check counts what
+    the others still have to write, so fifty pulls at once cannot each pass it on the same free bytes."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held: list[Reservation] = []
+
+    def reserve(self, folder: Path, name: str, need_bytes: int, disk_free: Callable[[Path], int]) -> Reservation:
+        """Promise `need_bytes` on `folder`'s disk to a pull of `name`; PullError (refused) when they are not free."""
+        device = os.stat(folder).st_dev
+        with self._lock:
+            free = disk_free(folder)
+            others = [r for r in self._held if r.device == device and r.outstanding_bytes]
+            promised = sum(r.outstanding_bytes for r in others)
+            if need_bytes + promised + DISK_RESERVE_BYTES > free:
+                held = (f", {_gib(promised)} of them promised to {len(others)} other pull{'s' if len(others) > 1 else ''} "
+                        "under way" if others else "")
+                raise PullError(f"not enough disk for {name}: it needs {_gib(need_bytes)} more and {_gib(free)} are free "
+                                f"on the models folder's disk{held} (keeping {_gib(DISK_RESERVE_BYTES)}); free some space "
+                                "and pull it again (a partial download is kept and resumed)", refused=True,
+                                code="disk_full")
+            held_now = Reservation(device, need_bytes)
+            self._held.append(held_now)
+            return held_now
+
+    def release(self, reservation: Reservation) -> None:
+        """The pull ended: its promise is void."""
+        with self._lock:
+            if reservation in self._held:
+                self._held.remove(reservation)
+
+    def promised_bytes(self) -> int:
+        """Disk space promised to the pulls under way, all file systems together."""
+        with self._lock:
+            return sum(r.outstanding_bytes for r in self._held)
+
+
+# One ledger per process: the dashboard's, the API's and the CLI's pulls share the models folder's disk.
+LEDGER = DiskLedger()
+
+
+# -- the download ----------------------------------------------------------------------------------
+
+
 def pull(source: Source, models_dir: Path, check_header: Callable[[GgufMetadata], str | None] = lambda m: None,
          progress: Callable[[Pull], None] = lambda p: None, state: Pull | None = None,
          disk_free: Callable[[Path], int] | None = None,
-         max_retries: int = MAX_RETRIES, on_landed: Callable[[Path], None] = lambda path: None) -> Path:
+         max_retries: int = MAX_RETRIES, on_landed: Callable[[Path], None] = lambda path: None,
+         hosts: HostPolicy | None = None, ledger: DiskLedger | None = None) -> Path:
     """Download `source` into `models_dir` (resuming a part left by an earlier pull); its path.
-    `on_landed` runs once the file has its name and before the pull reads as done (a rescan)."""
+    `on_landed` runs once the file has its name and before the pull reads as done (a rescan); `hosts`
+    names the non-public hosts it may reach besides the source's Hugging Face endpoint (default: none)."""
     p = state or Pull(source.spec)
     p.filename, p.total_bytes, p.sha256 = source.filename, source.size_bytes, source.sha256
+    hosts = (hosts or HostPolicy()).with_endpoint(source.endpoint)
+    ledger = ledger or LEDGER
+    free_of = disk_free or _disk_free
     target = models_dir / source.filename
     part = part_path(target)
+    out = None
+    holds: list[Reservation] = []
+
+    def reserve(need_bytes: int) -> None:
+        for held in holds:
+            ledger.release(held)
+        holds[:] = [ledger.reserve(models_dir, source.filename, need_bytes, free_of)]
+
+    def written(n: int) -> None:
+        for held in holds:
+            held.written_bytes += n
+
+    def exists() -> PullError:
+        return PullError(f"{target.name} is already in the models folder; delete it first to pull it again",
+                         refused=True, code="exists")
+
     try:
         if target.exists():
-            raise PullError(f"{target.name} is already in the models folder; delete it first to pull it again",
-                            refused=True)
-        have = part.stat().st_size if part.exists() else 0
+            raise exists()
+        out = _open_part(part)
+        if target.exists():  # landed by the pull that held the lock until a moment ago
+            raise exists()
+        have = os.fstat(out.fileno()).st_size
         if source.size_bytes is not None:
-            free = (disk_free or _disk_free)(models_dir)
-            need = source.size_bytes - have
-            if need + DISK_RESERVE_BYTES > free:
-                raise PullError(f"not enough disk for {source.filename}: it needs {_gib(need)} more and "
-                                f"{_gib(free)} are free on the models folder's disk (keeping {_gib(DISK_RESERVE_BYTES)})",
-                                refused=True)
-        digest = _hash_of(part)
+            reserve(source.size_bytes - have)
+        digest = off_loop(_hash_of, part) if have else hashlib.sha256()
         p.state, p.done_bytes, p.resumed_from = "downloading", have, have
         progress(p)
         header_checked = False
         retries = 0
         while True:
-            if p.done_bytes and not part.exists():  # the server ignored a Range request: started over
-                digest, p.done_bytes, header_checked = hashlib.sha256(), 0, False
             try:
-                header_checked = _download(source, part, digest, p, progress, check_header, header_checked)
+                header_checked = _download(source, out, digest, p, progress, check_header, header_checked, hosts,
+                                           None if holds else reserve, written)
                 break
+            except _Restart as exc:
+                log.warning("pull %s: %s", source.filename, exc)
+                digest, header_checked = hashlib.sha256(), False
+                if p.total_bytes is not None:
+                    reserve(p.total_bytes)
             except _Cut as exc:
                 retries += 1
                 if retries > max_retries:
                     raise PullError(f"the download of {source.filename} kept failing ({exc}); pull it again to resume "
-                                    f"from {_gib(part.stat().st_size if part.exists() else 0)}")
-                log.warning("pull %s: %s; resuming at %d bytes (retry %d)", source.filename, exc, p.done_bytes, retries)
+                                    f"from {_gib(os.fstat(out.fileno()).st_size)}", code="cut")
+                log.warning("pull %s: %s; resuming at %d bytes (retry %d)", source.filename, redact(str(exc)),
+                            p.done_bytes, retries)
                 time.sleep(RETRY_PAUSE_S)
         p.state = "verifying"
         progress(p)
         actual = digest.hexdigest()
         if source.sha256 and actual != source.sha256:
-            part.unlink(missing_ok=True)
             raise PullError(f"sha256 mismatch for {source.filename}: expected {source.sha256}, got {actual}; "
-                            "the download was deleted")
+                            "the download was deleted", code="mismatch", discard=True)
         if not header_checked:
-            with open(part, "rb") as f:
-                _check(read_metadata_prefix(f.read(MAX_HEADER_BYTES), part.stat().st_size, source.filename), check_header)
+            prefix, size = off_loop(_read_head, part)
+            _check(_parse_header(prefix, size, source.filename), check_header)
         p.sha256 = actual
         os.replace(part, target)
         on_landed(target)
@@ -253,21 +613,80 @@ def pull(source: Source, models_dir: Path, check_header: Callable[[GgufMetadata]
         progress(p)
         return target
     except PullError as exc:
-        if exc.refused and "already in the models folder" not in str(exc):
-            part.unlink(missing_ok=True)  # refused: nothing is left behind
-        p.state, p.error, p.finished_s = ("refused" if exc.refused else "failed"), str(exc), time.monotonic()
+        if exc.discard and out is not None:
+            part.unlink(missing_ok=True)  # refused or corrupt: nothing is left behind
+        p.end(exc)
         progress(p)
         raise
+    finally:
+        for held in holds:
+            ledger.release(held)
+        if out is not None:
+            _close_part(out, part)
+
+
+def _open_part(part: Path):
+    """The part file, opened to append and locked for this pull (one pull per file, across processes too)."""
+    try:
+        out = open(part, "ab", buffering=0)
+    except OSError as exc:
+        raise PullError(_unwritable(part.parent, exc),
+                        code="read_only" if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else "write_failed")
+    try:
+        fcntl.flock(out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        out.close()
+        raise PullError(f"{part.name.removeprefix('.').removesuffix('.part')} is being pulled already (by another pull "
+                        "of this Hearth or a `hearth models pull`): that pull goes on; its progress is on the Models page",
+                        refused=True, code="busy")
+    return out
+
+
+def _unwritable(folder: Path, exc: OSError) -> str:
+    """What to tell when the part file cannot be created in the models folder."""
+    if exc.errno == errno.EROFS:
+        return (f"the models folder is read-only: {exc}; Hearth writes pulls into {folder}, so mount it read-write "
+                "(docker-compose.yml ships it as ./models:/models:ro: drop the :ro), or copy .gguf files in yourself")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (f"the models folder is read-only for the user Hearth runs as (uid {os.getuid()}): {exc}; give that "
+                f"user write access to {folder}, or copy .gguf files in yourself")
+    return f"cannot write into the models folder {folder}: {exc}"
+
+
+def _close_part(out, part: Path) -> None:
+    """Unlock and close the part; an empty one is removed (nothing to resume), a partial one stays for the next pull."""
+    try:
+        mine = os.fstat(out.fileno())
+        on_disk = os.stat(part)
+        if mine.st_size == 0 and (on_disk.st_dev, on_disk.st_ino) == (mine.st_dev, mine.st_ino):
+            part.unlink()
+    except OSError:
+        pass  # landed (renamed) or already gone
+    finally:
+        out.close()
 
 
 def _hash_of(part: Path):
-    """A sha256 over what an earlier pull left in `part`, to go on with."""
+    """A sha256 over what an earlier pull left in `part`, to go on with (runs off the event loop)."""
     digest = hashlib.sha256()
-    if part.exists():
-        with open(part, "rb") as f:
-            while block := f.read(CHUNK_BYTES * 8):
-                digest.update(block)
+    with open(part, "rb") as f:
+        while block := f.read(CHUNK_BYTES * 8):
+            digest.update(block)
     return digest
+
+
+def _read_head(part: Path) -> tuple[bytes, int]:
+    """The first MAX_HEADER_BYTES of `part` and its size (runs off the event loop)."""
+    with open(part, "rb") as f:
+        return f.read(MAX_HEADER_BYTES), os.fstat(f.fileno()).st_size
+
+
+def _append(out, digest, chunk: bytes) -> None:
+    """Write and hash one chunk (runs off the event loop); a raw file may take a write in pieces."""
+    view = memoryview(chunk)
+    while view:
+        view = view[out.write(view):]
+    digest.update(chunk)
 
 
 def header_entry(metadata: GgufMetadata, name: str):
@@ -308,72 +727,68 @@ class _Cut(Exception):
     """The connection broke mid-download: resumable."""
 
 
+class _Restart(Exception):
+    """The server ignored the Range request: the part was emptied and the download starts over."""
+
+
 def _check(metadata: GgufMetadata, check_header: Callable[[GgufMetadata], str | None]) -> None:
     reason = check_header(metadata)
     if reason:
-        raise PullError(reason, refused=True)
+        raise PullError(reason, refused=True, code="unservable", discard=True)
 
 
-def _open(url: str, headers: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    """A GET on `url`, following redirects (a hub's CDN), with the response's headers read."""
-    for _ in range(MAX_REDIRECTS):
-        parts = urlsplit(url)
-        conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        conn = conn_class(parts.hostname, parts.port, timeout=READ_TIMEOUT_S)
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        conn.request("GET", target or "/", headers={"User-Agent": "hearth-library", "Accept-Encoding": "identity",
-                                                    **headers})
-        resp = conn.getresponse()
-        if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
-            resp.read()
-            conn.close()
-            url = urljoin(url, resp.getheader("Location"))
-            continue
-        return conn, resp
-    raise PullError(f"more than {MAX_REDIRECTS} redirects from {url}")
+def _parse_header(prefix: bytes, size: int, name: str) -> GgufMetadata:
+    try:
+        return read_metadata_prefix(prefix, size, name)
+    except GgufError as exc:
+        raise PullError(f"{name} is not a GGUF Hearth can serve: {exc}", refused=True, code="unservable", discard=True)
 
 
-def _download(source: Source, part: Path, digest, p: Pull, progress, check_header, header_checked: bool) -> bool:
-    """Append the rest of the file to `part`; True once the header was checked."""
+def _download(source: Source, out, digest, p: Pull, progress, check_header, header_checked: bool, hosts: HostPolicy,
+              reserve: Callable[[int], None] | None, written: Callable[[int], None]) -> bool:
+    """Append the rest of the file to the part `out`; True once the header was checked. `reserve` is
+    called with what is left once the response tells the size (when nothing told it before)."""
     # The standard library's reader, not httpx's: on loopback it read 400-740 MB/s against
     # httpx's 130 (measured here), and curl's speed is the target. Writing and hashing run on a
-    # second thread (both release the GIL), so reading never waits for them.
-    have = part.stat().st_size if part.exists() else 0
+    # second thread (both release the GIL), so reading never waits for them; under serve's gevent
+    # that thread is a greenlet, so each chunk's write goes to a pool thread (off_loop).
+    have = os.fstat(out.fileno()).st_size
+    p.done_bytes = have
     if p.total_bytes is not None and have >= p.total_bytes:
         return header_checked
     header = bytearray()
     if have and not header_checked:
-        with open(part, "rb") as f:
-            header += f.read(MAX_HEADER_BYTES)
+        header += off_loop(_read_head, Path(out.name))[0]
     try:
-        conn, resp = _open(source.url, {"Range": f"bytes={have}-"} if have else {})
+        conn, resp = _open(source.url, {"Range": f"bytes={have}-"} if have else {}, hosts)
     except (OSError, http.client.HTTPException) as exc:
         raise _Cut(f"{type(exc).__name__}: {exc}")
     chunks: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE_CHUNKS)
     failed: list[BaseException] = []
 
     def write() -> None:
-        with open(part, "ab") as out:
-            for chunk in iter(chunks.get, None):
-                if failed:
-                    continue
-                try:
-                    out.write(chunk)
-                    digest.update(chunk)
-                except OSError as exc:  # a full disk after all: stop, keep what was written
-                    failed.append(exc)
+        for chunk in iter(chunks.get, None):
+            if failed:
+                continue  # drained, so the reader never waits on a writer that stopped
+            try:
+                off_loop(_append, out, digest, chunk)
+                written(len(chunk))
+            except Exception as exc:  # a full disk after all: stop, keep what was written
+                failed.append(exc)
 
     writer = threading.Thread(target=write, name="pull-writer", daemon=True)
     try:
         if resp.status == 416 and have:
             return header_checked
         if resp.status >= 400:
-            raise PullError(f"{source.url} answered HTTP {resp.status}")
+            raise PullError(f"{source.url} answered HTTP {resp.status}", code="not_found" if resp.status == 404 else "upstream")
         if have and resp.status != 206:
-            part.unlink(missing_ok=True)
-            raise _Cut(f"the server ignored the Range request (HTTP {resp.status}): starting over")
+            off_loop(out.truncate, 0)
+            raise _Restart(f"the server ignored the Range request (HTTP {resp.status}): starting over")
         if p.total_bytes is None and resp.getheader("Content-Length"):
             p.total_bytes = have + int(resp.getheader("Content-Length"))
+        if reserve is not None and p.total_bytes is not None:
+            reserve(p.total_bytes - have)
         writer.start()
         last = 0.0
         # Parsing restarts from the first byte: try at doubling sizes, not on every chunk (a
@@ -402,20 +817,23 @@ def _download(source: Source, part: Path, digest, p: Pull, progress, check_heade
             writer.join()
         conn.close()
     if failed:
-        raise PullError(f"writing {part} failed: {failed[0]}")
+        raise PullError(f"writing {out.name} failed: {failed[0]}; what was written is kept: pull it again to resume",
+                        code="write_failed")
     if p.total_bytes is not None and p.done_bytes < p.total_bytes:
         raise _Cut(f"the connection closed at {p.done_bytes} of {p.total_bytes} bytes")
     return header_checked
 
 
 def _try_header(header: bytearray, p: Pull, check_header) -> bool:
-    """Check the header once enough bytes arrived; False while more are needed."""
+    """Check the header once enough bytes arrived; False while more are needed. The parse runs off the
+    event loop (a big vocabulary is megabytes of Python work), the check here (it reads the settings)."""
     try:
-        metadata = read_metadata_prefix(bytes(header), p.total_bytes or len(header), p.filename or "")
+        metadata = off_loop(lambda: read_metadata_prefix(bytes(header), p.total_bytes or len(header), p.filename or ""))
     except GgufError as exc:
         if "truncated" in str(exc) and len(header) < MAX_HEADER_BYTES:
             return False
-        raise PullError(f"{p.filename} is not a GGUF Hearth can serve: {exc}", refused=True)
+        raise PullError(f"{p.filename} is not a GGUF Hearth can serve: {exc}", refused=True, code="unservable",
+                        discard=True)
     _check(metadata, check_header)
     header.clear()
     return True
@@ -434,42 +852,59 @@ class Library:
 
     def __init__(self, models_dir: Path, check_header: Callable[[GgufMetadata], str | None],
                  on_done: Callable[[Path], None], endpoint: Callable[[], str | None] = lambda: None,
-                 disk_free: Callable[[Path], int] | None = None):
+                 disk_free: Callable[[Path], int] | None = None, ledger: DiskLedger | None = None):
         self.models_dir = models_dir
         self._check_header = check_header
         self._on_done = on_done
         self._endpoint = endpoint
         self._disk_free = disk_free
+        self._ledger = ledger or LEDGER
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._pulls: dict[int, Pull] = {}
 
-    def start(self, spec: str) -> Pull:
-        """Start pulling `spec` (or return the pull of it already running)."""
+    def start(self, spec: str, allowed_hosts: str | None = None) -> Pull:
+        """Start pulling `spec` (or return the pull of it already running, which this one joins).
+        `allowed_hosts`: the admin's pull_allowed_hosts, the non-public hosts this pull may reach."""
         with self._lock:
             for p in self._pulls.values():
                 if p.spec == spec and p.active:
                     return p
             p = Pull(spec, id=next(self._ids))
             self._pulls[p.id] = p
-        threading.Thread(target=self._run, args=(p,), name=f"pull-{p.id}", daemon=True).start()
+        threading.Thread(target=self._run, args=(p, allowed_hosts), name=f"pull-{p.id}", daemon=True).start()
         return p
 
-    def _run(self, p: Pull) -> None:
+    def _claim(self, p: Pull, filename: str) -> None:
+        """Make `p` the pull of `filename`; refused while another pull of this library writes it."""
+        with self._lock:
+            other = next((o for o in self._pulls.values() if o is not p and o.active and o.filename == filename), None)
+            if other is not None:
+                raise PullError(f"{filename} is being pulled already (pull {other.id}, {other.label}, {other.percent} %): "
+                                "that pull goes on; its progress is on the Models page", refused=True, code="busy")
+            p.filename = filename
+
+    def _run(self, p: Pull, allowed_hosts: str | None) -> None:
         try:
-            with httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-                              follow_redirects=True) as client:
-                source = resolve(p.spec, self._endpoint(), client)
-                # Done only once the catalog lists it: a client told "success" may use the model at once.
-                pull(source, self.models_dir, self._check_header, state=p, disk_free=self._disk_free,
-                     on_landed=self._on_done)
+            try:
+                hosts = HostPolicy.parse(allowed_hosts)
+            except ValueError as exc:
+                raise PullError(f"the setting {ALLOW_SETTING} cannot be read: {exc}", refused=True, code="host_refused")
+            source = resolve(p.spec, self._endpoint(), hosts)
+            self._claim(p, source.filename)
+            # Done only once the catalog lists it: a client told "success" may use the model at once.
+            pull(source, self.models_dir, self._check_header, state=p, disk_free=self._disk_free,
+                 on_landed=self._on_done, hosts=hosts, ledger=self._ledger)
         except PullError as exc:
             if p.active:
-                p.state, p.error, p.finished_s = ("refused" if exc.refused else "failed"), str(exc), time.monotonic()
-            log.warning("pull %s %s: %s", p.spec, p.state, exc)
+                p.end(exc)
+            log.warning("pull %s %s: %s", p.label, p.state, exc)
         except Exception as exc:  # a pull thread must record why it ended, whatever happened
-            log.exception("pull %s failed", p.spec)
-            p.state, p.error, p.finished_s = "failed", f"{type(exc).__name__}: {exc}", time.monotonic()
+            # The message redacted; the traceback (which quotes it as raised) only at debug level.
+            log.error("pull %s failed: %s", p.label, redact(f"{type(exc).__name__}: {exc}"))
+            log.debug("pull %s failed", p.label, exc_info=True)
+            p.state, p.error, p.code, p.finished_s = ("failed", redact(f"{type(exc).__name__}: {exc}"), "upstream",
+                                                      time.monotonic())
 
     def get(self, pull_id: int) -> Pull | None:
         """One pull by id."""

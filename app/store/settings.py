@@ -72,6 +72,13 @@ def _host_port(value: str) -> str | None:
     return "must be host:port, e.g. 0.0.0.0:8080 for the whole LAN or 127.0.0.1:8080 for this machine only"
 
 
+def _pull_hosts(value: str) -> str | None:
+    """The problem with a pull_allowed_hosts value, or None."""
+    from app.residency.library import allowed_hosts_problem
+
+    return allowed_hosts_problem(value)
+
+
 @dataclass(frozen=True)
 class SettingDef:
     """One setting: its name, default and what it does, and the rules a value must keep."""
@@ -168,6 +175,11 @@ REGISTRY = {
                    "bool", "Models and runners", "Prefix cache", restart=True),
         SettingDef("hf_endpoint", None, "Hugging Face endpoint models are pulled from (a mirror's URL; default: $HF_ENDPOINT, else huggingface.co)",
                    "str", "Models and runners", "Hugging Face endpoint"),
+        SettingDef("pull_allowed_hosts", None, "hosts a model pull may reach although they are on the LAN or this machine "
+                   "(private, loopback, link-local addresses), e.g. a LAN mirror: names (mirror.lan), addresses (192.168.1.20) "
+                   "or networks (192.168.1.0/24), comma-separated; default: none, pulls reach public hosts only (and the "
+                   "Hugging Face endpoint set above)",
+                   "str", "Network and access", "Pulls may reach these LAN hosts", check=_pull_hosts),
         SettingDef("api_manage_models", False, "let API tokens pull, copy and delete models through Ollama's /api/pull, /api/copy and /api/delete (the dashboard and `hearth models pull` always can)",
                    "bool", "Network and access", "API tokens manage models"),
         SettingDef("verdict_burst_overlap", 8, "this many requests at once or more in the request log is a burst (a batch job, agent branches): named apart, left out of the typical overlap, and the verdict must hold at its peak",

@@ -199,7 +199,8 @@ def pull():
     """Start pulling a model into the models folder; the pulls section comes back and polls itself."""
     source = request.form.get("source", "").strip()
     if source:
-        services().library.start(source)
+        svc = services()
+        svc.library.start(source, allowed_hosts=svc.settings.get("pull_allowed_hosts"))
     if not request.headers.get("HX-Request"):
         return redirect(url_for("models.index"))
     return render_template("models/_pulls.html", pulls=services().library.pulls())

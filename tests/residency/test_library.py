@@ -124,7 +124,8 @@ def test_plain_url_with_sha_and_the_background_library(hub, models):
     done = []
     lib = Library(models, check_header=lambda m: None, on_done=done.append)
     sha = hub.sha256("tiny-Q8_0.gguf")
-    p = lib.start(f"{hub.url}/files/tiny-Q8_0.gguf#sha256={sha}")
+    # The hub is on loopback: the admin's allow-list names it (a public host needs none).
+    p = lib.start(f"{hub.url}/files/tiny-Q8_0.gguf#sha256={sha}", allowed_hosts="127.0.0.1")
     assert lib.start(f"{hub.url}/files/tiny-Q8_0.gguf#sha256={sha}") is p  # one pull per source at a time
     import time
 
@@ -134,7 +135,7 @@ def test_plain_url_with_sha_and_the_background_library(hub, models):
         time.sleep(0.05)
     assert p.state == "done", p.error
     assert done == [models / "tiny-Q8_0.gguf"] and p.sha256 == sha and p.percent == 100
-    again = lib.start(f"{hub.url}/files/tiny-Q8_0.gguf")
+    again = lib.start(f"{hub.url}/files/tiny-Q8_0.gguf", allowed_hosts="127.0.0.1")
     while again.active:
         time.sleep(0.05)
     assert again.state == "refused" and "already in the models folder" in again.error
