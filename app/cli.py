@@ -94,7 +94,8 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temp", type=float, default=None, help="sampling temperature when a request names none")
     g.add_argument("--seed", type=int, default=None, help="sampling seed when a request names none (-1: random)")
     g.add_argument("--api-key", action="append", default=[],
-                   help="API key(s) clients must send as a bearer token or X-Api-Key (comma-separated or repeated)")
+                   help="API key(s) clients must send as a bearer token or X-Api-Key (comma-separated or repeated); "
+                        "also read from $HEARTH_RUNNER_API_KEY, where `hearth serve` puts its runners' keys")
     g.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=False,
                    help="serve /metrics (default: off, as llama-server; `hearth serve` starts its runners with it)")
     g.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True, help="serve /slots (default: on)")
@@ -118,7 +119,8 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--verbose", dest="runner_verbose", action="store_true",
                    help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")
     g.add_argument("--cors-origins", default="*",
-                   help="CORS origins answered (default %(default)s, as llama-server; 'localhost' for loopback only)")
+                   help="CORS origins answered (default %(default)s, as llama-server; 'localhost' for loopback only, "
+                        "'none' for no CORS at all, as `hearth serve` starts its runners)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -595,7 +597,9 @@ def _runner(args) -> int:
     if args.runner_verbose:
         logging.getLogger().setLevel(logging.INFO)
     mode = Mode.SERIAL.value if args.cont_batching is False else args.mode
-    api_keys = tuple(k.strip() for v in args.api_key for k in v.split(",") if k.strip())
+    # The environment's key, as llama-server reads LLAMA_API_KEY: a key on the command line is shown by `ps`.
+    from_env = os.environ.pop(RUNNER_KEY_ENV, "")
+    api_keys = tuple(k.strip() for v in [*args.api_key, from_env] for k in v.split(",") if k.strip())
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn),
         mode=mode,
@@ -626,3 +630,4 @@ def _runner(args) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+    from app.residency.supervisor import RUNNER_KEY_ENV

@@ -124,7 +124,7 @@ def census(serve: ServeProcess) -> Census:
     procs = [parent] + [p for p in parent.children(recursive=True) if p.pid not in runners]
     kv = None
     try:
-        text = httpx.get(serve.runner_url() + "/metrics", timeout=5).text
+        text = httpx.get(serve.runner_url() + "/metrics", headers=serve.runner_headers(), timeout=5).text
         match = re.search(r"^hearth:kv_cells_used(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
         kv = float(match.group(1)) if match else None
     except (LookupError, httpx.HTTPError):
@@ -253,7 +253,7 @@ def run_flood(args, model_path: str) -> int:
             med = {k: statistics.median(v) for k, v in lat.items()}
             med_t = {k: statistics.median(v) for k, v in ttft.items()}
             cpu = platform.processor() or platform.machine()
-            props = httpx.get(serve.runner_url() + "/props", timeout=10).json()
+            props = httpx.get(serve.runner_url() + "/props", headers=serve.runner_headers(), timeout=10).json()
             say(f"model {model_path}; hearth serve with default settings (runner sized by serve: "
                 f"{props.get('total_slots')} slots, {props.get('default_generation_settings', {}).get('n_ctx')} "
                 f"KV cells shared, threads = cores; model pinned, chat {max(8, args.streams)} concurrent); "

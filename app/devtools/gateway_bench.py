@@ -53,16 +53,16 @@ def added_latency_samples(client: httpx.Client, serve: ServeProcess, gw_headers:
     """Alternating direct/gateway samples of a 1-token answer and of the first streamed token (ms each)."""
     gw = serve.url + "/v1/completions"
     _completion(client, gw, gw_headers, 1)  # loads the model
-    direct = serve.runner_url() + "/v1/completions"
+    direct, direct_headers = serve.runner_url() + "/v1/completions", serve.runner_headers()
     for _ in range(3):  # warm both paths
         _completion(client, gw, gw_headers, 1)
-        _completion(client, direct, {}, 1)
+        _completion(client, direct, direct_headers, 1)
     lat = {"direct": [], "gateway": []}
     ttft = {"direct": [], "gateway": []}
     for _ in range(samples):
-        lat["direct"].append(_completion(client, direct, {}, 1))
+        lat["direct"].append(_completion(client, direct, direct_headers, 1))
         lat["gateway"].append(_completion(client, gw, gw_headers, 1))
-        ttft["direct"].append(first_token_ms(client, direct, {}))
+        ttft["direct"].append(first_token_ms(client, direct, direct_headers))
         ttft["gateway"].append(first_token_ms(client, gw, gw_headers))
     return lat, ttft
 
@@ -106,7 +106,7 @@ def run_gateway(args, model_path: str) -> int:
             gw, direct = serve.url + "/v1/completions", serve.runner_url() + "/v1/completions"
             rates = {"direct": [], "gateway": []}
             for _ in range(args.repeats):
-                rates["direct"].append(_streams(direct, {}, args.streams, args.tokens))
+                rates["direct"].append(_streams(direct, serve.runner_headers(), args.streams, args.tokens))
                 rates["gateway"].append(_streams(gw, gw_headers, args.streams, args.tokens))
             client.close()
         finally:

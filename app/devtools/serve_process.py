@@ -14,7 +14,7 @@ import psutil
 from sqlalchemy import update
 
 from app.gateway.tokens import create_token
-from app.residency.supervisor import free_port
+from app.residency.supervisor import LLAMA_KEY_ENV, RUNNER_KEY_ENV, free_port
 from app.store.db import open_store
 from app.store.models import Model, RequestClass, utcnow
 from app.store.settings import set_setting
@@ -41,6 +41,17 @@ def prepare_data(data: Path, classes: dict[str, dict] | None = None, settings: d
             out[member], _ = create_token(s, member, default_class, allow)
     engine.dispose()
     return out
+
+
+def runner_headers_of(pid: int) -> dict[str, str]:
+    """The Authorization header for the runner process `pid`, from the key serve put in its environment.
+
+    Only the user who runs serve (or root) can read another process's environment: the benchmarks and
+    tests that call serve's runners directly run as that user.
+    """
+    env = psutil.Process(pid).environ()
+    key = env.get(RUNNER_KEY_ENV) or env.get(LLAMA_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class ServeProcess:
@@ -107,6 +118,12 @@ class ServeProcess:
             return f"http://127.0.0.1:{args[args.index('--port') + 1]}"
         raise LookupError("no runner is running")
 
+    def runner_headers(self) -> dict[str, str]:
+        """What a request straight to the (single) running runner must carry: the key serve gave it."""
+        for p in self.runner_arbiters():
+            return runner_headers_of(p.pid)
+        raise LookupError("no runner is running")
+
     def serve_rss_bytes(self) -> int:
         """RSS of serve itself (arbiter + worker), runners excluded."""
         parent = psutil.Process(self.proc.pid)
@@ -166,6 +183,10 @@ class BenchServe:
 
     def runner_url(self) -> str:
         return self.serve.runner_url()
+
+    def runner_headers(self) -> dict[str, str]:
+        """The key of its runner, for the requests the bench sends straight to it."""
+        return self.serve.runner_headers()
 
     def stop(self) -> None:
         try:

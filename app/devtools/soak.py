@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from app.devtools.serve_process import runner_headers_of
 from app.exposition import Scrape, parse_exposition
 from app.gateway.relay import MAX_IDLE_PER_RUNNER
 from app.store.db import DATABASE_NAME
@@ -130,9 +131,9 @@ class SoakReport:
         return all(self.criteria.values())
 
 
-def _metrics(client: httpx.Client, url: str) -> Scrape:
+def _metrics(client: httpx.Client, url: str, headers: dict | None = None) -> Scrape:
     """The server's /metrics, parsed."""
-    return parse_exposition(client.get(url, timeout=10).text)
+    return parse_exposition(client.get(url, headers=headers, timeout=10).text)
 
 
 def _fd_kinds(pid: int) -> Counter:
@@ -360,14 +361,24 @@ def _runner_url(runner_pids: list[int]) -> str | None:
     return f"http://127.0.0.1:{ports[0]}" if ports else None
 
 
-def _idle_state(client: httpx.Client, gateway: str, runner: str | None) -> dict:
+def _runner_headers(runner_pids: list[int]) -> dict:
+    """The key serve gave its runner (every process of a runner holds the same environment)."""
+    for pid in runner_pids:
+        try:
+            return runner_headers_of(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return {}
+
+
+def _idle_state(client: httpx.Client, gateway: str, runner: str | None, runner_headers: dict | None = None) -> dict:
     g = _metrics(client, gateway + "/metrics")
     # Labelled per class and per model: the sums over all of them.
     state = {"gateway_in_flight": (g.value("hearth:class_in_flight") or 0.0) + (g.value("hearth:model_in_flight") or 0.0),
              "gateway_waiting": g.value("hearth:class_waiting") or 0.0}
     if runner:
-        m = _metrics(client, runner + "/metrics")
-        slots = client.get(runner + "/slots", timeout=10).json()
+        m = _metrics(client, runner + "/metrics", runner_headers)
+        slots = client.get(runner + "/slots", headers=runner_headers, timeout=10).json()
         state.update(kv_cells_used=m.value("hearth:kv_cells_used"), runner_running=m.value("hearth:requests_running"),
                      runner_waiting=m.value("hearth:requests_waiting"),
                      runner_cancelled=m.value("hearth:requests_finished_total", {"reason": "cancelled"}) or 0.0,
@@ -400,10 +411,10 @@ def run_soak(url: str, token: str, streams: int = 32, minutes: float = 2.0, disc
     serve_pid = serve_pid or _find_serve_pid(url)
     client = httpx.Client(timeout=30)
     _, runner_pids = _serve_pids(serve_pid) if serve_pid else ([], [])
-    runner = _runner_url(runner_pids)
-    _wait_idle(client, soak.url, runner, IDLE_TIMEOUT_S)
+    runner, runner_headers = _runner_url(runner_pids), _runner_headers(runner_pids)
+    _wait_idle(client, soak.url, runner, IDLE_TIMEOUT_S, runner_headers)
     time.sleep(6)  # serve's keep-alive (5 s) closes the warm-up's idle client connections
-    before = _idle_state(client, soak.url, runner)
+    before = _idle_state(client, soak.url, runner, runner_headers)
     if serve_pid:
         report.baseline = _figures(serve_pid)
     say(f"baseline {report.baseline}; soaking {streams} streams for {seconds:.0f} s")
@@ -421,10 +432,10 @@ def run_soak(url: str, token: str, streams: int = 32, minutes: float = 2.0, disc
     soak.run_clients(seconds)
     sampling.set()
     t_end = time.monotonic()
-    idle = _wait_idle(client, soak.url, runner, IDLE_TIMEOUT_S)
+    idle = _wait_idle(client, soak.url, runner, IDLE_TIMEOUT_S, runner_headers)
     report.idle_after_s = round(time.monotonic() - t_end, 2) if idle else None
     time.sleep(6)
-    after = _idle_state(client, soak.url, runner)
+    after = _idle_state(client, soak.url, runner, runner_headers)
     if serve_pid:
         report.after = _figures(serve_pid)
     client.close()
@@ -445,10 +456,11 @@ def run_soak(url: str, token: str, streams: int = 32, minutes: float = 2.0, disc
     return report
 
 
-def _wait_idle(client: httpx.Client, gateway: str, runner: str | None, timeout_s: float) -> bool:
+def _wait_idle(client: httpx.Client, gateway: str, runner: str | None, timeout_s: float,
+               runner_headers: dict | None = None) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _is_idle(_idle_state(client, gateway, runner)):
+        if _is_idle(_idle_state(client, gateway, runner, runner_headers)):
             return True
         time.sleep(0.5)
     return False

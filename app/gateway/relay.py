@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from app.protocols import sse
-from app.residency.supervisor import node_tls_context
+from app.residency.supervisor import node_tls_context, runner_headers
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
 STREAM_READ_BYTES = 65536
@@ -164,7 +164,9 @@ def _send(url: str, body: dict, extra_headers: dict[str, str] | None
           ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, Origin]:
     origin, path = _origin(url)
     payload = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload)), **(extra_headers or {})}
+    # A runner serve started asks for its key; a remote node is sent none it was not given.
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload)), **runner_headers(url),
+               **(extra_headers or {})}
     # A kept-alive connection may have been closed by the runner meanwhile: one retry on a fresh one.
     for fresh in (False, True):
         conn = None if fresh else _take(origin)

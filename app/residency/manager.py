@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Literal
 
 from app.policy import MODEL_POLICIES, ModelPolicy
-from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, RunnerStartFailed
+from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, RunnerStartFailed, new_runner_key
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +365,8 @@ class ResidencyManager:
 
     def _load(self, m: _Model, spec: ModelSpec, done: Future, reason: str) -> None:
         """Start `m`'s runner (the caller owns the load) and settle `done` for everyone waiting."""
-        runner = RunnerProcess(spec.runner, on_exit=self._runner_exited)
+        # A key of its own per start: only serve can call the runner, not any other process on the host.
+        runner = RunnerProcess(spec.runner, on_exit=self._runner_exited, api_key=new_runner_key())
         with self._lock:
             m.starting = runner
         try:

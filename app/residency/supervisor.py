@@ -7,6 +7,7 @@ import ctypes
 import logging
 import os
 import queue
+import secrets
 import signal
 import socket
 import ssl
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -29,6 +31,10 @@ from app.policy import RUNNER_KINDS, RunnerKind
 log = logging.getLogger(__name__)
 
 LOG_LINES = 500
+# Where a runner started by serve finds its API key: the environment, which only its own user (and
+# root) can read in /proc/<pid>/environ, never the command line, which `ps` shows everyone.
+RUNNER_KEY_ENV = "HEARTH_RUNNER_API_KEY"
+LLAMA_KEY_ENV = "LLAMA_API_KEY"  # llama.cpp's common/arg.cpp: --api-key reads it when the flag is absent
 # A port picked free can be taken before the runner binds it; a new one is tried that many times.
 MAX_PORT_TRIES = 3
 
@@ -80,6 +86,8 @@ class RunnerSpec:
             "--gpu-layers", str(self.gpu_layers), "--mode", self.mode, "--alias", self.model_name,
             # The gateway's load probe and the telemetry sampler read /metrics (off by default, as llama-server).
             "--metrics",
+            # Nothing started by Hearth is meant for a browser: no web page may read a runner's answers.
+            "--cors-origins", "none",
         ]
         if parent_pid is not None:
             cmd += ["--parent-pid", str(parent_pid)]
@@ -103,6 +111,48 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def new_runner_key() -> str:
+    """A random API key for one runner: 256 bits, URL-safe."""
+    return secrets.token_urlsafe(32)
+
+
+# The keys of the runners this process started, by (host, port): the relay, the probes and the
+# telemetry sampler find a runner's key from the URL they already have. An entry lives exactly as
+# long as its runner, so a port reused by another process after a runner exits never gets the key.
+_runner_keys: dict[tuple[str, int], str] = {}
+_runner_keys_lock = threading.Lock()
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def runner_headers(url: str) -> dict[str, str]:
+    """The Authorization header for a request to `url` when it is a runner this process started with a key."""
+    with _runner_keys_lock:
+        key = _runner_keys.get(_address(url))
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _remember_key(url: str, key: str) -> None:
+    with _runner_keys_lock:
+        _runner_keys[_address(url)] = key
+
+
+def _forget_key(url: str, key: str) -> None:
+    with _runner_keys_lock:
+        if _runner_keys.get(_address(url)) == key:
+            del _runner_keys[_address(url)]
+
+
+def key_environment(kind: RunnerKind, key: str | None) -> dict[str, str]:
+    """The variables that hand a runner of `kind` its key; {} without one."""
+    if key is None:
+        return {}
+    return {LLAMA_KEY_ENV if kind == "llama-server" else RUNNER_KEY_ENV: key}
 
 
 # --- parent-death signal ---------------------------------------------------------------------
@@ -190,10 +240,12 @@ class RunnerProcess:
 
     def __init__(self, spec: RunnerSpec,
                  on_exit: Callable[[RunnerProcess, int, bool], None] | None = None,
-                 parent_pid: int | None = None):
+                 parent_pid: int | None = None, api_key: str | None = None):
         self.spec = spec
         self.on_exit = on_exit
         self.parent_pid = parent_pid if parent_pid is not None else os.getpid()
+        # Required by the runner on every route but /health (None: a runner anyone on the host may call).
+        self.api_key = api_key
         self.port: int | None = None
         self.cold_start_ms: float | None = None
         self.returncode: int | None = None
@@ -214,6 +266,11 @@ class RunnerProcess:
     def url(self) -> str | None:
         """Base URL, once a port is chosen."""
         return f"http://127.0.0.1:{self.port}" if self.port else None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a request to this runner must carry: its key as a bearer token, when it has one."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def pid(self) -> int | None:
@@ -296,6 +353,8 @@ class RunnerProcess:
         raise AssertionError("unreachable")
 
     def _reset(self) -> None:
+        if self.url and self.api_key:
+            _forget_key(self.url, self.api_key)
         self._proc = None
         self.port = None
         self.returncode = None
@@ -308,6 +367,13 @@ class RunnerProcess:
             raise RunnerStartFailed("stopped before it started", [])
         self.port = free_port()
         args = self.spec.command(self.port, parent_pid=self.parent_pid if self.spec.kind == "hearth" else None)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # A key serve's own environment happens to hold is not this runner's: only ours is passed.
+        for name in (RUNNER_KEY_ENV, LLAMA_KEY_ENV):
+            env.pop(name, None)
+        env.update(key_environment(self.spec.kind, self.api_key))
+        if self.api_key:
+            _remember_key(self.url, self.api_key)
         t0 = time.monotonic()
         try:
             self._proc = _spawner.popen(
@@ -317,15 +383,18 @@ class RunnerProcess:
                 # arbiter is gone, and a Ctrl-C meant for `hearth serve` is not delivered twice.
                 start_new_session=True,
                 preexec_fn=_die_with_parent(os.getpid(), death_signal(self.spec.kind)),
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=env,
                 close_fds=True,
             )
         except OSError as exc:
+            if self.api_key:
+                _forget_key(self.url, self.api_key)
             raise RunnerStartFailed(f"could not start {args[0]}: {exc}", [])
         self._reader = threading.Thread(target=self._read_log, args=(self._proc,), daemon=True,
                                         name=f"runner-log-{self._proc.pid}")
         self._reader.start()
-        self._watcher = threading.Thread(target=self._watch, args=(self._proc, self._exited, self._reader), daemon=True,
+        self._watcher = threading.Thread(target=self._watch, args=(self._proc, self._exited, self._reader, self.url),
+                                         daemon=True,
                                          name=f"runner-watch-{self._proc.pid}")
         self._watcher.start()
         try:
@@ -339,7 +408,7 @@ class RunnerProcess:
         return self
 
     def _wait_healthy(self, deadline: float, timeout_s: float) -> None:
-        with httpx.Client(base_url=self.url, timeout=2.0) as client:
+        with httpx.Client(base_url=self.url, timeout=2.0, headers=self.headers) as client:
             while True:
                 if self._exited.wait(0.1):
                     # Let the reader drain the last lines: they hold the reason.
@@ -371,7 +440,7 @@ class RunnerProcess:
                 self._log.append(line)
         proc.stdout.close()
 
-    def _watch(self, proc: subprocess.Popen, exited: threading.Event, reader: threading.Thread) -> None:
+    def _watch(self, proc: subprocess.Popen, exited: threading.Event, reader: threading.Thread, url: str) -> None:
         try:
             # Wait without reaping: while the leader is a zombie its PID, our group id, cannot be reused.
             os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
@@ -380,6 +449,8 @@ class RunnerProcess:
             pass
         rc = proc.wait()
         self.returncode = rc
+        if self.api_key:
+            _forget_key(url, self.api_key)
         exited.set()
         reader.join(2)
         with self._lock:
@@ -495,7 +566,8 @@ class RemoteNode:
 
     def _get(self, path: str) -> httpx.Response:
         verify = node_tls_context() if self.url.startswith("https://") else True
-        return httpx.get(f"{self.url}{path}", timeout=self.timeout_s, verify=verify)
+        # A local runner's probe carries its key; a remote node gets none it was not given.
+        return httpx.get(f"{self.url}{path}", timeout=self.timeout_s, verify=verify, headers=runner_headers(self.url))
 
     def healthy(self) -> bool:
         """GET /health is 200, or 503: up but loading or busy, which is no failure (`busy` says which).

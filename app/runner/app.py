@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # Reachable without the API key, as in llama-server (a supervisor polls them).
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+# --cors-origins none: no Access-Control header and no preflight answer, so browsers refuse every page.
+CORS_NONE = "none"
 
 Handler = Callable[[RunnerState, HttpRequest], Response]
 
@@ -99,7 +101,8 @@ class RunnerApp:
     def __call__(self, environ, start_response):
         req = HttpRequest(environ)
         req.max_content_length = MAX_BODY_BYTES
-        if req.method == "OPTIONS":
+        cors = self.state.config.cors_origins != CORS_NONE
+        if req.method == "OPTIONS" and cors:
             # A browser's preflight carries no credentials: answered before the key check, as llama-server.
             resp = Response("", 200, mimetype="text/html")
             resp.headers["Access-Control-Allow-Credentials"] = "true"
@@ -107,7 +110,8 @@ class RunnerApp:
             resp.headers["Access-Control-Allow-Headers"] = "*"
         else:
             resp = self._dispatch(req)
-        self._cors(req, resp)
+        if cors:
+            self._cors(req, resp)
         return resp(environ, start_response)
 
     def _dispatch(self, req: HttpRequest) -> Response:
@@ -140,7 +144,12 @@ class RunnerApp:
         given = req.headers.get("Authorization") or req.headers.get("X-Api-Key") or ""
         if given.startswith("Bearer "):
             given = given[len("Bearer "):]
-        if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
+        if not given:
+            raise ApiError(401, "Invalid API Key: this runner requires its key as 'Authorization: Bearer <key>' or "
+                                "X-Api-Key (a runner started by `hearth serve` is called through serve's API, "
+                                "with a Hearth token)", code="invalid_api_key", err_type="authentication_error")
+        # Every key is compared, so the time taken says nothing about which one nearly matched.
+        if not sum(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
             raise ApiError(401, "Invalid API Key", code="invalid_api_key", err_type="authentication_error")
 
     def _cors(self, req: HttpRequest, resp: Response) -> None:

@@ -34,7 +34,8 @@ class RunnerConfig:
     embedding: bool = False
     pooling: str | None = None
     reranking: bool = False
-    # llama-server's --cors-origins: "*" echoes any Origin (with credentials), "localhost" loopback ones only.
+    # llama-server's --cors-origins: "*" echoes any Origin (with credentials), "localhost" loopback ones only,
+    # "none" no CORS at all (runners started by `hearth serve`: no web page may read their answers).
     cors_origins: str = "*"
     # llama-server's --verbose: chat answers carry `__verbose` with the rendered prompt.
     verbose: bool = False

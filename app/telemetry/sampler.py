@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from app.exposition import parse_exposition
 from app.hardware import nvml_gpus, report_nvml_error
 from app.residency.manager import ModelState
+from app.residency.supervisor import runner_headers
 from app.store.models import Sample, Series
 from app.store.writer import StoreWriter
 
@@ -304,10 +305,12 @@ def _httpx_get() -> HttpGet:
     client = httpx.Client()
 
     def get(url: str, timeout_s: float) -> str:
-        response = client.get(url, timeout=timeout_s)
+        # A runner serve started answers /metrics and /slots only with its key.
+        response = client.get(url, timeout=timeout_s, headers=runner_headers(url))
         response.raise_for_status()
         return response.text
 
+    get.close = client.close  # type: ignore[attr-defined]
     return get
 
 

@@ -159,7 +159,7 @@ def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str,
                     s = {"t_s": time.monotonic() - t0, "in_flight": client.in_flight,
                          "before_first_token": client.before_first_token, "util": util.read()}
                     try:
-                        r = mclient.get(f"{target.metrics_url or target.url}/metrics")
+                        r = mclient.get(f"{target.metrics_url or target.url}/metrics", headers=target.metrics_headers)
                         values = parse_exposition(r.text) if r.status_code == 200 else Scrape()
                     except (httpx.HTTPError, ValueError):
                         # A sample without server figures; the request timings still count.

@@ -228,7 +228,8 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
             for t in targets:
                 warm_up(t)
             # Prompts are cut with a runner's tokenizer (serve's runner: its gateway has none of its own).
-            cutter = http_cutter(next((t.metrics_url or t.url for t in targets if t.kind != "external"), targets[0].url))
+            cutting = next((t for t in targets if t.kind != "external"), targets[0])
+            cutter = http_cutter(cutting.metrics_url or cutting.url, cutting.metrics_headers)
             if session_id is None:
                 props = None
                 if targets[0].kind == "hearth":

@@ -27,6 +27,7 @@ class Target:
     slots: int | None = None  # sequence slots it was started with; None when the bench did not start it
     headers: dict | None = None  # sent with every request (a gateway's token)
     metrics_url: str | None = None  # where the sampler reads KV and queue figures (default: url)
+    metrics_headers: dict | None = None  # sent to metrics_url (the key serve gave its runner)
 
     @property
     def mode(self) -> str:
@@ -85,20 +86,20 @@ def stop_targets(targets: list[Target]) -> None:
             t.process.stop()
 
 
-def http_cutter(url: str) -> PromptCutter:
+def http_cutter(url: str, headers: dict | None = None) -> PromptCutter:
     """Prompt cutting with the server's /tokenize and /detokenize; estimated lengths if it has neither."""
     try:
-        r = httpx.post(f"{url}/tokenize", json={"content": "hello"}, timeout=10)
-        d = httpx.post(f"{url}/detokenize", json={"tokens": r.json()["tokens"]}, timeout=10)
+        r = httpx.post(f"{url}/tokenize", json={"content": "hello"}, headers=headers, timeout=10)
+        d = httpx.post(f"{url}/detokenize", json={"tokens": r.json()["tokens"]}, headers=headers, timeout=10)
         d.json()["content"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return PromptCutter()
 
     def tokenize(text: str) -> list[int]:
-        return httpx.post(f"{url}/tokenize", json={"content": text}, timeout=60).json()["tokens"]
+        return httpx.post(f"{url}/tokenize", json={"content": text}, headers=headers, timeout=60).json()["tokens"]
 
     def detokenize(tokens: list[int]) -> str:
-        return httpx.post(f"{url}/detokenize", json={"tokens": tokens}, timeout=60).json()["content"]
+        return httpx.post(f"{url}/detokenize", json={"tokens": tokens}, headers=headers, timeout=60).json()["content"]
 
     return PromptCutter(tokenize, detokenize)
 
@@ -106,7 +107,8 @@ def http_cutter(url: str) -> PromptCutter:
 def serve_ready(target: Target) -> None:
     """After the warm-up has loaded serve's runner: its slots, and its /metrics for the sampler."""
     target.metrics_url = target.process.runner_url()
-    props = httpx.get(f"{target.metrics_url}/props", timeout=10).json()
+    target.metrics_headers = target.process.runner_headers()
+    props = httpx.get(f"{target.metrics_url}/props", headers=target.metrics_headers, timeout=10).json()
     target.slots = props.get("total_slots")
 
 

@@ -39,7 +39,7 @@ def test_a_voice_request_preempts_background_which_still_completes_as_if_alone(s
                         tokens=[("app", "background", ["voice"])])
     alone: list = []
     _complete(serve, "background", BACKGROUND_TOKENS, alone)
-    runner = httpx.Client(base_url=serve.runner_url(), timeout=30)
+    runner = httpx.Client(base_url=serve.runner_url(), headers=serve.runner_headers(), timeout=30)
     sample = 'hearth:preemptions_by_class_total{class="background",reason="slot"}'
     assert metric(runner, sample) is None  # nothing preempted yet
 

@@ -113,7 +113,7 @@ def test_a_stalled_reader_is_cancelled_and_logged_as_client_stalled(loaded):
         assert "client_stall_s" in error
         assert (completion or 0) < 1500
         # Closing the upstream stream cancelled the runner's sequence: its KV cells are free.
-        with httpx.Client(base_url=loaded.runner_url()) as runner:
+        with httpx.Client(base_url=loaded.runner_url(), headers=loaded.runner_headers()) as runner:
             wait_until(lambda: metric(runner, "hearth:kv_cells_used") == 0, timeout_s=30,
                        message="the runner to free the sequence's KV cells")
     finally:

@@ -158,7 +158,7 @@ def runner(serve):
     r = serve.client.post(CHAT, json={"messages": HELLO, "max_tokens": 1},
                           headers={"Authorization": f"Bearer {serve.tokens['alice']}"})
     assert r.status_code == 200 and r.headers["X-Hearth-Model"] == DEFAULT_MODEL
-    with httpx.Client(base_url=serve.runner_url(), timeout=120) as client:
+    with httpx.Client(base_url=serve.runner_url(), headers=serve.runner_headers(), timeout=120) as client:
         yield client
 
 

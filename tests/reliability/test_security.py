@@ -9,13 +9,16 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import httpx
 import pytest
 
+from app.devtools.serve_process import runner_headers_of
 from app.gateway.auth import TokenCache, hash_token
 from app.gateway.pipeline import from_lan
 from app.residency.catalog import OUTSIDE_REASON, scan
+from app.residency.supervisor import RUNNER_KEY_ENV
 from app.store.settings import REGISTRY
-from tests.helpers import SMALL_RUNNERS, query, store_now, wait_until
+from tests.helpers import SMALL_RUNNERS, metric, query, store_now, wait_until
 
 HELLO = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2}
 
@@ -103,6 +106,39 @@ def test_model_files_must_lie_inside_the_models_folder(tmp_path, standin_model):
     assert entries["real"].usable and entries["inside-link"].usable
 
 
+def runner_key(serve) -> str:
+    """The key serve gave its (loaded) runner, read from the runner's environment."""
+    written_through(serve)  # loads the default model's runner
+    arbiter, = serve.runner_arbiters()
+    return arbiter.environ()[RUNNER_KEY_ENV]
+
+
+def test_a_runner_serve_started_answers_only_serve(serve):
+    key = runner_key(serve)
+    url = serve.runner_url()
+    for _, command in serve.runner_commands():
+        assert key not in command, command  # `ps` shows command lines to every user
+        assert "--cors-origins none" in command
+    assert runner_headers_of(serve.runner_arbiters()[0].pid) == {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=url, timeout=60) as local_process:
+        assert local_process.get("/health").status_code == 200
+        for method, path in (("GET", "/metrics"), ("GET", "/slots"), ("GET", "/props"), ("GET", "/v1/models"),
+                             ("POST", "/v1/chat/completions"), ("POST", "/completion")):
+            r = local_process.request(method, path, json={**HELLO, "prompt": "hi"} if method == "POST" else None)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+        # A page in a browser on this machine gets no CORS answer: it cannot read the runner at all.
+        preflight = local_process.options("/v1/chat/completions", headers={
+            "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+        assert "access-control-allow-origin" not in preflight.headers
+    # Serve's own requests carry the key: the relay (answers through the API) and the telemetry scrape.
+    r = serve.client.post("/v1/chat/completions", json={**HELLO, "stream": True},
+                          headers={"Authorization": f"Bearer {serve.tokens['alice']}"})
+    assert r.status_code == 200 and "[DONE]" in r.text
+    wait_until(lambda: metric(serve.client, 'hearth:model_kv_used_percent{model="gemma-3-270m-q4_k_m",node="local"}')
+               is not None, 20, "serve's sampler never read the runner's /metrics")
+    assert metric(serve.client, 'hearth:runner_scrape_failures_total{model="gemma-3-270m-q4_k_m",node="local"}') == 0
+
+
 def test_secrets_never_appear_in_logs_responses_or_the_store(serve):
     token = serve.tokens["alice"]
     wrong = "hth_" + secrets.token_urlsafe(32)
@@ -121,7 +157,7 @@ def test_secrets_never_appear_in_logs_responses_or_the_store(serve):
     log = serve.log_path.read_bytes()
     # The first-run setup code is printed in the log on purpose (whoever reads serve's log runs the
     # box, as with Jenkins' initial admin password); it must still appear nowhere else.
-    secret_values = [(token, True), (wrong, True)]
+    secret_values = [(token, True), (wrong, True), (runner_key(serve), True)]
     secret_values += [(p.read_text().strip(), p.name != "setup_code") for p in (serve.data / "secrets").glob("*")] \
         if (serve.data / "secrets").is_dir() else []
     for value, kept_out_of_log in secret_values:

@@ -20,7 +20,7 @@ from app.residency.manager import (
     ResidencyManager,
     UnknownModel,
 )
-from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, free_port
+from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, free_port, runner_headers
 from tests.helpers import wait_until
 
 MiB = 2**20
@@ -132,7 +132,7 @@ def remote_runner(gemma_path, tmp_path_factory):
 def complete(lease: Lease) -> dict:
     """One short completion through a lease."""
     r = httpx.post(f"{lease.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0},
-                   timeout=60)
+                   headers=runner_headers(lease.url), timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -321,7 +321,7 @@ def test_load_based_choice_between_local_and_remote(harness, gemma_path, remote_
     stop = threading.Event()
 
     def stream():
-        with httpx.stream("POST", f"{first.url}/v1/completions", timeout=60,
+        with httpx.stream("POST", f"{first.url}/v1/completions", timeout=60, headers=runner_headers(first.url),
                           json={"prompt": "Count:", "max_tokens": 400, "stream": True}) as r:
             for _ in r.iter_lines():
                 if stop.is_set():
