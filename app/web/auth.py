@@ -6,6 +6,11 @@ the dashboard and the admin cookie never authenticates /v1/. The password is sto
 ask for a new one at /setup. The session remembers a fingerprint of the hash, so changing the
 password logs every other session out.
 
+A signed cookie alone would stay valid after logout (whoever copied it could replay it until it
+expires), so each login also gets a random session id that the server keeps in
+`<data>/secrets/admin_sessions`: logout removes it, a password change removes every other one, and
+a cookie whose id is not listed opens nothing.
+
 Until an admin exists, /setup is open to the whole LAN, so it asks for a one-time setup code (as
 Jenkins does with its initial admin password): generated when serve starts (or when /setup is
 visited without one), printed in serve's log and kept in `<data>/secrets/setup_code`, removed once
@@ -18,7 +23,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import json
 import secrets as _random
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -50,6 +57,12 @@ SETUP_CODE_SECRET = "setup_code"
 _CODE_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 MIN_PASSWORD_LENGTH = 8
 DEFAULT_LOGIN_RATE_LIMIT = "10 per minute"
+SESSIONS_SECRET = "admin_sessions"
+# Ids older than this are dropped as new ones are added: the cookie itself expires after 14 days.
+SESSION_ID_LIFETIME_S = 14 * 24 * 3600
+MAX_ADMIN_SESSIONS = 64  # logins kept at once (browsers, phones); the oldest goes first
+# One read-modify-write of the id list at a time (serve has one worker process).
+_sessions_lock = threading.Lock()
 
 
 def _data_dir():
@@ -68,6 +81,9 @@ def _fingerprint(stored_hash: str) -> str:
 def set_password(password: str) -> None:
     """Hash and store the admin password (this invalidates every existing session)."""
     write_secret(_data_dir(), PASSWORD_SECRET, generate_password_hash(password))
+    # The hash's fingerprint already differs; the ids go too, so no old cookie can ever match again.
+    with _sessions_lock:
+        remove_secret(_data_dir(), SESSIONS_SECRET)
 
 
 def _new_setup_code() -> str:
@@ -104,6 +120,9 @@ def create_first_password(password: str) -> bool:
     if not create_secret(_data_dir(), PASSWORD_SECRET, generate_password_hash(password)):
         return False
     remove_secret(_data_dir(), SETUP_CODE_SECRET)
+    # Sessions of an admin whose password file was deleted end with it.
+    with _sessions_lock:
+        remove_secret(_data_dir(), SESSIONS_SECRET)
     return True
 
 
@@ -116,19 +135,62 @@ def password_problem(password: str, confirm: str) -> str | None:
     return None
 
 
+def _live_sessions() -> dict[str, int]:
+    """The admin session ids the server honours, with the time each was issued."""
+    raw = read_secret(_data_dir(), SESSIONS_SECRET)
+    try:
+        live = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}  # unreadable: every session logs in again, none is let in by mistake
+    return live if isinstance(live, dict) else {}
+
+
+def _update_sessions(change) -> None:
+    """Apply `change` to the id list (dropping expired and surplus ids) and store it."""
+    with _sessions_lock:
+        live = _live_sessions()
+        change(live)
+        oldest = time.time() - SESSION_ID_LIFETIME_S
+        kept = sorted(((sid, at) for sid, at in live.items() if isinstance(at, int | float) and at >= oldest),
+                      key=lambda item: item[1])[-MAX_ADMIN_SESSIONS:]
+        write_secret(_data_dir(), SESSIONS_SECRET, json.dumps(dict(kept)))
+
+
 def is_admin() -> bool:
-    """True when this request carries a session logged in with the current password."""
+    """True when this request carries a session logged in with the current password and not logged out."""
     stored = password_hash()
-    return stored is not None and session.get("admin") == _fingerprint(stored)
+    if stored is None or session.get("admin") != _fingerprint(stored):
+        return False
+    sid = session.get("sid")
+    return isinstance(sid, str) and sid in _live_sessions()
 
 
-def log_in(stored_hash: str) -> None:
-    """Start a fresh admin session bound to this password hash."""
+def log_in(stored_hash: str, only_session: bool = False) -> None:
+    """Start a fresh admin session bound to this password hash (`only_session`: every other one ends)."""
     # A fresh session on login: a session id planted before login is worthless afterwards.
+    old_sid = session.get("sid")
     session.clear()
     session.permanent = True
     session["admin"] = _fingerprint(stored_hash)
-    session["since"] = int(time.time())
+    now = int(time.time())
+    session["since"] = now
+    session["sid"] = sid = _random.token_urlsafe(24)
+
+    def add(live: dict) -> None:
+        if only_session:
+            live.clear()
+        live.pop(old_sid, None)
+        live[sid] = now
+
+    _update_sessions(add)
+
+
+def log_out() -> None:
+    """End this admin session on the server too: its cookie, replayed, opens nothing."""
+    sid = session.get("sid")
+    session.clear()
+    if isinstance(sid, str):
+        _update_sessions(lambda live: live.pop(sid, None))
 
 
 def _safe_next(target: str | None) -> str:
@@ -217,7 +279,7 @@ def login():
 
 @bp.post("/logout")
 def logout():
-    """End the admin session."""
-    session.clear()
+    """End the admin session (on the server as well as in the browser)."""
+    log_out()
     flash("Logged out.", "ok")
     return redirect(url_for("auth.login"))

@@ -285,3 +285,61 @@ def test_behind_a_trusted_proxy_https_and_client_ip_come_from_its_headers(tmp_pa
         assert guesser.post("/login", data=wrong, headers=same_ip).status_code == 429
         # The limit is per client behind the proxy, not per proxy.
         assert guesser.post("/login", data=wrong, headers={"X-Forwarded-For": "192.168.1.21"}).status_code == 401
+
+
+def session_cookie(client) -> str:
+    """The value of the client's session cookie, as a thief who copied it would hold it."""
+    return client.get_cookie("hearth_session").value
+
+
+def replayed(app, cookie: str):
+    """A fresh browser that presents a copied session cookie."""
+    thief = app.test_client()
+    thief.set_cookie("hearth_session", cookie)
+    return thief
+
+
+def test_a_cookie_from_before_logout_is_refused(app, admin, csrf_token):
+    copied = session_cookie(admin)
+    assert replayed(app, copied).get("/").status_code == 200  # the copy works while the session lives
+    admin.post("/logout", data={"csrf_token": csrf_token(admin, "/")})
+    thief = replayed(app, copied)
+    refused = thief.get("/")
+    assert refused.status_code == 302 and refused.headers["Location"].startswith("/login")
+    api = thief.get("/api/series?metric=cpu_pct")
+    assert api.status_code == 401 and api.get_json()["error"] == "login required"
+
+
+def test_logging_out_one_browser_leaves_the_others_logged_in(app, admin, admin_password, csrf_token):
+    phone = app.test_client()
+    assert phone.post("/login", data={"password": admin_password, "csrf_token": csrf_token(phone)}).status_code == 302
+    admin.post("/logout", data={"csrf_token": csrf_token(admin, "/")})
+    assert admin.get("/").status_code == 302
+    assert phone.get("/").status_code == 200
+    # Logging in again makes a new session; the one logged out stays dead.
+    again = app.test_client()
+    assert again.post("/login", data={"password": admin_password, "csrf_token": csrf_token(again)}).status_code == 302
+    assert again.get("/").status_code == 200
+
+
+def test_a_cookie_from_before_a_password_change_is_refused(app, admin, admin_password, csrf_token):
+    other = app.test_client()
+    other.post("/login", data={"password": admin_password, "csrf_token": csrf_token(other)})
+    copied_here, copied_there = session_cookie(admin), session_cookie(other)
+    new = "a brand new password"
+    changed = admin.post("/settings/password", data={"current": admin_password, "password": new, "confirm": new,
+                                                     "csrf_token": csrf_token(admin, "/settings")})
+    assert changed.status_code == 302
+    assert admin.get("/").status_code == 200  # the browser that changed it stays in, with a new session
+    assert other.get("/").status_code == 302
+    for cookie in (copied_here, copied_there):
+        assert replayed(app, cookie).get("/").status_code == 302
+
+
+def test_an_unreadable_session_list_logs_everyone_out_and_login_mends_it(app, admin, admin_password, csrf_token):
+    data = services(app).data_dir
+    (data / "secrets" / "admin_sessions").write_text("{not json")
+    assert admin.get("/").status_code == 302
+    assert admin.post("/login", data={"password": admin_password, "csrf_token": csrf_token(admin)}).status_code == 302
+    assert admin.get("/").status_code == 200
+    assert stat.S_IMODE((data / "secrets" / "admin_sessions").stat().st_mode) == 0o600
