@@ -49,6 +49,22 @@ def _json_error(exc: HTTPException) -> Response:
     return Response(json.dumps(err.body()), status=err.status, mimetype="application/json", headers=headers)
 
 
+# No other site may frame a page of serve's (clickjacking the admin into pressing Unload, say):
+# CSP's frame-ancestors for current browsers, X-Frame-Options for older ones; nosniff so an
+# answer is never run as another type than the one it says.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def _security_headers(resp: Response) -> Response:
+    for name, value in SECURITY_HEADERS.items():
+        resp.headers.setdefault(name, value)
+    return resp
+
+
 def _start_pinned(residency: ResidencyManager) -> None:
     started = residency.start_pinned()
     if started:
@@ -109,6 +125,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(vendors_bp)
     install_cors(app)
     web.init_app(app)
+    app.after_request(_security_headers)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

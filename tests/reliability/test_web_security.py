@@ -131,3 +131,15 @@ def test_a_runner_crash_is_shown_on_the_models_page(app, admin):
     assert writer.flush(10)
     page = admin.get("/models").get_data(as_text=True)
     assert "crash" in page and "SIGKILL" in page
+
+
+def test_no_page_may_be_framed_by_another_site(app, admin):
+    from tests.web.test_auth import dashboard_routes
+
+    paths = dashboard_routes(app) + ["/login", "/setup", "/healthz", "/metrics", "/v1/models", "/no-such-page"]
+    for path in paths:
+        for client in (admin, app.test_client()):
+            response = client.get(path)
+            assert response.headers.get("Content-Security-Policy") == "frame-ancestors 'none'", path
+            assert response.headers.get("X-Frame-Options") == "DENY", path
+            assert response.headers.get("X-Content-Type-Options") == "nosniff", path
