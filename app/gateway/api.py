@@ -3,8 +3,11 @@ app.gateway.pipeline, its runner's answer passed through as it comes."""
 
 from __future__ import annotations
 
-from flask import Blueprint, Response
+import ipaddress
 
+from flask import Blueprint, Response, request
+
+from app.gateway.auth import bearer_token
 from app.gateway.context import services
 from app.gateway.pipeline import authenticate, error_response, serve_generation
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, EmbeddingBody, InfillBody
@@ -20,7 +23,33 @@ def _api_error(err: ApiError):
 @bp.get("/metrics")
 def metrics():
     """Prometheus text: per-class requests, tokens, TTFT/TPOT/queue histograms, residency gauges."""
+    _check_metrics_token()
     return Response(services().metrics.render(), mimetype="text/plain; version=0.0.4")
+
+
+def _check_metrics_token() -> None:
+    """Refuse /metrics without a valid API token where the metrics_require_token setting asks for one."""
+    svc = services()
+    required = svc.settings.get("metrics_require_token")
+    if required == "never" or (required == "off_machine" and _from_this_machine(request.remote_addr)):
+        return
+    token = bearer_token(request.headers.get("Authorization"))
+    where = "from this client" if required == "off_machine" else "here"
+    if token is None:
+        raise ApiError(401, f"/metrics needs an API token {where} (setting metrics_require_token = {required}): send "
+                            "'Authorization: Bearer <token>'; in Prometheus, put the token under the scrape job's "
+                            "authorization: credentials", code="missing_token", err_type="authentication_error",
+                       headers={"WWW-Authenticate": "Bearer"})
+    if svc.tokens.lookup(token) is None:
+        raise ApiError(401, "invalid or revoked API token", code="invalid_token", err_type="authentication_error",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+
+def _from_this_machine(addr: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(addr or "").is_loopback
+    except ValueError:
+        return False
 
 
 @bp.get("/openapi.json")

@@ -159,6 +159,11 @@ REGISTRY = {
                    "str", "Network and access", "Bind address", restart=True, env="HEARTH_BIND", check=_host_port),
         SettingDef("status_public", False, "show the phone status page (/status) without the admin login",
                    "bool", "Network and access", "Public status page"),
+        # Which models and classes are busy tells who is home: off the machine, /metrics wants a token by default.
+        SettingDef("metrics_require_token", "off_machine", "when hearth serve's /metrics asks for an API token "
+                   "(Authorization: Bearer): 'always', 'off_machine' (every client but this machine's own, e.g. a "
+                   "Prometheus beside it) or 'never' (anyone who can reach the port)",
+                   "choice", "Network and access", "Token for /metrics", choices=("always", "off_machine", "never")),
         SettingDef("proxy_hops", 0, "reverse proxies in front of hearth serve whose X-Forwarded-* headers are trusted (0: none)",
                    "int", "Network and access", "Trusted reverse proxies", "proxies", 0, 10, restart=True),
         SettingDef("verdict_min_gain", 1.3, "throughput gain of continuous over serial batching, at the household's typical overlap, that justifies continuous batching",
