@@ -394,6 +394,8 @@ def _add_backup(sub: argparse._SubParsersAction) -> None:
     bk.add_argument("file")
     rs = sub.add_parser("restore", help="replace the store with a backup (stop hearth serve first)")
     rs.add_argument("file")
+    rs.add_argument("--revive-tokens", action="store_true",
+                    help="let tokens revoked or deleted since the backup work again (default: they stay revoked)")
 
 
 def _add_settings(sub: argparse._SubParsersAction) -> None:
@@ -528,8 +530,8 @@ def _backup(args) -> int:
             size = backup(data_dir(), Path(args.file))
             print(f"backed up the store to {args.file} ({size / 1024 / 1024:.1f} MiB, integrity ok)")
         else:
-            live = restore(data_dir(), Path(args.file))
-            print(f"restored {args.file} to {live}; the previous store is kept as {live.name}.before-restore")
+            report = restore(data_dir(), Path(args.file), revive_tokens=args.revive_tokens)
+            print("\n".join(report.lines()))
     except BackupError as exc:
         print(f"hearth {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import sqlite3
 from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.store.db import StoreInUse, database_path, hold_store_exclusively
+from app.store.models import utcnow
 
 
 class BackupError(RuntimeError):
@@ -53,8 +55,83 @@ def backup(data_dir: Path, target: Path) -> int:
     return target.stat().st_size
 
 
-def restore(data_dir: Path, source: Path) -> Path:
-    """Replace the store with a backup (hearth serve must be stopped); the old store is kept beside it."""
+@dataclass(frozen=True)
+class TokenRow:
+    """One API token as a store holds it (never the token itself: its id, prefix and member)."""
+
+    id: int
+    prefix: str
+    member: str
+    token_hash: str
+    revoked_at: str | None
+
+    def describe(self) -> str:
+        """'token 3 (hth_ab12cd…) of alice', as `hearth token list` names it."""
+        return f"token {self.id} ({self.prefix}…) of {self.member}"
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """What a restore did: where the store is, and the tokens the backup would have brought back to life."""
+
+    source: Path
+    live: Path
+    # Live in the backup, revoked (or gone) in the store it replaced: kept revoked unless revived.
+    kept_revoked: list[TokenRow] = field(default_factory=list)
+    revived: list[TokenRow] = field(default_factory=list)
+    # False when there was no store (or one without tokens) to compare with: the backup's tokens stand as they are.
+    compared: bool = True
+
+    def lines(self) -> list[str]:
+        """The report as the command line prints it."""
+        kept = self.live.name + ".before-restore"
+        out = [f"restored {self.source} to {self.live}; the previous store is kept as {kept}"]
+        if not self.compared:
+            out.append("no earlier tokens to compare with: the backup's tokens are as they were when it was taken")
+        elif self.kept_revoked:
+            out.append(f"{len(self.kept_revoked)} token(s) live in the backup but revoked or deleted since are kept "
+                       "revoked (restore again with --revive-tokens to bring them back):")
+            out += [f"  {t.describe()}" for t in self.kept_revoked]
+        elif self.revived:
+            out.append(f"{len(self.revived)} token(s) revoked or deleted since the backup are live again "
+                       "(--revive-tokens); revoke any that should stay off with `hearth token revoke`:")
+            out += [f"  {t.describe()}" for t in self.revived]
+        else:
+            out.append("no token revoked since the backup comes back: every token is as it was before the restore")
+        return out
+
+
+def _tokens(db: sqlite3.Connection) -> list[TokenRow]:
+    rows = db.execute("select t.id, t.prefix, coalesce(m.name, '?'), t.token_hash, t.revoked_at from api_tokens t "
+                      "left join members m on m.id = t.member_id order by t.id")
+    return [TokenRow(*r) for r in rows]
+
+
+def _store_tokens(path: Path) -> list[TokenRow] | None:
+    """The tokens of the store at `path`; None when there is no store, or no token table in it."""
+    if not path.exists():
+        return None
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        try:
+            return _tokens(db)
+        except sqlite3.OperationalError:
+            return None
+
+
+def _revoked_since(before: list[TokenRow] | None, backup: list[TokenRow]) -> list[TokenRow] | None:
+    """The backup's live tokens that `before` (the store being replaced) holds revoked or no longer holds."""
+    if not before:
+        return None
+    now = {t.token_hash: t for t in before}
+    return [t for t in backup if t.revoked_at is None and (t.token_hash not in now or now[t.token_hash].revoked_at)]
+
+
+def restore(data_dir: Path, source: Path, revive_tokens: bool = False) -> RestoreReport:
+    """Replace the store with a backup (hearth serve must be stopped); the old store is kept beside it.
+
+    A token revoked (or deleted) after the backup was taken stays revoked in the restored store unless
+    `revive_tokens`: a restore must not silently let back in a token the admin locked out.
+    """
     source = Path(source)
     if not source.is_file():
         raise BackupError(f"no backup file at {source}")
@@ -70,7 +147,22 @@ def restore(data_dir: Path, source: Path) -> Path:
     except StoreInUse as exc:
         raise BackupError(f"{exc}: stop `hearth serve` before restoring (nothing was changed)")
     try:
-        return _swap_in(data_dir, source)
+        before = _store_tokens(database_path(data_dir))
+        live = _swap_in(data_dir, source)
+        with closing(sqlite3.connect(live)) as db:
+            revived = _revoked_since(before, _tokens(db))
+            if revived is None:
+                return RestoreReport(source, live, compared=False)
+            if not revive_tokens and revived:
+                # The time it was revoked, when the replaced store says; a deleted token's is now.
+                when = {t.token_hash: t.revoked_at for t in before or ()}
+                # SQLAlchemy's own text for a DateTime in SQLite: naive UTC, microseconds.
+                now = utcnow().replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+                with db:
+                    db.executemany("update api_tokens set revoked_at = ? where id = ?",
+                                   [(when.get(t.token_hash) or now, t.id) for t in revived])
+                return RestoreReport(source, live, kept_revoked=revived)
+            return RestoreReport(source, live, revived=revived)
     finally:
         held.close()
 
