@@ -571,6 +571,7 @@ def _token(args) -> int:
 
 def _runner(args) -> int:
     from app.engine.named_template import NamedTemplate, is_template_name
+    from app.residency.supervisor import RUNNER_KEY_ENV
     from app.runner.config import RunnerConfig
     from app.runner.main import serve
 
@@ -632,4 +633,3 @@ def _runner(args) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-    from app.residency.supervisor import RUNNER_KEY_ENV
