@@ -67,8 +67,10 @@ LIGHT = {"type": "function", "function": {
 
 def test_tool_call_then_the_follow_up_turn_with_its_result(client):
     messages = [{"role": "user", "content": "Turn on the kitchen light"}]
+    # One call: with parallel calls allowed the grammar admits up to three, and whether the small model writes a
+    # second one depends on what the shared runner's prefix cache and batch hold (it did, under load, and hit max_tokens).
     r = client.chat.completions.create(model=DEFAULT, messages=messages, tools=[LIGHT], tool_choice="required",
-                                       max_tokens=60, temperature=0)
+                                       parallel_tool_calls=False, max_tokens=60, temperature=0)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]
