@@ -25,6 +25,7 @@ import httpx
 from app.devtools.serve_process import ServeProcess, prepare_data
 from app.hardware import machine
 from app.paths import sha256_of
+from app.protocols import sse
 from app.residency.budget import detect_budget
 from app.residency.catalog import scan
 from app.residency.estimate import size_runner
@@ -62,10 +63,7 @@ def ttft_stream(client: httpx.Client, url: str, headers: dict, messages: list[di
     # between requests ("Server disconnected without sending a response").
     with client.stream("POST", url, json=body, headers={**headers, "Connection": "close"}) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
+        for ev in sse.payloads(r.iter_bytes()):
             for ch in ev.get("choices") or []:
                 piece = (ch.get("delta") or {}).get("content")
                 if piece:

@@ -30,6 +30,7 @@ import psutil
 from app.devtools.serve_process import runner_headers_of
 from app.exposition import Scrape, parse_exposition
 from app.gateway.relay import MAX_IDLE_PER_RUNNER
+from app.protocols import sse
 from app.store.db import DATABASE_NAME
 from app.telemetry.stats import quantile
 
@@ -259,16 +260,14 @@ class Soak:
                         out.code = _code(r)
                     else:
                         hang_up_after = rng.randint(1, 4)
-                        for line in r.iter_lines():
-                            if not line.startswith("data: "):
-                                continue
+                        for ev in sse.events(r.iter_bytes()):
                             if out.ttft_ms is None:
                                 out.ttft_ms = (time.monotonic() - t0) * 1000
-                            if line == "data: [DONE]":
+                            if ev.done:
                                 break
-                            if '"error"' in line:
-                                out.error = line[6:300]
-                                out.code = json.loads(line[6:])["error"].get("code")
+                            if b'"error"' in ev.data:
+                                out.error = ev.data[:294].decode("utf-8", "replace")
+                                out.code = ev.json()["error"].get("code")
                                 break
                             out.chunks += 1
                             if disconnect and out.chunks >= hang_up_after:

@@ -7,7 +7,6 @@ reads the server's /metrics (KV cells, preemptions, running/waiting) and the dev
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -17,6 +16,7 @@ import psutil
 from app.exposition import Scrape, parse_exposition
 from app.hardware import nvml_gpus
 from app.policy import SLO_HEADER, ClassPolicy, slo_header
+from app.protocols import sse
 from app.verdict.results import RunResult, summarise
 from app.verdict.scenarios import PlannedRequest
 from app.verdict.targets import Target
@@ -100,13 +100,10 @@ class _Client:
                 if resp.status_code != 200:
                     resp.read()
                     raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-                for line in resp.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:]
-                    if data.strip() == "[DONE]":
+                for ev in sse.events(resp.iter_bytes()):
+                    if ev.done:
                         break
-                    chunk = json.loads(data)
+                    chunk = ev.json()
                     if "error" in chunk:
                         raise RuntimeError(str(chunk["error"].get("message", chunk["error"]))[:300])
                     text = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
