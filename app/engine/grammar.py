@@ -3,23 +3,48 @@
 The conversion is llama-cpp-python's own port of llama.cpp's json-schema-to-grammar (pure Python,
 no model needed), run once per distinct schema and cached. Before converting, a schema is checked:
 a keyword the converter would silently ignore (minimum, uniqueItems, ...) is refused by name, since
-an answer "valid against the schema" that breaks it would be a lie. The result is a `Grammar`, the
-value the engine's sampler is built from; llama.cpp parses it (and the model layer caches that too).
+an answer "valid against the schema" that breaks it would be a lie, and so is one past a bound
+(app.schema_subset). The conversion itself has a budget: it stops as soon as its output passes
+MAX_GENERATED_GRAMMAR_CHARS, and what it made is measured as llama.cpp would build it (check_gbnf)
+before anyone parses it. The result is a `Grammar`, the value the engine's sampler is built from;
+llama.cpp parses it (and the model layer caches that too, by size).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.schema_subset import RANGE_LITERAL, UnsupportedSchema, normalise_schema
+from app.schema_subset import (
+    RANGE_LITERAL,
+    GrammarTooLarge,
+    InvalidGrammar,
+    SchemaTooLarge,
+    UnsupportedSchema,
+    check_gbnf,
+    normalise_schema,
+)
+
+__all__ = ["Grammar", "GrammarTooLarge", "InvalidGrammar", "SchemaTooLarge", "UnsupportedSchema", "client_grammar",
+           "integer_range_rule", "json_object_grammar", "normalise_schema", "schema_grammar", "tool_call_grammar"]
 
 # Arrays in tool-call arguments without maxItems get this bound: a small model copying an enum from
 # the prompt would otherwise list every value until max_tokens and never close the call.
 MAX_CALL_ARRAY_ITEMS = 4
 # Likewise for parallel calls: a household request rarely needs more, a small model may not stop.
 MAX_PARALLEL_CALLS = 3
+# The converter's output: a schema at every one of OpenAI's limits (5000 required properties) makes
+# about 330 KB. llama.cpp parses 1 MiB of it in tens of milliseconds; the converter and the
+# measurement take about half a second.
+MAX_GENERATED_GRAMMAR_CHARS = 1 << 20
+# Converted grammars (and refusals) kept, by count and by characters of keys and grammars together:
+# without the second, 256 grammars of a megabyte each would be a quarter of a gigabyte.
+MAX_CACHED_GRAMMARS = 256
+MAX_CACHED_GRAMMAR_CHARS = 16 << 20
 
 
 # JSON forbids raw control characters inside strings; the converter's `char` rule allows them.
@@ -39,7 +64,9 @@ class Grammar:
     # constrains from the first capturing group on.
     trigger_patterns: tuple[str, ...] = ()
     trigger_tokens: tuple[int, ...] = ()
-    kind: str = "json_schema"  # json_schema | json_object | tools, for logs and counters
+    kind: str = "json_schema"  # json_schema | json_object | tools | grammar, for logs and counters
+    # What llama.cpp builds from it (check_gbnf's count): the model layer's cache of parsed grammars is bounded by it.
+    elements: int = 0
 
 
 def _same_length(a: str, b: str) -> list[str]:
@@ -92,11 +119,92 @@ def _bound_arrays(schema):
     return out
 
 
-def _converter():
+def _too_long(chars: int) -> GrammarTooLarge:
+    return GrammarTooLarge("the grammar converted from the schema, in characters, already", chars,
+                           MAX_GENERATED_GRAMMAR_CHARS, "use a smaller schema (fewer properties, shorter limits)")
+
+
+@functools.cache
+def _converter_class():
     # Imported here: the gateway validates schemas with this module and never loads llama.cpp.
     from llama_cpp.llama_grammar import SchemaConverter
 
-    return SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    class BoundedConverter(SchemaConverter):
+        """llama-cpp-python's converter with a budget on what it writes, and a linear object rule."""
+
+        chars = 0
+
+        def _add_rule(self, name, rule):
+            key = super()._add_rule(name, rule)
+            if self._counted.get(key) is not rule:
+                self._counted[key] = rule
+                self.chars += len(key) + len(rule) + 5
+                if self.chars > MAX_GENERATED_GRAMMAR_CHARS:
+                    raise _too_long(self.chars)
+            return key
+
+        def _build_object_rule(self, properties, required, name, additional_properties):
+            return _object_rule(self, properties, required, name, additional_properties)
+
+    return BoundedConverter
+
+
+def _converter():
+    converter = _converter_class()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter._counted = {}
+    return converter
+
+
+def _object_rule(converter, properties, required, name: str, additional_properties) -> str:
+    """An object's rule as the converter writes it, each optional property's continuation made once.
+
+    The converter's own rebuilds the chain of optional properties after each of them (quadratic in
+    their number: 900 optional properties took 1.8 s); this builds the same rules from the last one back.
+    """
+    prefix = f"{name}-" if name else ""
+    kv = {}
+    for prop_name, prop_schema in properties:
+        value = converter.visit(prop_schema, f"{prefix}{prop_name}")
+        kv[prop_name] = converter._add_rule(
+            f"{prefix}{prop_name}-kv", f'{converter._format_literal(json.dumps(prop_name))} space ":" space {value}')
+    names = [p for p, _ in properties]
+    required_kvs = [kv[p] for p in names if p in required]
+    optional = [p for p in names if p not in required]
+    if additional_properties is True or isinstance(additional_properties, dict):
+        value = converter.visit({} if additional_properties is True else additional_properties,
+                                f"{prefix}additional-value")
+        string = converter._add_primitive("string", _primitive("string"))
+        kv["*"] = converter._add_rule(f"{prefix}additional-kv", f'{string} ":" space {value}')
+        optional.append("*")
+    rule = '"{" space ' + ' "," space '.join(required_kvs)
+    if optional:
+        # rest[i]: what may follow optional property i, itself optional and in order.
+        rest: list[str | None] = [None] * len(optional)
+        for i in range(len(optional) - 1, -1, -1):
+            if i + 1 < len(optional):
+                rest[i] = converter._add_rule(f"{prefix}{optional[i]}-rest", _link(converter, kv, optional, i + 1,
+                                                                                    True, rest, prefix))
+        alternatives = " | ".join(_link(converter, kv, optional, i, False, rest, prefix) for i in range(len(optional)))
+        rule += " (" + (' "," space ( ' if required_kvs else "") + alternatives + (" )" if required_kvs else "") + " )?"
+    return rule + ' "}" space'
+
+
+def _link(converter, kv: dict, optional: list[str], i: int, first_is_optional: bool, rest: list, prefix: str) -> str:
+    """Optional property i (itself optional when another came before) and the rule for what may follow it."""
+    key = optional[i]
+    if key == "*":
+        text = converter._add_rule(f"{prefix}additional-kvs", f'{kv["*"]} ( "," space {kv["*"]} )*')
+    elif first_is_optional:
+        text = f'( "," space {kv[key]} )?'
+    else:
+        text = kv[key]
+    return text + (f" {rest[i]}" if rest[i] is not None else "")
+
+
+def _primitive(name: str):
+    from llama_cpp.llama_grammar import PRIMITIVE_RULES
+
+    return PRIMITIVE_RULES[name]
 
 
 def _finish(converter) -> str:
@@ -105,38 +213,102 @@ def _finish(converter) -> str:
     if "char" in rules:
         rules["char"] = _JSON_CHAR
     text = converter.format_grammar()
-    return RANGE_LITERAL.sub(lambda m: integer_range_rule(int(m.group(1)), int(m.group(2))), text)
+    text = RANGE_LITERAL.sub(lambda m: integer_range_rule(int(m.group(1)), int(m.group(2))), text)
+    if len(text) > MAX_GENERATED_GRAMMAR_CHARS:
+        raise _too_long(len(text))
+    return text
 
 
 def _visit(converter, schema: dict, name: str) -> str:
     """Adds schema's rules to the converter; returns the name of its top rule."""
-    resolved = converter.resolve_refs(schema, "input")
     try:
-        return converter.visit(resolved, name)
+        return converter.visit(converter.resolve_refs(schema, "input"), name)
     except (AssertionError, KeyError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+        if isinstance(exc, GrammarTooLarge):
+            raise
         raise UnsupportedSchema(f"not convertible ({type(exc).__name__}: {exc})", name) from exc
 
 
-@functools.lru_cache(maxsize=256)
-def _schema_gbnf(canonical: str) -> str:
+def _bounded_cache(fn: Callable[..., tuple[str, int]]) -> Callable[..., tuple[str, int]]:
+    """fn's answers (grammar texts, or the refusal it raised) kept by MAX_CACHED_GRAMMARS and MAX_CACHED_GRAMMAR_CHARS.
+
+    A refusal is kept too: the same hostile body sent again costs a lookup, not another conversion.
+    """
+    entries: OrderedDict[tuple, tuple[tuple[str, int] | Exception, int]] = OrderedDict()
+    lock = threading.Lock()
+    total = [0]
+
+    @functools.wraps(fn)
+    def cached(*key: str):
+        with lock:
+            hit = entries.get(key)
+            if hit is not None:
+                entries.move_to_end(key)
+        if hit is None:
+            try:
+                value: tuple[str, int] | Exception = fn(*key)
+            except (UnsupportedSchema, GrammarTooLarge, InvalidGrammar) as exc:
+                value = exc
+            size = sum(len(k) for k in key) + (256 if isinstance(value, Exception) else len(value[0]))
+            with lock:
+                if key not in entries and size <= MAX_CACHED_GRAMMAR_CHARS:
+                    entries[key] = (value, size)
+                    total[0] += size
+                    while len(entries) > MAX_CACHED_GRAMMARS or total[0] > MAX_CACHED_GRAMMAR_CHARS:
+                        total[0] -= entries.popitem(last=False)[1][1]
+            hit = (value, size)
+        if isinstance(hit[0], Exception):
+            # Raised afresh each time: a kept traceback would grow with every raise.
+            raise hit[0].with_traceback(None) from None
+        return hit[0]
+
+    def cache_clear() -> None:
+        with lock:
+            entries.clear()
+            total[0] = 0
+
+    def cache_chars() -> int:
+        return total[0]
+
+    cached.cache_clear = cache_clear
+    cached.cache_chars = cache_chars
+    return cached
+
+
+@_bounded_cache
+def _schema_gbnf(canonical: str) -> tuple[str, int]:
     converter = _converter()
     _visit(converter, json.loads(canonical), "")
-    return _finish(converter)
+    return _checked(_finish(converter))
+
+
+def _checked(text: str) -> tuple[str, int]:
+    """A converted grammar and the elements llama.cpp will build from it, once check_gbnf has measured it."""
+    return text, check_gbnf(text, max_chars=MAX_GENERATED_GRAMMAR_CHARS).elements
 
 
 def schema_grammar(schema: dict) -> Grammar:
-    """The grammar of JSON values valid against schema (cached per schema)."""
+    """The grammar of JSON values valid against schema (cached per schema); raises UnsupportedSchema or GrammarTooLarge."""
     normalised = normalise_schema(schema)
-    return Grammar(_schema_gbnf(json.dumps(normalised)), kind="json_schema")
+    return _sized(_schema_gbnf(json.dumps(normalised)), "json_schema")
 
 
 def json_object_grammar() -> Grammar:
     """Any JSON object (OpenAI's JSON mode)."""
-    return Grammar(_schema_gbnf(json.dumps({"type": "object"})), kind="json_object")
+    return _sized(_schema_gbnf(json.dumps({"type": "object"})), "json_object")
 
 
-@functools.lru_cache(maxsize=128)
-def _calls_gbnf(canonical: str, wrapper: str) -> str:
+def client_grammar(gbnf: str) -> Grammar:
+    """A client's own GBNF text (llama-server's `grammar`), measured first; raises GrammarTooLarge or InvalidGrammar."""
+    return Grammar(gbnf, root="root", kind="grammar", elements=check_gbnf(gbnf).elements)
+
+
+def _sized(converted: tuple[str, int], kind: str, **extra) -> Grammar:
+    return Grammar(converted[0], kind=kind, elements=converted[1], **extra)
+
+
+@_bounded_cache
+def _calls_gbnf(canonical: str, wrapper: str) -> tuple[str, int]:
     spec = json.loads(canonical)
     converter = _converter()
     alternatives = []
@@ -163,7 +335,7 @@ def _calls_gbnf(canonical: str, wrapper: str) -> str:
     else:  # llama3: one bare JSON object per call, `;`-separated
         root = "call" + more('";" space call')
     converter._rules["root"] = root
-    return _finish(converter)
+    return _checked(_finish(converter))
 
 
 def tool_call_grammar(tools: list[tuple[str, dict]], wrapper: str, parallel: bool, args_key: str = "arguments",
@@ -175,5 +347,5 @@ def tool_call_grammar(tools: list[tuple[str, dict]], wrapper: str, parallel: boo
     # An empty parameters schema means "no arguments" in OpenAI's tool format, not "anything".
     checked = [(n, p if p else {"type": "object"}) for n, p in checked]
     canonical = json.dumps({"tools": checked, "parallel": parallel, "args_key": args_key})
-    return Grammar(_calls_gbnf(canonical, wrapper), lazy=lazy, trigger_patterns=trigger_patterns,
-                   trigger_tokens=trigger_tokens, kind="tools")
+    return _sized(_calls_gbnf(canonical, wrapper), "tools", lazy=lazy, trigger_patterns=trigger_patterns,
+                  trigger_tokens=trigger_tokens)

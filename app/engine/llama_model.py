@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 # check over Gemma's whole 262k vocabulary takes ~115 ms here, over 256 candidates a fraction of a ms.
 GRAMMAR_CANDIDATES = 256
 MAX_CACHED_GRAMMARS = 64
+# Parsed grammars kept, by the elements llama.cpp built for them (Grammar.elements, check_gbnf's
+# count): an element is 8 bytes and a rule's vector some 60 more, so at most ~80 MB, and 64
+# grammars of a million elements each could not be kept at once.
+MAX_CACHED_GRAMMAR_ELEMENTS = 2 << 20
 # How far into the output an anchored trigger (the generic envelope's opening brace) may appear.
 ANCHORED_TRIGGER_CHARS = 64
 
@@ -170,7 +174,7 @@ class LlamaModel:
         self._batch = BatchBuffer(self.n_batch)
         self._piece_buf = ctypes.create_string_buffer(256)
         # Parsed grammars, cloned per sequence: parsing is paid once per distinct grammar.
-        self._grammars: collections.OrderedDict[tuple[str, str], object] = collections.OrderedDict()
+        self._grammars: collections.OrderedDict[tuple[str, str], tuple[object, int]] = collections.OrderedDict()
         self._grammar_lock = threading.Lock()
         # Candidate buffers for constrained sampling; only the engine thread samples.
         self._cand = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
@@ -431,22 +435,26 @@ class LlamaModel:
         """A fresh llama.cpp grammar sampler (cloned from a parsed one cached per grammar text)."""
         key = (grammar.gbnf, grammar.root)
         with self._grammar_lock:
-            proto = self._grammars.get(key)
-            if proto is None:
+            hit = self._grammars.get(key)
+            if hit is None:
                 proto = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.gbnf.encode(), grammar.root.encode())
                 if not proto:
                     raise ValueError("llama.cpp could not parse the grammar")
-                self._grammars[key] = proto
-                if len(self._grammars) > MAX_CACHED_GRAMMARS:
-                    _, old = self._grammars.popitem(last=False)
+                # A grammar made without measuring it (a test's own) counts as its length.
+                size = grammar.elements or len(grammar.gbnf)
+                self._grammars[key] = (proto, size)
+                while len(self._grammars) > 1 and (len(self._grammars) > MAX_CACHED_GRAMMARS or sum(
+                        n for _, n in self._grammars.values()) > MAX_CACHED_GRAMMAR_ELEMENTS):
+                    old, _ = self._grammars.popitem(last=False)[1]
                     llama_cpp.llama_sampler_free(old)
             else:
+                proto = hit[0]
                 self._grammars.move_to_end(key)
             return llama_cpp.llama_sampler_clone(proto)
 
     def close(self) -> None:
         """Free the context and the model."""
-        for proto in self._grammars.values():
+        for proto, _ in self._grammars.values():
             llama_cpp.llama_sampler_free(proto)
         self._grammars.clear()
         if self._ctx:

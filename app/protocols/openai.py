@@ -14,9 +14,26 @@ from pydantic import (
     model_validator,
 )
 
-from app.schema_subset import UnsupportedSchema, normalise_schema
+from app.schema_subset import (
+    GrammarTooLarge,
+    InvalidGrammar,
+    SchemaSize,
+    UnsupportedSchema,
+    check_gbnf,
+    check_schema_total,
+    measure_schema,
+    normalise_schema,
+)
 
 MAX_STOP_STRINGS = 8
+# A stop string is matched against the text as it grows, and up to its length is held back from a
+# stream while it might be starting: chat templates' end markers and "\nUser:" are under 30 characters.
+MAX_STOP_CHARS = 1000
+# logit_bias: OpenAI accepts at most 300 entries, each a bias from -100 to 100; a text key (llama-server's
+# form) biases each of its tokens, so its length is bounded as a stop string's is.
+MAX_LOGIT_BIAS = 300
+MAX_LOGIT_BIAS_VALUE = 100.0
+MAX_LOGIT_BIAS_TEXT_CHARS = MAX_STOP_CHARS
 MAX_CHOICES = 8  # `n`: each choice is a sequence of its own, generated side by side
 MAX_TOP_LOGPROBS = 20
 MAX_TOOLS = 128
@@ -132,6 +149,34 @@ class _Body(BaseModel):
     def _check_stop(cls, v):
         if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        longest = max((len(x) for x in ([v] if isinstance(v, str) else v or [])), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ValueError(f"a stop string is at most {MAX_STOP_CHARS:,} characters long (one here is {longest:,})")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, v):
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries are allowed (this one has {len(v):,})")
+        for pair in (v.items() if isinstance(v, dict) else v):
+            if len(pair) != 2:
+                raise ValueError("each entry is [token, bias]")
+            key, bias = pair
+            if isinstance(key, bool) or not isinstance(key, str | int):
+                raise ValueError("a token is a token id or a text")
+            if isinstance(key, str) and len(key) > MAX_LOGIT_BIAS_TEXT_CHARS:
+                raise ValueError(f"a text key is at most {MAX_LOGIT_BIAS_TEXT_CHARS:,} characters long")
+            if isinstance(key, int) and not 0 <= key < 2**31:
+                raise ValueError(f"token id {key} is outside any vocabulary")
+            if bias is False:
+                continue  # llama-server's: the token is never chosen
+            if isinstance(bias, bool) or not isinstance(bias, int | float) or not (
+                    -MAX_LOGIT_BIAS_VALUE <= bias <= MAX_LOGIT_BIAS_VALUE):
+                raise ValueError(f"a bias is a number from -{MAX_LOGIT_BIAS_VALUE:g} to {MAX_LOGIT_BIAS_VALUE:g} "
+                                 f"(or false), not {bias!r}")
         return v
 
     def stops(self) -> tuple[str, ...]:
@@ -193,6 +238,13 @@ class NativeCompletionBody(_Body):
     def _check_schema(cls, v):
         if v is not None:
             normalise_schema(v, "json_schema")
+        return v
+
+    @field_validator("grammar")
+    @classmethod
+    def _check_grammar(cls, v):
+        if v:
+            check_gbnf(v)
         return v
 
     @property
@@ -373,6 +425,23 @@ class ChatBody(_Body):
             normalise_schema(v, "json_schema")
         return v
 
+    @field_validator("grammar")
+    @classmethod
+    def _check_grammar(cls, v):
+        if v:
+            check_gbnf(v)
+        return v
+
+    @model_validator(mode="after")
+    def _check_tools_together(self):
+        # The offered tools become one grammar: their schemas are bounded together as one schema is.
+        total = SchemaSize()
+        for tool in self.tools or ():
+            if tool.function.parameters is not None:
+                total.add(measure_schema(tool.function.parameters, "parameters"))
+        check_schema_total(total, "tools")
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _map_legacy_functions(cls, data):
@@ -544,6 +613,9 @@ def parse_body(raw: bytes, schema: type[BaseModel]) -> tuple[BaseModel, dict]:
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                        code="invalid_json")
+    except RecursionError:
+        raise ApiError(400, "the request body nests arrays and objects too deeply to read; flatten it",
+                       code="invalid_json")
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     try:
@@ -555,10 +627,14 @@ def parse_body(raw: bytes, schema: type[BaseModel]) -> tuple[BaseModel, dict]:
 def validation_error(exc: ValidationError) -> ApiError:
     """A 400 naming the offending field and what is wrong with it."""
     errors = exc.errors()
-    schema = next((e for e in errors if isinstance(e.get("ctx", {}).get("error"), UnsupportedSchema)), None)
+    schema = next((e for e in errors if isinstance(e.get("ctx", {}).get("error"),
+                                                   UnsupportedSchema | GrammarTooLarge | InvalidGrammar)), None)
     if schema is not None:
-        loc = ".".join(str(p) for p in schema["loc"] if _is_field(p) or p == "schema").replace("schema_", "schema")
-        return ApiError(400, f"'{loc}': {schema['ctx']['error']}", param=loc.split(".")[0], code="unsupported_schema")
+        error = schema["ctx"]["error"]
+        # A bound over several fields (the tools together) is raised for the whole body: its path names them.
+        loc = (".".join(str(p) for p in schema["loc"] if _is_field(p) or p == "schema").replace("schema_", "schema")
+               or getattr(error, "path", ""))
+        return ApiError(400, f"'{loc}': {error}", param=loc.split(".")[0] or None, code=error.code)
     problem = next((e for e in errors if isinstance(e.get("ctx", {}).get("error"), BodyProblem)), None)
     if problem is not None:
         return ApiError(400, str(problem["ctx"]["error"]), param=problem["ctx"]["error"].param)
@@ -570,7 +646,7 @@ def validation_error(exc: ValidationError) -> ApiError:
     # not on "content should be a string").
     first = max(errors, key=lambda e: sum(1 for p in e["loc"] if _is_field(p)))
     loc = ".".join(str(p) for p in first["loc"] if _is_field(p))
-    msg = first["msg"]
+    msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "missing":
         message = f"'{loc}' is required"
     elif first["type"] == "literal_error" and loc.endswith("role"):

@@ -7,13 +7,22 @@ the job's answer or give it whole (app.runner.generation).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.engine import tools as toolfmt
-from app.engine.grammar import Grammar, UnsupportedSchema, json_object_grammar, schema_grammar
+from app.engine.grammar import (
+    Grammar,
+    GrammarTooLarge,
+    InvalidGrammar,
+    UnsupportedSchema,
+    client_grammar,
+    json_object_grammar,
+    schema_grammar,
+)
 from app.engine.request import SamplingParams
 from app.policy import NO_SLO, SLO_HEADER, SloTargets, parse_slo_header
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, InfillBody, NativeCompletionBody
@@ -79,11 +88,7 @@ def chat_job(state: RunnerState, body: ChatBody, headers: Mapping) -> Job:
     """A chat request's job: its prompt, its constraint (tools, response format, grammar), its tool parsing."""
     prompt = chat_prompt(state, body)
     fmt = state.tool_format
-    try:
-        grammar = chat_grammar(state, body, prompt.tools, fmt)
-    except UnsupportedSchema as exc:
-        param = "tools" if prompt.tools else "response_format"
-        raise ApiError(400, f"'{param}': {exc}", param=param, code="unsupported_schema")
+    grammar = chat_grammar(state, body, prompt.tools, fmt)
     top = (body.top_logprobs or 0) if body.logprobs else None
     return _one_stream(_job(state, headers, body, CHAT, prompt.tokens, grammar, top, tools=prompt.tools or None,
                             tool_format=fmt, verbose=body.verbose))
@@ -104,10 +109,7 @@ def text_job(state: RunnerState, body: CompletionBody, headers: Mapping) -> Job:
 def native_jobs(state: RunnerState, body: NativeCompletionBody, headers: Mapping) -> list[Job]:
     """llama-server's /completion: a job per prompt (several are generated together, answered in order)."""
     prompts = native_prompts(state.model, body.prompt)
-    try:
-        grammar = native_grammar(body)
-    except UnsupportedSchema as exc:
-        raise ApiError(400, f"'json_schema': {exc}", param="json_schema", code="unsupported_schema")
+    grammar = native_grammar(body)
     job = _job(state, headers, body, NATIVE, prompts[0], grammar, body.n_probs or None,
                return_tokens=body.return_tokens, post_sampling=body.post_sampling_probs,
                response_fields=tuple(body.response_fields or ()))
@@ -125,31 +127,47 @@ def infill_job(state: RunnerState, body: InfillBody, headers: Mapping) -> Job:
     return _job(state, headers, body, NATIVE, tokens, None, body.n_probs or None)
 
 
+@contextlib.contextmanager
+def _constraint(param: str):
+    """A constraint refused while it is built (past a bound or the converter's budget, not parseable): a 400 naming param."""
+    try:
+        yield
+    except (UnsupportedSchema, GrammarTooLarge, InvalidGrammar) as exc:
+        raise ApiError(400, f"'{param}': {exc}", param=param, code=exc.code)
+
+
 def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: str) -> Grammar | None:
     """The constraint of a chat request: a forced call, else the response format, else a lazy call grammar."""
     forced = tools and (body.choice == "required" or isinstance(body.choice, dict))
-    calls = toolfmt.call_grammar(tools, fmt, body.choice, body.parallel_tool_calls,
-                                 state.tool_trigger_tokens) if tools else None
+    calls = None
+    if tools:
+        with _constraint("tools"):
+            calls = toolfmt.call_grammar(tools, fmt, body.choice, body.parallel_tool_calls, state.tool_trigger_tokens)
     if forced:
         return calls
     rf = body.response_format
-    if rf is not None and rf.type == "json_object" and rf.schema_ is not None:
-        return schema_grammar(rf.schema_)
-    if rf is not None and rf.type == "json_object":
-        return json_object_grammar()
-    if rf is not None and rf.type == "json_schema":
-        return schema_grammar(rf.json_schema.schema_)
+    with _constraint("response_format"):
+        if rf is not None and rf.type == "json_object" and rf.schema_ is not None:
+            return schema_grammar(rf.schema_)
+        if rf is not None and rf.type == "json_object":
+            return json_object_grammar()
+        if rf is not None and rf.type == "json_schema":
+            return schema_grammar(rf.json_schema.schema_)
     if body.grammar:
-        return Grammar(gbnf=body.grammar, root="root", kind="grammar")
+        with _constraint("grammar"):
+            return client_grammar(body.grammar)
     if body.json_schema is not None:
-        return schema_grammar(body.json_schema)
+        with _constraint("json_schema"):
+            return schema_grammar(body.json_schema)
     return calls
 
 
 def native_grammar(body: NativeCompletionBody) -> Grammar | None:
     """The constraint of a native request: GBNF text, else a JSON Schema."""
     if body.grammar:
-        return Grammar(gbnf=body.grammar, root="root", kind="grammar")
+        with _constraint("grammar"):
+            return client_grammar(body.grammar)
     if body.json_schema is not None:
-        return schema_grammar(body.json_schema)
+        with _constraint("json_schema"):
+            return schema_grammar(body.json_schema)
     return None

@@ -1,16 +1,20 @@
 """JSON Schema checks and conversion: what is honoured, what is refused by name, caching."""
 
+import json
 import re
 
 import pytest
 
+from app.engine import grammar
 from app.engine.grammar import (
+    GrammarTooLarge,
     UnsupportedSchema,
     integer_range_rule,
     normalise_schema,
     schema_grammar,
     tool_call_grammar,
 )
+from app.schema_subset import MAX_ALTERNATIVES, MAX_GRAMMAR_WIDTH, check_gbnf
 
 HA_TASK = {
     "type": "object",
@@ -98,3 +102,90 @@ def test_draft_4_tuple_items_are_prefix_items():
     root = next(line for line in g.gbnf.splitlines() if line.startswith("root ::="))
     assert "integer" in root and "string" in root and "," in root
     assert normalise_schema({"items": [{"type": "integer"}]}) == {"prefixItems": [{"type": "integer"}]}
+
+
+# -- bounds: the converter's budget, its linear object rule, the caches, check_gbnf -------------------
+
+
+def _upstream_rules(schema: dict) -> dict:
+    """The rules llama-cpp-python's own converter makes of a normalised schema."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(json.loads(json.dumps(normalise_schema(schema))), "input"), "")
+    return converter._rules
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "boolean"}},
+     "required": ["b"]},
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "null"}}},
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"],
+     "additionalProperties": {"type": "number"}},
+    {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True},
+    {"type": "object", "additionalProperties": {"type": "string"}},
+    {"type": "object", "properties": {"x": {"type": "object", "properties": {"y": {"type": "string"}}}}},
+])
+def test_the_linear_object_rule_makes_the_converters_own_rules(schema):
+    converter = grammar._converter()
+    grammar._visit(converter, json.loads(json.dumps(normalise_schema(schema))), "")
+    assert converter._rules == _upstream_rules(schema)
+
+
+def test_many_optional_properties_convert_within_every_bound():
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(MAX_ALTERNATIVES - 1)}}
+    g = schema_grammar(schema)
+    size = check_gbnf(g.gbnf, max_chars=grammar.MAX_GENERATED_GRAMMAR_CHARS)
+    # After '{': every property, a space or the closing brace.
+    assert size.width == MAX_ALTERNATIVES - 1 + 2 <= MAX_GRAMMAR_WIDTH and size.elements == g.elements
+
+
+def _wide_ranges(n: int) -> dict:
+    """A schema every door bound accepts whose grammar is big: n integer fields with irregular 18-digit bounds."""
+    names = [f"n{i}" for i in range(n)]
+    return {"type": "object", "required": names, "properties": {
+        name: {"type": "integer", "minimum": -123456789012345678, "maximum": 987654321098765432} for name in names}}
+
+
+def test_a_schema_past_the_converters_budget_is_refused_and_the_refusal_kept(monkeypatch):
+    normalise_schema(_wide_ranges(400))  # the door lets it through: only the conversion shows its size
+    made = []
+    real = grammar._converter
+    monkeypatch.setattr(grammar, "_converter", lambda: made.append(1) or real())
+    for _ in range(2):
+        with pytest.raises(GrammarTooLarge, match="converted from the schema") as exc:
+            schema_grammar(_wide_ranges(400))
+        assert f"{grammar.MAX_GENERATED_GRAMMAR_CHARS:,}" in str(exc.value)
+    assert len(made) == 1  # the second refusal came from the cache
+
+
+def test_the_converted_grammar_cache_is_bounded_by_characters(monkeypatch):
+    monkeypatch.setattr(grammar, "MAX_CACHED_GRAMMAR_CHARS", 100_000)
+    grammar._schema_gbnf.cache_clear()
+    sizes = []
+    for i in range(12):
+        g = schema_grammar({"type": "object", "properties": {f"f{i}-{j}": {"type": "string", "maxLength": 900 + i}
+                                                             for j in range(4)}, "required": [f"f{i}-0"]})
+        sizes.append(len(g.gbnf))
+        assert grammar._schema_gbnf.cache_chars() <= 100_000
+    assert sum(sizes) > 2 * 100_000  # more was made than is kept
+    grammar._schema_gbnf.cache_clear()
+
+
+@pytest.mark.parametrize("text,rules,elements", [
+    ("root ::= [a-z]{0,1999}", 2000, None),  # llama.cpp: root, then one rule per optional copy
+    ('root ::= "ab"{3}', 1, 7),  # the literal copied three times, and the rule's end
+    ('root ::= ( "a" # a comment\n  | "b" )\n', 2, None),
+])
+def test_check_gbnf_counts_what_llama_cpp_builds(text, rules, elements):
+    size = check_gbnf(text)
+    assert size.rules == rules
+    assert elements is None or size.elements == elements
+
+
+def test_check_gbnf_measures_depth_and_width():
+    chain = "root ::= r0\n" + "".join(f'r{i} ::= r{i + 1} "a"\n' for i in range(50)) + 'r50 ::= "b"'
+    assert check_gbnf(chain).left_depth == 50
+    tail = "root ::= r0\n" + "".join(f'r{i} ::= "a" | r{i + 1}\n' for i in range(50)) + 'r50 ::= "b"'
+    size = check_gbnf(tail)
+    assert size.left_depth == 0 and size.width == 51  # tail calls push nothing; every "a" is open at once
