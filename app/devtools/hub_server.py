@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -74,6 +75,11 @@ class HubServer:
                 """Count every connection accepted (the accept loop takes them in order)."""
                 server.connections += 1
                 return True
+
+            def handle_error(self, request, client_address):
+                """A client that hangs up mid-body is a pull refused at its header: nothing to print."""
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    super().handle_error(request, client_address)
 
         self.httpd = Server((host, port), Handler)
         self.httpd.daemon_threads = True

@@ -20,20 +20,8 @@ from pathlib import Path
 import pytest
 
 from app.devtools.hub_server import HubServer, tiny_gguf
-from app.residency.library import (
-    DISK_RESERVE_BYTES,
-    DiskLedger,
-    HostPolicy,
-    Library,
-    PullError,
-    Source,
-    address_kind,
-    part_path,
-    pull,
-    redact,
-    redact_url,
-    resolve,
-)
+from app.residency.fetch import HostPolicy, PullError, address_kind, redact, redact_url
+from app.residency.library import DISK_RESERVE_BYTES, DiskLedger, Library, Source, part_path, pull, resolve
 from app.store.settings import Invalid, validate
 from tests.helpers import wait_until
 
