@@ -29,7 +29,6 @@ from app.protocols import ollama
 from app.protocols.ollama import DEFAULT_TAG, NDJSON, hearth_name, ollama_name, parse_keep_alive
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, EmbeddingBody
 from app.residency.catalog import file_facts
-from app.residency.catalog import file_facts
 from app.residency.manager import ModelBusy, ModelState, UnknownModel
 from app.store import models as db
 
@@ -39,9 +38,6 @@ bp = Blueprint("ollama", __name__)
 OLLAMA_VERSION = "0.12.6"
 PULL_POLL_S = 0.25
 # The status of a pull that did not finish, by why (app.residency.fetch.PULL_CODES); others: 409 refused, 502 failed.
-PULL_STATUS = {"bad_source": 400, "not_found": 404, "host_refused": 403, "exists": 409, "busy": 409,
-               "disk_full": 507, "read_only": 500, "write_failed": 500, "unservable": 422, "mismatch": 502}
-# The status of a pull that did not finish, by why (app.residency.library.PULL_CODES); others: 409 refused, 502 failed.
 PULL_STATUS = {"bad_source": 400, "not_found": 404, "host_refused": 403, "exists": 409, "busy": 409,
                "disk_full": 507, "read_only": 500, "write_failed": 500, "unservable": 422, "mismatch": 502}
 # What /api/ps says for a model that never expires (pinned, or keep_alive -1), as Ollama does.

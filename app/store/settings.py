@@ -74,13 +74,6 @@ def _host_port(value: str) -> str | None:
 
 def _pull_hosts(value: str) -> str | None:
     """The problem with a pull_allowed_hosts value, or None."""
-    from app.residency.library import allowed_hosts_problem
-
-    return allowed_hosts_problem(value)
-
-
-def _pull_hosts(value: str) -> str | None:
-    """The problem with a pull_allowed_hosts value, or None."""
     from app.residency.fetch import allowed_hosts_problem
 
     return allowed_hosts_problem(value)
@@ -187,11 +180,6 @@ REGISTRY = {
                    "bool", "Models and runners", "Prefix cache", restart=True),
         SettingDef("hf_endpoint", None, "Hugging Face endpoint models are pulled from (a mirror's URL; default: $HF_ENDPOINT, else huggingface.co)",
                    "str", "Models and runners", "Hugging Face endpoint"),
-        SettingDef("pull_allowed_hosts", None, "hosts a model pull may reach although they are on the LAN or this machine "
-                   "(private, loopback, link-local addresses), e.g. a LAN mirror: names (mirror.lan), addresses (192.168.1.20) "
-                   "or networks (192.168.1.0/24), comma-separated; default: none, pulls reach public hosts only (and the "
-                   "Hugging Face endpoint set above)",
-                   "str", "Network and access", "Pulls may reach these LAN hosts", check=_pull_hosts),
         SettingDef("pull_allowed_hosts", None, "hosts a model pull may reach although they are on the LAN or this machine "
                    "(private, loopback, link-local addresses), e.g. a LAN mirror: names (mirror.lan), addresses (192.168.1.20) "
                    "or networks (192.168.1.0/24), comma-separated; default: none, pulls reach public hosts only (and the "
