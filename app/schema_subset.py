@@ -639,9 +639,11 @@ class _Gbnf:
             raise GrammarTooLarge("a repetition count", biggest, LLAMA_MAX_REPETITIONS,
                                   "llama.cpp refuses (or silently drops) larger ones")
         total = high if high else (low or 1)
-        if s.prev_rules * total >= LLAMA_MAX_REPETITIONS:
+        # The pinned llama.cpp refuses a product over 2000 (later ones 2000 too: the converter's
+        # maxLength 1000, which makes exactly 2000, parses here).
+        if s.prev_rules * total > LLAMA_MAX_REPETITIONS:
             raise GrammarTooLarge("a repetition's count times the rules it repeats", s.prev_rules * total,
-                                  LLAMA_MAX_REPETITIONS - 1, "llama.cpp refuses more; repeat a smaller item")
+                                  LLAMA_MAX_REPETITIONS, "llama.cpp refuses more; repeat a smaller item")
         prev = s.seq[s.last:]
         elements = s.last_elements
         if low == 0:
