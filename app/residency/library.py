@@ -32,6 +32,7 @@ import os
 import queue
 import re
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -199,9 +200,12 @@ def resolve(spec: str, endpoint: str | None = None, hosts: HostPolicy | None = N
         raise
     except Exception as exc:  # huggingface_hub's HTTP client raises its own errors for an unreachable endpoint
         raise PullError(f"cannot reach Hugging Face ({endpoint or 'default endpoint'}): {type(exc).__name__}: {exc}")
+    from huggingface_hub import constants
+
     etag = (meta.etag or "").lower()
+    # The endpoint resolved against ($HF_ENDPOINT when the setting names none): a mirror the admin chose.
     return Source(spec, meta.location or url, _gguf_name(Path(file).name), meta.size,
-                  etag if _SHA256.match(etag) else None, endpoint)
+                  etag if _SHA256.match(etag) else None, endpoint or constants.ENDPOINT)
 
 
 def _gguf_name(name: str) -> str:
@@ -337,8 +341,9 @@ def pull(source: Source, models_dir: Path, check_header: Callable[[GgufMetadata]
             except _Cut as exc:
                 retries += 1
                 if retries > max_retries:
-                    raise PullError(f"the download of {source.filename} kept failing ({exc}); pull it again to resume "
-                                    f"from {_gib(os.fstat(out.fileno()).st_size)}", code="cut")
+                    kept = os.fstat(out.fileno()).st_size
+                    raise PullError(f"the download of {source.filename} kept failing ({exc}); pull it again to "
+                                    + (f"resume from {_gib(kept)}" if kept else "retry"), code="cut")
                 log.warning("pull %s: %s; resuming at %d bytes (retry %d)", source.filename, redact(str(exc)),
                             p.done_bytes, retries)
                 time.sleep(RETRY_PAUSE_S)
@@ -506,6 +511,9 @@ def _download(source: Source, out, digest, p: Pull, progress, check_header, head
         header += off_loop(_read_head, Path(out.name))[0]
     try:
         conn, resp = open_url(source.url, {"Range": f"bytes={have}-"} if have else {}, hosts)
+    except socket.gaierror as exc:  # no such host: retrying at once would not find it either
+        raise PullError(f"cannot find the host of {source.url}: {exc.strerror or exc}; check the source's spelling "
+                        "and this machine's DNS", code="upstream")
     except (OSError, http.client.HTTPException) as exc:
         raise _Cut(f"{type(exc).__name__}: {exc}")
     chunks: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE_CHUNKS)

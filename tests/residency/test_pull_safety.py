@@ -216,6 +216,13 @@ def test_the_hugging_face_endpoint_the_admin_set_is_reachable(hub, models):
     assert pull(src, models).read_bytes() == hub.files["tiny-Q4_K_M.gguf"].read_bytes()
 
 
+
+def test_a_host_that_does_not_exist_ends_the_pull_at_once_with_a_message(models):
+    lib = Library(models, check_header=lambda m: None, on_done=lambda path: None)
+    p = _ended(lib.start("https://no-such-host.invalid/model.gguf"))
+    assert p.state == "failed" and p.error.startswith("cannot find the host of https://no-such-host.invalid/model.gguf")
+    assert list(models.iterdir()) == []
+
 # -- one pull per file, disk reserved --------------------------------------------------------------
 
 
@@ -384,3 +391,4 @@ def test_file_facts_are_read_once_per_version_of_the_file(weights, tmp_path, mon
     assert first.fields["general.architecture"] == "llama"
     os.utime(copy, ns=(1, 1))  # a new version (a pull over it, an edit): read again
     assert catalog.file_facts(copy) is not first and reads == [copy, copy]
+

@@ -61,3 +61,17 @@ def test_the_embedded_model_cannot_be_deleted(app, admin, csrf_token):
     name = next(e.name for e in services(app).catalog.entries if e.source == "default")
     r = admin.post(f"/models/{name}/delete", data={"csrf_token": csrf_token(admin, "/models")}, headers={"HX-Request": "true"})
     assert r.status_code == 409 and "embedded default model" in r.get_data(as_text=True)
+
+
+def test_a_signed_url_is_shown_without_its_token(app, admin, csrf_token):
+    secret = "s3cr3t-signature"
+    source = f"https://10.20.30.40/repo/model.gguf?X-Amz-Signature={secret}"
+    admin.post("/models/pull", data={"source": source, "csrf_token": csrf_token(admin, "/models")},
+               headers={"HX-Request": "true"})
+    deadline = time.monotonic() + 10
+    while (poll := admin.get("/models/pulls")).status_code == 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    html = poll.get_data(as_text=True)
+    assert "https://10.20.30.40/repo/model.gguf?X-Amz-Signature=***" in html and secret not in html
+    assert "Refused" in html and "a private address" in html
