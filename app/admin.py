@@ -231,7 +231,12 @@ def _models(args, s, data: Path) -> None:
         return
     set_model_policy(s, args.name, args.policy or None, args.keep_alive_s)
     if args.alias is not None:
-        row.alias = args.alias or None
+        from app.services.catalog import alias_problem
+
+        problem = alias_problem(s, args.alias, row.name) if args.alias else None
+        if problem:
+            raise AdminError(f"'{args.alias}' cannot name {row.name}: {problem}")
+        row.alias = args.alias.strip() or None
     runner_fields = {"kind": args.runner, "binary_path": args.binary, "n_ctx": args.ctx, "parallel": args.parallel,
                      "n_batch": args.batch, "threads": args.threads, "gpu_layers": args.gpu_layers, "mode": args.mode}
     if any(v is not None for v in runner_fields.values()):

@@ -80,6 +80,8 @@ def schedule_jobs(scheduler: BackgroundScheduler, svc: Services, rescan_s: int) 
         ("sample_telemetry", svc.sampler.sample_all, {"seconds": 1}),
         ("rollup_samples", svc.rollups.rollup_samples, {"seconds": 60}),
         ("prune_samples", svc.rollups.prune_samples, {"hours": 1}),
+        ("prune_requests", svc.rollups.prune_requests, {"hours": 1}),
+        ("flush_refusals", svc.refusals.flush, {"seconds": 10}),
     )
     for job_id, job, every in jobs:
         scheduler.add_job(job, "interval", id=job_id, **every)
@@ -192,10 +194,14 @@ def listening_lines(data_dir: Path, binds: list[str]) -> list[str]:
 
 def announce_listening(app: Flask, binds: list[str]) -> None:
     """Write listening_lines to serve's log, whatever the log level (a newcomer must see where to go)."""
+    from app.gateway.lan import startup_warnings
     from app.residency.default_model import log_line
 
     for line in listening_lines(services(app).data_dir, binds):
         log_line(line)
+    settings = services(app).settings
+    for warning in startup_warnings(bool(settings.get("api_open_on_lan")), binds, int(settings.get("proxy_hops") or 0)):
+        log.warning("LAN-open mode: %s", warning)
 
 
 def _scheduler_class() -> type[BackgroundScheduler]:

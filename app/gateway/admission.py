@@ -1,9 +1,13 @@
-"""Admission per request class: at most N concurrent per class, then a bounded queue.
+"""Admission per request class and member: at most N concurrent per class, then a bounded queue;
+within a class, each member at most their quota of its running and waiting places.
 
 Waiting requests are admitted in order of class priority, then weighted fair share among
 classes (start-time fair queuing: each admission advances its class's virtual time by
-1/weight), then arrival. A full class queue is refused at once (429); a request waiting past
-its class's timeout gives up (503).
+1/weight), then arrival. Within a class a waiter whose member already holds their running
+quota stands aside, so the next member's request takes a free place at once: one member
+flooding a class never makes another member wait behind the flood. A full class queue, or
+a member's full share of it, is refused at once (429); a request waiting past its class's
+timeout gives up (503).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.gateway.members import Quota
 from app.policy import ClassPolicy
 
 
@@ -28,6 +33,20 @@ class QueueFull(AdmissionError):
         super().__init__(
             f"class '{policy.name}' already has {policy.max_concurrent} requests running and "
             f"{policy.max_queue} waiting; retry shortly"
+        )
+        self.retry_after_s = 1
+
+
+class MemberQueueFull(AdmissionError):
+    """The member holds their whole quota of the class: running and waiting."""
+
+    def __init__(self, policy: ClassPolicy, member: str, quota: Quota, running: int, waiting: int):
+        where = "their own limits" if quota.own else "their share of the class (setting member_class_share)"
+        super().__init__(
+            f"member '{member}' already has {running} requests running and {waiting} waiting "
+            f"in class '{policy.name}', {where}: max_concurrent {quota.max_concurrent}, max_queue "
+            f"{quota.max_queue}; retry shortly, or the household's admin can raise them on the Members page or with "
+            f"`hearth token member '{member}' --max-concurrent N --max-queue N`"
         )
         self.retry_after_s = 1
 
@@ -50,6 +69,7 @@ class Ticket:
     arrival_s: float
     queue_position: int  # 0 when admitted at once, else 1-based position in its class queue at arrival
     admitted_s: float = 0.0
+    member: str = ""
 
     @property
     def queue_ms(self) -> float:
@@ -57,15 +77,27 @@ class Ticket:
         return (self.admitted_s - self.arrival_s) * 1000
 
 
+# A request admitted with no member quota (class limits only).
+UNLIMITED = Quota(max_concurrent=1 << 30, max_queue=1 << 30)
+
+
 @dataclass(eq=False)
 class _Waiter:
     policy: ClassPolicy
     arrival_s: float
     seq: int
+    member: str
+    quota: Quota
     # Set by whoever grants the place: the waiter sleeps on it alone, so a release wakes one
     # request, not the whole queue (under serve's gevent worker a greenlet, never an OS thread).
     granted: threading.Event = field(default_factory=threading.Event)
     admitted_s: float | None = None
+
+
+@dataclass
+class _MemberState:
+    in_flight: int = 0
+    waiting: int = 0
 
 
 @dataclass
@@ -76,15 +108,30 @@ class _ClassState:
     admitted_total: int = 0
     rejected_total: int = 0
     timed_out_total: int = 0
+    members: dict[str, _MemberState] = field(default_factory=dict)
+
+    def member(self, name: str) -> _MemberState:
+        m = self.members.get(name)
+        if m is None:
+            m = self.members[name] = _MemberState()
+        return m
+
+    def forget_idle(self, name: str) -> None:
+        # A member with nothing running or waiting keeps no state: persons behind a trusted token
+        # come and go, and the table must not grow with every one of them.
+        m = self.members.get(name)
+        if m is not None and not m.in_flight and not m.waiting:
+            del self.members[name]
 
 
 class Admission:
     """Admission controller shared by every request of the gateway (threads or greenlets).
 
     Invariant, kept under the lock after every change: no waiter that could run is left waiting.
-    So a request is admitted at once when its class and the total have room and nobody of its
-    class waits; otherwise it waits on its own event until a release hands it the place
-    (priority, then fair share, then arrival decide which waiter that is) or its timeout passes.
+    So a request is admitted at once when its class, its member's quota and the total have room
+    and no waiter of its class that could run arrived before it; otherwise it waits on its own
+    event until a release hands it the place (priority, then fair share, then arrival decide which
+    waiter that is) or its timeout passes.
     """
 
     def __init__(self, max_in_flight_total: int = 64, clock: Callable[[], float] = time.monotonic):
@@ -101,18 +148,18 @@ class Admission:
             st = self._classes[name] = _ClassState()
         return st
 
-    def _eligible(self, w: _Waiter) -> bool:
-        st = self._classes[w.policy.name]
-        return st.in_flight < w.policy.max_concurrent and self._total_in_flight < self.max_in_flight_total
+    def _class_has_room(self, st: _ClassState, policy: ClassPolicy) -> bool:
+        return st.in_flight < policy.max_concurrent and self._total_in_flight < self.max_in_flight_total
 
     def _next(self) -> _Waiter | None:
-        # Within a class waiters go in arrival order, so only each class's head competes.
+        # Within a class waiters go in arrival order, skipping those whose member holds their whole
+        # running quota: the first of the rest is the class's candidate, and candidates compete.
         best, best_key = None, None
         for st in self._classes.values():
-            if not st.waiting:
+            if not st.waiting or not self._class_has_room(st, st.waiting[0].policy):
                 continue
-            w = st.waiting[0]
-            if not self._eligible(w):
+            w = next((x for x in st.waiting if st.member(x.member).in_flight < x.quota.max_concurrent), None)
+            if w is None:
                 continue
             key = (w.policy.priority, st.vtime, w.arrival_s, w.seq)
             if best_key is None or key < best_key:
@@ -121,8 +168,10 @@ class Admission:
 
     def _grant(self, w: _Waiter) -> None:
         st = self._classes[w.policy.name]
+        m = st.member(w.member)
         if w in st.waiting:
             st.waiting.remove(w)
+            m.waiting -= 1
         # A class returning from idleness starts at the busiest peers' virtual time, not behind
         # it, so it cannot claim a burst of "owed" service (start-time fair queuing).
         active = [s.vtime for s in self._classes.values() if s.in_flight or s.waiting]
@@ -131,6 +180,7 @@ class Admission:
         st.vtime += 1.0 / max(w.policy.weight, 1e-6)
         st.in_flight += 1
         st.admitted_total += 1
+        m.in_flight += 1
         self._total_in_flight += 1
         w.admitted_s = self.clock()
 
@@ -140,28 +190,46 @@ class Admission:
             self._grant(w)
             w.granted.set()
 
-    def admit(self, policy: ClassPolicy) -> Ticket:
-        """Wait until the request may run; raises QueueFull or QueueTimeout."""
+    def admit(self, policy: ClassPolicy, member: str = "", quota: Quota | None = None) -> Ticket:
+        """Wait until the request may run; raises QueueFull, MemberQueueFull or QueueTimeout.
+
+        `member` is who asks (the request log's member name) and `quota` their places in this class
+        (app.gateway.members.class_quota); without one, only the class limits apply.
+        """
+        quota = quota or UNLIMITED
         now = self.clock()
         with self._lock:
             st = self._state(policy.name)
-            w = _Waiter(policy, now, next(self._seq))
-            if not st.waiting and self._eligible(w):
+            m = st.member(member)
+            w = _Waiter(policy, now, next(self._seq), member, quota)
+            # By the invariant, a class with room has no waiter that could run: only quotas hold them.
+            if m.in_flight < quota.max_concurrent and self._class_has_room(st, policy):
                 self._grant(w)
-                return Ticket(policy, now, 0, now)
-            if len(st.waiting) >= policy.max_queue:
+                return Ticket(policy, now, 0, now, member)
+            member_bound = m.waiting >= quota.max_queue
+            class_bound = len(st.waiting) >= policy.max_queue
+            if member_bound or class_bound:
                 st.rejected_total += 1
+                st.forget_idle(member)
+                # Blame the member (and say how to raise their limits) when only their quota holds them:
+                # the class has room, or their share of its queue is full and is less than the whole queue.
+                if self._class_has_room(st, policy) or (
+                        member_bound and (not class_bound or quota.max_queue < policy.max_queue)):
+                    raise MemberQueueFull(policy, member, quota, m.in_flight, m.waiting)
                 raise QueueFull(policy)
             st.waiting.append(w)
+            m.waiting += 1
             position = len(st.waiting)
             self._dispatch()
         w.granted.wait(max(0.0, policy.queue_timeout_s - (self.clock() - now)))
         with self._lock:
             # Granted between the timeout and this lock: the place is ours, take it.
             if w.admitted_s is not None:
-                return Ticket(policy, now, position, w.admitted_s)
+                return Ticket(policy, now, position, w.admitted_s, member)
             st.waiting.remove(w)
+            m.waiting -= 1
             st.timed_out_total += 1
+            st.forget_idle(member)
             # The one leaving may have been the head that blocked nobody but itself: look again.
             self._dispatch()
         raise QueueTimeout(policy, self.clock() - now)
@@ -171,6 +239,8 @@ class Admission:
         with self._lock:
             st = self._classes[ticket.policy.name]
             st.in_flight -= 1
+            st.member(ticket.member).in_flight -= 1
+            st.forget_idle(ticket.member)
             self._total_in_flight -= 1
             self._dispatch()
 
@@ -187,3 +257,13 @@ class Admission:
                 }
                 for name, st in self._classes.items()
             }
+
+    def member_snapshot(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Per member, per class: running and waiting now (the Members page's live use)."""
+        with self._lock:
+            out: dict[str, dict[str, dict[str, int]]] = {}
+            for name, st in self._classes.items():
+                for member, m in st.members.items():
+                    if m.in_flight or m.waiting:
+                        out.setdefault(member, {})[name] = {"in_flight": m.in_flight, "waiting": m.waiting}
+            return out

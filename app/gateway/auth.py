@@ -7,9 +7,11 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cachetools import TTLCache
+
+from app.gateway.members import MemberLimits
 
 TOKEN_PREFIX = "hth_"
 PREFIX_CHARS = 12  # what lists show of a token: enough to recognise it, useless to use it
@@ -28,12 +30,17 @@ def hash_token(token: str) -> str:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is asking: the member behind a valid token and the classes it may use."""
+    """Who is asking: the member behind a valid token (or the person it names), the classes it may use,
+    the member's own limits and the token's permissions."""
 
     token_id: int | None  # None: a tokenless LAN request (api_open_on_lan)
     member: str
     default_class: str
     allowed_classes: tuple[str, ...]
+    limits: MemberLimits = field(default_factory=MemberLimits)
+    may_manage: bool = False  # pull, delete, copy, load and unload models (with api_manage_models on)
+    trust_user_headers: bool = False  # X-OpenWebUI-User-* name the person behind each request
+    member_id: int | None = None  # None: the LAN's member, which is no row of the store
 
     def may_use(self, class_name: str) -> bool:
         """True when the token allows this class."""

@@ -2,23 +2,30 @@
 
 `build_services` wires them; the factory installs them on the app; request handlers call
 `services()`. Each service has one job: the catalog names models, the router leases them (and maps
-errors to HTTP), the recorder logs requests, the settings cache spares SQLite, the sampler and
-rollups are the telemetry jobs.
+errors to HTTP), the recorder logs requests, the refusals count the requests refused at admission,
+usage keeps the members' rate windows, people names the persons behind trusted tokens, the proxy
+watch guards LAN-open mode, the settings cache spares SQLite, the sampler and rollups are the
+telemetry jobs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 
 from flask import Flask, current_app
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import sessionmaker
 
 from app.gateway.admission import Admission
 from app.gateway.auth import TokenCache
 from app.gateway.classes import ClassRegistry
+from app.gateway.lan import ProxyWatch
+from app.gateway.members import DAY_S, Usage
+from app.gateway.people import People
+from app.gateway.refusals import Refusals
 from app.gateway.routing import Router
 from app.gateway.tokens import principal_loader
 from app.residency.library import Library
@@ -26,6 +33,7 @@ from app.residency.manager import ResidencyManager
 from app.services.catalog import Catalog, pull_refusal
 from app.services.records import Recorder, record_residency_event
 from app.services.settings import SettingsCache, budget_bytes
+from app.store.models import RequestRecord, utcnow
 from app.store.writer import StoreWriter
 from app.telemetry.metrics import GatewayMetrics
 from app.telemetry.rollup import Rollups
@@ -53,11 +61,42 @@ class Services:
     rollups: Rollups
     metrics: GatewayMetrics
     library: Library
+    refusals: Refusals
+    usage: Usage
+    people: People
+    proxy_watch: ProxyWatch
 
     def shutdown(self) -> None:
-        """Stop every runner, then flush the store."""
+        """Stop every runner, then flush the refusal counts and the store."""
         self.residency.shutdown()
+        self.refusals.flush()
         self.writer.stop(timeout_s=10)
+
+    def forget_members(self) -> None:
+        """Read tokens, members and people afresh (after an edit made in this process: a revocation, limits)."""
+        self.tokens.clear()
+        self.people.clear()
+
+
+def seeded_usage(sessions: sessionmaker) -> Usage:
+    """The members' rate windows, with the last 24 hours of the request log in them (so a restart hands out no
+    fresh day)."""
+    usage = Usage()
+    since = utcnow() - timedelta(seconds=DAY_S)
+    minute = func.strftime("%Y-%m-%d %H:%M", RequestRecord.arrival_at)
+    with sessions() as s:
+        rows = s.execute(
+            select(RequestRecord.member_name, minute, func.count(),
+                   func.sum(func.coalesce(RequestRecord.prompt_tokens, 0)
+                            + func.coalesce(RequestRecord.completion_tokens, 0)))
+            .where(RequestRecord.arrival_at >= since, RequestRecord.member_name.is_not(None))
+            .group_by(RequestRecord.member_name, minute).order_by(minute)).all()
+    usage.seed((member, _minute_s(at), int(n), int(tokens or 0)) for member, at, n, tokens in rows)
+    return usage
+
+
+def _minute_s(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%d %H:%M").replace(tzinfo=UTC).timestamp()
 
 
 def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, default_model: Path | None,
@@ -72,13 +111,16 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
                                  partial(record_residency_event, writer))
     sampler = Sampler(writer, residency.status, admission.snapshot)
     metrics = GatewayMetrics(residency.status, admission.snapshot, sampler, writer.health)
+    tokens = TokenCache(principal_loader(sessions))
     return Services(
         data_dir=data_dir, sessions=sessions, writer=writer, settings=settings, catalog=catalog,
         residency=residency, router=Router(catalog, residency), recorder=Recorder(writer, metrics),
-        admission=admission, classes=ClassRegistry(sessions), tokens=TokenCache(principal_loader(sessions)),
+        admission=admission, classes=ClassRegistry(sessions), tokens=tokens,
         sampler=sampler, rollups=Rollups(writer), metrics=metrics,
         library=Library(catalog.models_dir, partial(pull_refusal, settings), lambda path: catalog.rescan(),
                         endpoint=lambda: settings.get("hf_endpoint")),
+        refusals=Refusals(writer, metrics.observe), usage=seeded_usage(sessions), people=People(sessions, writer),
+        proxy_watch=ProxyWatch(),
     )
 
 

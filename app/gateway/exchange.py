@@ -11,8 +11,10 @@ from __future__ import annotations
 import time
 
 from app.gateway import relay
-from app.gateway.admission import QueueFull, QueueTimeout, Ticket
+from app.gateway.admission import MemberQueueFull, QueueFull, QueueTimeout, Ticket
+from app.gateway.auth import Principal
 from app.gateway.context import Services
+from app.gateway.members import MemberLimits, RateLimited, class_quota, rate_limits
 from app.policy import SLO_HEADER, ClassPolicy, slo_header
 from app.protocols.openai import ApiError
 from app.store.models import TTFT_DELIVERED
@@ -26,10 +28,12 @@ STALL_SHARE = 0.9
 class Exchange:
     """A request from its arrival at the gateway to its row in the request log."""
 
-    def __init__(self, svc: Services, record: dict, arrival_s: float):
+    def __init__(self, svc: Services, record: dict, arrival_s: float, principal: Principal | None = None):
         self.svc = svc
         self.record = record
         self.arrival_s = arrival_s
+        # Whose limits apply: the member (or the person a trusted token names) of record["member_name"].
+        self.limits = principal.limits if principal is not None else MemberLimits()
         self.ticket: Ticket | None = None
         self.policy: ClassPolicy | None = None
         self.lease = None
@@ -39,14 +43,27 @@ class Exchange:
         self._finished = False
 
     def admit(self, policy: ClassPolicy) -> Ticket:
-        """Wait for a place in the request's class; a refusal is logged and raised as the API's 429/503."""
+        """Wait for a place in the request's class within its member's limits; a refusal is counted (429) or
+        logged (503, it waited) and raised as the API's error."""
         self.policy = policy
+        member = self.record.get("member_name") or ""
+        settings = self.svc.settings
         try:
-            self.ticket = self.svc.admission.admit(policy)
-        except QueueFull as exc:
-            self._log(status="rejected", http_status=429, error=str(exc))
-            raise ApiError(429, str(exc), code="queue_full", err_type="rate_limit_error",
+            self.svc.usage.check_and_count(member, rate_limits(self.limits, settings.get))
+        except RateLimited as exc:
+            self.svc.refusals.count(member, policy.name, exc.limit)
+            raise ApiError(429, str(exc), code="member_rate_limited", err_type="rate_limit_error",
                            headers={"Retry-After": str(exc.retry_after_s)})
+        quota = class_quota(self.limits, policy, float(settings.get("member_class_share")))
+        try:
+            self.ticket = self.svc.admission.admit(policy, member, quota)
+        except (QueueFull, MemberQueueFull) as exc:
+            # Counted, not logged: a flood of refusals must not grow the store by a row each.
+            self.svc.usage.uncount(member)
+            member_full = isinstance(exc, MemberQueueFull)
+            self.svc.refusals.count(member, policy.name, "member_queue_full" if member_full else "class_queue_full")
+            raise ApiError(429, str(exc), code="member_queue_full" if member_full else "queue_full",
+                           err_type="rate_limit_error", headers={"Retry-After": str(exc.retry_after_s)})
         except QueueTimeout as exc:
             self._log(status="timeout", http_status=503, error=str(exc),
                       queue_ms=(time.monotonic() - self.arrival_s) * 1000)
@@ -116,6 +133,10 @@ class Exchange:
         if status is None:
             status = "ok" if outcome.status == 200 and not outcome.error else "error"
         ttft = self.ttft_ms()
+        if self.ticket is not None:
+            # What the member's token windows count: the prompt and the answer alike cost the household.
+            self.svc.usage.add_tokens(self.record.get("member_name") or "",
+                                      (usage.get("prompt_tokens") or 0) + (usage.get("completion_tokens") or 0))
         self._log(
             status=status,
             http_status=outcome.status or 502,

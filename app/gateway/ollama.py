@@ -6,8 +6,11 @@ show, load/unload and pull/copy/delete are answered here from the catalog and re
 Home Assistant's Ollama integration, Open WebUI and Continue speak this API. Ollama's names carry a
 tag (`gemma:latest`); a name without one is its `:latest`. `keep_alive` is a client's wish for how
 long its model stays resident once idle; the residency manager keeps an admin's pin whatever a
-client asks. Pull, copy and delete change the models folder: they answer only while the setting
-`api_manage_models` is on (the dashboard and `hearth models pull` always can).
+client asks. Pull, copy and delete change the models folder, and an empty chat or generate loads or
+(with `keep_alive: 0`) unloads a model for everyone: they need the setting `api_manage_models` on
+and a token with the manage permission (tokenless LAN clients never have it; the dashboard and
+`hearth models pull` always can). A token without it may still send `keep_alive` with a
+generation: the admin's keep-alive applies instead.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from flask import Blueprint, Response, request, stream_with_context
 from sqlalchemy import select
 
+from app.gateway.auth import Principal
 from app.gateway.context import services
 from app.gateway.pipeline import authenticate, serve_generation
 from app.gguf_meta import GgufArray, GgufError
@@ -30,6 +34,7 @@ from app.protocols.ollama import DEFAULT_TAG, NDJSON, hearth_name, ollama_name, 
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, EmbeddingBody
 from app.residency.catalog import file_facts
 from app.residency.manager import ModelBusy, ModelState, UnknownModel
+from app.services.catalog import alias_problem
 from app.store import models as db
 
 bp = Blueprint("ollama", __name__)
@@ -84,8 +89,11 @@ def _catalog_name(requested: str) -> str:
     return services().router.resolve(hearth_name(requested, _known()), None)
 
 
-def _apply_keep_alive(name: str, body: dict) -> float | None:
+def _apply_keep_alive(name: str, body: dict, principal: Principal) -> float | None:
     ttl = parse_keep_alive(body.get("keep_alive"))
+    if not _manages(principal):
+        # Keeping a model resident or unloading it is a household decision: the admin's keep-alive stays.
+        return None
     try:
         services().residency.set_client_keep_alive(name, ttl)
     except UnknownModel:
@@ -216,7 +224,12 @@ def _adapter(kind: str, body: dict) -> ollama.ChatAdapter | ollama.GenerateAdapt
 
 
 def _load_or_unload(kind: str, body: dict, name: str, ttl: float | None):
-    """A chat/generate request with nothing to say: Ollama's way to load a model, or unload it (keep_alive 0)."""
+    """A chat/generate request with nothing to say: Ollama's way to load a model, or unload it (keep_alive 0).
+
+    Unloading a model other members are using waits for their requests (keep_alive 0 unloads it as
+    soon as they end) rather than answering 409: Ollama clients send it fire-and-forget, and nobody's
+    answer is cut short.
+    """
     svc = services()
     if ttl == 0:
         if svc.catalog.model_specs()[name].policy == "pinned":
@@ -241,8 +254,11 @@ def _generation(kind: str):
     body = _json_body()
     body["model"] = _model_field(body)
     name = _catalog_name(body["model"])
-    ttl = _apply_keep_alive(name, body)
     empty = not body.get("messages") if kind == "chat" else not body.get("prompt") and not body.get("suffix")
+    if empty:
+        # Loading or unloading a model for the whole household: a permission of its own.
+        _may_manage(principal, "load or unload a model (an empty chat or generate)")
+    ttl = _apply_keep_alive(name, body, principal)
     if empty:
         return _load_or_unload(kind, body, name, ttl)
     adapter = _adapter(kind, body)
@@ -268,7 +284,7 @@ def _embedding(adapter_class: type[ollama.EmbedAdapter]):
     body = _json_body()
     body["model"] = _model_field(body)
     name = _catalog_name(body["model"])
-    _apply_keep_alive(name, body)
+    _apply_keep_alive(name, body, principal)
     return serve_generation(EmbeddingBody, "/v1/embeddings", adapter_class(body), model=name, principal=principal)
 
 
@@ -284,12 +300,28 @@ def embeddings():
     return _embedding(ollama.EmbeddingsAdapter)
 
 
-def _may_manage() -> None:
-    authenticate()
+def _manages(principal: Principal) -> bool:
+    """Whether this caller may manage models now: the household allows it and its token has the permission."""
+    return principal.may_manage and bool(services().settings.get("api_manage_models"))
+
+
+def _may_manage(principal: Principal | None = None, action: str = "pull, delete or copy models") -> Principal:
+    """The caller, if it may manage models; else 403 naming the permission and how the admin grants it."""
+    principal = principal or authenticate()
     if not services().settings.get("api_manage_models"):
-        raise ApiError(403, "changing the models folder through the API is off; the household's admin can turn on "
-                            "the setting api_manage_models, or pull and delete on the dashboard's Models page",
-                       code="manage_models_off", err_type="permission_error")
+        raise ApiError(403, f"managing models through the API is off, so this request may not {action}; the "
+                            "household's admin can turn on the setting api_manage_models and give a token the "
+                            "manage permission (Members page, or `hearth token set ID --manage`), or pull and "
+                            "delete on the dashboard's Models page", code="manage_models_off",
+                       err_type="permission_error")
+    if not principal.may_manage:
+        who = ("requests without a token never have the manage permission: send a token that has it"
+               if principal.token_id is None else
+               f"this token (id {principal.token_id}, of {principal.member}) lacks the manage permission; the "
+               f"household's admin can grant it on the Members page or with "
+               f"`hearth token set {principal.token_id} --manage`")
+        raise ApiError(403, f"may not {action}: {who}", code="manage_permission_missing", err_type="permission_error")
+    return principal
 
 
 def pull_lines(p) -> Iterator[dict]:
@@ -317,7 +349,7 @@ def pull_lines(p) -> Iterator[dict]:
 @bp.post("/api/pull")
 def pull():
     """Pull a GGUF (hf.co/owner/repo:QUANT, owner/repo/file.gguf or a URL) into the models folder, with progress."""
-    _may_manage()
+    _may_manage(action="pull a model")
     body = _json_body()
     svc = services()
     p = svc.library.start(_model_field(body), allowed_hosts=svc.settings.get("pull_allowed_hosts"))
@@ -335,7 +367,7 @@ def pull():
 @bp.delete("/api/delete")
 def delete():
     """Delete a model file (refused while it serves, and for the embedded default model)."""
-    _may_manage()
+    _may_manage(action="delete a model")
     services().router.delete_model(_catalog_name(_model_field(_json_body())))
     return {}
 
@@ -343,7 +375,7 @@ def delete():
 @bp.post("/api/copy")
 def copy():
     """Ollama's copy, as Hearth's alias: the destination name becomes another name of the source."""
-    _may_manage()
+    _may_manage(action="copy a model (make an alias)")
     body = _json_body()
     source = _catalog_name(body.get("source") or "")
     destination = body.get("destination")
@@ -351,9 +383,11 @@ def copy():
         raise ApiError(400, "'destination' is required", param="destination")
     alias = destination.removesuffix(f":{DEFAULT_TAG}")
     svc = services()
-    if alias in svc.catalog.model_specs() or svc.catalog.aliases().get(alias, source) != source:
-        raise ApiError(409, f"'{destination}' already names another model", param="destination")
     with svc.sessions() as s:
+        problem = alias_problem(s, alias, source)
+        if problem:
+            raise ApiError(400, f"'{destination}' cannot name '{source}': {problem}", param="destination",
+                           code="alias_refused")
         row = s.scalar(select(db.Model).where(db.Model.name == source))
         row.alias = alias
         s.commit()

@@ -24,6 +24,7 @@ from app.gateway.auth import Principal, bearer_token
 from app.gateway.context import services
 from app.gateway.exchange import CLIENT_STALLED, STALL_SHARE, Exchange
 from app.gateway.headers import header_value
+from app.gateway.lan import check_tokenless
 from app.policy import ClassPolicy
 from app.protocols import sse
 from app.protocols.adapter import Adapter
@@ -39,6 +40,7 @@ from app.protocols.openai import (
     validation_error,
 )
 from app.sockets import client_gone
+from app.store.settings import cors_origins
 
 # Who tokenless requests are recorded as when the API is open to the LAN.
 LAN_MEMBER = "lan"
@@ -61,11 +63,23 @@ def from_lan(addr: str | None) -> bool:
 
 
 def authenticate() -> Principal:
-    """The request's member and classes, from its bearer token (or the LAN's, when the admin opened it)."""
+    """The request's member and classes, from its bearer token (or the LAN's, when the admin opened it).
+
+    LAN-open mode (app.gateway.lan): a tokenless request must send JSON (415) and must not come from
+    another web site (403); every request is shown to the proxy watch, which tells the admin when a
+    proxy makes every client look private. A tokenless client never has the manage permission.
+    """
     token = bearer_token(request.headers.get("Authorization"))
-    settings = services().settings
-    if token is None and request.headers.get("Authorization") is None and settings.get("api_open_on_lan") \
+    svc = services()
+    settings = svc.settings
+    open_on_lan = bool(settings.get("api_open_on_lan"))
+    if open_on_lan:
+        svc.proxy_watch.note(request.remote_addr, request.headers, int(settings.get("proxy_hops") or 0))
+    if token is None and request.headers.get("Authorization") is None and open_on_lan \
             and from_lan(request.remote_addr):
+        has_body = bool(request.content_length) or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+        check_tokenless(request.method, request.mimetype, has_body, request.headers,
+                        request.host, cors_origins(settings.get("api_cors_origins")))
         # Opened explicitly by the admin: tokenless LAN clients share one member and class.
         return Principal(token_id=None, member=LAN_MEMBER, default_class=str(settings.get("api_open_class")),
                          allowed_classes=())
@@ -73,7 +87,7 @@ def authenticate() -> Principal:
         raise ApiError(401, "missing API token: send 'Authorization: Bearer <token>' (create one with "
                             "`hearth token create --member NAME --class chat`)", code="missing_token",
                        err_type="authentication_error")
-    principal = services().tokens.lookup(token)
+    principal = svc.tokens.lookup(token)
     if principal is None:
         raise ApiError(401, "invalid or revoked API token", code="invalid_token", err_type="authentication_error")
     return principal
@@ -160,10 +174,12 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
     arrival_s = time.monotonic()
     arrival_at = datetime.now(UTC)
     principal = principal or authenticate()
+    svc = services()
+    # A token trusted to name its users: the person behind the request is the member from here on.
+    principal = svc.people.behind(principal, request.headers)
     body, raw = _parse(schema, adapter, model)
     features = tuple(body.features)
     policy = choose_class(principal, raw.get("hearth_class"), fim="fim" in features)
-    svc = services()
     model_name = svc.router.resolve(body.model, policy)
     forward = dict(raw)
     forward["max_tokens"] = _max_tokens(body, policy)
@@ -177,7 +193,7 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
         "class_name": policy.name, "model": model_name, "stream": bool(body.stream),
         "features": ",".join(features) or None,
     }
-    ex = Exchange(svc, record, arrival_s)
+    ex = Exchange(svc, record, arrival_s, principal)
     ticket = ex.admit(policy)
     try:
         if ticket.queue_position and client_gone(request.environ):

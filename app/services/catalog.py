@@ -5,6 +5,7 @@ gateway (app.gateway.routing) turns them into HTTP answers."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from app.residency.supervisor import RunnerSpec
 from app.services.settings import SettingsCache, budget_bytes
 from app.store import models as db
 from app.store.settings import get_setting
+
+log = logging.getLogger(__name__)
 
 RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache")  # the stored runner_* settings a spec falls back on
 
@@ -71,6 +74,34 @@ def pull_refusal(settings: SettingsCache, metadata) -> str | None:
     """Why a model being pulled (its header arrived) cannot be served or would not fit the budget; None if it can."""
     ctx, parallel, batch = (settings.get(f"runner_{k}") for k in ("ctx", "parallel", "batch"))
     return budget_refusal(metadata, ctx, parallel, int(batch), budget_bytes(settings))
+
+
+# Names an alias can never take: what a request sends to mean the household's default model.
+RESERVED_NAMES = ("default",)
+MAX_ALIAS_CHARS = 255
+OLLAMA_DEFAULT_TAG = ":latest"
+
+
+def alias_problem(session: Session, alias: str, target: str) -> str | None:
+    """Why `alias` cannot be another name of model `target`, or None: an alias never shadows a model's name or
+    file name, nor another model's alias (so no alias can silently reroute the requests meant for a model)."""
+    alias = alias.strip()
+    bare = alias.removesuffix(OLLAMA_DEFAULT_TAG)
+    if not bare:
+        return "an alias cannot be empty"
+    if len(alias) > MAX_ALIAS_CHARS:
+        return f"an alias has at most {MAX_ALIAS_CHARS} characters"
+    if bare.lower() in RESERVED_NAMES:
+        return f"'{bare}' means the household's default model"
+    if bare == target:
+        return "it is the model's own name"
+    for name, path, other in session.execute(select(db.Model.name, db.Model.path, db.Model.alias)):
+        files = (Path(path).name, Path(path).stem) if path else ()
+        if bare == name or bare in files or alias in files:
+            return f"it is the name of the model '{name}'{f' ({files[0]})' if files else ''}: an alias never shadows a model"
+        if other in (alias, bare) and name != target:
+            return f"it is already an alias of '{name}'"
+    return None
 
 
 def resolve_models_dir(data_dir: Path, stored: str | None, override: str | None) -> Path:
@@ -152,6 +183,7 @@ class Catalog:
         self.default_model_assembly: BackgroundAssembly | None = None
         self._lock = threading.Lock()
         self._scan = _Scan()
+        self._shadowing: set[str] = set()  # aliases already logged as standing aside for a model's name
 
     @classmethod
     def open(cls, data_dir: Path, sessions: sessionmaker, settings: SettingsCache, default_model: Path | None,
@@ -216,6 +248,15 @@ class Catalog:
                     if row.alias:
                         aliases[row.alias] = e.name
                 s.commit()
+            # An alias set before the rule (or a model file added later under the alias's name) never
+            # shadows a model: the model keeps its name, the alias stands aside.
+            names = {e.name for e in entries}
+            for alias in sorted(set(aliases) & names):
+                if alias not in self._shadowing:
+                    self._shadowing.add(alias)
+                    log.warning("alias %r of %s is also a model's name; the model keeps it (change the alias with "
+                                "`hearth models set %s --alias NEW`)", alias, aliases[alias], aliases[alias])
+                del aliases[alias]
             self._scan = _Scan(entries, specs, aliases)
             return entries
 
@@ -254,7 +295,9 @@ class Catalog:
         name = requested or class_default or self.default_model_name()
         if name in ("default", None, ""):
             name = self.default_model_name()
-        name = current.aliases.get(name, name)
+        if name not in current.specs:
+            # A model's own name always means that model: an alias only names what no model is called.
+            name = current.aliases.get(name, name)
         progress = self.default_model_progress()
         if progress is not None and name == progress["model"]:
             raise DefaultModelPending(name, progress)

@@ -196,13 +196,30 @@ class RequestClass(Base):
 
 
 class Member(Base):
-    """A person or app of the household that owns API tokens."""
+    """A person or app of the household that owns API tokens, with limits of its own beside the class limits.
+
+    A person behind a token trusted to name its users (Open WebUI's X-OpenWebUI-User-* headers) is a
+    member too, created on first sight with `parent_id` the token's member and `external_id` the id
+    the client gave: limits, the request log and the dashboard then treat them as anyone else.
+    A limit left None means the default: running places and queue, a share of each class
+    (setting member_class_share); rates, the member_max_* settings (none by default). Migration 0011.
+    """
 
     __tablename__ = "members"
+    __table_args__ = (UniqueConstraint("parent_id", "external_id"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("members.id", ondelete="CASCADE"), index=True)
+    external_id: Mapped[str | None] = mapped_column(String(128))
+    # Per class: places a member may hold running and waiting in any one class (capped by the class's own).
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    max_queue: Mapped[int | None] = mapped_column(Integer)
+    # Across classes: requests admitted per minute, prompt + completion tokens per minute and per day.
+    max_requests_per_min: Mapped[int | None] = mapped_column(Integer)
+    max_tokens_per_min: Mapped[int | None] = mapped_column(Integer)
+    max_tokens_per_day: Mapped[int | None] = mapped_column(Integer)
 
 
 class ApiToken(Base):
@@ -219,6 +236,11 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column()
     last_used_at: Mapped[datetime | None] = mapped_column()
+    # May pull, delete, copy (alias) and load/unload models through the API while api_manage_models is
+    # on; off for every token made before migration 0011 until the admin grants it.
+    may_manage: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("0"))
+    # Its X-OpenWebUI-User-* headers name the person behind each request (see Member).
+    trust_user_headers: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("0"))
 
 
 class RequestRecord(Base):
@@ -257,6 +279,24 @@ class RequestRecord(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # What the request used beyond plain generation, comma-separated (FEATURES in app.protocols.openai); migration 0007.
     features: Mapped[str | None] = mapped_column(String(64))
+
+
+class Refusal(Base):
+    """Requests refused at admission (429), counted per minute, member, class and reason instead of one row each.
+
+    A flood of refusals must not grow the store by a row per request: the gateway counts them in
+    memory and adds each minute's counts here (an upsert), so a minute of any flood is one row per
+    member, class and reason. Migration 0011.
+    """
+
+    __tablename__ = "refusals"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)  # minute start, Unix seconds, UTC
+    member_name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    class_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(32), primary_key=True)  # one of REFUSAL_REASONS (app.gateway.refusals)
+    count: Mapped[int] = mapped_column(Integer)
 
 
 class Setting(Base):

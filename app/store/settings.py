@@ -185,10 +185,21 @@ REGISTRY = {
                    "or networks (192.168.1.0/24), comma-separated; default: none, pulls reach public hosts only (and the "
                    "Hugging Face endpoint set above)",
                    "str", "Network and access", "Pulls may reach these LAN hosts", check=_pull_hosts),
-        SettingDef("api_manage_models", False, "let API tokens pull, copy and delete models through Ollama's /api/pull, /api/copy and /api/delete (the dashboard and `hearth models pull` always can)",
-                   "bool", "Network and access", "API tokens manage models"),
+        SettingDef("api_manage_models", False, "let the API tokens given the manage permission (Members page, `hearth token set ID --manage`) pull, copy, delete, load and unload models through Ollama's /api/pull, /api/copy, /api/delete and keep_alive; other tokens and tokenless LAN clients never can (the dashboard and `hearth models pull` always can)",
+                   "bool", "Network and access", "Manage tokens manage models"),
+        # A member's own limits (Members page, `hearth token member NAME`) win over these defaults.
+        SettingDef("member_class_share", 0.5, "share of each class's running places and queue one member may hold unless the member's own limits say otherwise (at least one place each), so one person or runaway script never takes a whole class",
+                   "float", "Gateway", "One member's share of a class", "", 0.05, 1),
+        SettingDef("member_max_requests_per_min", None, "requests a member may start per minute, all classes together, unless the member's own limit says otherwise (default: no limit)",
+                   "int", "Gateway", "Requests per member per minute", "requests", 1, 1_000_000),
+        SettingDef("member_max_tokens_per_min", None, "prompt and generated tokens a member may use per minute unless the member's own limit says otherwise (default: no limit)",
+                   "int", "Gateway", "Tokens per member per minute", "tokens", 1, 1_000_000_000),
+        SettingDef("member_max_tokens_per_day", None, "prompt and generated tokens a member may use per 24 hours unless the member's own limit says otherwise (default: no limit)",
+                   "int", "Gateway", "Tokens per member per day", "tokens", 1, 1_000_000_000_000),
         SettingDef("verdict_burst_overlap", 8, "this many requests at once or more in the request log is a burst (a batch job, agent branches): named apart, left out of the typical overlap, and the verdict must hold at its peak",
                    "int", "Bench verdict", "Burst: requests at once", "requests", 2, 1024),
+        SettingDef("requests_retention_days", 90, "days of the request log kept (one row per answered request; refusals are counted per minute instead); older rows are pruned hourly",
+                   "int", "Telemetry", "Keep the request log", "days", 1, 3650),
         SettingDef("samples_retention_h", 48, "hours of 1-second telemetry samples kept; longer ranges read 1-minute rollups (kept 30 days) and hourly ones (365 days)",
                    "float", "Telemetry", "Keep 1-second samples", "h", 1, 24 * 365),
     ]

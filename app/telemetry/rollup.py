@@ -1,8 +1,9 @@
-"""Telemetry rollups, retention and range queries over the 1-second samples.
+"""Telemetry rollups, retention and range queries over the 1-second samples; retention of the request log.
 
 Samples are rolled into 1-minute buckets once a minute is complete, and minute rows into 1-hour
 buckets once an hour is; readers of long ranges use the rollups. Every function here takes `now`
 from its caller, so tests choose the time. Times in these tables are integer Unix seconds.
+The request log (and the per-minute refusal counts beside it) is kept `requests_retention_days`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, text
+from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
-from app.store.models import Series, utcnow
+from app.store.models import RequestRecord, Series, utcnow
 from app.store.writer import StoreWriter
 
 MINUTE_S = 60
@@ -25,6 +26,9 @@ GRACE_S = 5
 # rows a year. About 26 MB and 5 MB at 22 series (see the size math in models.py).
 MINUTE_RETENTION = timedelta(days=30)
 HOUR_RETENTION = timedelta(days=365)
+# Request rows deleted per prune pass: one writer transaction stays short even when a lowered
+# retention leaves a year of rows to delete; the hourly job takes the rest in later passes.
+MAX_PRUNED_REQUESTS = 50_000
 # series() reads raw samples up to 1 h (3600 points), minute rows up to 48 h (2880), hourly beyond.
 RAW_MAX_RANGE = timedelta(hours=1)
 MINUTE_MAX_RANGE = timedelta(hours=48)
@@ -115,6 +119,21 @@ def prune(session: Session, now: datetime, retention: timedelta | None = None) -
     return deleted
 
 
+def prune_requests(session: Session, now: datetime, retention: timedelta | None = None) -> dict[str, int]:
+    """Delete request rows and refusal counts older than `retention` (default: requests_retention_days)."""
+    if retention is None:
+        from app.store.settings import get_setting
+
+        retention = timedelta(days=float(get_setting(session, "requests_retention_days")))
+    cutoff = now - retention
+    # By id through the arrival_at index, at most MAX_PRUNED_REQUESTS a pass (SQLite has no DELETE … LIMIT).
+    old = select(RequestRecord.id).where(RequestRecord.arrival_at < cutoff).limit(MAX_PRUNED_REQUESTS)
+    requests = session.execute(delete(RequestRecord).where(RequestRecord.id.in_(old))).rowcount
+    refusals = session.execute(text("DELETE FROM refusals WHERE bucket < :cutoff"),
+                               {"cutoff": to_unix(cutoff)}).rowcount
+    return {"requests": requests, "refusals": refusals}
+
+
 def resolution(start: datetime, end: datetime) -> str:
     """Which table series() reads for this range: 'samples', 'rollups_1m' or 'rollups_1h'."""
     span = end - start
@@ -145,7 +164,7 @@ def series(session: Session, source: str, metric: str, start: datetime, end: dat
 
 
 class Rollups:
-    """The `rollup_samples` and `prune_samples` jobs: each queues one pass on the store writer."""
+    """The `rollup_samples`, `prune_samples` and `prune_requests` jobs: each queues one pass on the store writer."""
 
     def __init__(self, writer: StoreWriter, clock: Callable[[], datetime] = utcnow):
         self.writer = writer
@@ -160,3 +179,8 @@ class Rollups:
         """Queue the retention pass on the store writer."""
         now = self.clock()
         self.writer.submit(lambda session: prune(session, now))
+
+    def prune_requests(self) -> None:
+        """Queue the request log's retention pass on the store writer."""
+        now = self.clock()
+        self.writer.submit(lambda session: prune_requests(session, now))

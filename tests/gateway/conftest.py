@@ -16,3 +16,44 @@ def serve(start_shared_serve, models_dir):
     )
     yield s
     s.stop()
+
+
+@pytest.fixture
+def gateway_app(tmp_path, standin_model):
+    """create_app on a fresh data folder with the stand-in model (a catalog entry nothing can load): for what
+    the gateway decides before any runner is asked (authentication, permissions, admission, refusals)."""
+    from tests.helpers import dashboard_app
+
+    with dashboard_app(tmp_path, standin_model) as app:
+        yield app
+
+
+@pytest.fixture
+def make_token(gateway_app):
+    """make_token(member, default_class="chat", allow=(), **permissions) → a bearer header for a new token."""
+    from app.gateway.context import services
+    from app.gateway.tokens import create_token
+
+    def make(member: str, default_class: str = "chat", allow=(), **permissions) -> dict:
+        with services(gateway_app).sessions() as s:
+            token, _ = create_token(s, member, default_class, list(allow), **permissions)
+        return {"Authorization": f"Bearer {token}"}
+
+    return make
+
+
+@pytest.fixture
+def set_settings(gateway_app):
+    """set_settings(name=value, …): store settings and make the gateway read them now."""
+    from app.gateway.context import services
+    from app.store.settings import set_setting
+
+    def set_(**values) -> None:
+        svc = services(gateway_app)
+        with svc.sessions() as s:
+            for name, value in values.items():
+                set_setting(s, name, value)
+            s.commit()
+        svc.settings.invalidate()
+
+    return set_

@@ -1,11 +1,13 @@
-"""Admission per class: concurrency limits, bounded queue, priority and weighted fair share, timeouts."""
+"""Admission per class: concurrency limits, bounded queue, priority and weighted fair share, timeouts;
+members' quotas inside a class."""
 
 import threading
 import time
 
 import pytest
 
-from app.gateway.admission import Admission, QueueFull, QueueTimeout
+from app.gateway.admission import Admission, MemberQueueFull, QueueFull, QueueTimeout
+from app.gateway.members import MemberLimits, Quota, class_quota
 from app.policy import ClassPolicy
 from tests.helpers import wait_until
 
@@ -89,3 +91,74 @@ def test_per_class_limit_does_not_block_other_classes():
     adm.admit(VOICE)
     t = adm.admit(CHAT)  # voice is at its limit; chat is not affected
     assert t.queue_position == 0
+
+
+# -- members' quotas inside a class -----------------------------------------------------------------
+
+FOUR = ClassPolicy("chat", priority=1, max_concurrent=4, max_queue=4, weight=1, queue_timeout_s=5)
+
+
+def test_a_member_holds_at_most_their_quota_and_the_rest_stays_free_for_others():
+    adm = Admission()
+    quota = class_quota(MemberLimits(), FOUR, share=0.5)
+    assert (quota.max_concurrent, quota.max_queue, quota.own) == (2, 2, False)
+    hog = [adm.admit(FOUR, "script", quota) for _ in range(2)]
+    out = []
+    waiters = [start_waiter_as(adm, FOUR, "script", quota, out, f"script{i}") for i in range(2)]
+    wait_until(lambda: adm.member_snapshot()["script"]["chat"] == {"in_flight": 2, "waiting": 2})
+    # Its share of the queue is full too: refused at once, naming the member's limits and how to raise them.
+    with pytest.raises(MemberQueueFull, match=r"member 'script' already has 2 requests running and 2 waiting in "
+                                              r"class 'chat'.*member_class_share.*hearth token member 'script'"):
+        adm.admit(FOUR, "script", quota)
+    # Another member is admitted at once, ahead of the flood's waiters: the class has two places left.
+    t0 = time.monotonic()
+    other = adm.admit(FOUR, "alice", quota)
+    assert other.queue_position == 0 and time.monotonic() - t0 < 0.5
+    assert adm.snapshot()["chat"] == {"in_flight": 3, "waiting": 2, "admitted_total": 3, "rejected_total": 1,
+                                      "timed_out_total": 0}
+    # A place the script frees goes to the script's own first waiter (no one else waits).
+    adm.release(hog[0])
+    wait_until(lambda: [tag for tag, _ in out] == ["script0"])
+    for t in (hog[1], other, *(t for _, t in out)):
+        adm.release(t)
+    for w in waiters:
+        w.join(5)
+    wait_until(lambda: len(out) == 2)
+    adm.release(out[1][1])
+    # Idle members leave nothing behind.
+    assert adm.member_snapshot() == {}
+
+
+def test_a_waiter_whose_member_is_at_quota_stands_aside_for_the_next_member():
+    adm = Admission()
+    small = ClassPolicy("x", max_concurrent=2, max_queue=8, queue_timeout_s=5)
+    quota = Quota(max_concurrent=1, max_queue=4)
+    others = adm.admit(small, "bob", quota)
+    mine = adm.admit(small, "script", quota)
+    out = []
+    start_waiter_as(adm, small, "script", quota, out, "script-late")  # arrives first, waits for script's place
+    wait_until(lambda: adm.snapshot()["x"]["waiting"] == 1)
+    start_waiter_as(adm, small, "carol", quota, out, "carol")
+    wait_until(lambda: adm.snapshot()["x"]["waiting"] == 2)
+    # bob's place frees: script is at its quota, so carol (who came later) takes it.
+    adm.release(others)
+    wait_until(lambda: out)
+    assert out[0][0] == "carol"
+    adm.release(mine)
+    wait_until(lambda: len(out) == 2)
+    assert out[1][0] == "script-late" and out[1][1].member == "script"
+
+
+def test_own_limits_override_the_share_within_the_class_cap():
+    assert class_quota(MemberLimits(max_concurrent=10, max_queue=0), FOUR, 0.5) == Quota(4, 0, own=True)
+    assert class_quota(MemberLimits(), ClassPolicy("one", max_concurrent=1, max_queue=1), 0.5) == Quota(1, 1)
+    assert class_quota(MemberLimits(), ClassPolicy("big", max_concurrent=16, max_queue=64), 0.25) == Quota(4, 16)
+
+
+def start_waiter_as(adm, policy, member, quota, out, tag):
+    """Admit as a member in a thread; record tag when admitted (and the ticket)."""
+    def run():
+        out.append((tag, adm.admit(policy, member, quota)))
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th

@@ -9,6 +9,9 @@ import pytest
 
 from app.devtools.hub_server import HubServer, tiny_gguf
 from app.devtools.serve_process import ServeProcess, prepare_data
+from app.gateway.auth import PREFIX_CHARS
+from app.gateway.tokens import set_token
+from app.store.db import open_store
 
 DEFAULT = "gemma-3-270m-q4_k_m"
 SHORT = {"num_predict": 4, "temperature": 0}
@@ -33,7 +36,12 @@ def oserve(tmp_path_factory, gemma_path, hub):
     shutil.copyfile(gemma_path, models / "gemma-b.gguf")
     tokens = prepare_data(data, settings={"runner_ctx": 1024, "runner_parallel": 2, "runner_threads": 2,
                                           "api_manage_models": True, "hf_endpoint": hub.url},
-                          tokens=[("alice", "chat", ["voice"])], policies={"gemma-b": "pinned"})
+                          tokens=[("alice", "chat", ["voice"]), ("kid", "voice", [])], policies={"gemma-b": "pinned"})
+    # alice's token may manage models (api_manage_models is on); kid's is a family token, as every token is by default.
+    engine, sessions = open_store(data)
+    with sessions() as session:
+        set_token(session, tokens["alice"][:PREFIX_CHARS], may_manage=True)
+    engine.dispose()
     s = ServeProcess(data, models, gemma_path, data / "serve.log")
     s.tokens = tokens
     s.models = models
@@ -44,6 +52,14 @@ def oserve(tmp_path_factory, gemma_path, hub):
 @pytest.fixture()
 def client(oserve):
     c = ollama.Client(host=oserve.url, headers={"Authorization": f"Bearer {oserve.tokens['alice']}"})
+    yield c
+    c.close()
+
+
+@pytest.fixture()
+def family(oserve):
+    """A client with a family token: no manage permission."""
+    c = ollama.Client(host=oserve.url, headers={"Authorization": f"Bearer {oserve.tokens['kid']}"})
     yield c
     c.close()
 
@@ -230,3 +246,43 @@ def test_pull_copy_and_delete(client, oserve, hub):
     with pytest.raises(ollama.ResponseError) as e:
         client.delete(DEFAULT)
     assert e.value.status_code == 409
+
+
+# -- a family token cannot pull, delete, alias or unload ----------------------------------------------
+
+
+def _refused(call) -> str:
+    with pytest.raises(ollama.ResponseError) as e:
+        call()
+    assert e.value.status_code == 403, e.value.error
+    assert "lacks the manage permission" in e.value.error and "--manage" in e.value.error
+    return e.value.error
+
+
+def test_a_family_token_cannot_pull(family, oserve):
+    assert "may not pull a model" in _refused(lambda: family.pull("hf.co/owner/repo:Q4_K_M", stream=False))
+    assert not list(oserve.models.glob("tiny*"))
+
+
+def test_a_family_token_cannot_delete(family, client):
+    assert "may not delete a model" in _refused(lambda: family.delete("gemma-b"))
+    assert "gemma-b:latest" in {m.model for m in client.list().models}
+
+
+def test_a_family_token_cannot_alias(family, client):
+    assert "may not copy a model" in _refused(lambda: family.copy(DEFAULT, "voice-model"))
+    assert "voice-model:latest" not in {m.model for m in client.list().models}
+
+
+def test_a_family_token_cannot_unload(family, client):
+    client.generate(model=DEFAULT, prompt="Hi", options=SHORT, keep_alive="10m")
+    assert "may not load or unload a model" in _refused(lambda: family.generate(model=DEFAULT, keep_alive=0))
+    assert "may not load or unload a model" in _refused(
+        lambda: family.chat(model=DEFAULT, messages=[], keep_alive=0))
+    # Its keep_alive with a real prompt is answered, and the admin's keep-alive stays: the model stays resident.
+    r = family.generate(model=DEFAULT, prompt="Hi", options=SHORT, keep_alive=0)
+    assert r.done
+    # Had its keep_alive 0 applied, ps would say the model expires now (and the expiry job would unload it).
+    assert f"{DEFAULT}:latest" in ps_names(client)
+    left_s = ps_names(client)[f"{DEFAULT}:latest"].expires_at.timestamp() - time.time()
+    assert left_s > 60

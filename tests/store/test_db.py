@@ -17,9 +17,9 @@ from app.store.models import ApiToken, Base, Model, Node, RequestRecord, RunnerS
 HEAD_TABLES = {
     "alembic_version", "models", "runner_settings", "nodes", "residency_events", "request_classes",
     "members", "api_tokens", "requests", "settings", "series", "samples", "rollups_1m", "rollups_1h",
-    "bench_sessions", "bench_runs", "bench_requests", "bench_applied",
+    "bench_sessions", "bench_runs", "bench_requests", "bench_applied", "refusals",
 }
-HEAD = "0010"
+HEAD = "0011"
 
 
 def test_database_path_is_in_the_data_folder(tmp_path):
@@ -218,3 +218,27 @@ def test_a_failing_upgrade_leaves_the_database_as_it_was(make_store, tmp_path, m
     assert "extra" not in {c["name"] for c in inspect(engine).get_columns("models")}
     with engine.connect() as connection:
         assert connection.exec_driver_sql("SELECT count(*) FROM nodes").scalar() == 1
+
+
+def test_0011_gives_existing_tokens_no_permission_and_members_no_limits(make_store):
+    engine = make_store(revision="0010")
+    _insert_0001_rows(engine)
+    db.upgrade(engine)
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT may_manage, trust_user_headers FROM api_tokens")).one() == (0, 0)
+        assert connection.execute(text("SELECT name, parent_id, max_concurrent, max_queue, max_requests_per_min, "
+                                       "max_tokens_per_min, max_tokens_per_day FROM members")).one() == \
+            ("ana", None, None, None, None, None, None)
+    # A person under a member is unique per (member, external id); deleting the member takes its people along.
+    with engine.begin() as connection:
+        connection.exec_driver_sql("INSERT INTO members (name, created_at, parent_id, external_id) "
+                                   "VALUES ('ana/Bob', '2025-01-01 10:00:00', 7, 'u1')")
+        with pytest.raises(IntegrityError):
+            with connection.begin_nested():
+                connection.exec_driver_sql("INSERT INTO members (name, created_at, parent_id, external_id) "
+                                           "VALUES ('ana/Bobby', '2025-01-01 10:00:00', 7, 'u1')")
+        connection.exec_driver_sql("DELETE FROM members WHERE id = 7")
+        assert connection.exec_driver_sql("SELECT count(*) FROM members").scalar() == 0
+    db.downgrade(engine, "0010")
+    assert "refusals" not in inspect(engine).get_table_names()
+    assert "may_manage" not in {c["name"] for c in inspect(engine).get_columns("api_tokens")}
