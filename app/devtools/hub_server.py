@@ -12,6 +12,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class HubServer:
         self.files = files
         self.repo = repo
         self.log: list[tuple[str, str, str | None]] = []
+        self.arrived_s: list[float] = []  # time.monotonic() of each request of the log, in order
         self.connections = 0  # accepted, whatever was sent on them
         self.redirects: dict[str, str] = {}  # path → Location answered with a 302
         self.hold: threading.Event | None = None  # set: file bodies wait for it (pulls kept under way)
@@ -96,6 +98,7 @@ class HubServer:
     def _answer(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         path = h.path.split("?")[0]
         self.log.append((h.command, path, h.headers.get("Range")))
+        self.arrived_s.append(time.monotonic())
         if path in self.redirects:
             h.send_response(302)
             h.send_header("Location", self.redirects[path])

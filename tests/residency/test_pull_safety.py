@@ -22,6 +22,7 @@ import pytest
 from app.devtools.hub_server import HubServer, tiny_gguf
 from app.residency.fetch import HostPolicy, PullError, address_kind, redact, redact_url
 from app.residency.library import DISK_RESERVE_BYTES, DiskLedger, Library, Source, part_path, pull, resolve
+from app.residency.offload import FILE_THREAD_NICE
 from app.store.settings import Invalid, validate
 from tests.helpers import wait_until
 
@@ -338,7 +339,7 @@ def test_a_disk_that_fills_mid_download_ends_the_pull_and_keeps_the_part(hub, tm
 _GEVENT_PULL = """
 from gevent import monkey
 monkey.patch_all()
-import json, sys
+import json, os, sys
 from pathlib import Path
 from gevent.monkey import get_original
 from app.residency import library
@@ -348,6 +349,7 @@ seen = {"main": native_id()}
 for name in ("_hash_of", "_append", "_read_head"):
     def spy(*args, _real=getattr(library, name), _name=name):
         seen.setdefault(_name, set()).add(native_id())
+        seen.setdefault("nice", set()).add(os.getpriority(os.PRIO_PROCESS, native_id()))
         return _real(*args)
     setattr(library, name, spy)
 url, models, size = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
@@ -370,6 +372,7 @@ def test_under_gevent_hashing_and_writing_run_on_other_threads(weights, models):
         assert seen["size"] == weights.stat().st_size
         for name in ("_hash_of", "_append", "_read_head"):
             assert seen[name] and seen["main"] not in seen[name], (name, seen)
+        assert seen["nice"] == [FILE_THREAD_NICE]  # the pool's threads yield the CPU to the serving loop
         assert server.log[-1][2] == f"bytes={3 * 1024 * 1024}-"  # it resumed, after hashing the part
     finally:
         server.close()
