@@ -30,7 +30,8 @@ from app.schema_subset import (
 )
 
 __all__ = ["Grammar", "GrammarTooLarge", "InvalidGrammar", "SchemaTooLarge", "UnsupportedSchema", "client_grammar",
-           "integer_range_rule", "json_object_grammar", "normalise_schema", "schema_grammar", "tool_call_grammar"]
+           "integer_range_rule", "json_object_grammar", "llama_pattern", "normalise_schema", "schema_grammar",
+           "tool_call_grammar"]
 
 # Arrays in tool-call arguments without maxItems get this bound: a small model copying an enum from
 # the prompt would otherwise list every value until max_tokens and never close the call.
@@ -146,7 +147,47 @@ def _converter_class():
         def _build_object_rule(self, properties, required, name, additional_properties):
             return _object_rule(self, properties, required, name, additional_properties)
 
+        def _visit_pattern(self, pattern, name):
+            return super()._visit_pattern(llama_pattern(pattern), name)
+
     return BoundedConverter
+
+
+# Class escapes as GBNF character-class contents; the converter copies a regex's escapes into GBNF,
+# where llama.cpp knows only \x.. \u.... \t \r \n and a few more, and refuses the grammar.
+_CLASS_ESCAPES = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " \\t\\n\\r\\x0B\\x0C"}
+# Punctuation the converter itself unescapes, and what a GBNF literal escapes the same way.
+_KEPT_ESCAPES = set('[]()|{}*+?"\\')
+
+
+def llama_pattern(pattern: str) -> str:
+    """A regex with the escapes llama.cpp's GBNF lacks written as classes: \\d, \\w, \\s (and negations), \\. etc.
+
+    Anything else after a backslash (\\b, a letter) is left for llama.cpp to refuse, as before.
+    """
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        nxt = pattern[i + 1] if i + 1 < len(pattern) else ""
+        if c == "\\" and nxt:
+            low = nxt.lower()
+            if low in _CLASS_ESCAPES and not (in_class and nxt.isupper()):
+                body = _CLASS_ESCAPES[low]
+                out.append(body if in_class else f"[{'^' if nxt.isupper() else ''}{body}]")
+            elif not nxt.isalnum() and ord(nxt) < 128 and (in_class or nxt not in _KEPT_ESCAPES):
+                hexed = f"\\x{ord(nxt):02X}"
+                out.append(hexed if in_class else f"[{hexed}]")
+            else:
+                out.append(c + nxt)
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _converter():

@@ -10,6 +10,7 @@ from app.engine.grammar import (
     GrammarTooLarge,
     UnsupportedSchema,
     integer_range_rule,
+    llama_pattern,
     normalise_schema,
     schema_grammar,
     tool_call_grammar,
@@ -189,3 +190,14 @@ def test_check_gbnf_measures_depth_and_width():
     tail = "root ::= r0\n" + "".join(f'r{i} ::= "a" | r{i + 1}\n' for i in range(50)) + 'r50 ::= "b"'
     size = check_gbnf(tail)
     assert size.left_depth == 0 and size.width == 51  # tail calls push nothing; every "a" is open at once
+
+
+@pytest.mark.parametrize("pattern,expected", [
+    (r"^\d{4}-\d{2}$", r"^[0-9]{4}-[0-9]{2}$"),
+    (r"^\S+\.\w$", r"^[^ \t\n\r\x0B\x0C]+[\x2E][a-zA-Z0-9_]$"),
+    (r"^[\w\-]+$", r"^[a-zA-Z0-9_\x2D]+$"),
+    (r"^\+?\(a\)$", r"^\+?\(a\)$"),  # what the converter unescapes itself stays
+])
+def test_regex_escapes_llama_cpp_lacks_are_written_as_classes(pattern, expected):
+    assert llama_pattern(pattern) == expected
+    check_gbnf(schema_grammar({"type": "string", "pattern": pattern}).gbnf)  # llama.cpp's parser takes it

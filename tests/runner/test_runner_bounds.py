@@ -112,9 +112,12 @@ def test_the_issue_body_is_a_400_and_the_real_runner_serves_on(gemma_runner):
     assert r.json()["error"]["code"] == "schema_too_large" and "'maxLength'" in r.json()["error"]["message"]
     r = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
-    # A constrained request just inside the bounds compiles in llama.cpp and is answered.
+    # A constrained request just inside the bounds compiles in llama.cpp and is answered (with a
+    # pattern's \d, which llama.cpp's GBNF spells [0-9]).
     r = client.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 8, "temperature": 0, **rf(
-        {"type": "object", "properties": {"a": {"type": "string", "maxLength": 1000}}, "required": ["a"]})})
+        {"type": "object", "properties": {"a": {"type": "string", "maxLength": 1000},
+                                          "d": {"type": "string", "pattern": r"^\d{4}-\d{2}$"}},
+         "required": ["a", "d"]})})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"].startswith("{")
     assert proc.poll() is None
