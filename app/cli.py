@@ -159,7 +159,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
-                _add_bench_replay, _add_bench_pull):
+                _add_bench_replay, _add_bench_pull, _add_bench_hostile):
         add(bench_sub)
 
 
@@ -298,6 +298,16 @@ def _add_bench_pull(bench_sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--file", help="with --speed: the file pulled (default: the embedded model)")
     pl.add_argument("--reps", type=int, default=5, help="with --speed: interleaved runs each (default %(default)s)")
     pl.add_argument("--json", dest="json_path", help="write the figures here")
+
+
+def _add_bench_hostile(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench hostile`: the worst accepted bodies of ≤ 64 KiB, their compile time and a runner's memory."""
+    ho = bench_sub.add_parser("hostile", help="for each bound, the largest body of ≤ 64 KiB still accepted: "
+                                              "conversion and llama.cpp compile time, a real runner's RSS growth")
+    ho.add_argument("--model", help="GGUF file (default: the embedded Gemma 3 270M Q4_K_M)")
+    ho.add_argument("--threads", type=int, default=2, help="the runner's CPU threads (default %(default)s)")
+    ho.add_argument("--only", help="comma-separated words: run only the families whose name holds one")
+    ho.add_argument("--json", dest="json_path", help="write the figures here")
 
 
 def _add_bench_replay(bench_sub: argparse._SubParsersAction) -> None:
@@ -530,6 +540,10 @@ def _bench(args) -> int:
         from app.devtools.pull_bench import run_pull_bench
 
         return run_pull_bench(args, resolve_model(args.model))
+    if name == "hostile":
+        from app.devtools.hostile_bench import run_hostile_bench
+
+        return run_hostile_bench(args, resolve_model(args.model))
     if name == "flood":
         from app.devtools.flood import run_flood
 

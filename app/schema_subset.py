@@ -485,6 +485,8 @@ class _Gbnf:
         self.ids: dict[str, int] = {}
         self.names: list[str] = []  # a generated rule's name is its rule's, as llama.cpp names it
         self.rules: dict[int, list[list[int]]] = {}
+        self.extra_rules = 0  # rules a repetition makes beyond the one that stands for them
+        self.copies: dict[int, int] = {}  # such a rule: how many it stands for
         self.elements = 0
         self.nesting = 0
 
@@ -498,19 +500,31 @@ class _Gbnf:
         if sid is None:
             sid = self.ids[name] = len(self.names)
             self.names.append(name)
-            if len(self.names) > MAX_GRAMMAR_RULES:
-                raise GrammarTooLarge("the number of rules the grammar expands to", len(self.names),
-                                      MAX_GRAMMAR_RULES, "use fewer or smaller {m,n} repetitions and groups")
+            self.check_rules()
         return sid
 
+    def rule_count(self) -> int:
+        """Rules llama.cpp would make so far (its symbol ids)."""
+        return len(self.names) + self.extra_rules
+
+    def check_rules(self) -> None:
+        if self.rule_count() > MAX_GRAMMAR_RULES:
+            raise GrammarTooLarge("the number of rules the grammar expands to", self.rule_count(),
+                                  MAX_GRAMMAR_RULES, "use fewer or smaller repetitions ({m,n}, or a schema's "
+                                  "maxLength and maxItems) and groups")
+
     def new_rule(self, base: str) -> int:
-        return self.symbol_id(f"{base}_{len(self.names)}")
+        """A rule llama.cpp generates (a group, a repetition): named after its rule, never referenced by name."""
+        self.names.append(base)
+        self.check_rules()
+        return len(self.names) - 1
 
     def add_elements(self, n: int) -> None:
         self.elements += n
         if self.elements > MAX_GRAMMAR_ELEMENTS:
             raise GrammarTooLarge("the number of elements the grammar expands to", self.elements,
-                                  MAX_GRAMMAR_ELEMENTS, "use fewer or smaller {m,n} repetitions and literals")
+                                  MAX_GRAMMAR_ELEMENTS, "use fewer or smaller repetitions ({m,n}, or a schema's "
+                                  "maxLength and maxItems) and literals")
 
     def measure(self) -> GrammarSize:
         text = self.text
@@ -529,7 +543,7 @@ class _Gbnf:
         if width > MAX_GRAMMAR_WIDTH:
             raise GrammarTooLarge("the number of alternatives open at one point of the grammar", width,
                                   MAX_GRAMMAR_WIDTH, "use fewer alternatives within alternatives")
-        return GrammarSize(len(text), len(self.names), self.elements, self.nesting, left_depth, width)
+        return GrammarSize(len(text), self.rule_count(), self.elements, self.nesting, left_depth, width)
 
     def rule(self, pos: int) -> int:
         text = self.text
@@ -576,7 +590,7 @@ class _Gbnf:
                 parent = open_[-1]
                 parent.symbol(s.rule, 1)
                 # llama.cpp's n_prev_rules of a group: every symbol the group made (itself included).
-                parent.prev_rules = max(1, len(self.names) - s.ids_before)
+                parent.prev_rules = max(1, self.rule_count() - s.ids_before)
                 self.add_elements(1)
                 s = parent
                 pos = m.end()
@@ -609,7 +623,7 @@ class _Gbnf:
                 op = m.group("op")
                 if op == "(":
                     pos = _SPACE_NL.match(text, pos).end()
-                    before = len(self.names)
+                    before = self.rule_count()
                     s = _Sequence(self.new_rule(name), nested=True, ids_before=before)
                     open_.append(s)
                     self.nesting = max(self.nesting, len(open_) - 1)
@@ -652,17 +666,19 @@ class _Gbnf:
             self.add_elements(elements * (low - 1))
             s.seq.extend(prev * (low - 1))
         optional = 1 if high is None else high - low
-        last_rule = None
-        for i in range(optional):
+        if optional:
+            # llama.cpp makes `optional` rules S'(k) ::= S S'(k-1) | (one, S' ::= S S' |, when
+            # unbounded); they are measured alike, so one stands for all: counted `optional` times,
+            # and opening `optional` times S's alternatives at once when S may match nothing.
             rid = self.new_rule(name)
-            tail = [rid] if high is None else ([last_rule] if i > 0 else [])
-            self.rules[rid] = [prev + tail, []]
-            self.add_elements(elements + len(tail) + 2)
-            last_rule = rid
-        if last_rule is not None:
-            s.seq.append(last_rule)
+            self.extra_rules += optional - 1
+            self.copies[rid] = optional
+            self.rules[rid] = [prev + [rid], []]
+            self.add_elements(optional * (elements + 3))
+            self.check_rules()
+            s.seq.append(rid)
             self.add_elements(1)
-        s.last_elements = elements * low + (1 if last_rule is not None else 0)
+        s.last_elements = elements * low + (1 if optional else 0)
         s.prev_rules *= total
 
     def shape(self) -> tuple[int, int]:
@@ -674,14 +690,16 @@ class _Gbnf:
         every accepted token.
         """
         n = len(self.names)
+        rules = self.rules
         nullable = self.nullable()
         first: list[list[int]] = [[] for _ in range(n)]
-        for rule, alts in self.rules.items():
+        for rule, alts in rules.items():
+            edges = first[rule]
             for alt in alts:
                 for sym in alt:
                     if sym == _TERMINAL:
                         break
-                    first[rule].append(sym)
+                    edges.append(sym)
                     if not nullable[sym]:
                         break
         # Depth first without recursion; an edge back into the path (left recursion, which llama.cpp
@@ -689,69 +707,83 @@ class _Gbnf:
         depth = [0] * n
         fan = [0] * n
         state = [0] * n  # 0 unseen, 1 on the path, 2 done
+        cap = MAX_GRAMMAR_WIDTH + 1
         for start in range(n):
             if state[start]:
                 continue
             state[start] = 1
-            path = [(start, 0)]
+            path = [start]
+            cursor = [0]
             while path:
-                rule, i = path[-1]
-                if i < len(first[rule]):
-                    path[-1] = (rule, i + 1)
-                    nxt = first[rule][i]
+                rule = path[-1]
+                edges = first[rule]
+                i = cursor[-1]
+                if i < len(edges):
+                    cursor[-1] = i + 1
+                    nxt = edges[i]
                     if state[nxt] == 0:
                         state[nxt] = 1
-                        path.append((nxt, 0))
+                        path.append(nxt)
+                        cursor.append(0)
                     continue
                 d = f = 0
-                for alt in self.rules.get(rule, ()):
+                repeated_empty = False  # a repetition of something that may match nothing
+                for alt in rules.get(rule, ()):
+                    last = len(alt) - 1
                     for j, sym in enumerate(alt):
                         if sym == _TERMINAL:
                             f += 1
                             break
-                        if state[sym] == 2:
-                            d = max(d, depth[sym] + (j < len(alt) - 1))
+                        if sym == rule:
+                            repeated_empty = True
+                        elif state[sym] == 2:
+                            here = depth[sym] + (j < last)
+                            if here > d:
+                                d = here
                             f += fan[sym]
                         if not nullable[sym]:
                             break
-                depth[rule], fan[rule] = d, min(f, MAX_GRAMMAR_WIDTH + 1)
+                if repeated_empty:
+                    f *= self.copies.get(rule, 1)
+                depth[rule] = d
+                fan[rule] = f if f < cap else cap
                 state[rule] = 2
                 path.pop()
+                cursor.pop()
         width = max(fan, default=0)  # a rule's beginning (the root's is where sampling starts)
-        for alts in self.rules.values():
+        for alts in rules.values():
             for alt in alts:
                 # Every position inside an alternative is a beginning too.
                 after = 0
                 for sym in reversed(alt):
-                    if sym == _TERMINAL:
-                        after = 1
-                    else:
-                        after = fan[sym] + (after if nullable[sym] else 0)
-                    width = max(width, after)
+                    after = 1 if sym == _TERMINAL else fan[sym] + (after if nullable[sym] else 0)
+                    if after > width:
+                        width = after
         return max(depth, default=0), width
 
     def nullable(self) -> list[bool]:
         """Which rules may match nothing (a fixpoint, counting down each alternative's symbols not yet known to)."""
         nullable = [False] * len(self.names)
-        waiting: dict[tuple[int, int], int] = {}
-        uses: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        owner: list[int] = []  # per alternative without a terminal: its rule
+        waiting: list[int] = []  # and how many of its symbols are not known to match nothing
+        uses: dict[int, list[int]] = defaultdict(list)
         ready: list[int] = []
         for rule, alts in self.rules.items():
-            for i, alt in enumerate(alts):
-                if _TERMINAL in alt:
-                    continue
+            for alt in alts:
                 if not alt:
                     if not nullable[rule]:
                         nullable[rule] = True
                         ready.append(rule)
-                    continue
-                waiting[(rule, i)] = len(alt)
-                for sym in alt:
-                    uses[sym].append((rule, i))
+                elif _TERMINAL not in alt:
+                    k = len(owner)
+                    owner.append(rule)
+                    waiting.append(len(alt))
+                    for sym in alt:
+                        uses[sym].append(k)
         while ready:
-            for key in uses.get(ready.pop(), ()):
-                waiting[key] -= 1
-                if waiting[key] == 0 and not nullable[key[0]]:
-                    nullable[key[0]] = True
-                    ready.append(key[0])
+            for k in uses.get(ready.pop(), ()):
+                waiting[k] -= 1
+                if waiting[k] == 0 and not nullable[owner[k]]:
+                    nullable[owner[k]] = True
+                    ready.append(owner[k])
         return nullable

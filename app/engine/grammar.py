@@ -38,10 +38,10 @@ __all__ = ["Grammar", "GrammarTooLarge", "InvalidGrammar", "SchemaTooLarge", "Un
 MAX_CALL_ARRAY_ITEMS = 4
 # Likewise for parallel calls: a household request rarely needs more, a small model may not stop.
 MAX_PARALLEL_CALLS = 3
-# The converter's output: a schema at every one of OpenAI's limits (5000 required properties) makes
-# about 330 KB. llama.cpp parses 1 MiB of it in tens of milliseconds; the converter and the
-# measurement take about half a second.
-MAX_GENERATED_GRAMMAR_CHARS = 1 << 20
+# The converter's output: a schema at OpenAI's 5000 properties (all required) makes about 330 KB.
+# llama.cpp parses this much in tens of milliseconds; converting and measuring it (check_gbnf) take
+# up to 0.6 s on a busy 2-core machine (`hearth bench hostile`), under a third of the 2 s target.
+MAX_GENERATED_GRAMMAR_CHARS = 384 << 10
 # Converted grammars (and refusals) kept, by count and by characters of keys and grammars together:
 # without the second, 256 grammars of a megabyte each would be a quarter of a gigabyte.
 MAX_CACHED_GRAMMARS = 256

@@ -53,7 +53,7 @@ def test_each_bound_is_a_400_and_the_runner_answers_the_next_request(make_runner
 
 
 def test_a_schema_past_the_converters_budget_is_a_400_naming_it(make_runner):
-    # Every door bound lets it through (400 integer fields of 18 digits); its grammar would pass 1 MiB.
+    # Every door bound lets it through (400 integer fields of 18 digits); its grammar would pass the budget.
     names = [f"n{i}" for i in range(400)]
     schema = {"type": "object", "required": names, "properties": {
         n: {"type": "integer", "minimum": -123456789012345678, "maximum": 987654321098765432} for n in names}}
