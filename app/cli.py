@@ -159,7 +159,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
-                _add_bench_replay, _add_bench_pull, _add_bench_hostile):
+                _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile):
         add(bench_sub)
 
 
@@ -298,6 +298,23 @@ def _add_bench_pull(bench_sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--file", help="with --speed: the file pulled (default: the embedded model)")
     pl.add_argument("--reps", type=int, default=5, help="with --speed: interleaved runs each (default %(default)s)")
     pl.add_argument("--json", dest="json_path", help="write the figures here")
+
+
+def _add_bench_members(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench members`: another member's admission and TTFT while one member floods a class."""
+    mb = bench_sub.add_parser("members", help="one member floods the chat class through hearth serve; another "
+                                              "member's admission wait and TTFT against chat's target")
+    mb.add_argument("--model", help="GGUF file (default: the embedded Gemma 3 270M Q4_K_M)")
+    mb.add_argument("--flood", type=int, default=50, help="streamed requests the flooding member sends at once "
+                                                          "(default %(default)s)")
+    mb.add_argument("--flood-tokens", type=int, default=128, help="tokens per flood answer (default %(default)s)")
+    mb.add_argument("--probes", type=int, default=5, help="the other member's requests, one after another "
+                                                          "(default %(default)s)")
+    mb.add_argument("--probe-tokens", type=int, default=8, help="tokens per probe answer (default %(default)s)")
+    mb.add_argument("--shares", type=lambda v: [float(x) for x in v.split(",")], default=[0.5, 1.0],
+                    help="member_class_share per round (default 0.5,1.0: the default, then one member may take "
+                         "the whole class)")
+    mb.add_argument("--json", dest="json_path", help="write the figures here")
 
 
 def _add_bench_hostile(bench_sub: argparse._SubParsersAction) -> None:
@@ -540,6 +557,10 @@ def _bench(args) -> int:
         from app.devtools.pull_bench import run_pull_bench
 
         return run_pull_bench(args, resolve_model(args.model))
+    if name == "members":
+        from app.devtools.members_bench import run_members_bench
+
+        return run_members_bench(args, resolve_model(args.model))
     if name == "hostile":
         from app.devtools.hostile_bench import run_hostile_bench
 

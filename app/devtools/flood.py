@@ -240,7 +240,9 @@ def run_flood(args, model_path: str) -> int:
         # Default settings, except chat's concurrency for the A/B phase: N streams through the gateway must
         # run at once as they do direct (the runner's 4 default slots queue the rest in both paths alike).
         # The model is pinned: during the direct phases serve holds no lease and would unload it as idle.
+        # One token stands for the whole household here: it may hold whole classes (member_class_share 1).
         tokens = prepare_data(data, tokens=[("bench", "background", ["voice", "chat"])],
+                              settings={"member_class_share": 1.0},
                               classes={"chat": {"max_concurrent": max(8, args.streams), "queue_timeout_s": 600}},
                               policies={Path(model_path).stem: "pinned"})
         token = tokens["bench"]

@@ -94,8 +94,9 @@ def run_gateway(args, model_path: str) -> int:
         data = Path(tmp) / "data"
         models = Path(tmp) / "models"
         models.mkdir()
+        # One token stands for every client here: it may hold the whole class (member_class_share 1).
         tokens = prepare_data(data, settings={"runner_ctx": args.ctx, "runner_parallel": args.parallel,
-                                              "runner_threads": args.threads},
+                                              "runner_threads": args.threads, "member_class_share": 1.0},
                               classes={"chat": {"max_concurrent": 64, "max_queue": 64}},
                               tokens=[("bench", "chat", [])])
         serve = ServeProcess(data, models, Path(model_path), Path(tmp) / "serve.log")

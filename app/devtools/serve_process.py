@@ -158,8 +158,10 @@ class BenchServe:
         data, models = root / "data", root / "models"
         models.mkdir()
         names = [c["name"] for c in DEFAULT_CLASSES]
-        # Nothing changed from the defaults; one token that may use every class, as the bench's client needs.
-        self.token = prepare_data(data, tokens=[("bench", names[0], names)])["bench"]
+        # Nothing changed from the defaults but one member's share of a class: the bench's one token stands for
+        # the whole household, so it may use every class, and hold all of a class's places (member_class_share 1).
+        self.token = prepare_data(data, settings={"member_class_share": 1.0},
+                                  tokens=[("bench", names[0], names)])["bench"]
         try:
             self.serve = ServeProcess(data, models, Path(model_path), root / "serve.log", timeout_s)
         except BaseException:

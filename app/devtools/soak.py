@@ -555,7 +555,9 @@ def _soak_fresh_serve(args, progress) -> SoakReport:
         models = Path(tmp) / "models"
         models.mkdir()
         classes = [c for c, *_ in MIX]
-        tokens = prepare_data(data, settings={"runner_ctx": args.ctx, "runner_parallel": args.parallel},
+        # One token stands for every client here: it may hold whole classes (member_class_share 1).
+        tokens = prepare_data(data, settings={"runner_ctx": args.ctx, "runner_parallel": args.parallel,
+                                              "member_class_share": 1.0},
                               tokens=[("soak", "chat", classes)])
         serve = ServeProcess(data, models, model, Path(tmp) / "serve.log")
         try:

@@ -20,8 +20,9 @@ def loaded(start_shared_serve, models_dir):
     s = start_shared_serve(
         models_dir,
         classes={"background": {"max_concurrent": 1, "max_queue": 64, "queue_timeout_s": 600}},
+        # One member is the whole flood here: it may hold all of the class (members' shares: tests/gateway/test_refusals.py).
         settings={"runner_ctx": 4096, "runner_parallel": 4, "runner_threads": 2,
-                  "header_timeout_s": 2, "client_stall_s": 3},
+                  "header_timeout_s": 2, "client_stall_s": 3, "member_class_share": 1.0},
         tokens=[("alice", "chat", ["voice", "background"])],
     )
     yield s

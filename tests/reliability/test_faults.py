@@ -191,8 +191,9 @@ def test_full_data_folder_serving_continues_losses_counted_and_writing_resumes(s
 
 
 def test_serve_killed_during_heavy_logging_keeps_every_committed_row_and_leaves_no_runner(start_serve, tmp_path):
-    # background: one at a time and no queue, so a burst is mostly instant 429s, each one a logged row.
-    s = start_serve(classes={"background": {"max_concurrent": 1, "max_queue": 0}},
+    # background: one at a time and a 10 ms queue timeout, so a burst is mostly instant 503s, each one a
+    # logged row (a 429 is only counted, not logged).
+    s = start_serve(classes={"background": {"max_concurrent": 1, "max_queue": 64, "queue_timeout_s": 0.01}},
                     tokens=[("alice", "chat", ["voice", "background"])])
     token = s.tokens["alice"]
     assert chat(s, token).status_code == 200
