@@ -6,6 +6,8 @@ import threading
 import httpx
 import pytest
 
+from app.gateway.tokens import create_token, set_member_limits
+from app.store.db import open_store
 from tests.helpers import metric, query, store_now, wait_until
 
 DEFAULT = "gemma-3-270m-q4_k_m"
@@ -218,3 +220,21 @@ def test_runner_errors_pass_through_with_their_status(serve):
     rows_once(serve, lambda got: ("error", 400) in got,
               "select status, http_status from requests where http_status = 400")
     assert chat(serve).status_code == 200
+
+
+def test_a_members_tokens_count_toward_their_limit_once_the_answer_ends(serve):
+    # A member of its own, made in the running serve's store: serve reads new tokens as they come.
+    engine, sessions = open_store(serve.data)
+    with sessions() as s:
+        token, _ = create_token(s, "counted", "chat")
+        set_member_limits(s, "counted", {"max_tokens_per_min": 5})
+    engine.dispose()
+    headers = {"Authorization": f"Bearer {token}"}
+    first = serve.client.post("/v1/chat/completions", headers=headers,
+                              json={"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2})
+    assert first.status_code == 200, first.text  # under the limit when it started; its tokens cross it
+    r = serve.client.post("/v1/chat/completions", headers=headers,
+                          json={"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2})
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "member_rate_limited" and "max_tokens_per_min" in r.json()["error"]["message"]
+    assert 1 <= int(r.headers["Retry-After"]) <= 61

@@ -106,3 +106,17 @@ def test_use_now_shows_places_rates_and_refusals_against_the_limits(app, admin):
     assert 'title="member_queue_full: 3">3<' in row
     assert 'hx-trigger="every 3s"' in html
     svc.admission.release(held)
+
+
+def test_the_people_behind_a_trusted_token_are_listed_under_its_member(app, admin):
+    _new_token(app, "openwebui", trust_user_headers=True)
+    with services(app).sessions() as s:
+        parent = s.scalars(select(Member).where(Member.name == "openwebui")).one()
+        s.add(Member(name="openwebui/Bob", parent_id=parent.id, external_id="7c1e", max_tokens_per_day=1000))
+        s.commit()
+    html = admin.get("/members").get_data(as_text=True)
+    assert "1 person behind its trusted tokens" in html
+    bob = html[html.index('id="member-openwebui/Bob"'):]
+    assert "a person behind a trusted token of openwebui" in bob and "<code>7c1e</code>" in bob
+    assert "Limits: tokens per day 1000" in bob
+    assert html.index('id="member-openwebui"') < html.index('id="member-openwebui/Bob"')
