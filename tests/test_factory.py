@@ -21,6 +21,8 @@ def test_jobs_are_bound_methods_of_their_services_under_explicit_ids(tmp_path, g
             "sample_telemetry": svc.sampler.sample_all,
             "rollup_samples": svc.rollups.rollup_samples,
             "prune_samples": svc.rollups.prune_samples,
+            "prune_requests": svc.rollups.prune_requests,
+            "flush_refusals": svc.refusals.flush,
         }
     finally:
         shutdown_app(app)
