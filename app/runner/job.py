@@ -109,7 +109,7 @@ def text_job(state: RunnerState, body: CompletionBody, headers: Mapping) -> Job:
 def native_jobs(state: RunnerState, body: NativeCompletionBody, headers: Mapping) -> list[Job]:
     """llama-server's /completion: a job per prompt (several are generated together, answered in order)."""
     prompts = native_prompts(state.model, body.prompt)
-    grammar = native_grammar(body)
+    grammar = raw_grammar(body)
     job = _job(state, headers, body, NATIVE, prompts[0], grammar, body.n_probs or None,
                return_tokens=body.return_tokens, post_sampling=body.post_sampling_probs,
                response_fields=tuple(body.response_fields or ()))
@@ -137,7 +137,8 @@ def _constraint(param: str):
 
 
 def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: str) -> Grammar | None:
-    """The constraint of a chat request: a forced call, else the response format, else a lazy call grammar."""
+    """The constraint of a chat request: a forced call, else the response format, else llama-server's grammar or
+    json_schema, else a lazy call grammar."""
     forced = tools and (body.choice == "required" or isinstance(body.choice, dict))
     calls = None
     if tools:
@@ -153,17 +154,11 @@ def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: str
             return json_object_grammar()
         if rf is not None and rf.type == "json_schema":
             return schema_grammar(rf.json_schema.schema_)
-    if body.grammar:
-        with _constraint("grammar"):
-            return client_grammar(body.grammar)
-    if body.json_schema is not None:
-        with _constraint("json_schema"):
-            return schema_grammar(body.json_schema)
-    return calls
+    return raw_grammar(body) or calls
 
 
-def native_grammar(body: NativeCompletionBody) -> Grammar | None:
-    """The constraint of a native request: GBNF text, else a JSON Schema."""
+def raw_grammar(body: ChatBody | NativeCompletionBody) -> Grammar | None:
+    """llama-server's own constraint fields of a body: GBNF text, else a JSON Schema (None: neither)."""
     if body.grammar:
         with _constraint("grammar"):
             return client_grammar(body.grammar)
