@@ -258,6 +258,10 @@ class _Walk:
                     self._count("chars", _value_chars(v, here, depth), here)
                 out[key] = copy.deepcopy(value)
             elif key in _COUNTS:
+                if value < 0:
+                    # JSON Schema wants a non-negative count; a negative minItems made the converter's "up to
+                    # max - min" repetitions unbounded (found by the hostile-input suite).
+                    raise UnsupportedSchema(f"{key} of a negative value", path)
                 if value > MAX_REPETITIONS:
                     raise SchemaTooLarge(f"'{key}'", value, MAX_REPETITIONS, path,
                                          f"lower it to {MAX_REPETITIONS:,} or leave it out")

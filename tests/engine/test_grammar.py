@@ -201,3 +201,15 @@ def test_check_gbnf_measures_depth_and_width():
 def test_regex_escapes_llama_cpp_lacks_are_written_as_classes(pattern, expected):
     assert llama_pattern(pattern) == expected
     check_gbnf(schema_grammar({"type": "string", "pattern": pattern}).gbnf)  # llama.cpp's parser takes it
+
+
+@pytest.mark.parametrize("key", ["minItems", "maxItems", "minLength", "maxLength"])
+def test_a_negative_count_is_refused_before_the_converter_sees_it(key):
+    kind = "array" if "Items" in key else "string"
+    with pytest.raises(UnsupportedSchema, match="negative"):
+        schema_grammar({"type": kind, key: -1})
+    # In a tool's parameters a negative minItems made the converter's "up to max - min" repetition 10^19 long
+    # (an OverflowError from inside llama-cpp-python, the hostile-input suite's find).
+    params = {"type": "object", "properties": {"a": {"type": kind, key: -10**19}}}
+    with pytest.raises(UnsupportedSchema, match="negative"):
+        tool_call_grammar([("f", params)], "generic", parallel=True)
