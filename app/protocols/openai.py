@@ -417,6 +417,13 @@ class ChatBody(_Body):
     # A final assistant message is continued, not answered (llama-server's prefill, vLLM's names).
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # Reasoning, in llama-server's names: "none" leaves the thoughts in content, the others split them into
+    # reasoning_content; OpenAI's effort ("none" turns thinking off, the others reach templates that read it);
+    # a budget of thinking tokens (-1: the runner's default, 0: no thinking), under either of its two names.
+    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    reasoning_budget_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
+    thinking_budget_tokens: int | None = Field(default=None, ge=-1, le=INT32_MAX)
 
     @field_validator("json_schema")
     @classmethod
@@ -484,6 +491,14 @@ class ChatBody(_Body):
             raise BodyProblem("continue_final_message", "'continue_final_message' and 'add_generation_prompt' "
                                                         "cannot both be true")
         return self
+
+    @property
+    def reasoning_budget(self) -> int:
+        """The thinking budget in tokens: -1 for the runner's default (either name; the first given wins)."""
+        for v in (self.reasoning_budget_tokens, self.thinking_budget_tokens):
+            if v is not None and v != -1:
+                return v
+        return -1
 
     @property
     def prefill(self) -> bool:
