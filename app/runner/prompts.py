@@ -14,10 +14,11 @@ from app.runner.state import RunnerState
 
 
 class ChatPrompt(NamedTuple):
-    """A chat request's prompt tokens and the tools it offers."""
+    """A chat request's prompt tokens, the tools it offers and its rendered text (after the BOS strip)."""
 
     tokens: list[int]
     tools: list[dict]
+    text: str
 
 
 def render(state: RunnerState, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
@@ -33,19 +34,44 @@ def render(state: RunnerState, messages: list[dict], add_generation_prompt: bool
         raise ApiError(400, f"'messages': {exc}", param="messages", code="chat_template")
 
 
-def chat_prompt(state: RunnerState, body: ChatBody) -> ChatPrompt:
-    """The prompt tokens of a chat request, as generation and every token count build it."""
+def request_thinking(state: RunnerState, body: ChatBody) -> bool:
+    """Whether a chat request thinks: its chat_template_kwargs.enable_thinking, else reasoning_effort "none" (off),
+    else the runner's --reasoning."""
+    asked = (body.chat_template_kwargs or {}).get("enable_thinking")
+    if isinstance(asked, bool):
+        return asked
+    if body.reasoning_effort == "none":
+        return False
+    return state.config.reasoning != "off"
+
+
+def template_kwargs(body: ChatBody, thinking: bool) -> dict:
+    """The template variables a chat request adds: its chat_template_kwargs, enable_thinking and reasoning_effort."""
+    kwargs = {**(body.chat_template_kwargs or {}), "enable_thinking": thinking}
+    # As llama-server: an effort other than "none" reaches the template (gpt-oss reads it).
+    if body.reasoning_effort and body.reasoning_effort != "none":
+        kwargs["reasoning_effort"] = body.reasoning_effort
+    return kwargs
+
+
+def chat_prompt(state: RunnerState, body: ChatBody, *, thinking: bool | None = None) -> ChatPrompt:
+    """The prompt of a chat request, as generation and every token count build it.
+
+    thinking None: as the request asks (request_thinking); True/False: the caller's choice."""
+    if thinking is None:
+        thinking = request_thinking(state, body)
+    kwargs = template_kwargs(body, thinking)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     tools = body.tool_list
     fmt = state.tool_format
     messages = toolfmt.prepare_messages(messages, fmt, tools, body.choice, body.parallel_tool_calls)
     native_tools = tools if tools and fmt != toolfmt.GENERIC else None
     if body.prefill and not tools:
-        text = _continue_final(state, messages, native_tools, body.chat_template_kwargs)
+        text = _continue_final(state, messages, native_tools, kwargs)
     else:
-        text = render(state, messages, body.add_generation_prompt, native_tools, body.chat_template_kwargs)
+        text = render(state, messages, body.add_generation_prompt, native_tools, kwargs)
     text, _ = strip_leading_bos(text, state.template.bos_token)
-    return ChatPrompt(state.model.tokenize(text, add_special=True, parse_special=True), tools)
+    return ChatPrompt(state.model.tokenize(text, add_special=True, parse_special=True), tools, text)
 
 
 def _continue_final(state: RunnerState, messages: list[dict], tools, kwargs) -> str:
