@@ -159,7 +159,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
-                _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile):
+                _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile, _add_bench_templates):
         add(bench_sub)
 
 
@@ -325,6 +325,17 @@ def _add_bench_hostile(bench_sub: argparse._SubParsersAction) -> None:
     ho.add_argument("--threads", type=int, default=2, help="the runner's CPU threads (default %(default)s)")
     ho.add_argument("--only", help="comma-separated words: run only the families whose name holds one")
     ho.add_argument("--json", dest="json_path", help="write the figures here")
+
+
+def _add_bench_templates(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench templates`: llama.cpp's vendored chat templates rendered by stock llama-server and Hearth."""
+    tp = bench_sub.add_parser("templates", help="render parity: llama.cpp's vendored templates x 5 histories through "
+                                                "stock llama-server and hearth runner's /apply-template, byte for byte")
+    tp.add_argument("--model", help="GGUF file (default: the embedded Gemma 3 270M Q4_K_M)")
+    tp.add_argument("--llama-server", help="stock llama-server binary (default: scripts/build_llama_tools.sh's)")
+    tp.add_argument("--only", help="comma-separated words: only the templates whose file name holds one")
+    tp.add_argument("--json", dest="json_path", help="write the summary and every pair that differs here")
+    tp.add_argument("--record", help="write llama-server's renders here as golden files (tests/data/templates)")
 
 
 def _add_bench_replay(bench_sub: argparse._SubParsersAction) -> None:
@@ -561,6 +572,10 @@ def _bench(args) -> int:
         from app.devtools.members_bench import run_members_bench
 
         return run_members_bench(args, resolve_model(args.model))
+    if name == "templates":
+        from app.devtools.template_parity import run_templates_bench
+
+        return run_templates_bench(args, resolve_model(args.model))
     if name == "hostile":
         from app.devtools.hostile_bench import run_hostile_bench
 
