@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from app.engine.reasoning_budget import BudgetTracker
 from app.engine.request import (
     ContextOverflow,
     Delta,
@@ -46,9 +47,11 @@ class ModelBackend(Protocol):
     def kv_share_blocker(self) -> str | None: ...
     def make_sampler(self, params: SamplingParams, prompt_tokens: list[int]): ...
     def sample(self, sampler, params: SamplingParams, batch_index: int) -> int: ...
+    def force(self, sampler, params: SamplingParams, token: int) -> bool: ...
     def free_sampler(self, sampler) -> None: ...
     def logprob(self, batch_index: int, token: int, top_n: int) -> dict: ...
     def token_bytes(self, token: int) -> bytes: ...
+    def special_bytes(self, token: int) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
 
 
@@ -128,7 +131,8 @@ class Engine:
       3. build one batch: a decode token per generating sequence, then prompt chunks up to the prefill
          budget the tightest running TPOT target and the measured iteration cost allow;
       4. llama_decode once; on "no KV slot" preempt the lowest-priority, most recent sequence and retry;
-      5. sample per sequence, stream UTF-8-safe text, stop on EOS / stop string / max_tokens;
+      5. sample per sequence (or take the reasoning budget's forced end of thought), stream UTF-8-safe text,
+         stop on EOS / stop string / max_tokens;
       6. release finished sequences at once.
     """
 
@@ -227,6 +231,8 @@ class Engine:
         if len(request.prompt_tokens) >= self.model.n_ctx:
             raise ContextOverflow(len(request.prompt_tokens), self.model.n_ctx)
         request.text_state = (Utf8Stream(), StopMatcher(list(params.stop)))
+        if params.reasoning_budget is not None:
+            request.budget = BudgetTracker(params.reasoning_budget)
         request.sampler = self.model.make_sampler(params, request.prompt_tokens)
         with self._cv:
             try:
@@ -427,7 +433,7 @@ class Engine:
     def _sample_one(self, r: Request, batch_index: int, now: float) -> None:
         if r.status is not RequestStatus.RUNNING:
             return
-        token = self.model.sample(r.sampler, r.params, batch_index)
+        token = self._next_token(r, batch_index)
         logprob = None if r.params.logprobs is None else self.model.logprob(batch_index, token, r.params.logprobs)
         if r.first_token_s is None:
             r.first_token_s = now
@@ -439,7 +445,10 @@ class Engine:
             return
         r.output_tokens.append(token)
         r.last_token_s = now
-        text, hit = stops.push(utf8.push(self.model.token_bytes(token)))
+        piece = self.model.special_bytes(token) if token in r.params.special_ids else self.model.token_bytes(token)
+        if r.budget is not None:
+            r.budget.accept(token, piece)
+        text, hit = stops.push(utf8.push(piece))
         # One Delta per token keeps streamed token counts honest even when text is held back
         # (a partial UTF-8 character or a possible stop-string prefix).
         started = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
@@ -454,6 +463,17 @@ class Engine:
             self._emit_tail(r)
             with self._cv:
                 self._finish(r, RequestStatus.FINISHED_LENGTH)
+
+    def _next_token(self, r: Request, batch_index: int) -> int:
+        """The sampled token, or the reasoning budget's forced one when the sampler (its grammar) takes it."""
+        budget = r.budget
+        forced = budget.next_forced() if budget is not None else None
+        if forced is not None:
+            if self.model.force(r.sampler, r.params, forced):
+                return forced
+            # The request's grammar admits no end of thought here: the grammar wins, the thought goes on.
+            budget.give_up()
+        return self.model.sample(r.sampler, r.params, batch_index)
 
     def _emit_tail(self, r: Request) -> None:
         utf8, stops = r.text_state
@@ -492,7 +512,8 @@ class Engine:
         stops = r.text_state[1] if r.text_state is not None else None
         word = (stops.matched_stop or "") if stops is not None and stops.stopped else ""
         r.events.put(Finished(stats.finish_reason, stats, r.error, -1 if slot is None else slot,
-                              tuple(r.output_tokens), word))
+                              tuple(r.output_tokens), word,
+                              r.budget.num_thought_tokens if r.budget is not None else 0))
         for listener in self.finished_listeners:
             try:
                 listener(stats)

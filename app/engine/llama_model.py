@@ -293,6 +293,10 @@ class LlamaModel:
         """The raw bytes a generated token stands for (may be part of a UTF-8 character)."""
         return self._piece(token, special=False)
 
+    def special_bytes(self, token: int) -> bytes:
+        """A token's bytes with a special token's markup rendered (llama-server's preserved_tokens: "<think>")."""
+        return self._piece(token, special=True)
+
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, end of turn)."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
@@ -396,6 +400,16 @@ class LlamaModel:
         if params.ignore_eos and self._eog_tokens:
             logits[self._eog_tokens] = -np.inf
         return int(logits.argmax())
+
+    def force(self, sampler, params: SamplingParams, token: int) -> bool:
+        """Take `token` as the next one without sampling (a forced end of thought): the sampler accepts it.
+
+        False, with nothing changed, when the request's grammar does not admit the token here."""
+        if isinstance(sampler, ConstrainedSampler):
+            return sampler.force(token)
+        if sampler is not None:
+            llama_cpp.llama_sampler_accept(sampler, token)
+        return True
 
     def free_sampler(self, sampler) -> None:
         """Release a sampler chain made by make_sampler."""
@@ -523,6 +537,22 @@ class ConstrainedSampler:
         if self.chain is not None:
             llama_cpp.llama_sampler_accept(self.chain, token)
         return token
+
+    def force(self, token: int) -> bool:
+        """Accept a token chosen outside sampling (a forced end of thought); False when the grammar refuses it.
+
+        A lazy grammar still awaiting its trigger only records the token's text: a forced end of thought
+        never begins a call."""
+        m = self.model
+        if self._awaiting:
+            self._text += m.token_bytes(token)
+        elif self._g is not None:
+            if not self._admits(self._g, token):
+                return False
+            llama_cpp.llama_sampler_accept(self._g, token)
+        if self.chain is not None:
+            llama_cpp.llama_sampler_accept(self.chain, token)
+        return True
 
     def _choose(self, logits: np.ndarray, constrain, candidates: int | None = None) -> int:
         """The chain's pick (greedy argmax without one), optionally over grammar-admitted candidates."""

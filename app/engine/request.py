@@ -14,6 +14,7 @@ from app.policy import NO_SLO, SloTargets
 
 if TYPE_CHECKING:
     from app.engine.grammar import Grammar
+    from app.engine.reasoning_budget import BudgetTracker, ReasoningBudget
 
 
 class EngineError(Exception):
@@ -63,6 +64,11 @@ class SamplingParams:
     logprobs: int | None = None
     # (token id, bias added to its logit); -inf bans the token.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # Special tokens whose text is streamed with its markup (llama-server's preserved_tokens: "<think>",
+    # "<tool_call>", which the answer's parser must see); every other token's special text stays hidden.
+    special_ids: frozenset[int] = frozenset()
+    # The thoughts' markers and budget (None: thoughts are neither counted nor bounded).
+    reasoning_budget: ReasoningBudget | None = None
 
     @property
     def greedy(self) -> bool:
@@ -146,6 +152,7 @@ class Finished:
     slot: int = -1  # the slot it ran in (-1: it never ran)
     output_tokens: tuple[int, ...] = ()
     stop_word: str = ""  # the stop string that ended it, if one did
+    num_reasoning_tokens: int = 0  # generated inside a thought (counted when the request named its markers)
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,8 @@ class Request:
     # Engine-side state: the backend's own sampler (opaque to the engine) and the text pipeline.
     sampler: object | None = None
     text_state: tuple[Utf8Stream, StopMatcher] | None = None
+    # The reasoning budget's state, when the request has one (SamplingParams.reasoning_budget).
+    budget: BudgetTracker | None = None
     events: queue.SimpleQueue[Delta | Progress | Finished] = field(default_factory=queue.SimpleQueue)
     # llama-server's return_progress: a Progress event before the prompt and after each of its chunks.
     return_progress: bool = False

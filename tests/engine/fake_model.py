@@ -82,6 +82,8 @@ class FakeModel:
         on_decode: Callable[[int, list[Chunk]], None] | None = None,
         n_swa: int = 0,
         share_blocker: str | None = None,
+        specials: dict[int, bytes] | None = None,
+        refuse_forced: frozenset[int] = frozenset(),
     ):
         self.n_ctx = n_ctx
         self.n_swa = n_swa
@@ -92,6 +94,11 @@ class FakeModel:
         # What the real sampler picks instead of EOS when ignore_eos biases EOS to -inf.
         self.ignore_eos_token = ignore_eos_token
         self.pieces = dict(pieces or {})
+        # Special tokens: their text shows only when rendered with the markup (special_bytes), as llama.cpp's.
+        self.specials = dict(specials or {})
+        # Tokens a forced step is refused for, as a grammar that does not admit them would.
+        self.refuse_forced = frozenset(refuse_forced)
+        self.forced: list[int] = []  # tokens taken through force(), in order
         # A script is the answer to one exact prompt; after it ends the model says EOS.
         self.scripts = {tuple(k): list(v) for k, v in (scripts or {}).items()}
         # Cells that really exist; less than n_ctx simulates a cache that cannot hold n_ctx tokens.
@@ -256,6 +263,15 @@ class FakeModel:
             token = self.ignore_eos_token
         return token
 
+    def force(self, sampler: FakeSampler, params: SamplingParams, token: int) -> bool:
+        """Take a forced token (recorded), unless it is one of refuse_forced."""
+        if sampler is None or sampler.freed:
+            self.violations.append("force() with a missing or freed sampler")
+        if token in self.refuse_forced:
+            return False
+        self.forced.append(token)
+        return True
+
     def logprob(self, batch_index: int, token: int, top_n: int) -> dict:
         """A fixed log-probability entry (the real one comes from the logits)."""
         entry = {"token": self.token_bytes(token).decode(), "logprob": -0.5, "bytes": list(self.token_bytes(token))}
@@ -284,8 +300,14 @@ class FakeModel:
     # -- vocabulary ---------------------------------------------------------------------------
 
     def token_bytes(self, token: int) -> bytes:
-        """The token's piece: from `pieces`, else "<id>"."""
+        """The token's piece: nothing for a special token, else from `pieces`, else "<id>"."""
+        if token in self.specials:
+            return b""
         return self.pieces.get(token, f"<{token}>".encode())
+
+    def special_bytes(self, token: int) -> bytes:
+        """The token's piece with a special token's markup."""
+        return self.specials.get(token) or self.token_bytes(token)
 
     def is_eog(self, token: int) -> bool:
         """Only eos_token ends generation."""
@@ -313,7 +335,7 @@ class FakeTextModel(FakeModel):
         kwargs.setdefault("eos_token", 2)
         super().__init__(**kwargs)
         self.bos_token = 1
-        self.n_vocab = BYTE_BASE + 256
+        self.n_vocab = max([BYTE_BASE + 256, *(t + 1 for t in self.specials)])
         self.add_bos = True
         self.architecture = "fake"
         self.eog_tokens = (self.eos_token,)
@@ -326,8 +348,21 @@ class FakeTextModel(FakeModel):
         return self._template
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """One token per byte, BOS first when add_special."""
-        return ([self.bos_token] if add_special else []) + [BYTE_BASE + b for b in text.encode()]
+        """One token per byte (a special token's text as its id with parse_special), BOS first when add_special."""
+        out = [self.bos_token] if add_special else []
+        if not (parse_special and self.specials):
+            return out + [BYTE_BASE + b for b in text.encode()]
+        marks = sorted(((v.decode(), k) for k, v in self.specials.items()), key=lambda m: -len(m[0]))
+        i = 0
+        while i < len(text):
+            hit = next(((mark, t) for mark, t in marks if text.startswith(mark, i)), None)
+            if hit is not None:
+                out.append(hit[1])
+                i += len(hit[0])
+            else:
+                out.extend(BYTE_BASE + b for b in text[i].encode())
+                i += 1
+        return out
 
     def token_bytes(self, token: int) -> bytes:
         """A byte token's byte, a special token's text; else as FakeModel."""
@@ -344,7 +379,8 @@ class FakeTextModel(FakeModel):
         if prompt not in self._reply_of:
             text = b"".join(self.token_bytes(t) for t in prompt).decode("utf-8", "replace")
             reply = next((r for key, r in self.replies.items() if key in text), None)
-            self._reply_of[prompt] = None if reply is None else [BYTE_BASE + b for b in reply.encode()]
+            self._reply_of[prompt] = None if reply is None else self.tokenize(reply, add_special=False,
+                                                                              parse_special=True)
         reply = self._reply_of[prompt]
         if reply is None:
             return super().next_token(prompt, history)
