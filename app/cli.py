@@ -115,6 +115,17 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    default=None, help="--no-cont-batching is --mode serial")
     g.add_argument("--reasoning", choices=("on", "off", "auto"), default="auto",
                    help="thinking in templates that have it: off sets enable_thinking false (default %(default)s: on)")
+    g.add_argument("--reasoning-format", choices=("none", "auto", "deepseek", "deepseek-legacy"), default="auto",
+                   help="where thoughts go: 'none' leaves them in content verbatim; the others put them in "
+                        "reasoning_content (default %(default)s)")
+    g.add_argument("--reasoning-budget", type=int, default=-1,
+                   help="thinking tokens a request may use when it names none: -1 unlimited, 0 no thinking "
+                        "(default %(default)s)")
+    g.add_argument("--reasoning-budget-message", default="",
+                   help="text forced before the end of a thought when its budget is spent (default: none)")
+    g.add_argument("--grammar", default=None, help="GBNF for requests that bring no constraint of their own")
+    g.add_argument("--grammar-file", default=None,
+                   help="file with a GBNF for requests that bring no constraint of their own")
     g.add_argument("--tags", default="", help="comma-separated tags listed on /models")
     g.add_argument("--verbose", dest="runner_verbose", action="store_true",
                    help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")
@@ -713,6 +724,27 @@ def _token(args) -> int:
     return 0
 
 
+def _default_grammar(args) -> str | None:
+    """The runner's default GBNF (--grammar or --grammar-file), refused at start when llama.cpp could not use it."""
+    from app.engine.grammar import GrammarTooLarge, InvalidGrammar, client_grammar
+
+    if args.grammar and args.grammar_file:
+        raise SystemExit("hearth runner: give --grammar or --grammar-file, not both")
+    text = args.grammar
+    if args.grammar_file:
+        try:
+            text = Path(args.grammar_file).read_text()
+        except OSError as exc:
+            raise SystemExit(f"hearth runner: cannot read --grammar-file: {exc}")
+    if text is None:
+        return None
+    try:
+        client_grammar(text)
+    except (InvalidGrammar, GrammarTooLarge) as exc:
+        raise SystemExit(f"hearth runner: the default grammar is refused: {exc}")
+    return text
+
+
 def _runner(args) -> int:
     from app.engine.named_template import NamedTemplate, is_template_name
     from app.residency.supervisor import RUNNER_KEY_ENV
@@ -741,6 +773,9 @@ def _runner(args) -> int:
             template = Path(args.chat_template_file).read_text()
         except OSError as exc:
             raise SystemExit(f"hearth runner: cannot read --chat-template-file: {exc}")
+    if args.reasoning_budget < -1:
+        raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
+    grammar = _default_grammar(args)
     if args.runner_verbose:
         logging.getLogger().setLevel(logging.INFO)
     mode = Mode.SERIAL.value if args.cont_batching is False else args.mode
@@ -768,6 +803,10 @@ def _runner(args) -> int:
         verbose=args.runner_verbose,
         tags=tuple(t.strip() for t in args.tags.split(",") if t.strip()),
         reasoning=args.reasoning,
+        reasoning_format=args.reasoning_format,
+        reasoning_budget=args.reasoning_budget,
+        reasoning_budget_message=args.reasoning_budget_message,
+        grammar=grammar,
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)

@@ -41,6 +41,14 @@ class RunnerConfig:
     verbose: bool = False
     # llama-server's --reasoning: "on"/"off" set the templates' enable_thinking; "auto" leaves it to them.
     reasoning: str = "auto"
+    # llama-server's --reasoning-format: "none" leaves thoughts in content; the others split them out.
+    reasoning_format: str = "auto"
+    # llama-server's --reasoning-budget (thinking tokens when a request names none; -1 unlimited, 0 none)
+    # and --reasoning-budget-message (forced before the end of a thought whose budget is spent).
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
+    # llama-server's --grammar / --grammar-file: the GBNF of requests that bring no constraint of their own.
+    grammar: str | None = None
     # llama-server's --tags: listed on /models.
     tags: tuple[str, ...] = ()
 
