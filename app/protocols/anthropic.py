@@ -9,11 +9,19 @@ message_delta, message_stop). Errors take Anthropic's shape, {"type": "error", "
 Pure wire format: the runner feeds it chat chunks built from its engine's events, the gateway the
 chunks it relays.
 
-Not honoured: `thinking` in the request (the model's reasoning is not split out of the answer;
-accepted and ignored, as a model without reasoning would; thinking blocks of the history become
-the assistant turn's `reasoning_content`, which templates that show past reasoning render), `metadata`,
-`cache_control` (the prefix cache needs no hint), and `stop_sequence` in the answer, which stays
-null (stop_reason is then "end_turn", as llama-server reports it).
+Extended thinking: `thinking: {"type": "enabled", "budget_tokens": N}` turns the model's thinking on
+with a budget of N thinking tokens (llama-server's thinking_budget_tokens), "adaptive" on without
+one, "disabled" off (app.protocols.thinking). The model's reasoning (OpenAI's reasoning_content)
+is a `thinking` block before the text and tool_use blocks, streamed as thinking_delta events. Its
+`signature` is always "" (as llama-server sends it): Anthropic signs thoughts with a key of its own so
+that they cannot be forged, and Hearth has no such key, so it claims nothing; a signature_delta of ""
+closes each streamed thinking block because Anthropic's clients wait for one. Thinking blocks of the
+history become the assistant turn's `reasoning_content`, which templates that show past reasoning
+render; redacted_thinking blocks are dropped. With thinking disabled, thoughts the model produces
+anyway are dropped from the answer.
+
+Not honoured: `metadata`, `cache_control` (the prefix cache needs no hint), and `stop_sequence` in
+the answer, which stays null (stop_reason is then "end_turn", as llama-server reports it).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import uuid
 
 from app.protocols import sse
 from app.protocols.openai import ApiError
+from app.protocols.thinking import thinking_off, thinking_on, with_thinking
 
 # llama-server answers 500 with this message when a request carries an image and no vision
 # projector is loaded; clients written against it (and its own tests) look for these words.
@@ -150,6 +159,32 @@ def _tool_choice(choice) -> str | dict:
     raise ApiError(400, "'tool_choice.type' must be one of auto, any, tool, none", param="tool_choice")
 
 
+def thinking_fields(thinking) -> dict:
+    """Anthropic's `thinking` as OpenAI chat fields: enabled (with its budget of thinking tokens), adaptive, disabled."""
+    if thinking is None:
+        return {}
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind == "disabled":
+        return thinking_off()
+    if kind == "adaptive":
+        return thinking_on()
+    if kind == "enabled":
+        budget = thinking.get("budget_tokens")
+        if budget is None:
+            return thinking_on()
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise ApiError(400, f"'thinking.budget_tokens' must be a whole number of tokens, 0 or more (got {budget!r})",
+                           param="thinking")
+        return thinking_on(budget_tokens=budget)
+    raise ApiError(400, "'thinking.type' must be one of enabled, adaptive, disabled", param="thinking")
+
+
+def shows_thinking(body: dict) -> bool:
+    """Whether an answer carries the model's thoughts: always, unless the request disabled thinking."""
+    thinking = body.get("thinking")
+    return not (isinstance(thinking, dict) and thinking.get("type") == "disabled")
+
+
 def to_chat(body: dict) -> dict:
     """An Anthropic Messages request as an OpenAI chat request."""
     if "messages" not in body:
@@ -186,7 +221,7 @@ def to_chat(body: dict) -> dict:
     for key in ("max_tokens", "temperature", "top_p", "top_k", "stream"):
         if body.get(key) is not None:
             chat[key] = body[key]
-    return chat
+    return with_thinking(chat, thinking_fields(body.get("thinking")))
 
 
 def _input_usage(usage: dict) -> dict:
@@ -203,11 +238,19 @@ def _tool_input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def to_message(chat: dict, msg_id: str) -> dict:
-    """An OpenAI chat completion as an Anthropic message."""
+def thinking_block(text: str) -> dict:
+    """A thinking block of an answer; its signature is empty (see the module docstring)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
+def to_message(chat: dict, msg_id: str, thoughts: bool = True) -> dict:
+    """An OpenAI chat completion as an Anthropic message: its thinking block (unless `thoughts` is
+    false), then text, then tool_use blocks."""
     choice = chat["choices"][0]
     message = choice["message"]
     content: list[dict] = []
+    if thoughts and message.get("reasoning_content"):
+        content.append(thinking_block(message["reasoning_content"]))
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
@@ -222,14 +265,15 @@ def to_message(chat: dict, msg_id: str) -> dict:
 class MessageStream:
     """Turns the chat stream's chunks into Anthropic's events, one block open at a time."""
 
-    def __init__(self, msg_id: str, model: str | None, input_tokens: int):
+    def __init__(self, msg_id: str, model: str | None, input_tokens: int, thoughts: bool = True):
         self.msg_id = msg_id
         self.model = model
         self.input_tokens = input_tokens
+        self.thoughts = thoughts  # whether the model's reasoning is streamed as thinking blocks
         self.started = False
         self.ended = False  # a finish or an error has been sent
         self.index = -1  # the open block's index
-        self.open = None  # "text", "tool_use" or None
+        self.open = None  # "thinking", "text", "tool_use" or None
 
     def start(self) -> list[bytes]:
         """message_start, once: the message so far (empty) and the prompt's size."""
@@ -245,8 +289,10 @@ class MessageStream:
     def _close(self) -> list[bytes]:
         if self.open is None:
             return []
+        # Anthropic's clients wait for a thinking block's signature before its end: an empty one.
+        out = [self._delta({"type": "signature_delta", "signature": ""})] if self.open == "thinking" else []
         self.open = None
-        return [sse.encode({"type": "content_block_stop", "index": self.index}, "content_block_stop")]
+        return out + [sse.encode({"type": "content_block_stop", "index": self.index}, "content_block_stop")]
 
     def _open(self, block: dict) -> list[bytes]:
         out = self._close()
@@ -272,6 +318,10 @@ class MessageStream:
     def _choice(self, choice: dict, usage: dict) -> list[bytes]:
         out: list[bytes] = []
         delta = choice.get("delta") or {}
+        if self.thoughts and delta.get("reasoning_content"):
+            if self.open != "thinking":
+                out += self._open({"type": "thinking", "thinking": "", "signature": ""})
+            out.append(self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
         if delta.get("content"):
             if self.open != "text":
                 out += self._open({"type": "text", "text": ""})
@@ -301,7 +351,7 @@ class MessagesAdapter(MessageStream):
     def __init__(self, body: dict, input_tokens: int = 0):
         # The prompt's size for message_start; a runner knows it before generating, a relay does not (0:
         # message_delta then carries the count).
-        super().__init__("msg_" + uuid.uuid4().hex[:24], body.get("model"), input_tokens)
+        super().__init__("msg_" + uuid.uuid4().hex[:24], body.get("model"), input_tokens, shows_thinking(body))
         self.body = body
 
     def to_openai(self) -> dict:
@@ -310,7 +360,7 @@ class MessagesAdapter(MessageStream):
 
     def answer(self, completion: dict) -> dict:
         """A chat completion as an Anthropic message."""
-        return to_message(completion, self.msg_id)
+        return to_message(completion, self.msg_id, self.thoughts)
 
     def end(self) -> list[bytes]:
         """Nothing after message_stop; an error event when the chat stream stopped before its finish."""

@@ -5,6 +5,11 @@ Ollama's names carry a tag (`gemma:latest`); a name without one is its `:latest`
 request becomes an OpenAI chat request (a raw or fill-in-the-middle generate: a text completion), an
 embed request an embeddings one; the OpenAI answer comes back as Ollama's, streamed as one JSON
 object a line, tool calls sent whole once their deltas are complete. Errors are {"error": "message"}.
+
+Thinking (app.protocols.thinking): `think` false turns it off, true on, "low"/"medium"/"high" on at
+that effort; the model's reasoning (OpenAI's reasoning_content) is `message.thinking` (chat) or
+`thinking` (generate), streamed on lines of its own, and an assistant turn's `thinking` in the history
+is its reasoning_content. With `think: false` any thoughts the model produced anyway are dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from app.protocols.openai import ApiError
+from app.protocols.thinking import thinking_off, thinking_on, with_thinking
 
 DEFAULT_TAG = "latest"
 NDJSON = "application/x-ndjson"
@@ -27,6 +33,8 @@ OPTION_NAMES = {
     "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
     "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "stop": "stop",
 }
+# Ollama's think levels (gpt-oss reads them as its reasoning effort); true and false are the others.
+THINK_LEVELS = ("low", "medium", "high")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -142,6 +150,10 @@ def messages_to_openai(messages: Any, model: str) -> list[dict]:
         _no_images(m.get("images"), f"messages.{i}.images", model)
         # Ollama's content is a Go string: missing or null reads as "" there (OpenAI's /v1 requires it).
         msg = {"role": m.get("role"), "content": "" if m.get("content") is None else m.get("content")}
+        if m.get("role") == "assistant" and isinstance(m.get("thinking"), str) and m["thinking"]:
+            # An earlier answer's thoughts, as Ollama's clients send them back: templates that show past
+            # reasoning (Qwen3) render it.
+            msg["reasoning_content"] = m["thinking"]
         if m.get("tool_calls"):
             calls = []
             for j, call in enumerate(m["tool_calls"]):
@@ -176,13 +188,24 @@ def _common(body: dict) -> dict:
     response_format = format_to_response_format(body.get("format"))
     if response_format is not None:
         out["response_format"] = response_format
-    if body.get("think") not in (None, False):
-        raise ApiError(400, f"'think': model '{body['model']}' does not support thinking", param="think")
     if body.get("logprobs"):
         raise ApiError(400, "'logprobs' is not supported by Hearth; remove it from the request", param="logprobs")
     if out["stream"]:
         out["stream_options"] = {"include_usage": True}
     return out
+
+
+def think_fields(think: Any) -> dict:
+    """Ollama's `think` as OpenAI chat fields: false turns thinking off, true on, a level is its effort."""
+    if think is None:
+        return {}
+    if think is False:
+        return thinking_off()
+    if think is True:
+        return thinking_on()
+    if think in THINK_LEVELS:
+        return thinking_on(effort=think)
+    raise ApiError(400, f"'think' must be true, false, \"low\", \"medium\" or \"high\" (got {think!r})", param="think")
 
 
 def chat_to_openai(body: dict) -> dict:
@@ -191,7 +214,7 @@ def chat_to_openai(body: dict) -> dict:
     out["messages"] = messages_to_openai(body.get("messages") or [], body["model"])
     if body.get("tools"):
         out["tools"] = body["tools"]
-    return out
+    return with_thinking(out, think_fields(body.get("think")))
 
 
 def generate_to_openai(body: dict) -> tuple[dict, str]:
@@ -207,6 +230,7 @@ def generate_to_openai(body: dict) -> tuple[dict, str]:
                             "the conversation to /api/chat instead", param="context")
     out = _common(body)
     prompt = body.get("prompt") or ""
+    think = think_fields(body.get("think"))  # checked also where no template reads it
     if body.get("raw") or body.get("suffix"):
         out["prompt"] = prompt
         if body.get("suffix"):
@@ -214,7 +238,7 @@ def generate_to_openai(body: dict) -> tuple[dict, str]:
         return out, "/v1/completions"
     messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
     out["messages"] = [*messages, {"role": "user", "content": prompt}]
-    return out, "/v1/chat/completions"
+    return with_thinking(out, think), "/v1/chat/completions"
 
 
 # -- answers: OpenAI → Ollama ----------------------------------------------------------------------
@@ -275,21 +299,29 @@ class _Generation:
         self._usage: dict | None = None
         self._timings: dict | None = None
         self._failed = False
+        # think: false turns the template's thinking off; thoughts a model produces anyway are dropped.
+        self.shows_thinking = body.get("think") is not False
 
     def to_openai(self) -> dict:
         """The Ollama body as an OpenAI request."""
         raise NotImplementedError
 
-    def line(self, content: str, done: bool, tool_calls: list | None = None, **extra) -> dict:
-        """One answer object: the whole answer, a streamed piece, or the stream's last line (done)."""
+    def line(self, content: str, done: bool, tool_calls: list | None = None, thinking: str = "", **extra) -> dict:
+        """One answer object: the whole answer, a streamed piece, or the stream's last line (done); the
+        model's thoughts in `thinking` (message.thinking for chat, beside `response` for generate)."""
         out: dict[str, Any] = {"model": self.model, "created_at": _created_at()}
+        shown = thinking if self.shows_thinking else ""
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": content}
+            if shown:
+                message["thinking"] = shown
             if tool_calls:
                 message["tool_calls"] = tool_calls
             out["message"] = message
         else:
             out["response"] = content
+            if shown:
+                out["thinking"] = shown
         out["done"] = done
         out.update(extra)
         return out
@@ -297,15 +329,16 @@ class _Generation:
     def answer(self, completion: dict) -> dict:
         """A whole OpenAI completion as Ollama's answer (an error object when its tool calls are not JSON)."""
         choice = (completion.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
         try:
             if self.kind == "chat":
-                message = choice.get("message") or {}
                 text, calls = message.get("content") or "", tool_calls_from_openai(message.get("tool_calls") or [])
             else:
-                text, calls = choice.get("text") or (choice.get("message") or {}).get("content") or "", None
+                text, calls = choice.get("text") or message.get("content") or "", None
         except ValueError as exc:
             return {"error": str(exc)}
-        return self.line(text, True, calls, done_reason=_done_reason(choice.get("finish_reason")),
+        return self.line(text, True, calls, thinking=message.get("reasoning_content") or "",
+                         done_reason=_done_reason(choice.get("finish_reason")),
                          **_stats(completion.get("usage"), completion.get("timings"), self.started_s))
 
     def start(self) -> list[bytes]:
@@ -332,6 +365,9 @@ class _Generation:
                 fn = call.get("function") or {}
                 acc["function"]["name"] += fn.get("name") or ""
                 acc["function"]["arguments"] += fn.get("arguments") or ""
+            thought = delta.get("reasoning_content") if self.shows_thinking else None
+            if thought:
+                out.append(ndjson(self.line("", False, thinking=thought)))
             if text:
                 out.append(ndjson(self.line(text, False)))
             self._finish = choice.get("finish_reason") or self._finish

@@ -14,6 +14,15 @@ it. Tools other than functions (web_search, file_search, …) have no chat equiv
 skipped, as llama-server skips them, so clients that always send them still work. The status is
 "completed" also when max_output_tokens cut the answer (llama-server's behaviour); the usage says
 how many tokens were produced.
+
+Reasoning: `reasoning.effort` is the chat request's reasoning_effort ("none" turns thinking off). The
+model's reasoning (OpenAI's reasoning_content) is a `reasoning` output item before the message and
+function calls, its text in `content` as one `reasoning_text` part, streamed as
+response.reasoning_text.delta events; `usage.output_tokens_details.reasoning_tokens` is the runner's
+count. Hearth writes no summaries (`summary` is [] whatever `reasoning.summary` asks) and encrypts
+nothing (`encrypted_content` is null). A reasoning item of the input becomes the next assistant
+turn's reasoning_content (its reasoning_text, else its summary's text). With effort "none", thoughts
+a model produces anyway are dropped.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import uuid
 from app.protocols import sse
 from app.protocols.anthropic import image_unsupported
 from app.protocols.openai import ApiError
+from app.protocols.thinking import EFFORT_OFF, effort, reasoning_tokens
 
 # Chat parameters that a Responses request carries under the same name.
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "parallel_tool_calls", "presence_penalty",
@@ -86,10 +96,27 @@ def _items(items: list) -> list[dict]:
             text = output if isinstance(output, str) else _text(_content(i, output))
             out.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": text})
         elif kind == "reasoning":
-            continue  # a reasoning model's earlier thoughts: nothing this runner's templates show
+            text = _reasoning_text(item)
+            if text:
+                msg = assistant()
+                msg["reasoning_content"] = "\n".join(t for t in (msg.get("reasoning_content"), text) if t)
         else:
             raise ApiError(400, f"'input.{i}': item type {kind!r} is not supported", param="input")
+    thoughts_alone = [m for m in out if m["role"] == "assistant" and m["content"] is None and not m.get("tool_calls")]
+    if thoughts_alone and out[-1] is thoughts_alone[-1]:
+        # Thoughts that answer nothing yet, at the end: a template would read them as an answer to continue.
+        out.pop()
+    for msg in thoughts_alone:
+        msg["content"] = ""
     return out
+
+
+def _reasoning_text(item: dict) -> str:
+    """The text of an input reasoning item: its reasoning_text parts, else its summary's."""
+    def texts(parts, kind: str) -> str:
+        return "".join(p.get("text") or "" for p in parts or [] if isinstance(p, dict) and p.get("type") == kind)
+
+    return texts(item.get("content"), "reasoning_text") or texts(item.get("summary"), "summary_text")
 
 
 def _format(text) -> dict | None:
@@ -143,17 +170,37 @@ def to_chat(body: dict) -> dict:
         chat["response_format"] = rf
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise ApiError(400, "'reasoning' must be an object such as {\"effort\": \"low\"}", param="reasoning")
+    if (reasoning or {}).get("effort") is not None:
+        chat["reasoning_effort"] = effort(reasoning["effort"], "reasoning.effort")
     for key in _PASSED:
         if body.get(key) is not None:
             chat[key] = body[key]
     return chat
 
 
+def shows_reasoning(body: dict) -> bool:
+    """Whether the answer carries the model's reasoning: unless the request's effort is "none"."""
+    return (body.get("reasoning") or {}).get("effort") != EFFORT_OFF
+
+
 def _usage(usage: dict) -> dict:
     n_in, n_out = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": n_out,
-            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out}
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens(usage)}, "total_tokens": n_in + n_out}
+
+
+def _reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+    """A reasoning output item: the model's thoughts as one reasoning_text part (none while it opens)."""
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [_reasoning_part(text)] if text else [], "encrypted_content": None}
+
+
+def _reasoning_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
 
 
 def _message_item(msg_id: str, text: str, status: str = "completed") -> dict:
@@ -176,7 +223,9 @@ def _response(resp_id: str, body: dict, model: str, created: int, output: list[d
            "temperature": body.get("temperature"), "top_p": body.get("top_p"),
            "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
            "text": body.get("text") or {"format": {"type": "text"}}, "store": False,
-           "metadata": body.get("metadata") or {}, "usage": usage}
+           "metadata": body.get("metadata") or {}, "usage": usage,
+           "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"),
+                         "summary": (body.get("reasoning") or {}).get("summary")}}
     if status == "completed":
         out["completed_at"] = int(time.time())
     return out
@@ -186,6 +235,8 @@ def to_response(chat: dict, body: dict, resp_id: str) -> dict:
     """An OpenAI chat completion as a Responses `response`."""
     message = chat["choices"][0]["message"]
     output = []
+    if message.get("reasoning_content") and shows_reasoning(body):
+        output.append(_reasoning_item(_new_id("rs"), message["reasoning_content"]))
     if message.get("content"):
         output.append(_message_item(_new_id("msg"), message["content"]))
     for call in message.get("tool_calls") or []:
@@ -206,6 +257,9 @@ class ResponseStream:
         self.output: list[dict] = []  # finished items
         self.text: str | None = None  # the open message's text so far
         self.msg_id = _new_id("msg")
+        self.thought: str | None = None  # the open reasoning item's text so far
+        self.thought_id = ""
+        self.thoughts = shows_reasoning(body)
         self.call: dict | None = None  # the open function call
         self.ended = False  # response.completed or response.failed has been sent
 
@@ -225,7 +279,16 @@ class ResponseStream:
     def _close(self) -> list[bytes]:
         out = []
         index = len(self.output)
-        if self.text is not None:
+        if self.thought is not None:
+            item = _reasoning_item(self.thought_id, self.thought)
+            out += [self._event("response.reasoning_text.done", item_id=self.thought_id, output_index=index,
+                                content_index=0, text=self.thought),
+                    self._event("response.content_part.done", item_id=self.thought_id, output_index=index,
+                                content_index=0, part=_reasoning_part(self.thought)),
+                    self._event("response.output_item.done", output_index=index, item=item)]
+            self.output.append(item)
+            self.thought = None
+        elif self.text is not None:
             item = _message_item(self.msg_id, self.text)
             part = item["content"][0]
             out += [self._event("response.output_text.done", item_id=self.msg_id, output_index=index,
@@ -262,6 +325,8 @@ class ResponseStream:
         timed = {"timings": chunk["timings"]} if "timings" in chunk else {}
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            if self.thoughts and delta.get("reasoning_content"):
+                out += self._thought(delta["reasoning_content"], timed)
             if delta.get("content"):
                 if self.text is None:
                     out += self._close()
@@ -293,6 +358,24 @@ class ResponseStream:
                 event = self._event("response.completed",
                                     response=self._snapshot("completed", _usage(chunk.get("usage") or {})), **timed)
                 out.append(event)
+        return out
+
+
+    def _thought(self, text: str, timed: dict) -> list[bytes]:
+        """The events for a piece of the model's reasoning: a reasoning item opened first, if none is."""
+        out: list[bytes] = []
+        if self.thought is None:
+            out += self._close()
+            index = len(self.output)
+            self.thought_id = _new_id("rs")
+            out += [self._event("response.output_item.added", output_index=index,
+                                item=_reasoning_item(self.thought_id, "", "in_progress")),
+                    self._event("response.content_part.added", item_id=self.thought_id, output_index=index,
+                                content_index=0, part=_reasoning_part(""))]
+            self.thought = ""
+        self.thought += text
+        out.append(self._event("response.reasoning_text.delta", item_id=self.thought_id, output_index=len(self.output),
+                               content_index=0, delta=text, **timed))
         return out
 
 

@@ -33,6 +33,8 @@ def test_system_blocks_and_sampling_map_to_chat_fields():
     assert (chat["max_tokens"], chat["temperature"], chat["top_k"], chat["stop"], chat["stream"]) == (
         7, 0.2, 5, ["END"], True)
     assert "metadata" not in chat and "thinking" not in chat
+    # Extended thinking with a budget: thinking on, the budget as llama-server's thinking_budget_tokens.
+    assert chat["chat_template_kwargs"] == {"enable_thinking": True} and chat["thinking_budget_tokens"] == 10
 
 
 def test_output_format_is_a_json_schema_constraint():
