@@ -1,0 +1,121 @@
+"""AnswerParser: one answer's generated text, pushed as it comes, split into pieces and a whole Answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from app.engine.formats import json_calls
+from app.engine.formats.base import (
+    Answer,
+    CallArguments,
+    CallStart,
+    ChatFormat,
+    Content,
+    Piece,
+    Reasoning,
+    ToolCall,
+    Tools,
+)
+from app.engine.formats.calls import CallScanner, CallSyntax
+from app.engine.formats.reasoning import THOUGHT, VERBATIM, ThinkSplitter
+
+# Each family's call syntax, by format name; a family not listed here parses no calls.
+SYNTAXES: dict[str, Callable[[], CallSyntax]] = {
+    "generic": json_calls.generic_syntax,
+    "hermes": json_calls.hermes_syntax,
+}
+
+
+class AnswerParser:
+    """Splits one answer into reasoning, content and calls, chunk by chunk.
+
+    push() scans only the new text and holds back only what could still begin a marker;
+    finish() decides the rest. The pieces' texts concatenate exactly to `answer`'s fields.
+    """
+
+    def __init__(self, fmt: ChatFormat, tools: list[dict] | None, *, split_reasoning: bool = True,
+                 in_thought: bool = False):
+        self.fmt = fmt
+        syntax = SYNTAXES.get(fmt.name, CallSyntax)()
+        self._tools = Tools(tools)
+        self._scanner = CallScanner(syntax, self._tools)
+        self._splitter = None
+        self._opened = ""
+        if fmt.reasoning and fmt.think_end:
+            closers = syntax.markers if self._tools else ()
+            self._splitter = ThinkSplitter(fmt.think_start, fmt.think_end, split=split_reasoning,
+                                           in_thought=in_thought, closers=closers)
+            if in_thought and not split_reasoning:
+                # The thought the prompt opened is content too, as llama-server writes it.
+                self._opened = fmt.think_start + "\n"
+        self._reasoning: list[str] = []
+        self._content: list[str] = []
+        self._calls: list[ToolCall] = []
+        self._answer: Answer | None = None
+
+    @property
+    def answer(self) -> Answer:
+        """The whole answer (after finish)."""
+        if self._answer is None:
+            raise RuntimeError("AnswerParser.answer is known only after finish()")
+        return self._answer
+
+    def push(self, text: str) -> list[Piece]:
+        """The pieces decided by this chunk of generated text."""
+        out: list[Piece] = []
+        if self._opened:
+            self._add_content(out, self._opened)
+            self._opened = ""
+        if self._splitter is None:
+            self._visible(self._scanner.push(text), out)
+            return out
+        for kind, part in self._splitter.push(text):
+            self._part(kind, part, out)
+        return out
+
+    def finish(self) -> list[Piece]:
+        """The pieces still held, decided at the end of the answer; `answer` is known from now on."""
+        out = self.push("") if self._opened else []
+        if self._splitter is not None:
+            for kind, part in self._splitter.finish():
+                self._part(kind, part, out)
+        self._visible(self._scanner.finish(), out)
+        self._answer = Answer("".join(self._reasoning), "".join(self._content), tuple(self._calls))
+        return out
+
+    def _part(self, kind: int, text: str, out: list[Piece]) -> None:
+        if kind == THOUGHT:
+            self._reasoning.append(text)
+            if out and type(out[-1]) is Reasoning:
+                out[-1] = Reasoning(out[-1].text + text)
+            else:
+                out.append(Reasoning(text))
+        elif kind == VERBATIM:
+            self._add_content(out, text)
+        else:
+            self._visible(self._scanner.push(text), out)
+
+    def _add_content(self, out: list[Piece], text: str) -> None:
+        self._content.append(text)
+        if out and type(out[-1]) is Content:
+            out[-1] = Content(out[-1].text + text)
+        else:
+            out.append(Content(text))
+
+    def _visible(self, events: list, out: list[Piece]) -> None:
+        for kind, value in events:
+            if kind == "c":
+                self._add_content(out, value)
+            else:
+                index = len(self._calls)
+                self._calls.append(ToolCall(value.name, value.arguments, value.id))
+                out.append(CallStart(index, value.id, value.name))
+                out.append(CallArguments(index, value.arguments))
+
+
+def parse_answer(fmt: ChatFormat, tools: list[dict] | None, text: str, **options) -> Answer:
+    """A whole answer at once (the same parser, one push)."""
+    parser = AnswerParser(fmt, tools, **options)
+    parser.push(text)
+    parser.finish()
+    return parser.answer
