@@ -347,6 +347,8 @@ def _add_bench_templates(bench_sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--only", help="comma-separated words: only the templates whose file name holds one")
     tp.add_argument("--json", dest="json_path", help="write the summary and every pair that differs here")
     tp.add_argument("--record", help="write llama-server's renders here as golden files (tests/data/templates)")
+    tp.add_argument("--hearth-src", help="run the runner from this copy of Hearth (a folder holding `app`), "
+                                         "e.g. an older commit's `git archive`")
 
 
 def _add_bench_replay(bench_sub: argparse._SubParsersAction) -> None:
