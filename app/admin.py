@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from app.paths import data_dir
-from app.policy import MODEL_POLICIES
+from app.policy import MODEL_POLICIES, THINKING_MODES
 from app.residency.default_model import ensure_default_model
 from app.store import models as db
 from app.store.db import open_store
@@ -30,11 +30,19 @@ def _flag(value: str) -> bool:
     raise ValueError(value)
 
 
+def _thinking(value: str) -> str:
+    v = value.strip().lower()
+    if v not in THINKING_MODES:
+        raise ValueError(value)
+    return v
+
+
 CLASS_FIELDS = {
     "priority": int, "ttft_target_ms": int, "tpot_target_ms": int, "default_max_tokens": int,
     "max_output_tokens": int, "max_concurrent": int, "max_queue": int, "weight": float,
     "preemptible": _flag, "queue_timeout_s": float,
     "default_model": lambda v: v.strip() or None,
+    "thinking": _thinking,
 }
 # (lowest allowed value, what the field means) for the numeric fields; checked after conversion.
 CLASS_LIMITS = {
@@ -72,7 +80,8 @@ def parse_class_fields(values: dict[str, str]) -> tuple[dict, dict[str, str]]:
         try:
             value = CLASS_FIELDS[field](raw)
         except ValueError:
-            kind = {int: "a whole number", float: "a number"}.get(CLASS_FIELDS[field], "yes or no")
+            kind = {int: "a whole number", float: "a number",
+                    _thinking: "one of " + ", ".join(THINKING_MODES)}.get(CLASS_FIELDS[field], "yes or no")
             errors[field] = f"{raw!r} is not a valid {field}: enter {kind}"
             continue
         if field in CLASS_LIMITS and value < CLASS_LIMITS[field][0]:

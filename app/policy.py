@@ -25,6 +25,12 @@ ModelPolicy = Literal["pinned", "keep_alive", "on_demand"]
 MODEL_POLICIES: tuple[ModelPolicy, ...] = ("pinned", "keep_alive", "on_demand")
 
 
+# A request class's thinking default, applied to a request that does not say: leave it to the model (its
+# template's own default), off (voice: Home Assistant speaks the answer), on.
+ThinkingMode = Literal["model", "off", "on"]
+THINKING_MODES: tuple[ThinkingMode, ...] = ("model", "off", "on")
+
+
 @dataclass(frozen=True)
 class ClassPolicy:
     """A household request class: priority, targets, limits and defaults."""
@@ -41,6 +47,7 @@ class ClassPolicy:
     preemptible: bool = False
     queue_timeout_s: float = 60
     default_model: str | None = None
+    thinking: ThinkingMode = "model"
 
 
 # The gateway tells the runner a request's class targets in this header (a stock llama-server ignores

@@ -39,6 +39,7 @@ from app.protocols.openai import (
     too_large,
     validation_error,
 )
+from app.protocols.thinking import class_thinking, says_thinking, with_thinking
 from app.sockets import client_gone
 from app.store.settings import cors_origins
 
@@ -185,6 +186,9 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
     forward["max_tokens"] = _max_tokens(body, policy)
     forward.pop("max_completion_tokens", None)
     forward.pop("n_predict", None)
+    if schema is ChatBody and not says_thinking(forward):
+        # The class's thinking default (voice: off) for a request that does not decide it itself.
+        forward = with_thinking(forward, class_thinking(policy.thinking))
     forward["priority"] = policy.priority
     forward["hearth_class"] = policy.name
     forward["model"] = model_name

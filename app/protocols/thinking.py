@@ -18,9 +18,8 @@ from app.protocols.openai import ApiError
 # OpenAI's reasoning_effort values that ChatBody takes; "none" turns thinking off.
 EFFORTS = ("none", "minimal", "low", "medium", "high")
 EFFORT_OFF = "none"
-# A request class's thinking default: leave it to the model (its template's own default), off, on.
-THINKING_MODEL, THINKING_OFF, THINKING_ON = "model", "off", "on"
-THINKING_MODES = (THINKING_MODEL, THINKING_OFF, THINKING_ON)
+# A request class's thinking default (app.policy.THINKING_MODES): the model's own, off, on.
+THINKING_OFF, THINKING_ON = "off", "on"
 # The fields by which an OpenAI chat request says something about thinking itself.
 _REQUEST_FIELDS = ("reasoning_effort", "reasoning_budget_tokens", "thinking_budget_tokens")
 

@@ -193,6 +193,8 @@ class RequestClass(Base):
     queue_timeout_s: Mapped[float] = mapped_column(Float)
     # A model name or alias; None means the request must name its model.
     default_model: Mapped[str | None] = mapped_column(String(255))
+    # Thinking for a request that does not say (app.policy.THINKING_MODES): model, off, on. Migration 0012.
+    thinking: Mapped[str] = mapped_column(String(8), default="model", server_default="model")
 
 
 class Member(Base):

@@ -10,6 +10,8 @@ from sqlalchemy.orm import Session
 
 from app.store.models import RequestClass, Setting, utcnow
 
+# Voice does not think (thinking "off"): Home Assistant speaks the answer, and a reasoning model's thoughts
+# would cost the household seconds of silence before it; the other classes leave it to the model.
 # Lower priority number = served first. Tokens are output tokens. max_concurrent is a gateway cap: the
 # engine itself serves the urgent classes first and preempts the preemptible ones for them (their cells
 # stay cached), so the preemptible classes may fill half of a sized runner's 8 slots rather than idle
@@ -17,19 +19,19 @@ from app.store.models import RequestClass, Setting, utcnow
 DEFAULT_CLASSES: tuple[dict[str, Any], ...] = (
     dict(name="voice", priority=0, ttft_target_ms=500, tpot_target_ms=100, default_max_tokens=128,
          max_output_tokens=256, max_concurrent=8, max_queue=16, weight=4.0, preemptible=False,
-         queue_timeout_s=10.0),
+         queue_timeout_s=10.0, thinking="off"),
     dict(name="chat", priority=1, ttft_target_ms=1500, tpot_target_ms=150, default_max_tokens=512,
          max_output_tokens=2048, max_concurrent=4, max_queue=32, weight=3.0, preemptible=False,
-         queue_timeout_s=60.0),
+         queue_timeout_s=60.0, thinking="model"),
     dict(name="documents", priority=2, ttft_target_ms=5000, tpot_target_ms=200, default_max_tokens=512,
          max_output_tokens=2048, max_concurrent=4, max_queue=32, weight=2.0, preemptible=True,
-         queue_timeout_s=120.0),
+         queue_timeout_s=120.0, thinking="model"),
     dict(name="coding", priority=1, ttft_target_ms=2000, tpot_target_ms=150, default_max_tokens=1024,
          max_output_tokens=4096, max_concurrent=2, max_queue=16, weight=2.0, preemptible=False,
-         queue_timeout_s=120.0),
+         queue_timeout_s=120.0, thinking="model"),
     dict(name="background", priority=3, ttft_target_ms=30000, tpot_target_ms=500, default_max_tokens=512,
          max_output_tokens=4096, max_concurrent=4, max_queue=256, weight=1.0, preemptible=True,
-         queue_timeout_s=600.0),
+         queue_timeout_s=600.0, thinking="model"),
 )
 
 # The default classes ever seeded into this store: one an admin deleted stays deleted.

@@ -18,6 +18,7 @@ from flask import (
 
 from app.admin import CLASS_FIELDS, AdminError, ClassFieldErrors, update_class
 from app.gateway.context import services
+from app.policy import THINKING_MODES
 from app.web.auth import login_required
 from app.web.queries import (
     RANGE_LABELS,
@@ -43,6 +44,8 @@ FORM_FIELDS = [
     ("weight", "Fair-share weight", "share of service among classes of the same priority"),
     ("queue_timeout_s", "Queue timeout (s)", "a request waiting longer gives up (503)"),
     ("default_model", "Default model", "empty: the household default"),
+    ("thinking", "Thinking", "for a request that does not say: the model's own default, off (no thoughts, a faster "
+                             "answer: voice) or on; a request's think / reasoning_effort / thinking wins"),
 ]
 
 
@@ -68,7 +71,7 @@ def _context(range_key: str, editing: str | None = None, values: dict | None = N
             abort(400, description=str(exc))
     return {"rows": rows, "stats": stats, "range": range_key, "ranges": RANGE_LABELS, "editing": editing,
             "values": values or {}, "errors": errors or {}, "fields": FORM_FIELDS, "saved": saved,
-            "models": _model_names()}
+            "models": _model_names(), "thinking_modes": THINKING_MODES}
 
 
 @bp.get("/classes")
@@ -104,6 +107,8 @@ def save(name: str):
     _row_values(name)  # 404 for an unknown class
     form = request.form
     values = {f: form.get(f, "") for f in CLASS_FIELDS if f != "preemptible"}
+    if "thinking" not in form:
+        values.pop("thinking")  # a form of an older page: the class keeps its thinking default
     # An unticked checkbox is absent from the form.
     values["preemptible"] = "yes" if form.get("preemptible") else "no"
     range_key = form.get("range") if form.get("range") in RANGES else DEFAULT_RANGE
