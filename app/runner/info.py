@@ -73,7 +73,12 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
         "kv_cache_bytes": model.kv_cache_bytes(),
         "model": model.describe(),
         "chat_template": template.source if template else None,
-        "tool_format": state.tool_format,
+        "tool_format": state.chat_format.name,
+        # llama-server's capabilities of the template, then Hearth's answer format (what the parser splits on).
+        "chat_template_caps": {"supports_tools": state.chat_format.tools,
+                               "supports_thinking": state.chat_format.reasoning,
+                               "supports_reasoning_effort": "reasoning_effort" in (template.source if template else "")},
+        "chat_format": format_info(state),
         "fim_tokens": sorted(model.fim_tokens()),
         "prefix_cache": {
             "enabled": snap.prefix_cache,
@@ -86,10 +91,19 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
     })
 
 
+def format_info(state: RunnerState) -> dict:
+    """What the model's answers can hold, from its template: its format, tool calls, thinking and its markers."""
+    fmt, cfg = state.chat_format, state.config
+    return {"name": fmt.name, "tools": fmt.tools, "reasoning": fmt.reasoning, "think_start": fmt.think_start,
+            "think_end": fmt.think_end, "reasoning_format": cfg.reasoning_format,
+            "reasoning_budget": cfg.reasoning_budget}
+
+
 def on_models(state: RunnerState, req: HttpRequest) -> Response:
-    """GET /v1/models: the one model, by its alias."""
+    """GET /v1/models: the one model, by its alias (with its answer format once it is loaded)."""
     cfg = state.config
-    return json_response({"object": "list", "data": [
-        {"id": cfg.model_name, "object": "model", "owned_by": "hearth", "created": 0,
-         "aliases": cfg.aliases or [cfg.model_name], "tags": list(cfg.tags)}
-    ]})
+    entry = {"id": cfg.model_name, "object": "model", "owned_by": "hearth", "created": 0,
+             "aliases": cfg.aliases or [cfg.model_name], "tags": list(cfg.tags)}
+    if state.status == "ok":
+        entry["chat_format"] = format_info(state)
+    return json_response({"object": "list", "data": [entry]})

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.engine import tools as toolfmt
+from app.engine import formats
 from app.engine.grammar import (
     Grammar,
     GrammarTooLarge,
@@ -23,10 +23,11 @@ from app.engine.grammar import (
     json_object_grammar,
     schema_grammar,
 )
+from app.engine.reasoning_budget import UNLIMITED, ReasoningBudget
 from app.engine.request import SamplingParams
 from app.policy import NO_SLO, SLO_HEADER, SloTargets, parse_slo_header
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, InfillBody, NativeCompletionBody
-from app.runner.prompts import chat_prompt, fim_tokens, native_prompts, prompt_tokens
+from app.runner.prompts import chat_prompt, fim_tokens, native_prompts, prompt_tokens, request_thinking
 from app.runner.sampling import request_params
 from app.runner.state import RunnerState
 
@@ -48,7 +49,14 @@ class Job:
     n: int = 1  # OpenAI's n: as many sequences of the same prompt, one choice each
     index: int = 0  # its place among several native prompts
     tools: list[dict] | None = None  # offered tools: the answer's text is parsed for calls to them
-    tool_format: str = toolfmt.GENERIC
+    # The answer format (C1) and how its text is parsed: parse False keeps the plain fast path (no parser);
+    # split_reasoning False leaves thoughts in content (reasoning_format "none"); drop_reasoning: thinking was
+    # turned off, so a thought the model writes anyway is left out of the answer; in_thought: the prompt opened one.
+    chat_format: formats.ChatFormat | None = None
+    parse: bool = False
+    split_reasoning: bool = True
+    drop_reasoning: bool = False
+    in_thought: bool = False
     logprobs: bool = False
     include_usage: bool = False  # OpenAI's stream_options.include_usage: a last chunk with the usage
     timings_per_token: bool = False  # llama-server's: every streamed piece carries the timings so far
@@ -84,14 +92,53 @@ def _one_stream(job: Job) -> Job:
     return job
 
 
+# OpenAI's reasoning_effort as a thinking budget in tokens, for templates that do not read the effort
+# themselves (gpt-oss does). llama-server only hands the effort to the template; these are Hearth's choice:
+# "minimal" a glance, "low" a short thought, "medium" a considered one, "high" as long as the model likes.
+EFFORT_BUDGETS = {"minimal": 128, "low": 512, "medium": 2048, "high": UNLIMITED}
+
+
+def thinking_budget(state: RunnerState, body: ChatBody) -> int:
+    """A chat request's thinking budget: its own, else its effort's (where the template ignores efforts),
+    else the runner's --reasoning-budget (-1: unlimited)."""
+    if body.reasoning_budget >= 0:
+        return body.reasoning_budget
+    effort = body.reasoning_effort
+    if effort in EFFORT_BUDGETS and "reasoning_effort" not in (state.template.source or ""):
+        return EFFORT_BUDGETS[effort]
+    return state.config.reasoning_budget
+
+
 def chat_job(state: RunnerState, body: ChatBody, headers: Mapping) -> Job:
-    """A chat request's job: its prompt, its constraint (tools, response format, grammar), its tool parsing."""
-    prompt = chat_prompt(state, body)
-    fmt = state.tool_format
-    grammar = chat_grammar(state, body, prompt.tools, fmt)
+    """A chat request's job: its prompt (thinking on or off), its constraint, its answer's parsing and budget.
+
+    Thinking is off when the request says so (enable_thinking false, reasoning_effort "none", budget 0) or
+    the runner does (--reasoning off, --reasoning-budget 0): a template with an enable_thinking switch renders
+    it off; a model that thinks anyway (DeepSeek-R1 always opens "<think>") gets budget 0, and what it still
+    thinks is dropped from the answer."""
+    fmt = state.chat_format
+    budget = thinking_budget(state, body)
+    thinking = request_thinking(state, body) and budget != 0
+    prompt = chat_prompt(state, body, thinking=thinking)
+    split = (body.reasoning_format or state.config.reasoning_format) != "none"
+    in_thought = fmt.reasoning and formats.starts_in_thought(fmt, prompt.text)
+    grammar = chat_grammar(state, body, prompt.tools, fmt, in_thought)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    return _one_stream(_job(state, headers, body, CHAT, prompt.tokens, grammar, top, tools=prompt.tools or None,
-                            tool_format=fmt, verbose=body.verbose))
+    job = _job(state, headers, body, CHAT, prompt.tokens, grammar, top, tools=prompt.tools or None,
+               chat_format=fmt, parse=bool(prompt.tools) or (fmt.reasoning and split), split_reasoning=split,
+               drop_reasoning=split and not thinking, in_thought=in_thought, verbose=body.verbose)
+    params = dataclasses.replace(job.params, special_ids=state.special_ids,
+                                 reasoning_budget=reasoning_budget(state, budget if thinking else 0, in_thought))
+    return _one_stream(dataclasses.replace(job, params=params))
+
+
+def reasoning_budget(state: RunnerState, budget: int, in_thought: bool) -> ReasoningBudget | None:
+    """The engine's budget for a model that thinks (its thoughts are counted even when unlimited); None otherwise."""
+    start, end = state.think_tokens
+    if not start or not end:
+        return None
+    return ReasoningBudget(start=start, end=end, budget=budget, in_thought=in_thought,
+                           message=state.budget_message_tokens)
 
 
 def text_job(state: RunnerState, body: CompletionBody, headers: Mapping) -> Job:
@@ -103,13 +150,14 @@ def text_job(state: RunnerState, body: CompletionBody, headers: Mapping) -> Job:
         tokens = fim_tokens(model, body.prompt, body.suffix, [], "", "suffix")
     else:
         tokens = prompt_tokens(model, body.prompt, "prompt")
-    return _one_stream(_job(state, headers, body, TEXT, tokens, None, body.logprobs, verbose=body.verbose))
+    return _one_stream(_job(state, headers, body, TEXT, tokens, state.default_grammar, body.logprobs,
+                            verbose=body.verbose))
 
 
 def native_jobs(state: RunnerState, body: NativeCompletionBody, headers: Mapping) -> list[Job]:
     """llama-server's /completion: a job per prompt (several are generated together, answered in order)."""
     prompts = native_prompts(state.model, body.prompt)
-    grammar = raw_grammar(body)
+    grammar = raw_grammar(body) or state.default_grammar
     job = _job(state, headers, body, NATIVE, prompts[0], grammar, body.n_probs or None,
                return_tokens=body.return_tokens, post_sampling=body.post_sampling_probs,
                response_fields=tuple(body.response_fields or ()))
@@ -124,7 +172,7 @@ def infill_job(state: RunnerState, body: InfillBody, headers: Mapping) -> Job:
     """llama-server's /infill: a fill-in-the-middle prompt, answered in the native shape."""
     tokens = fim_tokens(state.model, body.input_prefix, body.input_suffix, body.input_extra, body.prompt,
                         "input_suffix")
-    return _job(state, headers, body, NATIVE, tokens, None, body.n_probs or None)
+    return _job(state, headers, body, NATIVE, tokens, state.default_grammar, body.n_probs or None)
 
 
 @contextlib.contextmanager
@@ -136,14 +184,15 @@ def _constraint(param: str):
         raise ApiError(400, f"'{param}': {exc}", param=param, code=exc.code)
 
 
-def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: str) -> Grammar | None:
+def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: formats.ChatFormat,
+                 in_thought: bool = False) -> Grammar | None:
     """The constraint of a chat request: a forced call, else the response format, else llama-server's grammar or
-    json_schema, else a lazy call grammar."""
+    json_schema, else a lazy call grammar, else the runner's --grammar."""
     forced = tools and (body.choice == "required" or isinstance(body.choice, dict))
     calls = None
     if tools:
         with _constraint("tools"):
-            calls = toolfmt.call_grammar(tools, fmt, body.choice, body.parallel_tool_calls, state.tool_trigger_tokens)
+            calls = _call_grammar(fmt, tools, body.choice, body.parallel_tool_calls, in_thought)
     if forced:
         return calls
     rf = body.response_format
@@ -154,7 +203,17 @@ def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: str
             return json_object_grammar()
         if rf is not None and rf.type == "json_schema":
             return schema_grammar(rf.json_schema.schema_)
-    return raw_grammar(body) or calls
+    return raw_grammar(body) or calls or state.default_grammar
+
+
+def _call_grammar(fmt: formats.ChatFormat, tools: list[dict], choice, parallel: bool, in_thought: bool):
+    """C1's call grammar; until it lands, the older one for the formats it knew."""
+    build = getattr(formats, "call_grammar", None)
+    if build is not None:
+        return build(fmt, tools, choice, parallel, in_thought=in_thought)
+    from app.engine import tools as toolfmt
+
+    return toolfmt.call_grammar(tools, fmt.name if fmt.name in toolfmt.FORMATS else toolfmt.GENERIC, choice, parallel)
 
 
 def raw_grammar(body: ChatBody | NativeCompletionBody) -> Grammar | None:

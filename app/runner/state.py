@@ -12,9 +12,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from app.engine import formats
 from app.engine import tools as toolfmt
 from app.engine.chat import ChatTemplate, fallback_template, template_for
 from app.engine.engine import Engine
+from app.engine.grammar import Grammar, client_grammar
 from app.engine.model_config import ModelConfig
 from app.engine.named_template import NamedTemplate, is_template_name
 from app.protocols.openai import ApiError
@@ -45,8 +47,14 @@ class RunnerState:
         self.engine: Engine | None = None
         self.metrics = None
         self.template: ChatTemplate | None = None
-        self.tool_format = toolfmt.GENERIC
-        self.tool_trigger_tokens: tuple[int, ...] = ()
+        # The answer format detected from the template (C1), and what the engine needs of it: the special
+        # tokens the parser must see rendered, the thought's markers as tokens (empty: the model does not think).
+        self.chat_format: formats.ChatFormat = formats.detect(None)
+        self.tool_format = toolfmt.GENERIC  # the prompt side's name: GENERIC unless the template takes tools
+        self.special_ids: frozenset[int] = frozenset()
+        self.think_tokens: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+        self.budget_message_tokens: tuple[int, ...] = ()
+        self.default_grammar: Grammar | None = None
         self.load_s: float | None = None
         self._embedder = None
         self._embedder_lock = threading.Lock()
@@ -69,6 +77,7 @@ class RunnerState:
         try:
             self.model = self.backend(cfg.model)
             self._read_template()
+            self._read_format()
             self.engine = Engine(
                 self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting,
                 prefix_cache=cfg.prefix_cache,
@@ -93,10 +102,32 @@ class RunnerState:
             self.template = ChatTemplate(chosen, bos, eos, origin="command line")
         else:
             self.template = template_for(m.chat_template(), m.architecture, bos, eos) or fallback_template(bos, eos)
-        self.tool_format = toolfmt.detect_format(self.template.source)
-        if self.tool_format == toolfmt.MISTRAL:
-            marker = m.tokenize(toolfmt.MISTRAL_MARK, add_special=False, parse_special=True)
-            self.tool_trigger_tokens = tuple(marker) if len(marker) == 1 else ()
+
+    def _read_format(self) -> None:
+        """The template's answer format and its markers as this vocabulary's tokens; the default grammar, checked."""
+        m, cfg = self.model, self.config
+        fmt = self.chat_format = formats.detect(self.template.source)
+        self.tool_format = fmt.name if fmt.tools else toolfmt.GENERIC
+        self.special_ids = frozenset(t for text in {*fmt.preserved, fmt.think_start, fmt.think_end} if text
+                                     for t in self._special_token(text))
+        if fmt.reasoning and fmt.think_start and fmt.think_end:
+            self.think_tokens = (self._marker(fmt.think_start), self._marker(fmt.think_end))
+        if cfg.reasoning_budget_message:
+            self.budget_message_tokens = self._marker(cfg.reasoning_budget_message)
+        if cfg.grammar:
+            self.default_grammar = client_grammar(cfg.grammar)
+            if hasattr(m, "grammar_sampler"):  # parsed by llama.cpp once now, not refused on every request
+                m.free_sampler(m.grammar_sampler(self.default_grammar))
+
+    def _marker(self, text: str) -> tuple[int, ...]:
+        return tuple(self.model.tokenize(text, add_special=False, parse_special=True))
+
+    def _special_token(self, text: str) -> tuple[int, ...]:
+        """The one special token a marker text stands for in this vocabulary (none when it is plain text there)."""
+        ids = self._marker(text)
+        if len(ids) != 1 or self.model.token_bytes(ids[0]) == text.encode():
+            return ()
+        return ids
 
     def start_loading(self) -> threading.Thread:
         """Load in a background thread."""

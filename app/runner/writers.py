@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 
-from app.engine import tools as toolfmt
+from app.engine.formats import AnswerParser, CallArguments, CallStart, Content, Reasoning
 from app.engine.request import Delta, Finished, Progress
 from app.runner.job import CHAT, NATIVE, Job
 from app.runner.prompts import detokenize
@@ -36,12 +36,15 @@ def llama_timings(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: in
             "predicted_per_second": 1e3 * steps / predicted_ms if predicted_ms > 0 else 0.0}
 
 
-def usage(fin: Finished) -> dict:
-    """OpenAI's usage of a finished request."""
+def usage(fin: Finished, thinks: bool = False) -> dict:
+    """OpenAI's usage of a finished request; for a model that thinks, the tokens generated inside its thoughts."""
     s = fin.stats
-    return {"prompt_tokens": s.num_prompt_tokens, "completion_tokens": s.num_completion_tokens,
-            "total_tokens": s.num_prompt_tokens + s.num_completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": s.num_cached_tokens}}
+    out = {"prompt_tokens": s.num_prompt_tokens, "completion_tokens": s.num_completion_tokens,
+           "total_tokens": s.num_prompt_tokens + s.num_completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": s.num_cached_tokens}}
+    if thinks:
+        out["completion_tokens_details"] = {"reasoning_tokens": fin.num_reasoning_tokens}
+    return out
 
 
 def timings(fin: Finished) -> dict:
@@ -134,7 +137,12 @@ class OpenAIWriter(Writer):
         super().__init__(job, state)
         self.chat = job.kind == CHAT
         self.object = "chat.completion.chunk" if self.chat else "text_completion"
-        self.calls = toolfmt.ToolStream(job.tool_format, job.tools) if self.chat and job.tools and job.stream else None
+        # The answer's parser (C1) splits thoughts, content and calls; a plain answer of a plain template has none.
+        self.parser = (AnswerParser(job.chat_format, job.tools, split_reasoning=job.split_reasoning,
+                                    in_thought=job.in_thought)
+                       if self.chat and job.parse else None)
+        self.num_calls = 0
+        self.thinks = self.chat and job.params.reasoning_budget is not None
 
     def _head(self, obj: str) -> dict:
         return {"id": self.job.rid, "object": obj, "created": self.created, "model": self.model_name,
@@ -163,44 +171,56 @@ class OpenAIWriter(Writer):
         return [self.chunk(None, None, **progress_fields(p))]
 
     def piece(self, ev: Delta) -> list[dict]:
-        """A chunk of the text (tool-call text held back until it is parsed)."""
-        text = self.calls.push(ev.text) if self.calls is not None else ev.text
-        if not text:
-            return []
+        """The chunks of a text delta: as it is, or its parsed pieces (text that may be a marker held back)."""
         timed = {"timings": self.running_timings()} if self.job.timings_per_token else {}
-        return [self.chunk(text, None, logprobs=self.take_logprobs(), **timed)]
+        if not self.chat:
+            return [self.chunk(ev.text, None, logprobs=self.take_logprobs(), **timed)] if ev.text else []
+        if self.parser is None:
+            deltas = [{"content": ev.text}] if ev.text else []
+        else:
+            deltas = self._deltas(self.parser.push(ev.text)) if ev.text else []
+        if not deltas:
+            return []
+        out = [self.chunk(None, None, logprobs=self.take_logprobs(), delta=deltas[0], **timed)]
+        return out + [self.chunk(None, None, delta=d) for d in deltas[1:]]
+
+    def _deltas(self, pieces: list) -> list[dict]:
+        """Parsed pieces as chat deltas, C2's shape: reasoning_content, content, a call's name then its arguments."""
+        out: list[dict] = []
+        for p in pieces:
+            if isinstance(p, Content):
+                out.append({"content": p.text})
+            elif isinstance(p, Reasoning):
+                if not self.job.drop_reasoning:
+                    out.append({"reasoning_content": p.text})
+            elif isinstance(p, CallStart):
+                self.num_calls += 1
+                out.append({"tool_calls": [{"index": p.index, "id": p.id, "type": "function",
+                                            "function": {"name": p.name, "arguments": ""}}]})
+            elif isinstance(p, CallArguments):
+                out.append({"tool_calls": [{"index": p.index, "function": {"arguments": p.text}}]})
+        return out
 
     def final(self, fin: Finished) -> list[dict]:
-        """The parsed tool calls, the finishing chunk with usage and timings, and include_usage's chunk."""
+        """What the parser still held, the finishing chunk with usage and timings, and include_usage's chunk."""
         finish, out = fin.finish_reason, []
-        if self.calls is not None:
-            out, called = self._calls()
-            finish = "tool_calls" if called else finish
-        used, timed = usage(fin), timings(fin)
+        if self.parser is not None:
+            out = [self.chunk(None, None, delta=d) for d in self._deltas(self.parser.finish())]
+            if self.num_calls:
+                finish = "tool_calls"
+        used, timed = usage(fin, self.thinks), timings(fin)
         out.append(self.chunk(None if self.chat else "", finish, logprobs=self.take_logprobs() or None,
                               usage=used, timings=timed, hearth_class=fin.stats.class_name))
         if self.job.include_usage:
             out.append({**self._head(self.object), "choices": [], "usage": used, "timings": timed})
         return out
 
-    def _calls(self) -> tuple[list[dict], bool]:
-        """The chunks of the tool calls parsed at the end: leftover text, then each call (OpenAI's shape)."""
-        parsed, out = self.calls.finish(), []
-        if parsed.content.strip() or (self.logprobs and parsed.content):
-            out.append(self.chunk(parsed.content, None, logprobs=self.take_logprobs()))
-        for i, call in enumerate(parsed.calls):
-            # OpenAI's shape: id, type and name in a call's first delta, arguments after.
-            out.append(self.chunk(None, None, delta={"tool_calls": [
-                {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}]}))
-            out.append(self.chunk(None, None, delta={"tool_calls": [
-                {"index": i, "function": {"arguments": call.arguments}}]}))
-        return out, bool(parsed.calls)
-
     def whole(self, fin: Finished) -> dict:
         """chat.completion or text_completion."""
         text = "".join(self.parts)
         out = {**self._head("chat.completion" if self.chat else "text_completion"),
-               "choices": [self._choice(text, fin.finish_reason)], "usage": usage(fin), "timings": timings(fin),
+               "choices": [self._choice(text, fin.finish_reason)], "usage": usage(fin, self.thinks),
+               "timings": timings(fin),
                "hearth_class": fin.stats.class_name}  # the class the runner applied (timings hold numbers only)
         if self.state.config.verbose or self.job.verbose:
             out["__verbose"] = {"prompt": self.prompt_text(), "content": text}
@@ -212,11 +232,16 @@ class OpenAIWriter(Writer):
                     "logprobs": completion_logprobs(self.logprobs) if self.job.logprobs else None,
                     "finish_reason": finish}
         message: dict = {"role": "assistant", "content": text}
-        if self.job.tools:
-            parsed = toolfmt.parse(text, self.job.tool_format, self.job.tools)
-            if parsed.calls:
-                message["content"] = parsed.content.strip() or None
-                message["tool_calls"] = [c.as_openai() for c in parsed.calls]
+        if self.parser is not None:
+            self.parser.push(text)
+            self.parser.finish()
+            answer = self.parser.answer
+            # The same fields a stream's deltas add up to; content null beside calls, as OpenAI's.
+            message["content"] = answer.content if answer.content or not answer.calls else None
+            if answer.reasoning and not self.job.drop_reasoning:
+                message["reasoning_content"] = answer.reasoning
+            if answer.calls:
+                message["tool_calls"] = [c.as_openai() for c in answer.calls]
                 finish = "tool_calls"
         return {"index": 0, "message": message, "logprobs": {"content": self.logprobs} if self.job.logprobs else None,
                 "finish_reason": finish}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.engine.engine import DECODE_NO_KV_SLOT, DECODE_OK
 from app.engine.request import SamplingParams
@@ -55,6 +55,8 @@ class FakeSampler:
     prompt: tuple[int, ...]
     params: SamplingParams
     freed: bool = False
+    steps: int = 0  # tokens sampled or forced so far
+    forced_at: set[int] = field(default_factory=set)  # the output positions that were forced
 
 
 def default_next_token(history: tuple[int, ...]) -> int:
@@ -99,6 +101,7 @@ class FakeModel:
         # Tokens a forced step is refused for, as a grammar that does not admit them would.
         self.refuse_forced = frozenset(refuse_forced)
         self.forced: list[int] = []  # tokens taken through force(), in order
+        self._forced_now: set[int] = set()  # the sequence being sampled: its forced output positions
         # A script is the answer to one exact prompt; after it ends the model says EOS.
         self.scripts = {tuple(k): list(v) for k, v in (scripts or {}).items()}
         # Cells that really exist; less than n_ctx simulates a cache that cannot hold n_ctx tokens.
@@ -258,9 +261,12 @@ class FakeModel:
         prompt = sampler.prompt if sampler is not None else ()
         if history[: len(prompt)] != prompt:
             self.violations.append(f"sample() read the logits of another sequence at index {batch_index}")
+        self._forced_now = sampler.forced_at if sampler is not None else set()
         token = self.next_token(prompt, history)
         if params.ignore_eos and self.is_eog(token):
             token = self.ignore_eos_token
+        if sampler is not None:
+            sampler.steps += 1
         return token
 
     def force(self, sampler: FakeSampler, params: SamplingParams, token: int) -> bool:
@@ -270,6 +276,9 @@ class FakeModel:
         if token in self.refuse_forced:
             return False
         self.forced.append(token)
+        if sampler is not None:
+            sampler.forced_at.add(sampler.steps)
+            sampler.steps += 1
         return True
 
     def logprob(self, batch_index: int, token: int, top_n: int) -> dict:
@@ -349,9 +358,12 @@ class FakeTextModel(FakeModel):
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """One token per byte (a special token's text as its id with parse_special), BOS first when add_special."""
-        out = [self.bos_token] if add_special else []
+        return ([self.bos_token] if add_special else []) + self._byte_tokens(text, parse_special)
+
+    def _byte_tokens(self, text: str, parse_special: bool) -> list[int]:
+        out: list[int] = []
         if not (parse_special and self.specials):
-            return out + [BYTE_BASE + b for b in text.encode()]
+            return [BYTE_BASE + b for b in text.encode()]
         marks = sorted(((v.decode(), k) for k, v in self.specials.items()), key=lambda m: -len(m[0]))
         i = 0
         while i < len(text):
@@ -377,15 +389,24 @@ class FakeTextModel(FakeModel):
     def next_token(self, prompt: tuple[int, ...], history: tuple[int, ...]) -> int:
         """The reply chosen by the prompt's text, else FakeModel's own."""
         if prompt not in self._reply_of:
-            text = b"".join(self.token_bytes(t) for t in prompt).decode("utf-8", "replace")
+            text = b"".join(self.special_bytes(t) for t in prompt).decode("utf-8", "replace")
             reply = next((r for key, r in self.replies.items() if key in text), None)
-            self._reply_of[prompt] = None if reply is None else self.tokenize(reply, add_special=False,
-                                                                              parse_special=True)
+            self._reply_of[prompt] = None if reply is None else self._byte_tokens(reply, True)
         reply = self._reply_of[prompt]
         if reply is None:
             return super().next_token(prompt, history)
-        n_generated = len(history) - len(prompt)
-        return reply[n_generated] if n_generated < len(reply) else self.eos_token
+        pos = len(history) - len(prompt)
+        forced = self._forced_now
+        if forced:
+            # A forced special token (the end of a thought) moves the reply on to just after it, as a model
+            # told its thought is over goes on with its answer; other forced tokens (a message) move nothing.
+            pos = 0
+            for i, t in enumerate(history[len(prompt):]):
+                if i not in forced:
+                    pos += 1
+                elif t in self.specials and t in reply[pos:]:
+                    pos = reply.index(t, pos) + 1
+        return reply[pos] if pos < len(reply) else self.eos_token
 
     def fim_tokens(self) -> dict[str, int]:
         """No fill-in-the-middle tokens."""

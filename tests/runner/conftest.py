@@ -13,12 +13,13 @@ from tests.engine.fake_model import FakeTextModel
 
 @pytest.fixture
 def make_runner():
-    """make_runner(replies=..., template=..., **RunnerConfig fields) -> a werkzeug Client on a loaded runner."""
+    """make_runner(replies=..., template=..., specials=..., **RunnerConfig fields) -> a Client on a loaded runner."""
     apps = []
 
     def make(replies: dict[str, str] | None = None, template: str | None = None, n_ctx: int = 1024,
-             **config) -> Client:
-        model = FakeTextModel(replies=replies, template=template, n_ctx=n_ctx, n_batch=256, n_seq_max=4)
+             specials: dict[int, bytes] | None = None, **config) -> Client:
+        model = FakeTextModel(replies=replies, template=template, n_ctx=n_ctx, n_batch=256, n_seq_max=4,
+                              specials=specials)
         cfg = RunnerConfig(ModelConfig(path="/models/fake.gguf", n_ctx=n_ctx, n_seq_max=4), **config)
         app = create_app(cfg, load=False, backend=lambda _: model)
         app.state.load()
