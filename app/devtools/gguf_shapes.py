@@ -8,17 +8,22 @@ with ignore_eos for fixed output lengths.
 
 Tensors are written one at a time from a small pool of random blocks repeated, never the
 whole model in memory: an 8B F16 file (16 GB) needs about the largest tensor's size (1 GB).
+
+A model may also take its vocabulary from another GGUF (read_tokenizer: a real tokenizer, e.g. one of
+llama.cpp's models/ggml-vocab-*.gguf) and a chat template of its own: app/devtools/family_models.py
+makes the model families' test doubles that way.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType, TokenType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType, TokenType
 
 ARCH = "llama"
 # Standard deviation of the weights: a usual initialisation, so activations neither vanish nor overflow f16.
@@ -122,6 +127,57 @@ def vocabulary(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
+TOKENIZER_PREFIX = "tokenizer.ggml."
+
+
+@dataclass
+class Tokenizer:
+    """A vocabulary as a GGUF stores it: every tokenizer.ggml.* key with its value and GGUF types."""
+
+    keys: dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> list[str]:
+        """The token texts, by id."""
+        return self.keys[TOKENIZER_PREFIX + "tokens"][0]
+
+    @property
+    def types(self) -> list[int]:
+        """The token types (gguf.TokenType values), by id."""
+        return self.keys[TOKENIZER_PREFIX + "token_type"][0]
+
+    @property
+    def n_vocab(self) -> int:
+        """Tokens in the vocabulary."""
+        return len(self.tokens)
+
+    def set(self, key: str, value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None = None) -> None:
+        """Set tokenizer.ggml.<key>."""
+        self.keys[TOKENIZER_PREFIX + key] = (value, vtype, sub_type)
+
+
+def read_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer.ggml.* keys of a GGUF (chat templates and model hyper-parameters left out)."""
+    reader = gguf.GGUFReader(str(path))
+    tok = Tokenizer()
+    for key, f in reader.fields.items():
+        if not key.startswith(TOKENIZER_PREFIX):
+            continue
+        sub_type = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
+        value = f.contents()
+        if key.endswith(("token_type", "scores")):
+            value = list(value)
+        tok.keys[key] = (value, f.types[0], sub_type)
+    if TOKENIZER_PREFIX + "tokens" not in tok.keys or TOKENIZER_PREFIX + "token_type" not in tok.keys:
+        raise ValueError(f"{path}: no tokenizer.ggml.tokens / token_type to copy")
+    return tok
+
+
+def _write_tokenizer(w: gguf.GGUFWriter, tok: Tokenizer) -> None:
+    for key, (value, vtype, sub_type) in tok.keys.items():
+        w.add_key_value(key, value, vtype, sub_type)
+
+
 def _pool(qtype: GGMLQuantizationType, rng: np.random.Generator, size: int) -> np.ndarray:
     """About size bytes of random weights in qtype's layout (whole blocks), as bytes."""
     if qtype == GGMLQuantizationType.F16:
@@ -146,8 +202,15 @@ def _tensor_bytes(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:
     return rows * shape[-1] // block_size * type_size
 
 
-def make_model(shape: Shape, path: str | Path, type_name: str = "q8_0", seed: int = 0) -> dict:
-    """Write a random-weight GGUF of this shape to path; returns what was written."""
+def make_model(shape: Shape, path: str | Path, type_name: str = "q8_0", seed: int = 0,
+               tokenizer: Tokenizer | None = None, chat_template: str | None = None) -> dict:
+    """Write a random-weight GGUF of this shape to path; returns what was written.
+
+    With a tokenizer, the file carries that vocabulary (shape.n_vocab must be its size) instead of the
+    made-up SentencePiece one; chat_template replaces the default ChatML template.
+    """
+    if tokenizer is not None and tokenizer.n_vocab != shape.n_vocab:
+        raise ValueError(f"the shape has {shape.n_vocab} tokens, the tokenizer {tokenizer.n_vocab}")
     qtype, ftype = TYPES[type_name]
     t0 = time.monotonic()
     path = Path(path)
@@ -168,18 +231,21 @@ def make_model(shape: Shape, path: str | Path, type_name: str = "q8_0", seed: in
     w.add_rope_freq_base(shape.rope_theta)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(shape.n_vocab)
-    tokens, scores, types = vocabulary(shape.n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_eot_token_id(4)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    if tokenizer is not None:
+        _write_tokenizer(w, tokenizer)
+    else:
+        tokens, scores, types = vocabulary(shape.n_vocab)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_eot_token_id(4)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+    w.add_chat_template(chat_template if chat_template is not None else CHATML_TEMPLATE)
     plan = []
     for name, tshape, quantisable in shape.tensors():
         t = qtype if quantisable else GGMLQuantizationType.F32
