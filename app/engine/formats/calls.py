@@ -20,7 +20,7 @@ class Region:
     """One call region from its opening marker on; `feed` answers once the region is decided.
 
     The answer is (calls, end): the calls the region holds (None when it is malformed: then its
-    text up to end is content) and where the region ends in the text fed so far.
+    text up to end is content; [] for markup that is dropped) and where the region ends in the text.
     """
 
     def feed(self, text: str) -> tuple[list[Call] | None, int] | None:
@@ -55,6 +55,21 @@ class EndMarkerRegion(Region):
             if calls:
                 return calls, len(text)
         return None, len(text)
+
+
+class ToEndRegion(Region):
+    """A region that runs to the end of the answer (Llama 3.x `<|python_tag|>`)."""
+
+    __slots__ = ("open_len", "parse")
+
+    def __init__(self, open_len: int, parse: Callable[[str], list[Call] | None]):
+        self.open_len, self.parse = open_len, parse
+
+    def feed(self, text):
+        return None
+
+    def finish(self, text):
+        return self.parse(text[self.open_len:]), len(text)
 
 
 class JsonRegion(Region):
@@ -192,7 +207,7 @@ class CallScanner:
             self.at_start = False
             if start >= 0:
                 self.pending = ""
-                self._open(syntax.open_anchored(self.tools), text[len(text) - len(stripped):], "")
+                self._open(syntax.open_anchored(self.tools), stripped, text[: len(text) - len(stripped)])
                 return
         if not self.tools and not syntax.dropped:
             self.pending = ""
@@ -239,8 +254,10 @@ class CallScanner:
                 self.out.append(("call", call))
             self.after_call = True
             self.gap = self.gap or self.space_before
-        else:
+        elif calls is None:
             self._content(self.space_before + text[:end])
+        elif self.space_before:  # a wrapper without calls (Functionary's `>>>all`): only its markup goes
+            self._content(self.space_before)
         self.space_before = ""
         rest = text[end:]
         if rest or final:

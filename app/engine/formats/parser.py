@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.engine.formats import json_calls
+from app.engine.formats import json_calls, xml_calls
 from app.engine.formats.base import (
     Answer,
     CallArguments,
@@ -17,12 +17,23 @@ from app.engine.formats.base import (
     Tools,
 )
 from app.engine.formats.calls import CallScanner, CallSyntax
+from app.engine.formats.harmony import HarmonyScanner
 from app.engine.formats.reasoning import THOUGHT, VERBATIM, ThinkSplitter
 
 # Each family's call syntax, by format name; a family not listed here parses no calls.
 SYNTAXES: dict[str, Callable[[], CallSyntax]] = {
     "generic": json_calls.generic_syntax,
     "hermes": json_calls.hermes_syntax,
+    "qwen3_coder": xml_calls.qwen3_coder_syntax,
+    "llama3": json_calls.llama3_syntax,
+    "mistral": json_calls.mistral_syntax,
+    "magistral": json_calls.mistral_syntax,
+    "granite": json_calls.granite_syntax,
+    "command_r": json_calls.command_r_syntax,
+    "deepseek_r1": json_calls.deepseek_syntax,
+    "deepseek_v3": json_calls.deepseek_syntax,
+    "functionary_v3_1": json_calls.functionary_v3_1_syntax,
+    "functionary_v3_2": xml_calls.functionary_v3_2_syntax,
 }
 
 
@@ -41,7 +52,12 @@ class AnswerParser:
         self._scanner = CallScanner(syntax, self._tools)
         self._splitter = None
         self._opened = ""
-        if fmt.reasoning and fmt.think_end:
+        self._harmony = None
+        if fmt.name == "gpt_oss":
+            self._harmony = HarmonyScanner(self._tools, split=split_reasoning, in_thought=in_thought)
+            if in_thought and not split_reasoning:
+                self._opened = fmt.think_start
+        elif fmt.reasoning and fmt.think_end:
             closers = syntax.markers if self._tools else ()
             self._splitter = ThinkSplitter(fmt.think_start, fmt.think_end, split=split_reasoning,
                                            in_thought=in_thought, closers=closers)
@@ -66,6 +82,9 @@ class AnswerParser:
         if self._opened:
             self._add_content(out, self._opened)
             self._opened = ""
+        if self._harmony is not None:
+            self._visible(self._harmony.push(text), out)
+            return out
         if self._splitter is None:
             self._visible(self._scanner.push(text), out)
             return out
@@ -76,10 +95,13 @@ class AnswerParser:
     def finish(self) -> list[Piece]:
         """The pieces still held, decided at the end of the answer; `answer` is known from now on."""
         out = self.push("") if self._opened else []
+        if self._harmony is not None:
+            self._visible(self._harmony.finish(), out)
         if self._splitter is not None:
             for kind, part in self._splitter.finish():
                 self._part(kind, part, out)
-        self._visible(self._scanner.finish(), out)
+        if self._harmony is None:
+            self._visible(self._scanner.finish(), out)
         self._answer = Answer("".join(self._reasoning), "".join(self._content), tuple(self._calls))
         return out
 
@@ -106,6 +128,8 @@ class AnswerParser:
         for kind, value in events:
             if kind == "c":
                 self._add_content(out, value)
+            elif kind == "r":
+                self._part(THOUGHT, value, out)
             else:
                 index = len(self._calls)
                 self._calls.append(ToolCall(value.name, value.arguments, value.id))
