@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import logging
 import os
 import queue
@@ -94,6 +95,63 @@ class RunnerSpec:
         if not self.prefix_cache:
             cmd.append("--no-prefix-cache")
         return cmd + list(self.extra_args)
+
+
+# The flags serve sets on every runner itself (address, key, identity) or from settings of their own (slots,
+# cells, batch, threads, GPU layers, mode): the per-model runner_args setting may not name them.
+SERVE_RUNNER_FLAGS = frozenset({
+    "--model", "-m", "--host", "--port", "--alias", "-a", "--api-key", "--api-key-file", "--parent-pid",
+    "--metrics", "--cors-origins", "--ctx", "--ctx-size", "-c", "--parallel", "-np", "--batch", "--batch-size",
+    "-b", "--threads", "-t", "--gpu-layers", "--n-gpu-layers", "-ngl", "--mode", "--kv-unified", "--no-webui",
+})
+MAX_RUNNER_ARGS = 64  # arguments per model
+MAX_RUNNER_ARG_CHARS = 4096
+
+
+def parse_runner_args(text: str | None) -> dict[str, tuple[str, ...]]:
+    """The runner_args setting read: model name → the extra command-line arguments of its local runner.
+
+    The setting is a JSON object, e.g. {"qwen3-8b": ["--reasoning-format", "none"]}. ValueError names
+    what is wrong: not an object, an argument that is not a string, too many or too long, the first not a
+    flag, or a flag serve sets itself (SERVE_RUNNER_FLAGS).
+    """
+    if text is None or not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"runner_args is JSON: an object of model name to a list of arguments ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError('runner_args is an object of model name to a list of arguments, e.g. '
+                         '{"my-model": ["--reasoning-format", "none"]}')
+    return {name: _model_runner_args(name, args) for name, args in value.items()}
+
+
+def _model_runner_args(name: str, args) -> tuple[str, ...]:
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ValueError(f"runner_args of {name!r}: a list of strings, e.g. [\"--grammar-file\", \"/path/g.gbnf\"]")
+    if len(args) > MAX_RUNNER_ARGS:
+        raise ValueError(f"runner_args of {name!r}: at most {MAX_RUNNER_ARGS} arguments")
+    if args and not args[0].startswith("-"):
+        raise ValueError(f"runner_args of {name!r}: the first argument must be a flag (--name), not {args[0]!r}")
+    for a in args:
+        if len(a) > MAX_RUNNER_ARG_CHARS or "\0" in a:
+            raise ValueError(f"runner_args of {name!r}: an argument has at most {MAX_RUNNER_ARG_CHARS} characters "
+                             "and no NUL")
+        flag = a.split("=", 1)[0]
+        if flag in SERVE_RUNNER_FLAGS:
+            raise ValueError(f"runner_args of {name!r}: {flag} is set by hearth serve itself (slots, cells, batch, "
+                             "threads, GPU layers and mode are the model's runner settings)")
+    return tuple(args)
+
+
+def runner_args_problem(text: str) -> str | None:
+    """What is wrong with a runner_args value, or None (the setting's check)."""
+    try:
+        parse_runner_args(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 class RunnerStartFailed(Exception):

@@ -21,14 +21,14 @@ from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import RunnerSizing, estimate_memory, size_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
-from app.residency.supervisor import RunnerSpec
+from app.residency.supervisor import RunnerSpec, parse_runner_args
 from app.services.settings import SettingsCache, budget_bytes
 from app.store import models as db
 from app.store.settings import get_setting
 
 log = logging.getLogger(__name__)
 
-RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache")  # the stored runner_* settings a spec falls back on
+RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache", "args")  # the stored runner_* settings a spec falls back on
 
 
 class ModelNotServable(Exception):
@@ -157,6 +157,7 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         gpu_layers=(rs and rs.gpu_layers) or 0,
         mode=(rs and rs.mode) or "continuous",
         prefix_cache=bool(defaults.get("prefix_cache", True)),
+        extra_args=parse_runner_args(defaults.get("args")).get(entry.name, ()),
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.residency.supervisor import runner_args_problem
 from app.store.models import Model, RequestClass, Setting, utcnow
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,10 @@ REGISTRY = {
                    "int", "Models and runners", "Batch size (n_batch)", "tokens", 32, 65536),
         SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)",
                    "int", "Models and runners", "CPU threads per runner", "threads", 1, 1024),
+        SettingDef("runner_args", None, "extra command-line arguments of a model's local runner (hearth runner or stock "
+                   "llama-server), as JSON: model name to a list, e.g. {\"qwen3-8b\": [\"--reasoning-format\", \"none\"]}; "
+                   "applies when the runner next starts; the flags serve sets itself are refused",
+                   "str", "Models and runners", "Runner arguments per model", check=runner_args_problem),
         SettingDef("api_open_on_lan", False, "answer API requests without a token from private-network (LAN) addresses, as member 'lan' in class api_open_class; a presented token is still checked",
                    "bool", "Network and access", "Open API on the LAN"),
         SettingDef("api_cors_origins", None, "web pages (origins, comma-separated, e.g. http://192.168.1.20:3000; * for any) "
