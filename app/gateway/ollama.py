@@ -25,6 +25,7 @@ from typing import Any
 from flask import Blueprint, Response, request, stream_with_context
 from sqlalchemy import select
 
+from app.engine.formats import detect
 from app.gateway.auth import Principal
 from app.gateway.context import services
 from app.gateway.pipeline import authenticate, serve_generation
@@ -181,13 +182,18 @@ def _model_info(fields: dict) -> dict:
 
 def capabilities(fields: dict, template: str | None) -> list[str]:
     """What a model can do, from its GGUF: completion (a generative model), tools (its template takes
-    them), insert (it has fill-in-the-middle tokens), embedding (every hearth runner can embed)."""
+    them), thinking (its format has reasoning, app.engine.formats.detect), insert (it has
+    fill-in-the-middle tokens), embedding (every hearth runner can embed)."""
     arch = fields.get("general.architecture")
+    fmt = detect(template)
     caps = []
-    if fields.get(f"{arch}.pooling_type") in (None, 0):
+    generates = fields.get(f"{arch}.pooling_type") in (None, 0)
+    if generates:
         caps.append("completion")
-    if template and "tools" in template:
+    if fmt.tools or (template and "tools" in template):
         caps.append("tools")
+    if generates and fmt.reasoning:
+        caps.append("thinking")
     if any(f"tokenizer.ggml.{k}_token_id" in fields for k in ("fim_pre", "fim_suf", "prefix", "suffix")):
         caps.append("insert")
     caps.append("embedding")
@@ -215,8 +221,11 @@ def show():
     modelfile = f"# Modelfile of Hearth's model {name}\nFROM {entry.path}\n" + (f"PARAMETER {parameters}\n" if parameters else "")
     info = _model_info(fields)
     info["general.parameter_count"] = entry.n_params
+    fmt = detect(template)
     return {"modelfile": modelfile, "parameters": parameters, "template": template or "", "details": _details(entry),
-            "model_info": info, "capabilities": capabilities(fields, template), "modified_at": _modified_at(entry)}
+            "model_info": info, "capabilities": capabilities(fields, template), "modified_at": _modified_at(entry),
+            # Hearth's own: the answer format detected from the template the runner prompts it with.
+            "hearth": {"chat_format": fmt.name, "native_tools": fmt.tools, "reasoning": fmt.reasoning}}
 
 
 def _adapter(kind: str, body: dict) -> ollama.ChatAdapter | ollama.GenerateAdapter:

@@ -16,6 +16,7 @@ from typing import Any
 
 from gguf.constants import LlamaFileType
 
+from app.engine.formats import detect
 from app.gguf_meta import GgufArray, GgufError, GgufMetadata, read_metadata
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,12 @@ class CatalogEntry:
     n_swa: int | None = None
     n_vocab: int | None = None
     has_chat_template: bool = False
+    # What its own chat template says it can do (app.engine.formats.detect, as llama.cpp decides): the
+    # family's answer format, whether the template takes tools natively, whether the model thinks.
+    # None without a template of its own (the runner then prompts it in its architecture's or ChatML).
+    chat_format: str | None = None
+    native_tools: bool = False
+    reasoning: bool = False
 
 
 def scan(
@@ -290,6 +297,8 @@ def _entry_from_metadata(
     default_head_dim = n_embd // n_head if n_embd and n_head else None
     n_head_kv = _max_int(metadata.arch_value("attention.head_count_kv"))
     template = metadata.fields.get(_KEY_CHAT_TEMPLATE)
+    has_template = isinstance(template, str) and bool(template.strip())
+    fmt = detect(template) if has_template else None
     return CatalogEntry(
         name=path.stem,
         path=path,
@@ -312,7 +321,10 @@ def _entry_from_metadata(
         head_dim_v=_int_or_none(metadata.arch_value("attention.value_length")) or default_head_dim,
         n_swa=_int_or_none(metadata.arch_value("attention.sliding_window")) or None,
         n_vocab=_n_vocab(metadata),
-        has_chat_template=isinstance(template, str) and bool(template.strip()),
+        has_chat_template=has_template,
+        chat_format=fmt.name if fmt else None,
+        native_tools=bool(fmt and fmt.tools),
+        reasoning=bool(fmt and fmt.reasoning),
     )
 
 

@@ -323,6 +323,10 @@ class ModelCard:
     cold_start_ms: float | None = None
     cold_starts_ms: list[float] = field(default_factory=list)
     progress: LoadProgress | None = None
+    # What its chat template says it can do (the catalog's detection): answer format, native tools, reasoning.
+    chat_format: str | None = None
+    native_tools: bool = False
+    reasoning: bool = False
     error: str | None = None
     log_tail: list[str] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
@@ -406,6 +410,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             cold_starts_ms=hist["cold_starts_ms"], measured_bytes=hist["measured_bytes"],
             n_batch=spec.runner.n_batch if spec and spec.runner else None,
             sizing_note=spec.sizing_note if spec else None,
+            chat_format=e.chat_format, native_tools=e.native_tools, reasoning=e.reasoning,
         )
         if status is not None:
             card.in_flight = status.get("in_flight") or 0
