@@ -170,7 +170,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
-                _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile, _add_bench_templates):
+                _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile, _add_bench_templates,
+                _add_bench_parsing):
         add(bench_sub)
 
 
@@ -220,6 +221,16 @@ def _add_bench_tools(bench_sub: argparse._SubParsersAction) -> None:
     tls.add_argument("--reps", type=int, default=3, help="interleaved throughput repetitions")
     tls.add_argument("--out", help="write the figures and raw per-request data here (JSON)")
     tls.add_argument("--parts", default="compile,throughput,validity", help="comma-separated parts to run")
+
+
+def _add_bench_parsing(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench parsing`: what splitting answers costs a streamed answer's per-token time."""
+    prs = bench_sub.add_parser("parsing", help="per-token time of 8 streams with the answer parser on and off")
+    prs.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    prs.add_argument("--threads", type=int, default=2)
+    prs.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each arm (default %(default)s)")
+    prs.add_argument("--max-tokens", type=int, default=128, help="tokens per stream (default %(default)s)")
+    prs.add_argument("--out", help="write the figures and every stream's times here (JSON)")
 
 
 def _add_bench_memory(bench_sub: argparse._SubParsersAction) -> None:
@@ -553,6 +564,11 @@ def _bench(args) -> int:
         from app.devtools.gpu_probe import run_from_args as run_vram
 
         return run_vram(args, resolve_model(args.model))
+    if name == "parsing":
+        from app.devtools.parsing_bench import run_parsing_bench
+
+        run_parsing_bench(resolve_model(args.model), args.threads, args.rounds, args.max_tokens, args.out)
+        return 0
     if name == "tools":
         from app.devtools.tools_bench import run_tools_bench
 
