@@ -5,7 +5,10 @@ POSTed to stock llama-server's /apply-template (`--jinja --chat-template-file T`
 with the same flags; the prompts are compared byte for byte. Both servers of a template run at the same moment, so
 the dates templates print (`datetime`, `date_string`, strftime_now) agree.
 
-    hearth bench templates [--only WORDS] [--json FILE] [--record DIR]
+    hearth bench templates [--only WORDS] [--json FILE] [--record DIR] [--hearth-src DIR]
+
+--hearth-src runs the runner from another copy of Hearth's `app` (e.g. `git archive <commit> app | tar -x -C DIR`),
+to measure an older commit, or this one while the working tree is mid-edit.
 
 --record writes llama-server's renders as golden files (one JSON file per template, keyed by the template's
 file name and the sha256 of its source), which tests/engine/test_template_goldens.py renders in-process.
@@ -16,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, datetime
+from datetime import time as datetime_time
 from pathlib import Path
 
 import httpx
@@ -132,9 +137,11 @@ def _free_port() -> int:
 class _Server:
     """A server process on a loopback port, stopped on exit."""
 
-    def __init__(self, argv: list[str], port: int):
+    def __init__(self, argv: list[str], port: int, src: Path | None = None):
         self.port = port
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # `python -m` puts the working folder first on sys.path: another copy of Hearth runs from its own folder.
+        env = {**os.environ, "PYTHONPATH": str(src)} if src else None
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=src)
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         self.failure: str | None = None
 
@@ -147,7 +154,12 @@ class _Server:
                 self.failure = "did not start: " + " | ".join(tail)
                 return
             with contextlib.suppress(httpx.TransportError):
-                if self.client.get("/health").status_code == 200:
+                r = self.client.get("/health")
+                if r.status_code == 200:
+                    return
+                if r.status_code != 503:
+                    # A load that failed (a template that does not compile) answers an error, never ready.
+                    self.failure = f"{r.status_code}: {_error_message(r)}"
                     return
             time.sleep(0.1)
         self.failure = f"not ready in {_READY_TIMEOUT_S:.0f} s"
@@ -162,11 +174,7 @@ class _Server:
             return Render(None, f"{type(exc).__name__}: {exc}")
         if r.status_code == 200:
             return Render(r.json()["prompt"])
-        try:
-            message = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = r.text[:300]
-        return Render(None, f"{r.status_code}: {message}")
+        return Render(None, f"{r.status_code}: {_error_message(r)}")
 
     def stop(self) -> None:
         """Terminate and reap the process."""
@@ -181,6 +189,13 @@ class _Server:
             self.proc.stderr.close()
 
 
+def _error_message(r: httpx.Response) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:300]
+
+
 def _stock_argv(binary: Path, model: str, template: Path, port: int) -> list[str]:
     return [str(binary), "-m", model, "--jinja", "--chat-template-file", str(template), "--port", str(port),
             "-c", str(_CTX), "-t", str(_THREADS), "-np", "1", "--no-webui"]
@@ -191,11 +206,11 @@ def _hearth_argv(model: str, template: Path, port: int) -> list[str]:
             "--port", str(port), "-c", str(_CTX), "-t", str(_THREADS), "-np", "1"]
 
 
-def compare_template(binary: Path, model: str, template: Path) -> TemplateResult:
+def compare_template(binary: Path, model: str, template: Path, hearth_src: Path | None = None) -> TemplateResult:
     """Both servers started on one template at once, every history posted to each, then both stopped."""
     result = TemplateResult(template.name, source_sha256(template))
     servers = {"stock": _Server(_stock_argv(binary, model, template, p := _free_port()), p),
-               "hearth": _Server(_hearth_argv(model, template, q := _free_port()), q)}
+               "hearth": _Server(_hearth_argv(model, template, q := _free_port()), q, hearth_src)}
     try:
         waiters = [threading.Thread(target=s.wait_ready) for s in servers.values()]
         for w in waiters:
@@ -303,7 +318,7 @@ def run_templates_bench(args, model: str) -> int:
     results = []
     for i, path in enumerate(paths, 1):
         print(f"\r[{i}/{len(paths)}] {path.name[:70]:<70}", end="", file=sys.stderr, flush=True)
-        results.append(compare_template(binary, model, path))
+        results.append(compare_template(binary, model, path, Path(args.hearth_src) if args.hearth_src else None))
     print(file=sys.stderr)
     print_table(results)
     if args.json_path:
@@ -312,3 +327,30 @@ def run_templates_bench(args, model: str) -> int:
     if args.record:
         write_goldens(results, Path(args.record), day, *_model_special_tokens(model))
     return 0 if summary(results)["parity_pct"] >= 98.0 else 1
+
+
+def render_in_process(source: str, body: dict, bos: str, eos: str, day: date | None = None,
+                      reasoning: str = "auto") -> Render:
+    """One history through Hearth's chat prompt in this process, as a runner on this template builds it."""
+    from app.engine import formats
+    from app.engine import tools as toolfmt
+    from app.engine.chat import ChatTemplate, ChatTemplateError
+    from app.protocols.openai import ApiError, ApplyTemplateBody
+    from app.runner.prompts import chat_text
+
+    when = datetime.combine(day, datetime_time(12)) if day else None
+    try:
+        template = ChatTemplate(source, bos, eos, origin="command line",
+                                **({"clock": lambda: when} if when else {}))
+    except ChatTemplateError as exc:
+        return Render(None, str(exc))
+    fmt = formats.detect(source)
+    parsed = ApplyTemplateBody.model_validate(body)
+    asked = (parsed.chat_template_kwargs or {}).get("enable_thinking")
+    thinking = asked if isinstance(asked, bool) else parsed.reasoning_effort != "none" and reasoning != "off"
+    try:
+        text, _ = chat_text(template, parsed, thinking=thinking,
+                            tool_format=fmt.name if fmt.tools else toolfmt.GENERIC, add_bos=True)
+    except ApiError as exc:
+        return Render(None, exc.message if hasattr(exc, "message") else str(exc))
+    return Render(text)

@@ -7,14 +7,18 @@ for a known architecture Hearth supplies that family's format, otherwise a ChatM
 """
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
+from functools import cached_property
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from app.engine.template_caps import TemplateCaps, mark_all_used, probe_caps
+from app.engine.template_inputs import TemplateInputError, template_context, template_messages, template_tools
 
 if TYPE_CHECKING:
     from app.gguf_meta import GgufMetadata
@@ -66,10 +70,6 @@ CHATML_FALLBACK_TEMPLATE = """\
 # keyed by `general.architecture`.
 BUILTIN_TEMPLATES_BY_ARCHITECTURE = {"gemma3": GEMMA3_TEMPLATE}
 
-_ROLES = frozenset({"system", "user", "assistant", "tool"})
-# OpenAI renamed the system role for newer models; templates only know "system".
-_ROLE_ALIASES = {"developer": "system"}
-
 _KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
 _KEY_BOS_ID = "tokenizer.ggml.bos_token_id"
 _KEY_EOS_ID = "tokenizer.ggml.eos_token_id"
@@ -89,9 +89,21 @@ def _tojson(
     """Serialises to JSON like transformers' chat-template `tojson` (no HTML escaping)."""
     # Jinja's own tojson escapes <, >, & and ' for HTML, which would change tool schemas
     # inside prompts; templates are written against transformers' behaviour instead.
+    mark_all_used(value)
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask marker): renders its body, as llama.cpp."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        """The block's body, unchanged."""
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 def _raise_exception(message: str) -> None:
@@ -120,7 +132,7 @@ class ChatTemplate:
         self._clock = clock
         # The same environment transformers uses, so templates written for it behave alike.
         environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag]
         )
         environment.filters["tojson"] = _tojson
         environment.globals["raise_exception"] = _raise_exception
@@ -132,6 +144,27 @@ class ChatTemplate:
                 f"chat template ({origin}) does not compile: line {exc.lineno}: {exc.message}"
             ) from exc
 
+    @cached_property
+    def caps(self) -> TemplateCaps:
+        """What the template supports, probed as llama.cpp probes it (system role, tool calls, object arguments...)."""
+        return probe_caps(self._probe)
+
+    @cached_property
+    def supports_thinking(self) -> bool:
+        """Whether enable_thinking changes the prompt of a one-line question (llama-server then defaults it on)."""
+        question = [{"role": "user", "content": "test"}]
+        on, off = (self._probe(question, [], {"enable_thinking": flag}) for flag in (True, False))
+        return on[0] and off[0] and on[1] != off[1]
+
+    def _probe(self, messages: list, tools: list, variables: dict) -> tuple[bool, str]:
+        """One render of a capability probe: (succeeded, output); a template's failure is an answer here."""
+        context = {"messages": messages, "tools": tools, "bos_token": "", "eos_token": "",
+                   "add_generation_prompt": True, **variables}
+        try:
+            return True, self._template.render(**context)
+        except Exception:
+            return False, ""
+
     def render(
         self,
         messages: list[dict],
@@ -139,25 +172,17 @@ class ChatTemplate:
         tools: list[dict] | None = None,
         kwargs: dict | None = None,
     ) -> str:
-        """Renders messages (and optional tool schemas) into the model's prompt text.
+        """Renders messages (and optional tool schemas) into the model's prompt text, as llama.cpp renders them.
 
         kwargs are extra template variables (llama-server's chat_template_kwargs, e.g. enable_thinking)."""
-        normalised = _normalise_messages(messages)
-        now = self._clock()
-        # llama-server's extra context: templates such as firefunction-v2 read the date as `datetime`
-        # (and Llama 3.x as `date_string`) and the tools as a `functions` JSON text.
-        context = {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
-                   "functions": json.dumps(tools, indent=2, ensure_ascii=False) if tools else "",
-                   **(kwargs or {})}
         try:
-            return self._template.render(
-                **context,
-                messages=normalised,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                add_generation_prompt=add_generation_prompt,
-                tools=tools,
-            )
+            prepared = template_messages(messages, self.caps, self.source)
+        except TemplateInputError as exc:
+            raise ChatTemplateError(str(exc)) from exc
+        context = template_context(self._clock(), prepared, template_tools(tools), add_generation_prompt,
+                                   self.bos_token, self.eos_token, kwargs or {})
+        try:
+            return self._template.render(**context)
         except ChatTemplateError:
             raise
         except Exception as exc:
@@ -210,59 +235,6 @@ def load_chat_template(path: str | PathLike[str]) -> ChatTemplate:
     if template is not None:
         return template
     return fallback_template(*_special_tokens(_read_gguf_chat_metadata(path)))
-
-
-def _normalise_messages(messages: list[dict]) -> list[dict]:
-    """Validates OpenAI-style messages and flattens content parts to plain strings."""
-    if not isinstance(messages, list) or not messages:
-        raise ChatTemplateError("messages must be a non-empty list of {role, content} objects")
-    normalised = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise ChatTemplateError(f"messages[{index}] must be an object with role and content")
-        role = message.get("role")
-        role = _ROLE_ALIASES.get(role, role)
-        if role not in _ROLES:
-            raise ChatTemplateError(
-                f"messages[{index}].role is {role!r}; use one of {', '.join(sorted(_ROLES))}"
-            )
-        copy = dict(message)
-        copy["role"] = role
-        copy["content"] = _content_text(message.get("content"), index)
-        normalised.append(copy)
-    return normalised
-
-
-def _content_text(content: Any, index: int) -> str:
-    """Turns a message's content (string, None or list of text parts) into one string."""
-    # Parts are flattened for every template, not only those that expect strings: this
-    # engine is text-only, and templates that accept lists also accept strings.
-    if content is None:
-        # An assistant message that only carries tool_calls has no content.
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ChatTemplateError(
-            f"messages[{index}].content must be a string or a list of text parts"
-        )
-    texts = []
-    for part_index, part in enumerate(content):
-        where = f"messages[{index}].content[{part_index}]"
-        if not isinstance(part, Mapping):
-            raise ChatTemplateError(
-                f'{where} must be an object like {{"type": "text", "text": "..."}}'
-            )
-        if part.get("type") != "text":
-            raise ChatTemplateError(
-                f"{where} has type {part.get('type')!r}; this server accepts text parts only"
-            )
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise ChatTemplateError(f"{where}.text must be a string")
-        texts.append(text)
-    # Newline-joined, as llama-server joins text parts for templates that expect strings.
-    return "\n".join(texts)
 
 
 def _special_tokens(metadata: "GgufMetadata") -> tuple[str, str]:

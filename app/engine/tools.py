@@ -134,17 +134,11 @@ def _arguments_object(arguments) -> object:
 
 
 def prepare_messages(messages: list[dict], fmt: str, tools: list[dict] | None, choice, parallel: bool) -> list[dict]:
-    """Messages ready for the template: tool history converted for the generic format, arguments as objects."""
+    """Messages ready for the template: tool history converted for the generic format, else unchanged."""
     if fmt != GENERIC:
-        out = []
-        for m in messages:
-            m = dict(m)
-            if m.get("tool_calls"):
-                m["tool_calls"] = [{**c, "function": {**c["function"],
-                                                      "arguments": _arguments_object(c["function"]["arguments"])}}
-                                   for c in m["tool_calls"]]
-            out.append(m)
-        return out
+        # A template that takes tools gets the history as it is: the chat template's own input preparation
+        # (app.engine.template_inputs) hands arguments over as objects where the template reads them so.
+        return [dict(m) for m in messages]
     names_by_id: dict[str, str] = {}
     out: list[dict] = []
     for m in messages:

@@ -570,14 +570,9 @@ class EmbeddingBody(BaseModel):
         return list(self.input)
 
 
-class ApplyTemplateBody(BaseModel):
-    """POST /apply-template: the messages of a chat request, rendered but not generated."""
-
-    model_config = ConfigDict(extra="ignore")
-    messages: list[Message] = Field(min_length=1)
-    add_generation_prompt: bool = True
-    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
-    chat_template_kwargs: dict | None = None
+class ApplyTemplateBody(ChatBody):
+    """POST /apply-template: a chat request's body, rendered but not generated (llama-server reads the whole body:
+    messages, tools, tool_choice, chat_template_kwargs, reasoning_effort, add_generation_prompt...)."""
 
 
 class TokenizeBody(BaseModel):

@@ -4,7 +4,6 @@ text and token prompts, llama-server's several native prompts, fill-in-the-middl
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
 
 from app.engine import tools as toolfmt
@@ -23,13 +22,15 @@ class ChatPrompt(NamedTuple):
 
 def render(state: RunnerState, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
            kwargs: dict | None = None) -> str:
-    """Messages through the chat template, with llama.cpp's template variables."""
-    # As llama.cpp renders templates: thinking on unless --reasoning off, today's date_string (Llama 3.x
-    # templates print it); a request's own chat_template_kwargs win.
-    defaults = {"enable_thinking": state.config.reasoning != "off", "date_string": time.strftime("%d %b %Y")}
+    """Messages through the runner's chat template, with llama.cpp's template variables."""
+    return render_template(state.template, messages, add_generation_prompt, tools, kwargs)
+
+
+def render_template(template, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
+                    kwargs: dict | None = None) -> str:
+    """Messages through a chat template; a template's refusal is a 400 naming the messages."""
     try:
-        return state.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                     kwargs={**defaults, **(kwargs or {})})
+        return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, kwargs=kwargs)
     except ChatTemplateError as exc:
         raise ApiError(400, f"'messages': {exc}", param="messages", code="chat_template")
 
@@ -60,28 +61,56 @@ def chat_prompt(state: RunnerState, body: ChatBody, *, thinking: bool | None = N
     thinking None: as the request asks (request_thinking); True/False: the caller's choice."""
     if thinking is None:
         thinking = request_thinking(state, body)
+    model = state.model
+    text, tools = chat_text(state.template, body, thinking=thinking, tool_format=state.tool_format,
+                            add_bos=getattr(model, "add_bos", True), add_eos=getattr(model, "add_eos", False))
+    return ChatPrompt(model.tokenize(text, add_special=True, parse_special=True), tools, text)
+
+
+def chat_text(template, body: ChatBody, *, thinking: bool, tool_format: str, add_bos: bool = True,
+              add_eos: bool = False) -> tuple[str, list[dict]]:
+    """A chat request's prompt text and offered tools, as llama-server renders it (no model needed).
+
+    The template takes the tools itself when it can (as llama-server gives them); one that cannot is taught
+    Hearth's generic envelope in the system turn. The BOS (and EOS) text a template writes is stripped where
+    the tokenizer adds it, as llama.cpp strips it."""
     kwargs = template_kwargs(body, thinking)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     tools = body.tool_list
-    fmt = state.tool_format
-    messages = toolfmt.prepare_messages(messages, fmt, tools, body.choice, body.parallel_tool_calls)
-    native_tools = tools if tools and fmt != toolfmt.GENERIC else None
+    native = bool(tools) and (tool_format != toolfmt.GENERIC or takes_tools(template))
+    messages = toolfmt.prepare_messages(messages, toolfmt.HERMES if native else toolfmt.GENERIC, tools,
+                                        body.choice, body.parallel_tool_calls)
+    native_tools = tools if native else None
     if body.prefill and not tools:
-        text = _continue_final(state, messages, native_tools, kwargs)
+        text = _continue_final(template, messages, native_tools, kwargs)
     else:
-        text = render(state, messages, body.add_generation_prompt, native_tools, kwargs)
-    text, _ = strip_leading_bos(text, state.template.bos_token)
-    return ChatPrompt(state.model.tokenize(text, add_special=True, parse_special=True), tools, text)
+        text = render_template(template, messages, body.add_generation_prompt, native_tools, kwargs)
+    return strip_special(text, template, add_bos, add_eos), tools
 
 
-def _continue_final(state: RunnerState, messages: list[dict], tools, kwargs) -> str:
+def takes_tools(template) -> bool:
+    """Whether a chat template describes tools itself (llama.cpp's supports_tools probe)."""
+    caps = getattr(template, "caps", None)
+    return bool(caps and caps.supports_tools)
+
+
+def strip_special(text: str, template, add_bos: bool, add_eos: bool) -> str:
+    """The template's leading BOS text (and trailing EOS text) removed where the tokenizer adds them itself."""
+    if add_bos:
+        text, _ = strip_leading_bos(text, template.bos_token)
+    if add_eos and template.eos_token and text.endswith(template.eos_token):
+        text = text[: -len(template.eos_token)]
+    return text
+
+
+def _continue_final(template, messages: list[dict], tools, kwargs) -> str:
     """The prompt that continues the final assistant message: rendered, then cut after its text."""
     content = messages[-1].get("content")
     if isinstance(content, list):
         # The continued message's text parts are joined by a blank line, as llama-server continues them.
         content = "\n\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
         messages = [*messages[:-1], {**messages[-1], "content": content}]
-    text = render(state, messages, False, tools, kwargs)
+    text = render_template(template, messages, False, tools, kwargs)
     cut = text.rfind(content.rstrip()) if content and content.strip() else -1
     return text[: cut + len(content.rstrip())] if cut >= 0 else text
 

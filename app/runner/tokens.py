@@ -6,7 +6,7 @@ from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
 from app.protocols.openai import ApiError, ApplyTemplateBody, ChatBody, DetokenizeBody, TokenizeBody
-from app.runner.prompts import chat_prompt, render
+from app.runner.prompts import chat_prompt
 from app.runner.state import RunnerState
 from app.runner.transport import json_response, read_body
 
@@ -44,13 +44,10 @@ def on_detokenize(state: RunnerState, req: HttpRequest) -> Response:
 
 
 def on_apply_template(state: RunnerState, req: HttpRequest) -> Response:
-    """POST /apply-template: the messages through the chat template, as text."""
+    """POST /apply-template: the prompt text the chat route would run (llama-server's: its BOS text stripped)."""
     body = read_body(req, ApplyTemplateBody)
     state.ready()
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
-    return json_response({"prompt": render(state, messages, body.add_generation_prompt, tools,
-                                           body.chat_template_kwargs)})
+    return json_response({"prompt": chat_prompt(state, body).text})
 
 
 def on_chat_input_tokens(state: RunnerState, req: HttpRequest) -> Response:

@@ -1,0 +1,163 @@
+"""What a chat template supports, found as llama.cpp finds it (common/jinja/caps.cpp): by rendering probes.
+
+llama.cpp renders a few fixed conversations and watches which input values the template reads (a system
+message's content, a tool's name, a call's arguments as an object...). Here the probe inputs are dicts
+that record the keys read from them, which is the same signal: a value counts as used when the template
+looks it up, iterates it or serialises it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_MARKER = "STRING_MARKER"
+_REASONING_MARKER = "<REASONING_CONTENT_PLACEHOLDER>"
+
+
+class TrackedDict(dict):
+    """A dict that records which of its keys a template read (looked up, iterated or serialised)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.used: set[str] = set()
+
+    def __getitem__(self, key):
+        self.used.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        """dict.get, recorded."""
+        if key in self:
+            self.used.add(key)
+        return super().get(key, default)
+
+    def items(self):
+        """dict.items, every key recorded."""
+        self.used.update(self.keys())
+        return super().items()
+
+    def values(self):
+        """dict.values, every key recorded."""
+        self.used.update(self.keys())
+        return super().values()
+
+    def __repr__(self) -> str:
+        self.used.update(self.keys())
+        return super().__repr__()
+
+    __str__ = __repr__
+
+
+def mark_all_used(value) -> None:
+    """Records every key of every tracked dict inside value (a template serialised it whole)."""
+    if isinstance(value, TrackedDict):
+        value.used.update(value.keys())
+        for v in dict.values(value):
+            mark_all_used(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            mark_all_used(v)
+
+
+def tracked(value):
+    """Plain JSON-like data as tracked dicts and lists."""
+    if isinstance(value, dict):
+        return TrackedDict({k: tracked(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [tracked(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class TemplateCaps:
+    """llama.cpp's capabilities of a template (jinja::caps), which decide how messages reach it."""
+
+    supports_string_content: bool = True
+    supports_typed_content: bool = False
+    supports_system_role: bool = True
+    supports_tools: bool = True
+    supports_tool_calls: bool = True
+    supports_object_arguments: bool = False
+    supports_parallel_tool_calls: bool = True
+    supports_preserve_reasoning: bool = False
+
+
+# A probe renders messages (and tools) with extra variables; it answers (succeeded, output).
+Probe = Callable[[list, list, dict], tuple[bool, str]]
+
+_TOOL = {"name": "tool", "type": "function", "function": {
+    "name": "tool1", "description": "Tool description",
+    "parameters": {"type": "object", "properties": {"arg": {"type": "string", "description": "Arg description"}},
+                   "required": ["arg"]}}}
+
+
+def _tool_conversation(arguments, calls: int = 1) -> list:
+    call = [{"id": f"call0000{i + 1}", "type": "function", "function": {"name": "tool1", "arguments": arguments}}
+            for i in range(calls)]
+    return [{"role": "user", "content": "User message"},
+            {"role": "assistant", "content": "", "tool_calls": call},
+            {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+            {"role": "assistant", "content": "The tool response was 'tool response'"},
+            {"role": "user", "content": "User message"}]
+
+
+def probe_caps(render: Probe) -> TemplateCaps:
+    """The template's capabilities, from llama.cpp's probe conversations rendered through `render`."""
+    found: dict[str, bool] = {}
+    ok, out = render(tracked([{"role": "user", "content": _MARKER}]), [], {})
+    found["supports_string_content"] = ok and _MARKER in out
+    ok, out = render(tracked([{"role": "user", "content": [{"type": "text", "text": _MARKER}]}]), [], {})
+    found["supports_typed_content"] = ok and _MARKER in out
+    messages = tracked([{"role": "system", "content": "System message"}, {"role": "user", "content": "User message"}])
+    render(messages, [], {})
+    found["supports_system_role"] = "content" in messages[0].used
+    found |= _tool_caps(render)
+    found["supports_preserve_reasoning"] = _preserves_reasoning(render)
+    return TemplateCaps(**found)
+
+
+def _tool_caps(render: Probe) -> dict[str, bool]:
+    """supports_tools, _tool_calls, _object_arguments and _parallel_tool_calls, as caps.cpp probes them."""
+    found = {"supports_object_arguments": False}
+    messages, tools = tracked(_tool_conversation({"arg": "value"})), tracked([_TOOL])
+    ok, _ = render(messages, tools, {})
+    if ok:
+        found["supports_tools"] = "name" in tools[0]["function"].used
+        found["supports_tool_calls"] = "tool_calls" in messages[1].used
+        if not found["supports_tool_calls"]:
+            return found | {"supports_parallel_tool_calls": True}
+        arguments = dict.__getitem__(dict.__getitem__(dict.__getitem__(messages[1], "tool_calls")[0], "function"),
+                                     "arguments")
+        found["supports_object_arguments"] = "arg" in arguments.used
+    if not found["supports_object_arguments"]:
+        messages, tools = tracked(_tool_conversation('{"arg": "value"}')), tracked([_TOOL])
+        ok, _ = render(messages, tools, {})
+        if not ok:
+            return found | {"supports_tools": False, "supports_tool_calls": False, "supports_parallel_tool_calls": False}
+        found["supports_tools"] = "name" in tools[0]["function"].used
+        found["supports_tool_calls"] = "tool_calls" in messages[1].used
+        if not found["supports_tool_calls"]:
+            return found | {"supports_parallel_tool_calls": True}
+    arguments = {"arg": "value"} if found["supports_object_arguments"] else '{"arg": "value"}'
+    messages = tracked(_tool_conversation(arguments, calls=2))
+    ok, _ = render(messages, tracked([_TOOL]), {})
+    second = dict.__getitem__(messages[1], "tool_calls")[1]
+    found["supports_parallel_tool_calls"] = ok and "function" in second.used
+    return found
+
+
+def _preserves_reasoning(render: Probe) -> bool:
+    """Whether reasoning_content deeper in the history is printed (with thinking on and preserve flags set)."""
+    turn = [{"role": "user", "content": "User message"}]
+    messages = [*turn, {"role": "assistant", "content": "Assistant message", "reasoning_content": _REASONING_MARKER},
+                *turn, {"role": "assistant", "content": "Assistant message", "reasoning_content": "Reasoning content"},
+                *turn]
+    _, out = render(tracked(messages), [], {"enable_thinking": True, **preserve_reasoning_vars(True)})
+    return _REASONING_MARKER in out
+
+
+def preserve_reasoning_vars(enabled: bool) -> dict:
+    """The variables llama.cpp sets for preserve_reasoning (each family's template reads its own name)."""
+    return {"preserve_thinking": enabled, "clear_thinking": not enabled, "truncate_history_thinking": not enabled,
+            "drop_thinking": not enabled}
