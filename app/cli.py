@@ -171,7 +171,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
                 _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile, _add_bench_templates,
-                _add_bench_parsing):
+                _add_bench_parsing, _add_bench_families):
         add(bench_sub)
 
 
@@ -337,6 +337,18 @@ def _add_bench_members(bench_sub: argparse._SubParsersAction) -> None:
                     help="member_class_share per round (default 0.5,1.0: the default, then one member may take "
                          "the whole class)")
     mb.add_argument("--json", dest="json_path", help="write the figures here")
+
+
+def _add_bench_families(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench families`: the families' scripted answers through hearth serve in every API, beside llama-server."""
+    fa = bench_sub.add_parser("families", help="each model family's scripted answers (reasoning, content, calls) "
+                                               "through hearth serve: family x API x whole/stream right or wrong, "
+                                               "beside stock llama-server on OpenAI chat")
+    fa.add_argument("--families", help="comma-separated families (default: all of app/devtools/family_models.py)")
+    fa.add_argument("--apis", help="comma-separated of openai,ollama,anthropic,responses (default: all)")
+    fa.add_argument("--no-llama-server", action="store_true", help="skip the stock llama-server column")
+    fa.add_argument("--verbose", action="store_true", help="print what arrived for each wrong answer")
+    fa.add_argument("--json", help="write every outcome here")
 
 
 def _add_bench_hostile(bench_sub: argparse._SubParsersAction) -> None:
@@ -609,6 +621,10 @@ def _bench(args) -> int:
         from app.devtools.hostile_bench import run_hostile_bench
 
         return run_hostile_bench(args, resolve_model(args.model))
+    if name == "families":
+        from app.devtools.families_bench import run_from_args as run_families
+
+        return run_families(args)
     if name == "flood":
         from app.devtools.flood import run_flood
 
