@@ -433,7 +433,10 @@ class Engine:
     def _sample_one(self, r: Request, batch_index: int, now: float) -> None:
         if r.status is not RequestStatus.RUNNING:
             return
-        token = self._next_token(r, batch_index)
+        if r.budget is None:
+            token = self.model.sample(r.sampler, r.params, batch_index)
+        else:
+            token = self._next_token(r, batch_index)
         logprob = None if r.params.logprobs is None else self.model.logprob(batch_index, token, r.params.logprobs)
         if r.first_token_s is None:
             r.first_token_s = now
@@ -464,10 +467,10 @@ class Engine:
             with self._cv:
                 self._finish(r, RequestStatus.FINISHED_LENGTH)
 
-    def _next_token(self, r: Request, batch_index: int) -> int:
+    def _next_token(self, r: Request, batch_index: int) -> int:  # r.budget is set
         """The sampled token, or the reasoning budget's forced one when the sampler (its grammar) takes it."""
         budget = r.budget
-        forced = budget.next_forced() if budget is not None else None
+        forced = budget.next_forced()
         if forced is not None:
             if self.model.force(r.sampler, r.params, forced):
                 return forced
