@@ -390,3 +390,81 @@ def tool_call_grammar(tools: list[tuple[str, dict]], wrapper: str, parallel: boo
     canonical = json.dumps({"tools": checked, "parallel": parallel, "args_key": args_key})
     return _sized(_calls_gbnf(canonical, wrapper), "tools", lazy=lazy, trigger_patterns=trigger_patterns,
                   trigger_tokens=trigger_tokens)
+
+
+# -- calls laid out in a family's own syntax (app.engine.formats.grammars) ----------------------------
+
+@dataclass(frozen=True)
+class CallLayout:
+    """How one family writes calls, as GBNF around each tool's name and arguments.
+
+    `calls` maps a rule name to its body for one tool, in which `{name}` is the tool's name as a
+    GBNF literal, `{name_json}` the same as a JSON string, `{args}` its arguments' rule (a JSON
+    object) and `{params}` its parameters as XML elements (Qwen3-Coder). Each rule becomes the
+    alternatives over the tools. `rules` are further rules (a thought, separators); `root`
+    combines them.
+    """
+
+    calls: tuple[tuple[str, str], ...]
+    root: str
+    rules: tuple[tuple[str, str], ...] = ()
+
+
+# Text of an XML parameter or a thought: anything but a "<" that starts a closing tag.
+XML_TEXT = r'( [^<] | "<" [^/] )*'
+
+
+def _xml_value(converter, schema: dict, name: str) -> str:
+    """A parameter's value as Qwen3-Coder writes it: a string raw, an enum one of its values, else JSON."""
+    kind = schema.get("type")
+    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
+        return "(" + " | ".join(converter._format_literal(v) for v in schema["enum"]) + ")"
+    if kind == "string" and not ({"pattern", "format", "const", "minLength", "maxLength"} & set(schema)):
+        return "xml-text"
+    return _visit(converter, schema, name)
+
+
+def _xml_parameters(converter, parameters: dict, prefix: str) -> str:
+    """The `<parameter=P>\\nVALUE\\n</parameter>\\n` elements of one tool: required ones always, in schema order."""
+    required = set(parameters.get("required") or ())
+    parts = []
+    for j, (name, schema) in enumerate((parameters.get("properties") or {}).items()):
+        value = _xml_value(converter, schema if isinstance(schema, dict) else {}, f"{prefix}-p{j}")
+        item = rf'"<parameter=" {converter._format_literal(name)} ">\n" {value} "\n</parameter>\n"'
+        parts.append(item if name in required else f"( {item} )?")
+    return converter._add_rule(f"{prefix}-params", " ".join(parts) if parts else '""')
+
+
+@_bounded_cache
+def _layout_gbnf(canonical: str) -> tuple[str, int]:
+    spec = json.loads(canonical)
+    converter = _converter()
+    uses_params = any("{params}" in body for _, body in spec["calls"])
+    alternatives: dict[str, list[str]] = {rule: [] for rule, _ in spec["calls"]}
+    for i, (name, parameters) in enumerate(spec["tools"]):
+        args = _visit(converter, parameters, f"tool{i}-args") if any("{args}" in b for _, b in spec["calls"]) else ""
+        params = _xml_parameters(converter, parameters, f"tool{i}") if uses_params else ""
+        for rule, body in spec["calls"]:
+            text = (body.replace("{name_json}", converter._format_literal(json.dumps(name)))
+                    .replace("{name}", converter._format_literal(name)).replace("{args}", args)
+                    .replace("{params}", params))
+            alternatives[rule].append(converter._add_rule(f"tool{i}-{rule}", text))
+    for rule, names in alternatives.items():
+        converter._rules[rule] = " | ".join(names)
+    for rule, body in spec["rules"]:
+        converter._rules[rule] = body
+    if uses_params:
+        converter._rules["xml-text"] = XML_TEXT
+    converter._rules["root"] = spec["root"]
+    return _checked(_finish(converter))
+
+
+def layout_grammar(tools: list[tuple[str, dict]], layout: CallLayout, *, lazy: bool = False,
+                   trigger_patterns: tuple[str, ...] = (), trigger_tokens: tuple[int, ...] = ()) -> Grammar:
+    """A grammar admitting only calls to these (name, parameters schema) tools, laid out as the family writes them."""
+    checked = [(name, _bound_arrays(normalise_schema(params or {"type": "object"}, f"tools[{name}].parameters")))
+               for name, params in tools]
+    checked = [(n, p if p else {"type": "object"}) for n, p in checked]
+    canonical = json.dumps({"tools": checked, "calls": layout.calls, "rules": layout.rules, "root": layout.root})
+    return _sized(_layout_gbnf(canonical), "tools", lazy=lazy, trigger_patterns=trigger_patterns,
+                  trigger_tokens=trigger_tokens)

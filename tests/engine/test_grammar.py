@@ -213,3 +213,29 @@ def test_a_negative_count_is_refused_before_the_converter_sees_it(key):
     params = {"type": "object", "properties": {"a": {"type": kind, key: -10**19}}}
     with pytest.raises(UnsupportedSchema, match="negative"):
         tool_call_grammar([("f", params)], "generic", parallel=True)
+
+
+# -- calls in a family's own layout (app.engine.formats.grammars builds these) -----------------------
+
+def test_a_call_layout_names_each_tool_and_types_xml_parameters():
+    from app.engine.grammar import CallLayout, layout_grammar
+
+    layout = CallLayout((("call", r'"<function=" {name} ">\n" {params} "</function>"'),), "call")
+    g = layout_grammar([("f", {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"},
+                                                                 "e": {"enum": ["a", "b"]}},
+                               "required": ["s"]})], layout)
+    rules = dict(line.split(" ::= ", 1) for line in g.gbnf.splitlines())
+    assert rules["tool0-call"].startswith('"<function=" "f"')
+    params = rules["tool0-params"]
+    assert params.startswith('"<parameter=" "s" ">\\n" xml-text') and '( "<parameter=" "n"' in params
+    assert '"a" | "b"' in params and rules["xml-text"]
+    assert layout_grammar([("f", {"type": "object"})], layout).gbnf is layout_grammar([("f", {"type": "object"})],
+                                                                                      layout).gbnf
+
+
+def test_a_call_layout_bounds_unbounded_arrays_as_the_envelope_does():
+    from app.engine.grammar import CallLayout, layout_grammar
+
+    g = layout_grammar([("f", {"type": "object", "properties": {"d": {"type": "array", "items": {"type": "string"}}}})],
+                       CallLayout((("call", "{name} {args}"),), "call"))
+    assert "tool0-args-d" in g.gbnf and "{0,3}" not in g.gbnf.replace("{0,2}", "")

@@ -31,6 +31,8 @@ GPT_OSS = ChatFormat("gpt_oss", tools=True, reasoning=True, think_start="<|chann
                      think_end="<|end|>", preserved=HARMONY_TOKENS)
 LLAMA3 = ChatFormat("llama3", tools=True, preserved=("<|python_tag|>",))
 MISTRAL = ChatFormat("mistral", tools=True, preserved=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
+# Mistral Nemo and older: `[TOOL_CALLS][{...}]`, a JSON list (no [ARGS] token).
+MISTRAL_LIST = ChatFormat("mistral", tools=True, preserved=("[TOOL_CALLS]",))
 MAGISTRAL = ChatFormat("magistral", tools=True, reasoning=True, think_start="[THINK]", think_end="[/THINK]",
                        preserved=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"))
 DEEPSEEK_R1 = ChatFormat("deepseek_r1", tools=True, reasoning=True, think_start=THINK[0], think_end=THINK[1],
@@ -58,7 +60,9 @@ def detect(template_source: str | None) -> ChatFormat:
     if "<|channel|>" in src:
         return GPT_OSS
     if "[TOOL_CALLS]" in src:
-        return MAGISTRAL if "[THINK]" in src else MISTRAL
+        if "[THINK]" in src:
+            return MAGISTRAL
+        return MISTRAL if "[ARGS]" in src else MISTRAL_LIST
     if ">>>all" in src:
         return FUNCTIONARY_V3_2
     if "<｜tool▁sep｜>" in src:
