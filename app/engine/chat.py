@@ -17,7 +17,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.engine.template_caps import TemplateCaps, mark_all_used, probe_caps
+from app.engine.template_caps import TemplateCaps, mark_all_used, probe_caps, template_thinks
 from app.engine.template_inputs import TemplateInputError, template_context, template_messages, template_tools
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ def _tojson(
     # Jinja's own tojson escapes <, >, & and ' for HTML, which would change tool schemas
     # inside prompts; templates are written against transformers' behaviour instead.
     mark_all_used(value)
+    value = _plain(value)
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
@@ -104,6 +105,20 @@ class _GenerationTag(jinja2.ext.Extension):
         """The block's body, unchanged."""
         next(parser.stream)
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _plain(value: Any) -> Any:
+    """Lazy sequences (a `map` or `select` filter's generator) as lists, so they serialise as llama.cpp's arrays do."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or (hasattr(value, "__next__") and hasattr(value, "__iter__")):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _safe(value: Any) -> Any:
+    """`safe` as llama.cpp has it: the value unchanged (nothing is escaped here, so there is nothing to mark)."""
+    return value
 
 
 def _raise_exception(message: str) -> None:
@@ -135,6 +150,8 @@ class ChatTemplate:
             trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag]
         )
         environment.filters["tojson"] = _tojson
+        # Jinja's Markup would HTML-escape what is concatenated to a `safe` string; llama.cpp escapes nothing.
+        environment.filters["safe"] = _safe
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = self._strftime_now
         try:
@@ -151,10 +168,8 @@ class ChatTemplate:
 
     @cached_property
     def supports_thinking(self) -> bool:
-        """Whether enable_thinking changes the prompt of a one-line question (llama-server then defaults it on)."""
-        question = [{"role": "user", "content": "test"}]
-        on, off = (self._probe(question, [], {"enable_thinking": flag}) for flag in (True, False))
-        return on[0] and off[0] and on[1] != off[1]
+        """Whether llama.cpp finds reasoning in this template (llama-server then turns enable_thinking on)."""
+        return template_thinks(self.source, self._probe)
 
     def _probe(self, messages: list, tools: list, variables: dict) -> tuple[bool, str]:
         """One render of a capability probe: (succeeded, output); a template's failure is an answer here."""

@@ -8,6 +8,7 @@ looks it up, iterates it or serialises it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -161,3 +162,57 @@ def preserve_reasoning_vars(enabled: bool) -> dict:
     """The variables llama.cpp sets for preserve_reasoning (each family's template reads its own name)."""
     return {"preserve_thinking": enabled, "clear_thinking": not enabled, "truncate_history_thinking": not enabled,
             "drop_thinking": not enabled}
+
+
+_USER = {"role": "user", "content": "U_USER_MSG Hello END_U"}
+_THOUGHT = "REASON_PART I am thinking END_R"
+# Families whose reasoning llama.cpp's own handlers (not its diff analysis) know: harmony, [THINK], old Qwen.
+_THINKING_MARKS = ("<|channel|>", "[THINK]", "content.split('</think>')", "'<|tool_call>call:'",
+                   "Write your thoughts between <think></think> and write your response between")
+
+
+def template_thinks(source: str, render: Probe) -> bool:
+    """Whether llama.cpp's template analysis finds reasoning (chat-diff-analyzer's two reasoning comparisons):
+    an earlier turn's reasoning_content printed, or enable_thinking changing the end of the generation prompt."""
+    if any(mark in source for mark in _THINKING_MARKS):
+        return True
+    answer = {"role": "assistant", "content": "A_ASST_MSG I can help END_A"}
+    plain = render([_USER, answer], [], {"enable_thinking": True, "add_generation_prompt": False})
+    thought = render([_USER, {**answer, "reasoning_content": _THOUGHT}], [],
+                     {"enable_thinking": True, "add_generation_prompt": False})
+    if plain[0] and thought[0] and _THOUGHT in _difference(plain[1], thought[1])[1]:
+        return True
+    off, on = (render([_USER], [], {"enable_thinking": flag}) for flag in (False, True))
+    if not (off[0] and on[0]):
+        return False
+    left, right = _difference(off[1], on[1])
+    if not left.strip() and right.strip():
+        return on[1].endswith(right.strip())
+    if not right.strip() and left.strip():
+        return off[1].endswith(left.strip())
+    return left.strip() != "" and _ends_in_two_markers(off[1], on[1])
+
+
+_TWO_MARKERS = re.compile(r"\s*(<[^<>\s]+>|\[[^\[\]\s]+\])\s*(<[^<>\s]+>|\[[^\[\]\s]+\])\s*")
+
+
+def _ends_in_two_markers(a: str, b: str) -> bool:
+    """One render is the other's tail plus an opening and a closing marker (SmolLM3's "<think>\n\n</think>")."""
+    for base, extended in ((b, a), (a, b)):
+        anchor = base[-64:]
+        at = extended.rfind(anchor)
+        if at < 0 or at + len(anchor) >= len(extended):
+            continue
+        if _TWO_MARKERS.fullmatch(extended[at + len(anchor):]):
+            return True
+    return False
+
+
+def _difference(a: str, b: str) -> tuple[str, str]:
+    """What differs between two texts once their common prefix and suffix are taken off: (a's part, b's part)."""
+    n = min(len(a), len(b))
+    start = next((i for i in range(n) if a[i] != b[i]), n)
+    end = 0
+    while end < n - start and a[len(a) - 1 - end] == b[len(b) - 1 - end]:
+        end += 1
+    return a[start:len(a) - end], b[start:len(b) - end]

@@ -155,7 +155,7 @@ def prepare_messages(messages: list[dict], fmt: str, tools: list[dict] | None, c
             name = m.get("name") or names_by_id.get(m.get("tool_call_id") or "", "the tool")
             m = {"role": "user", "content": f"Result of {name}: {_text(content)}"}
         else:
-            m = {"role": role, "content": content}
+            m = dict(m)  # its other fields too (an earlier turn's reasoning_content)
         # Templates such as Gemma's want strictly alternating turns: tool results become user turns,
         # so consecutive ones are joined.
         if out and out[-1]["role"] == m["role"] and m["role"] in ("user", "assistant"):

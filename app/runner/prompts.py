@@ -46,9 +46,14 @@ def request_thinking(state: RunnerState, body: ChatBody) -> bool:
     return state.config.reasoning != "off"
 
 
-def template_kwargs(body: ChatBody, thinking: bool) -> dict:
-    """The template variables a chat request adds: its chat_template_kwargs, enable_thinking and reasoning_effort."""
-    kwargs = {**(body.chat_template_kwargs or {}), "enable_thinking": thinking}
+def template_kwargs(body: ChatBody, thinking: bool, template_thinks: bool = True) -> dict:
+    """The template variables a chat request adds: its chat_template_kwargs, enable_thinking and reasoning_effort.
+
+    As llama-server: past turns' reasoning is kept (preserve_reasoning, its --reasoning-preserve default), and
+    thinking is on by default only in a template where llama.cpp finds reasoning."""
+    asked = body.chat_template_kwargs or {}
+    on = thinking if isinstance(asked.get("enable_thinking"), bool) else thinking and template_thinks
+    kwargs = {"preserve_reasoning": True, **asked, "enable_thinking": on}
     # As llama-server: an effort other than "none" reaches the template (gpt-oss reads it).
     if body.reasoning_effort and body.reasoning_effort != "none":
         kwargs["reasoning_effort"] = body.reasoning_effort
@@ -74,7 +79,7 @@ def chat_text(template, body: ChatBody, *, thinking: bool, tool_format: str, add
     The template takes the tools itself when it can (as llama-server gives them); one that cannot is taught
     Hearth's generic envelope in the system turn. The BOS (and EOS) text a template writes is stripped where
     the tokenizer adds it, as llama.cpp strips it."""
-    kwargs = template_kwargs(body, thinking)
+    kwargs = template_kwargs(body, thinking, getattr(template, "supports_thinking", False))
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     tools = body.tool_list
     native = bool(tools) and (tool_format != toolfmt.GENERIC or takes_tools(template))
