@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 from app.engine.template_caps import TemplateCaps, mark_all_used, probe_caps, template_thinks
 from app.engine.template_inputs import TemplateInputError, template_context, template_messages, template_tools
@@ -107,6 +107,16 @@ class _GenerationTag(jinja2.ext.Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
+class _LenientUndefined(jinja2.ChainableUndefined):
+    """llama.cpp's undefined: its attributes are undefined too, and it adds to text as the empty string."""
+
+    def __add__(self, other):
+        return other if isinstance(other, str) else super().__add__(other)
+
+    def __radd__(self, other):
+        return other if isinstance(other, str) else super().__radd__(other)
+
+
 def _plain(value: Any) -> Any:
     """Lazy sequences (a `map` or `select` filter's generator) as lists, so they serialise as llama.cpp's arrays do."""
     if isinstance(value, dict):
@@ -145,9 +155,12 @@ class ChatTemplate:
         # dashboard and logs can show which format a model is being prompted with.
         self.origin = origin
         self._clock = clock
-        # The same environment transformers uses, so templates written for it behave alike.
-        environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag]
+        # transformers' settings in a sandbox that lets a template build its own lists (Kimi's `ns.x.append`),
+        # as llama.cpp's engine does: every render gets fresh copies of its inputs, so nothing shared changes.
+        # Undefined values are lenient as llama.cpp's are: an attribute of one is undefined, text + one is text.
+        environment = SandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag],
+            undefined=_LenientUndefined,
         )
         environment.filters["tojson"] = _tojson
         # Jinja's Markup would HTML-escape what is concatenated to a `safe` string; llama.cpp escapes nothing.
