@@ -38,6 +38,30 @@ def template_messages(messages: list[dict], caps: TemplateCaps, source: str) -> 
         out = _fold_system(out)
     if caps.supports_object_arguments:
         out = [_object_arguments(m) for m in out]
+    if _is_ministral_3(source):
+        out = [_ministral_blocks(m) for m in out]
+    return out
+
+
+def _is_ministral_3(source: str) -> bool:
+    """Ministral 3 / Magistral's templates (llama.cpp's own handler for them; Mistral Small 3.2 has [CALL_ID])."""
+    return all(mark in source for mark in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]")) and "[CALL_ID]" not in source
+
+
+def _ministral_blocks(message: dict) -> dict:
+    """A system or assistant message as Ministral 3's content blocks: its reasoning as a thinking block, then text."""
+    if message["role"] not in ("system", "assistant"):
+        return message
+    blocks: list = []
+    if isinstance(message.get("reasoning_content"), str):
+        blocks.append({"type": "thinking", "thinking": message["reasoning_content"]})
+    content = message.get("content")
+    if isinstance(content, str):
+        blocks.append({"type": "text", "text": content})
+    elif isinstance(content, list):
+        blocks.extend(content)
+    out = {k: v for k, v in message.items() if k != "reasoning_content"}
+    out["content"] = blocks
     return out
 
 
