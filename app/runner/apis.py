@@ -20,8 +20,7 @@ from app.protocols.anthropic import MessagesAdapter
 from app.protocols.openai import ChatBody, validation_error
 from app.protocols.responses import ResponsesAdapter
 from app.runner import generation
-from app.runner.job import Job, chat_job
-from app.runner.prompts import chat_prompt
+from app.runner.job import Job, chat_job, job_prompt
 from app.runner.state import RunnerState
 from app.runner.transport import event_stream, json_response, read_object
 
@@ -68,7 +67,7 @@ def on_count_tokens(state: RunnerState, req: HttpRequest) -> Response:
     """POST /v1/messages/count_tokens: the size of the prompt /v1/messages would run."""
     chat = MessagesAdapter(read_object(req)).to_openai()
     state.ready()
-    return json_response({"input_tokens": len(chat_prompt(state, _chat_body(chat)).tokens)})
+    return json_response({"input_tokens": len(job_prompt(state, _chat_body(chat)).tokens)})
 
 
 def on_responses(state: RunnerState, req: HttpRequest) -> Response:
@@ -84,4 +83,4 @@ def on_input_tokens(state: RunnerState, req: HttpRequest) -> Response:
     chat = ResponsesAdapter(read_object(req)).to_openai()
     state.ready()
     return json_response({"object": "response.input_tokens",
-                          "input_tokens": len(chat_prompt(state, _chat_body(chat)).tokens)})
+                          "input_tokens": len(job_prompt(state, _chat_body(chat)).tokens)})

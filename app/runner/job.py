@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.engine import formats
+from app.engine.formats.grammars import call_grammar
 from app.engine.grammar import (
     Grammar,
     GrammarTooLarge,
@@ -109,6 +110,16 @@ def thinking_budget(state: RunnerState, body: ChatBody) -> int:
     return state.config.reasoning_budget
 
 
+def chat_thinking(state: RunnerState, body: ChatBody) -> bool:
+    """Whether a chat request thinks: as it asks (C3's request_thinking), and not under a budget of 0."""
+    return request_thinking(state, body) and thinking_budget(state, body) != 0
+
+
+def job_prompt(state: RunnerState, body: ChatBody):
+    """The prompt a chat request's job runs (what token counts must measure)."""
+    return chat_prompt(state, body, thinking=chat_thinking(state, body))
+
+
 def chat_job(state: RunnerState, body: ChatBody, headers: Mapping) -> Job:
     """A chat request's job: its prompt (thinking on or off), its constraint, its answer's parsing and budget.
 
@@ -118,7 +129,7 @@ def chat_job(state: RunnerState, body: ChatBody, headers: Mapping) -> Job:
     thinks is dropped from the answer."""
     fmt = state.chat_format
     budget = thinking_budget(state, body)
-    thinking = request_thinking(state, body) and budget != 0
+    thinking = chat_thinking(state, body)
     prompt = chat_prompt(state, body, thinking=thinking)
     split = (body.reasoning_format or state.config.reasoning_format) != "none"
     in_thought = fmt.reasoning and formats.starts_in_thought(fmt, prompt.text)
@@ -192,7 +203,8 @@ def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: for
     calls = None
     if tools:
         with _constraint("tools"):
-            calls = _call_grammar(fmt, tools, body.choice, body.parallel_tool_calls, in_thought)
+            calls = call_grammar(fmt, tools, body.choice, body.parallel_tool_calls, in_thought=in_thought,
+                                 trigger_tokens=state.trigger_tokens)
     if forced:
         return calls
     rf = body.response_format
@@ -204,16 +216,6 @@ def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: for
         if rf is not None and rf.type == "json_schema":
             return schema_grammar(rf.json_schema.schema_)
     return raw_grammar(body) or calls or state.default_grammar
-
-
-def _call_grammar(fmt: formats.ChatFormat, tools: list[dict], choice, parallel: bool, in_thought: bool):
-    """C1's call grammar; until it lands, the older one for the formats it knew."""
-    build = getattr(formats, "call_grammar", None)
-    if build is not None:
-        return build(fmt, tools, choice, parallel, in_thought=in_thought)
-    from app.engine import tools as toolfmt
-
-    return toolfmt.call_grammar(tools, fmt.name if fmt.name in toolfmt.FORMATS else toolfmt.GENERIC, choice, parallel)
 
 
 def raw_grammar(body: ChatBody | NativeCompletionBody) -> Grammar | None:

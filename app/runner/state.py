@@ -24,6 +24,10 @@ from app.runner.config import RunnerConfig
 
 log = logging.getLogger(__name__)
 
+# The texts that open a call in the families' formats (where one is a special token, a lazy grammar triggers on it).
+CALL_OPENERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|tool_call|>", "<｜tool▁calls▁begin｜>",
+                "<|START_ACTION|>")
+
 # Makes the model a runner serves from its settings.
 Backend = Callable[[ModelConfig], Any]
 
@@ -54,6 +58,9 @@ class RunnerState:
         self.special_ids: frozenset[int] = frozenset()
         self.think_tokens: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         self.budget_message_tokens: tuple[int, ...] = ()
+        # The call markers that are one special token here: a lazy call grammar engages at them (their text
+        # never shows in what the sampler watches).
+        self.trigger_tokens: tuple[int, ...] = ()
         self.default_grammar: Grammar | None = None
         self.load_s: float | None = None
         self._embedder = None
@@ -110,6 +117,8 @@ class RunnerState:
         self.tool_format = fmt.name if fmt.tools else toolfmt.GENERIC
         self.special_ids = frozenset(t for text in {*fmt.preserved, fmt.think_start, fmt.think_end} if text
                                      for t in self._special_token(text))
+        self.trigger_tokens = tuple(t for text in CALL_OPENERS if text in fmt.preserved
+                                    for t in self._special_token(text))
         if fmt.reasoning and fmt.think_start and fmt.think_end:
             self.think_tokens = (self._marker(fmt.think_start), self._marker(fmt.think_end))
         if cfg.reasoning_budget_message:

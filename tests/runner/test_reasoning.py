@@ -14,7 +14,9 @@ SPECIALS = {THINK: b"<think>", END_THINK: b"</think>", CALL: b"<tool_call>", END
 
 # Qwen3's shape: Hermes calls, <think>, and an enable_thinking switch that renders an empty thought.
 QWEN3_LIKE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n"
+    "{% endfor %}"
     "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
     "Call with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n{% endif %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
