@@ -15,7 +15,7 @@ from app.engine.formats.base import (
     ToolCall,
     new_call_id,
 )
-from app.engine.formats.detect import FORMATS, GENERIC, detect, starts_in_thought
+from app.engine.formats.detection import FORMATS, GENERIC, detect, starts_in_thought
 from app.engine.formats.parser import AnswerParser, parse_answer
 
 __all__ = ["FORMATS", "GENERIC", "Answer", "AnswerParser", "CallArguments", "CallStart", "ChatFormat", "Content",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from app.engine.formats.base import Call, JsonEnd, Tools, first_marker, held_prefix
 
-_SPACE = " \t\r\n"
+_SPACE = " \t\n\r\v\f"  # what C's isspace calls whitespace, as llama.cpp trims
 
 
 class Region:

@@ -67,6 +67,11 @@ def _layout(fmt: ChatFormat, parallel: bool) -> tuple[tuple[tuple[str, str], ...
         # The prompt ends with the first ">>>": the first recipient follows at once.
         call = r'{name} "\n" {args}'
         return (("call", call),), _more("call", parallel, '">>>"'), (r"(>>>)",)
+    if name == "kimi_k2":
+        call = (r'"<|tool_call_begin|>functions." {name} ":" [0-9] [0-9]? "<|tool_call_argument_begin|>" {args} '
+                r'"<|tool_call_end|>"')
+        root = '"<|tool_calls_section_begin|>" ' + _more("call", parallel) + ' "<|tool_calls_section_end|>"'
+        return (("call", call),), root, (r"(<\|tool_calls_section_begin\|>)",)
     if name == "gpt_oss":
         # One call a turn: <|call|> ends the generation.
         call = r'"<|channel|>commentary to=functions." {name} " <|constrain|>json<|message|>" {args}'
@@ -110,7 +115,8 @@ def call_marker(fmt: ChatFormat) -> str | None:
     """The text that opens the family's calls, when it is a fixed marker (a runner may trigger on its token)."""
     return {"hermes": "<tool_call>", "qwen3_coder": "<tool_call>", "mistral": "[TOOL_CALLS]",
             "magistral": "[TOOL_CALLS]", "deepseek_r1": "<｜tool▁calls▁begin｜>", "deepseek_v3": "<｜tool▁calls▁begin｜>",
-            "granite": "<|tool_call|>", "command_r": "<|START_ACTION|>", "llama3": "<|python_tag|>"}.get(fmt.name)
+            "granite": "<|tool_call|>", "command_r": "<|START_ACTION|>", "llama3": "<|python_tag|>",
+            "kimi_k2": "<|tool_calls_section_begin|>"}.get(fmt.name)
 
 
 def call_grammar(fmt: ChatFormat, tools: list[dict] | None, choice, parallel: bool, *, in_thought: bool = False,

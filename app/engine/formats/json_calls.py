@@ -10,7 +10,7 @@ import re
 from app.engine.formats.base import Call, Tools, make_call
 from app.engine.formats.calls import CallSyntax, EndMarkerRegion, JsonRegion, ToEndRegion
 
-_SPACE = " \t\r\n"
+_SPACE = " \t\n\r\v\f"  # what C's isspace calls whitespace, as llama.cpp trims
 
 
 def _loads(text: str):
@@ -302,3 +302,36 @@ def functionary_v3_1_syntax() -> CallSyntax:
             return ToEndRegion(len(marker), lambda t: python_tag_calls(t, tools, "arguments"))
         return EndMarkerRegion(len(marker), "</function>", lambda inner: functionary_v3_1_call(inner, tools))
     return CallSyntax(markers=("<function=", PYTHON_TAG), open_region=region)
+
+
+# -- Kimi K2 ----------------------------------------------------------------------------------
+
+KIMI_SECTION_BEGIN, KIMI_SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+KIMI_CALL_BEGIN, KIMI_ARGS, KIMI_CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+_KIMI_ID = re.compile(r"\s*((?:functions\.)?([A-Za-z0-9_\-.]+?)(?::\d+)?)\s*")
+
+
+def kimi_calls(inner: str, tools: Tools) -> list[Call] | None:
+    """`<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{...}<|tool_call_end|>` units; ids kept."""
+    calls, pos = [], 0
+    while True:
+        begin = inner.find(KIMI_CALL_BEGIN, pos)
+        if begin == -1:
+            break
+        end = inner.find(KIMI_CALL_END, begin)
+        if inner[pos:begin].strip() or end == -1:
+            return None
+        head, sep, body = inner[begin + len(KIMI_CALL_BEGIN): end].partition(KIMI_ARGS)
+        m = _KIMI_ID.fullmatch(head)
+        call = make_call(tools, m.group(2), body.strip(), m.group(1)) if m and sep else None
+        if call is None:
+            return None
+        calls.append(call)
+        pos = end + len(KIMI_CALL_END)
+    return calls if calls and not inner[pos:].strip() else None
+
+
+def kimi_syntax() -> CallSyntax:
+    """Kimi K2's calls section; each call's id is its own `functions.NAME:INDEX`."""
+    return CallSyntax(markers=(KIMI_SECTION_BEGIN,), open_region=lambda marker, tools: EndMarkerRegion(
+        len(marker), KIMI_SECTION_END, lambda inner: kimi_calls(inner, tools)))

@@ -34,6 +34,7 @@ SYNTAXES: dict[str, Callable[[], CallSyntax]] = {
     "deepseek_v3": json_calls.deepseek_syntax,
     "functionary_v3_1": json_calls.functionary_v3_1_syntax,
     "functionary_v3_2": xml_calls.functionary_v3_2_syntax,
+    "kimi_k2": json_calls.kimi_syntax,
 }
 
 

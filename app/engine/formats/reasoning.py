@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from app.engine.formats.base import first_marker, held_prefix
 
-_SPACE = " \t\r\n"
+_SPACE = " \t\n\r\v\f"  # what C's isspace calls whitespace, as llama.cpp trims
 
 # What the splitter hands on: thought text, text for the call scanner, text that is content as it is.
 THOUGHT, VISIBLE, VERBATIM = 0, 1, 2

@@ -3,13 +3,15 @@
 import pytest
 
 from app.engine.formats import detect
-from app.engine.formats.detect import (
+from app.engine.formats.detection import (
     COMMAND_R,
     DEEPSEEK_R1,
     DEEPSEEK_V3,
     FUNCTIONARY_V3_1,
     FUNCTIONARY_V3_2,
     GRANITE,
+    KIMI_K2,
+    KIMI_K2_THINKING,
     LLAMA3,
     MAGISTRAL,
     MISTRAL,
@@ -179,6 +181,26 @@ def test_functionary_v3_2_recipients():
     assert calls_of(answer) == [("python", {"code": "print(1)"})]
 
 
+# -- Kimi K2 ---------------------------------------------------------------------------------
+
+KIMI_CALL = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+             '{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>'
+             "{}<|tool_call_end|><|tool_calls_section_end|>")
+
+
+def test_kimi_calls_keep_their_own_ids():
+    answer = check(KIMI_K2, "Hello, world!\nWhat's up?" + KIMI_CALL)
+    assert answer.content == "Hello, world!\nWhat's up?" and calls_of(answer) == PARIS + [("get_time", {})]
+    assert [c.id for c in answer.calls] == ["functions.get_weather:0", "functions.get_time:1"]
+
+
+def test_kimi_thinking_then_calls_and_a_malformed_section():
+    answer = check(KIMI_K2_THINKING, "<think>I need to call two functions</think>" + KIMI_CALL)
+    assert answer.reasoning == "I need to call two functions" and len(answer.calls) == 2
+    bad = KIMI_CALL.replace("get_time", "nope")
+    assert check(KIMI_K2, bad).content == bad
+
+
 # -- detection on the real templates ----------------------------------------------------------
 
 @pytest.mark.parametrize("name,expected", [
@@ -193,6 +215,7 @@ def test_functionary_v3_2_recipients():
     ("meetkai-functionary-medium-v3.1", "functionary_v3_1"), ("meetkai-functionary-medium-v3.2", "functionary_v3_2"),
     ("Qwen-Qwen3-0.6B", "hermes"), ("Qwen-QwQ-32B", "hermes"), ("ibm-granite-granite-4.0.jinja"[:-6], "hermes"),
     ("google-gemma-2-2b-it", "generic"), ("microsoft-Phi-3.5-mini-instruct", "generic"),
+    ("moonshotai-Kimi-K2", "kimi_k2"), ("Kimi-K2-Instruct", "kimi_k2"), ("Kimi-K2-Thinking", "kimi_k2"),
 ])
 def test_detect_names_each_familys_format(templates, name, expected):
     assert detect(templates[name]).name == expected

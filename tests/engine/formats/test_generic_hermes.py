@@ -3,7 +3,7 @@
 import json
 
 from app.engine.formats import GENERIC, Content, detect
-from app.engine.formats.detect import HERMES, QWEN3
+from app.engine.formats.detection import HERMES, QWEN3
 from tests.engine.formats.helpers import TOOLS, calls_of, check, run
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'

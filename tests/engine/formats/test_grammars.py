@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from app.engine.formats import AnswerParser
-from app.engine.formats.detect import (
+from app.engine.formats.detection import (
     COMMAND_R,
     DEEPSEEK_R1,
     DEEPSEEK_V3,
@@ -16,6 +16,7 @@ from app.engine.formats.detect import (
     GPT_OSS,
     GRANITE,
     HERMES,
+    KIMI_K2,
     LLAMA3,
     MAGISTRAL,
     MISTRAL,
@@ -51,6 +52,8 @@ CALLS = {
                "<|END_ACTION|>",
     FUNCTIONARY_V3_1: '<function=get_weather>{"city": "Paris"}</function>',
     FUNCTIONARY_V3_2: 'get_weather\n{"city": "Paris"}',
+    KIMI_K2: "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+             '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
     GPT_OSS: '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
 }
 THOUGHTS = {QWEN3: "<think>\nThe weather, then.\n</think>\n\n", MAGISTRAL: "[THINK]The weather, then.[/THINK]",

@@ -3,7 +3,7 @@
 import pytest
 
 from app.engine.formats import starts_in_thought
-from app.engine.formats.detect import GPT_OSS
+from app.engine.formats.detection import GPT_OSS
 from tests.engine.formats.helpers import calls_of, check
 
 THOUGHTS = "<|channel|>analysis<|message|>I'm\nthinking<|end|>"

@@ -45,9 +45,15 @@ COMMAND_R = ChatFormat("command_r", tools=True, reasoning=True, think_start="<|S
                        think_end="<|END_THINKING|>", preserved=COMMAND_R_TOKENS)
 FUNCTIONARY_V3_1 = ChatFormat("functionary_v3_1", tools=True, preserved=("<|python_tag|>",))
 FUNCTIONARY_V3_2 = ChatFormat("functionary_v3_2", tools=True)
+KIMI_TOKENS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+               "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+KIMI_K2 = ChatFormat("kimi_k2", tools=True, preserved=KIMI_TOKENS)
+KIMI_K2_THINKING = ChatFormat("kimi_k2", tools=True, reasoning=True, think_start=THINK[0], think_end=THINK[1],
+                              preserved=(*KIMI_TOKENS, *THINK))
 
 FORMATS = {f.name: f for f in (GENERIC, CONTENT_ONLY, HERMES, QWEN3_CODER, GPT_OSS, LLAMA3, MISTRAL, MAGISTRAL,
-                              DEEPSEEK_R1, DEEPSEEK_V3, GRANITE, COMMAND_R, FUNCTIONARY_V3_1, FUNCTIONARY_V3_2)}
+                              DEEPSEEK_R1, DEEPSEEK_V3, GRANITE, COMMAND_R, FUNCTIONARY_V3_1, FUNCTIONARY_V3_2,
+                              KIMI_K2)}
 
 
 def _thinks(src: str) -> bool:
@@ -65,6 +71,8 @@ def detect(template_source: str | None) -> ChatFormat:
         return MISTRAL if "[ARGS]" in src else MISTRAL_LIST
     if ">>>all" in src:
         return FUNCTIONARY_V3_2
+    if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:
+        return KIMI_K2_THINKING if _thinks(src) else KIMI_K2
     if "<｜tool▁sep｜>" in src:
         return DEEPSEEK_R1 if "```json" in src else DEEPSEEK_V3
     if "<|START_ACTION|>" in src:
