@@ -117,15 +117,17 @@ def _body(extra: dict) -> dict:
 def _build(extra: dict):
     """What the runner builds of a body: (grammar or None, refusal message or None), caches cold."""
     from app.engine import grammar as g
-    from app.engine import tools as toolfmt
+    from app.engine.formats.detection import GENERIC
+    from app.engine.formats.grammars import call_grammar
     from app.protocols.openai import ApiError, ChatBody, parse_body
 
     g._schema_gbnf.cache_clear()
     g._calls_gbnf.cache_clear()
+    g._layout_gbnf.cache_clear()
     try:
         body, _ = parse_body(json.dumps(_body(extra)).encode(), ChatBody)
         if body.tools:
-            return toolfmt.call_grammar(body.tool_list, toolfmt.GENERIC, "required", True), None
+            return call_grammar(GENERIC, body.tool_list, "required", True), None
         if body.response_format is not None:
             return g.schema_grammar(body.response_format.json_schema.schema_), None
         if body.grammar:

@@ -85,19 +85,21 @@ def _throughput(client, constrained: int, reps: int) -> dict:
 def _compile(model) -> dict:
     """Cold and cached compile times of the HA call grammar (ms)."""
     from app.engine import grammar as g
-    from app.engine.tools import GENERIC, call_grammar
+    from app.engine.formats.detection import GENERIC
+    from app.engine.formats.grammars import call_grammar
 
     cold, cached = [], []
     for _ in range(5):
         g._calls_gbnf.cache_clear()
+        g._layout_gbnf.cache_clear()
         model._grammars.clear()
         t0 = time.perf_counter()
-        spec = call_grammar(HA_TOOLS[:20], GENERIC, "required", True)
+        spec = call_grammar(GENERIC, HA_TOOLS[:20], "required", True)
         sampler = model.grammar_sampler(spec)
         cold.append((time.perf_counter() - t0) * 1000)
         model.free_sampler(sampler)
         t0 = time.perf_counter()
-        spec = call_grammar(HA_TOOLS[:20], GENERIC, "required", True)
+        spec = call_grammar(GENERIC, HA_TOOLS[:20], "required", True)
         sampler = model.grammar_sampler(spec)
         cached.append((time.perf_counter() - t0) * 1000)
         model.free_sampler(sampler)
@@ -153,7 +155,7 @@ def run_tools_bench(model_path: str, threads: int, requests: int, reps: int, out
     header = {"bench": "tools", "figure": "lab (runner app in-process, no gateway)", "model": model_path,
               "model_sha256": sha256_of(Path(model_path)), "n_ctx": cfg.n_ctx, "n_batch": cfg.n_batch,
               "n_seq_max": cfg.n_seq_max, "threads": threads, "n_gpu_layers": cfg.n_gpu_layers, "mode": "continuous",
-              "tool_format": app.state.tool_format, "machine": machine()}
+              "tool_format": app.state.chat_format.name, "machine": machine()}
     print(json.dumps(header))
     compile_ = tp = val = None
     try:
