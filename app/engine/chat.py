@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
-from app.engine.template_caps import TemplateCaps, mark_all_used, probe_caps, template_thinks
+from app.engine.template_caps import TemplateCaps, mark_all_used, probe_caps, string_test, template_thinks
 from app.engine.template_inputs import TemplateInputError, template_context, template_messages, template_tools
 
 if TYPE_CHECKING:
@@ -110,6 +111,17 @@ class _GenerationTag(jinja2.ext.Extension):
 class _LenientUndefined(jinja2.ChainableUndefined):
     """llama.cpp's undefined: its attributes are undefined too, and it adds to text as the empty string."""
 
+    def __getattr__(self, name: str):
+        if self._undefined_exception is SecurityError and not name.startswith("_undefined"):
+            # What the sandbox refused stays refused: never a chain that hides it.
+            self._fail_with_undefined_error()
+        return super().__getattr__(name)
+
+    def __str__(self) -> str:
+        if self._undefined_exception is SecurityError:
+            self._fail_with_undefined_error()
+        return super().__str__()
+
     def __add__(self, other):
         return other if isinstance(other, str) else super().__add__(other)
 
@@ -163,6 +175,7 @@ class ChatTemplate:
             undefined=_LenientUndefined,
         )
         environment.filters["tojson"] = _tojson
+        environment.tests["string"] = string_test
         # Jinja's Markup would HTML-escape what is concatenated to a `safe` string; llama.cpp escapes nothing.
         environment.filters["safe"] = _safe
         environment.globals["raise_exception"] = _raise_exception

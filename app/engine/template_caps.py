@@ -50,6 +50,45 @@ class TrackedDict(dict):
     __str__ = __repr__
 
 
+class TrackedStr(str):
+    """A probe's text content that records being read as an array (indexed or iterated) or tested for a string."""
+
+    def __new__(cls, value: str):
+        self = super().__new__(cls, value)
+        self.ops: set[str] = set()
+        return self
+
+    def __iter__(self):
+        self.ops.add("array_access")
+        return super().__iter__()
+
+    def __getitem__(self, key):
+        if isinstance(key, int):
+            self.ops.add("array_access")
+        return super().__getitem__(key)
+
+
+class TrackedList(list):
+    """A probe's typed content that records being read as an array."""
+
+    ops: set[str]
+
+    def __iter__(self):
+        self.ops.add("array_access")
+        return super().__iter__()
+
+    def __getitem__(self, key):
+        self.ops.add("array_access")
+        return super().__getitem__(key)
+
+
+def string_test(value) -> bool:
+    """Jinja's `is string`, which also notes that a probe's content was tested for being text."""
+    if isinstance(value, TrackedStr):
+        value.ops.add("test_is_string")
+    return isinstance(value, str)
+
+
 def mark_all_used(value) -> None:
     """Records every key of every tracked dict inside value (a template serialised it whole)."""
     if isinstance(value, TrackedDict):
@@ -105,11 +144,17 @@ def _tool_conversation(arguments, calls: int = 1) -> list:
 
 def probe_caps(render: Probe) -> TemplateCaps:
     """The template's capabilities, from llama.cpp's probe conversations rendered through `render`."""
-    found: dict[str, bool] = {}
-    ok, out = render(tracked([{"role": "user", "content": _MARKER}]), [], {})
-    found["supports_string_content"] = ok and _MARKER in out
-    ok, out = render(tracked([{"role": "user", "content": [{"type": "text", "text": _MARKER}]}]), [], {})
-    found["supports_typed_content"] = ok and _MARKER in out
+    found: dict[str, bool] = {"supports_typed_content": False}
+    content = TrackedStr(_MARKER)
+    ok, out = render([TrackedDict({"role": "user", "content": content})], [], {})
+    as_array = "array_access" in content.ops
+    found["supports_typed_content"] = as_array
+    found["supports_string_content"] = ok and not (as_array and _MARKER not in out)
+    if "test_is_string" in content.ops:
+        parts = TrackedList()
+        parts.ops = set()
+        ok, _ = render([TrackedDict({"role": "user", "content": parts})], [], {})
+        found["supports_typed_content"] |= ok and "array_access" in parts.ops
     messages = tracked([{"role": "system", "content": "System message"}, {"role": "user", "content": "User message"}])
     render(messages, [], {})
     found["supports_system_role"] = "content" in messages[0].used
