@@ -16,7 +16,8 @@ from app.engine.formats.base import (
     new_call_id,
 )
 from app.engine.formats.detection import FORMATS, GENERIC, detect, starts_in_thought
+from app.engine.formats.grammars import call_grammar, call_marker
 from app.engine.formats.parser import AnswerParser, parse_answer
 
 __all__ = ["FORMATS", "GENERIC", "Answer", "AnswerParser", "CallArguments", "CallStart", "ChatFormat", "Content",
-           "Piece", "Reasoning", "ToolCall", "detect", "new_call_id", "parse_answer", "starts_in_thought"]
+           "Piece", "Reasoning", "ToolCall", "call_grammar", "call_marker", "detect", "new_call_id", "parse_answer", "starts_in_thought"]

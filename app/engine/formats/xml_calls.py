@@ -70,12 +70,14 @@ _MAX_NAME = 64
 class RecipientRegion(Region):
     """`NAME\\n{json}` after `>>>` (the prompt ends with the first `>>>`); `all\\n` is content; python gets code."""
 
-    __slots__ = ("open_len", "tools", "body", "json_end")
+    __slots__ = ("open_len", "tools", "body", "json_end", "code", "searched")
 
     def __init__(self, open_len: int, tools: Tools):
         self.open_len, self.tools = open_len, tools
         self.body = -1
         self.json_end: JsonEnd | None = None
+        self.code: bool | None = None  # python code rather than JSON arguments, once known
+        self.searched = 0
 
     def feed(self, text):
         if self.body < 0:
@@ -87,9 +89,16 @@ class RecipientRegion(Region):
                 return [], newline + 1
             if name not in self.tools:
                 return None, newline + 1
-            self.body, self.json_end = newline + 1, JsonEnd(newline + 1)
-        if self._code(text):
-            at = text.find(RECIPIENT, self.body)
+            self.body, self.searched = newline + 1, newline + 1
+            self.json_end = JsonEnd(self.body)
+        if self.code is None:
+            rest = text[self.body:self.body + 64].lstrip()
+            if not rest:
+                return None
+            self.code = self._name(text) == "python" and not rest.startswith("{")
+        if self.code:
+            at = text.find(RECIPIENT, max(self.body, self.searched - len(RECIPIENT)))
+            self.searched = len(text)
             return (self._code_call(text[self.body:at]), at) if at >= 0 else None
         end = self.json_end.scan(text)
         if end == -1:
@@ -100,16 +109,12 @@ class RecipientRegion(Region):
         return ([call] if call else None), end
 
     def finish(self, text):
-        if self.body >= 0 and self._code(text):
+        if self.code:
             return self._code_call(text[self.body:]), len(text)
         return None, len(text)
 
     def _name(self, text: str) -> str:
         return text[self.open_len:self.body - 1].strip()
-
-    def _code(self, text: str) -> bool:
-        rest = text[self.body:].lstrip()
-        return self._name(text) == "python" and bool(rest) and not rest.startswith("{")
 
     def _code_call(self, code: str) -> list[Call] | None:
         call = make_call(self.tools, "python", {"code": code})
