@@ -50,7 +50,8 @@ class Job:
     n: int = 1  # OpenAI's n: as many sequences of the same prompt, one choice each
     index: int = 0  # its place among several native prompts
     tools: list[dict] | None = None  # offered tools: the answer's text is parsed for calls to them
-    # The answer format (C1) and how its text is parsed: parse False keeps the plain fast path (no parser);
+    # The answer format (C1) and how its text is parsed: parse False keeps the plain fast path (no parser; with
+    # reasoning_format "none" a parser is still needed where the prompt opened the thought, to write its marker);
     # split_reasoning False leaves thoughts in content (reasoning_format "none"); drop_reasoning: thinking was
     # turned off, so a thought the model writes anyway is left out of the answer; in_thought: the prompt opened one.
     chat_format: formats.ChatFormat | None = None
@@ -136,7 +137,7 @@ def chat_job(state: RunnerState, body: ChatBody, headers: Mapping) -> Job:
     grammar = chat_grammar(state, body, prompt.tools, fmt, in_thought)
     top = (body.top_logprobs or 0) if body.logprobs else None
     job = _job(state, headers, body, CHAT, prompt.tokens, grammar, top, tools=prompt.tools or None,
-               chat_format=fmt, parse=bool(prompt.tools) or (fmt.reasoning and split), split_reasoning=split,
+               chat_format=fmt, parse=bool(prompt.tools) or (fmt.reasoning and (split or in_thought)), split_reasoning=split,
                drop_reasoning=split and not thinking, in_thought=in_thought, verbose=body.verbose)
     params = dataclasses.replace(job.params, special_ids=state.special_ids,
                                  reasoning_budget=reasoning_budget(state, budget if thinking else 0, in_thought))
