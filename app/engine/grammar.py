@@ -400,7 +400,8 @@ class CallLayout:
 
     `calls` maps a rule name to its body for one tool, in which `{name}` is the tool's name as a
     GBNF literal, `{name_json}` the same as a JSON string, `{args}` its arguments' rule (a JSON
-    object) and `{params}` its parameters as XML elements (Qwen3-Coder). Each rule becomes the
+    object), `{params}` its parameters as XML elements (Qwen3-Coder) and `{gemma}` its arguments
+    in Gemma 4's dict syntax. Each rule becomes the
     alternatives over the tools. `rules` are further rules (a thought, separators); `root`
     combines them.
     """
@@ -435,19 +436,58 @@ def _xml_parameters(converter, parameters: dict, prefix: str) -> str:
     return converter._add_rule(f"{prefix}-params", " ".join(parts) if parts else '""')
 
 
+# Gemma 4's dict syntax: bare keys, strings between <|"|> quotes, JSON's numbers, booleans and null.
+GEMMA_RULES = {
+    "gemma-value": "gemma-string | gemma-number | \"true\" | \"false\" | \"null\" | gemma-object | gemma-array",
+    "gemma-string": r'"<|\"|>" ( [^<] | "<" [^|] )* "<|\"|>"',
+    "gemma-number": '"-"? [0-9]+ ("." [0-9]+)? ([eE] [-+]? [0-9]+)?',
+    "gemma-key": "[A-Za-z_] [A-Za-z0-9_-]*",
+    "gemma-object": '"{" ( gemma-key ":" gemma-value ( "," gemma-key ":" gemma-value )* )? "}"',
+    "gemma-array": '"[" ( gemma-value ( "," gemma-value )* )? "]"',
+}
+_GEMMA_BY_TYPE = {"string": "gemma-string", "integer": "gemma-number", "number": "gemma-number",
+                  "boolean": '( "true" | "false" )', "null": '"null"', "array": "gemma-array", "object": "gemma-object"}
+
+
+def _gemma_value(converter, schema: dict) -> str:
+    """A value in Gemma 4's dict syntax, typed by the schema's type (its inner structure left free)."""
+    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
+        return r'"<|\"|>" (' + " | ".join(converter._format_literal(v) for v in schema["enum"]) + r') "<|\"|>"'
+    kind = schema.get("type")
+    return _GEMMA_BY_TYPE.get(kind, "gemma-value") if isinstance(kind, str) else "gemma-value"
+
+
+def _gemma_arguments(converter, parameters: dict, prefix: str) -> str:
+    """One tool's `{key:value,...}`: its required properties first, in schema order, then any optional ones."""
+    required = set(parameters.get("required") or ())
+    items = {name: f"{converter._format_literal(name)} \":\" {_gemma_value(converter, schema or {})}"
+             for name, schema in (parameters.get("properties") or {}).items()}
+    needed = [item for name, item in items.items() if name in required]
+    optional = [item for name, item in items.items() if name not in required]
+    parts = ['"{"', ' "," '.join(needed)] if needed else ['"{"']
+    if optional:
+        any_optional = converter._add_rule(f"{prefix}-gemma-optional", " | ".join(optional))
+        more = f'( "," {any_optional} )*'
+        parts.append(more if needed else f"( {any_optional} {more} )?")
+    parts.append('"}"')
+    return converter._add_rule(f"{prefix}-gemma", " ".join(p for p in parts if p))
+
+
 @_bounded_cache
 def _layout_gbnf(canonical: str) -> tuple[str, int]:
     spec = json.loads(canonical)
     converter = _converter()
     uses_params = any("{params}" in body for _, body in spec["calls"])
+    uses_gemma = any("{gemma}" in body for _, body in spec["calls"])
     alternatives: dict[str, list[str]] = {rule: [] for rule, _ in spec["calls"]}
     for i, (name, parameters) in enumerate(spec["tools"]):
         args = _visit(converter, parameters, f"tool{i}-args") if any("{args}" in b for _, b in spec["calls"]) else ""
         params = _xml_parameters(converter, parameters, f"tool{i}") if uses_params else ""
+        gemma = _gemma_arguments(converter, parameters, f"tool{i}") if uses_gemma else ""
         for rule, body in spec["calls"]:
             text = (body.replace("{name_json}", converter._format_literal(json.dumps(name)))
                     .replace("{name}", converter._format_literal(name)).replace("{args}", args)
-                    .replace("{params}", params))
+                    .replace("{params}", params).replace("{gemma}", gemma))
             alternatives[rule].append(converter._add_rule(f"tool{i}-{rule}", text))
     for rule, names in alternatives.items():
         converter._rules[rule] = " | ".join(names)
@@ -455,6 +495,8 @@ def _layout_gbnf(canonical: str) -> tuple[str, int]:
         converter._rules[rule] = body
     if uses_params:
         converter._rules["xml-text"] = XML_TEXT
+    if uses_gemma:
+        converter._rules.update(GEMMA_RULES)
     converter._rules["root"] = spec["root"]
     return _checked(_finish(converter))
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from app.engine.formats.base import Call, JsonEnd, Tools, first_marker, held_prefix
 
 _SPACE = " \t\n\r\v\f"  # what C's isspace calls whitespace, as llama.cpp trims
+# A region malformed from its start is content up to just past its first character; scanning resumes there.
+_RESUME = 1
 
 
 class Region:
@@ -90,7 +92,7 @@ class JsonRegion(Region):
         if self.start < 0:
             start = self.header(text)
             if start == -2:
-                return None, _marker_only(text)
+                return None, _RESUME
             if start == -1:
                 return None
             self.start, self.json_end = start, JsonEnd(start)
@@ -98,17 +100,12 @@ class JsonRegion(Region):
         if end == -1:
             return None
         if end == -2:
-            return None, _marker_only(text)
+            return None, _RESUME
         try:
             value = json.loads(text[self.start:end])
         except ValueError:
             return None, end
         return self.parse(text[: self.start], value), end
-
-
-def _marker_only(text: str) -> int:
-    """A malformed region's content: up to where scanning may start again (just past its first character)."""
-    return 1
 
 
 @dataclass(frozen=True)
@@ -163,13 +160,15 @@ class CallScanner:
     def finish(self) -> list:
         """Events for what is still held at the end of the answer."""
         self.out = []
+        rescanned = False
         while True:
             if self.region is not None:
                 self._close(self.region.finish(self.region_text), final=True)
                 continue
-            if self.at_start and self.pending:
-                self.at_start = False
-                self._scan(self.pending, final=True)
+            if self.pending and not rescanned:
+                # What was held for what might follow is decided now that nothing follows.
+                text, self.pending, rescanned = self.pending, "", True
+                self._scan(text, final=True)
                 continue
             break
         text, self.pending = self.pending, ""
@@ -226,6 +225,12 @@ class CallScanner:
             self.pending = text[len(text) - hold:]
             if body:
                 self._content(body)
+            return
+        if not final and any(len(m) > len(marker) and m.startswith(text[at:]) for m in markers):
+            # A longer marker may still be what this one begins (Gemma's empty thought and its "<|channel>").
+            if text[:at]:
+                self._content(text[:at])
+            self.pending = text[at:]
             return
         self.pending = ""
         before = text[:at]

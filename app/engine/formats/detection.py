@@ -45,6 +45,8 @@ COMMAND_R = ChatFormat("command_r", tools=True, reasoning=True, think_start="<|S
                        think_end="<|END_THINKING|>", preserved=COMMAND_R_TOKENS)
 FUNCTIONARY_V3_1 = ChatFormat("functionary_v3_1", tools=True, preserved=("<|python_tag|>",))
 FUNCTIONARY_V3_2 = ChatFormat("functionary_v3_2", tools=True)
+GEMMA4 = ChatFormat("gemma4", tools=True, reasoning=True, think_start="<|channel>thought", think_end="<channel|>",
+                   preserved=("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'))
 KIMI_TOKENS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                "<|tool_call_argument_begin|>", "<|tool_call_end|>")
 KIMI_K2 = ChatFormat("kimi_k2", tools=True, preserved=KIMI_TOKENS)
@@ -53,7 +55,7 @@ KIMI_K2_THINKING = ChatFormat("kimi_k2", tools=True, reasoning=True, think_start
 
 FORMATS = {f.name: f for f in (GENERIC, CONTENT_ONLY, HERMES, QWEN3_CODER, GPT_OSS, LLAMA3, MISTRAL, MAGISTRAL,
                               DEEPSEEK_R1, DEEPSEEK_V3, GRANITE, COMMAND_R, FUNCTIONARY_V3_1, FUNCTIONARY_V3_2,
-                              KIMI_K2)}
+                              KIMI_K2, GEMMA4)}
 
 
 def _thinks(src: str) -> bool:
@@ -65,6 +67,8 @@ def detect(template_source: str | None) -> ChatFormat:
     src = template_source or ""
     if "<|channel|>" in src:
         return GPT_OSS
+    if "<|tool_call>call:" in src:
+        return GEMMA4
     if "[TOOL_CALLS]" in src:
         if "[THINK]" in src:
             return MAGISTRAL

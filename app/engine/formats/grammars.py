@@ -72,6 +72,9 @@ def _layout(fmt: ChatFormat, parallel: bool) -> tuple[tuple[tuple[str, str], ...
                 r'"<|tool_call_end|>"')
         root = '"<|tool_calls_section_begin|>" ' + _more("call", parallel) + ' "<|tool_calls_section_end|>"'
         return (("call", call),), root, (r"(<\|tool_calls_section_begin\|>)",)
+    if name == "gemma4":
+        call = r'"<|tool_call>call:" {name} {gemma} "<tool_call|>"'
+        return (("call", call),), _more("call", parallel), (r"(<\|tool_call>call:)",)
     if name == "gpt_oss":
         # One call a turn: <|call|> ends the generation.
         call = r'"<|channel|>commentary to=functions." {name} " <|constrain|>json<|message|>" {args}'
@@ -116,7 +119,7 @@ def call_marker(fmt: ChatFormat) -> str | None:
     return {"hermes": "<tool_call>", "qwen3_coder": "<tool_call>", "mistral": "[TOOL_CALLS]",
             "magistral": "[TOOL_CALLS]", "deepseek_r1": "<｜tool▁calls▁begin｜>", "deepseek_v3": "<｜tool▁calls▁begin｜>",
             "granite": "<|tool_call|>", "command_r": "<|START_ACTION|>", "llama3": "<|python_tag|>",
-            "kimi_k2": "<|tool_calls_section_begin|>"}.get(fmt.name)
+            "kimi_k2": "<|tool_calls_section_begin|>", "gemma4": "<|tool_call>"}.get(fmt.name)
 
 
 def call_grammar(fmt: ChatFormat, tools: list[dict] | None, choice, parallel: bool, *, in_thought: bool = False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.engine.formats import json_calls, xml_calls
+from app.engine.formats import gemma, json_calls, xml_calls
 from app.engine.formats.base import (
     Answer,
     CallArguments,
@@ -35,6 +35,7 @@ SYNTAXES: dict[str, Callable[[], CallSyntax]] = {
     "functionary_v3_1": json_calls.functionary_v3_1_syntax,
     "functionary_v3_2": xml_calls.functionary_v3_2_syntax,
     "kimi_k2": json_calls.kimi_syntax,
+    "gemma4": gemma.gemma4_syntax,
 }
 
 

@@ -83,12 +83,12 @@ class RecipientRegion(Region):
         if self.body < 0:
             newline = text.find("\n", self.open_len)
             if newline == -1:
-                return (None, len(text)) if len(text) - self.open_len > _MAX_NAME else None
+                return (None, self._resume) if len(text) - self.open_len > _MAX_NAME else None
             name = text[self.open_len:newline].strip()
             if name == "all":
                 return [], newline + 1
             if name not in self.tools:
-                return None, newline + 1
+                return None, self._resume
             self.body, self.searched = newline + 1, newline + 1
             self.json_end = JsonEnd(self.body)
         if self.code is None:
@@ -112,6 +112,11 @@ class RecipientRegion(Region):
         if self.code:
             return self._code_call(text[self.body:]), len(text)
         return None, len(text)
+
+    @property
+    def _resume(self) -> int:
+        """A recipient that names no tool is content up to just past its `>>>` (or first character); scanning resumes there."""
+        return max(self.open_len, 1)
 
     def _name(self, text: str) -> str:
         return text[self.open_len:self.body - 1].strip()

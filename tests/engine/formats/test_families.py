@@ -9,6 +9,7 @@ from app.engine.formats.detection import (
     DEEPSEEK_V3,
     FUNCTIONARY_V3_1,
     FUNCTIONARY_V3_2,
+    GEMMA4,
     GRANITE,
     KIMI_K2,
     KIMI_K2_THINKING,
@@ -229,3 +230,54 @@ def test_detect_names_each_familys_format(templates, name, expected):
 ])
 def test_detect_says_whether_the_model_thinks(templates, name, reasoning):
     assert detect(templates[name]).reasoning is reasoning
+
+
+# -- Gemma 4 ----------------------------------------------------------------------------------
+
+def test_gemma4_thought_and_dict_syntax_calls():
+    text = ('<|channel>thought\nI\'m\nthinking<channel|><|tool_call>call:get_weather{city:<|"|>San Francisco<|"|>,'
+            "days:3}<tool_call|><|tool_call>call:python{code:<|\"|>print([1, {2: 3}])<|\"|>}<tool_call|>")
+    answer = check(GEMMA4, text)
+    assert answer.reasoning == "I'm\nthinking" and answer.content == ""
+    assert calls_of(answer) == [("get_weather", {"city": "San Francisco", "days": 3}),
+                                ("python", {"code": "print([1, {2: 3}])"})]
+
+
+def test_gemma4_nested_values_and_content_before():
+    from app.engine.formats.gemma import gemma_value
+
+    assert gemma_value('{todos:[<|"|>buy milk<|"|>,<|"|>walk dog<|"|>],config:{theme:<|"|>dark<|"|>,n:-1.5e3},'
+                       "x:null,y:true}") == {"todos": ["buy milk", "walk dog"], "config": {"theme": "dark", "n": -1.5e3},
+                                             "x": None, "y": True}
+    answer = check(GEMMA4, 'Hello, world!<|tool_call>call:get_time{}<tool_call|>')
+    assert answer.content == "Hello, world!" and calls_of(answer) == [("get_time", {})]
+
+
+@pytest.mark.parametrize("text", ["<|tool_call>call:get_weather{city:Paris}<tool_call|>",
+                                  "<|tool_call>call:nope{}<tool_call|>", '<|tool_call>call:get_weather{city:<|"|>Par'])
+def test_gemma4_malformed_calls_are_content(text):
+    answer = check(GEMMA4, text)
+    assert answer.content == text and not answer.calls
+
+
+@pytest.mark.parametrize("text", ["<|channel>thought\n<channel|>Hello, world!\nWhat's up?<channel|>",
+                                  "<|channel>thought\n<channel|>Hello, world!\nWhat's up?<|channel>thought\n<channel|>",
+                                  "<|channel><|channel>thought\n<channel|>Hello, world!\nWhat's up?"])
+def test_gemma4_stray_channel_markers_are_dropped(text):
+    answer = check(GEMMA4, text)
+    assert (answer.reasoning, answer.content) == ("", "Hello, world!\nWhat's up?")
+
+
+def test_gemma4_is_detected(templates):
+    assert detect(templates["google-gemma-4-31B-it"]) == GEMMA4
+    assert detect(templates["google-gemma-4-31B-it-interleaved"]) == GEMMA4
+
+
+def test_gemma4_a_stray_marker_at_the_very_end_is_dropped_too():
+    assert check(GEMMA4, "Hello<|channel>").content == "Hello"
+
+
+def test_functionary_v3_2_a_long_first_line_is_content_however_it_is_cut():
+    text = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]}>>>get_weather\n{"city": "Paris"}'
+    answer = check(FUNCTIONARY_V3_2, text)
+    assert answer.content == text.split(">>>")[0] and calls_of(answer) == PARIS

@@ -12,6 +12,7 @@ from app.engine.formats.detection import (
     DEEPSEEK_V3,
     FUNCTIONARY_V3_1,
     FUNCTIONARY_V3_2,
+    GEMMA4,
     GENERIC,
     GPT_OSS,
     GRANITE,
@@ -54,10 +55,12 @@ CALLS = {
     FUNCTIONARY_V3_2: 'get_weather\n{"city": "Paris"}',
     KIMI_K2: "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
              '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+    GEMMA4: '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
     GPT_OSS: '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
 }
 THOUGHTS = {QWEN3: "<think>\nThe weather, then.\n</think>\n\n", MAGISTRAL: "[THINK]The weather, then.[/THINK]",
             DEEPSEEK_R1: "<think>\nThe weather.\n</think>\n\n", COMMAND_R: "<|START_THINKING|>Weather.<|END_THINKING|>",
+            GEMMA4: "<|channel>thought\nThe weather.<channel|>",
             GPT_OSS: "<|channel|>analysis<|message|>The weather.<|end|><|start|>assistant"}
 FAMILIES = list(CALLS)
 
