@@ -32,3 +32,20 @@ def test_the_arguments_end_the_runner_command_of_either_kind():
     hearth = RunnerSpec("m", "/m.gguf", extra_args=args).command(8081)
     stock = RunnerSpec("m", "/m.gguf", kind="llama-server", binary_path="/bin/llama-server", extra_args=args).command(8081)
     assert tuple(hearth[-2:]) == args and tuple(stock[-2:]) == args
+
+
+def test_the_catalog_gives_a_model_its_own_arguments_and_no_one_elses():
+    from pathlib import Path
+
+    from app.residency.catalog import CatalogEntry
+    from app.services.catalog import runner_spec
+
+    defaults = {"ctx": 1024, "parallel": 1, "batch": 512, "threads": 1, "prefix_cache": True,
+                "args": '{"qwen3": ["--grammar-file", "/g/qwen3.gbnf"]}'}
+
+    def entry(name):
+        return CatalogEntry(name, Path(f"/models/{name}.gguf"), "folder", 1, 0.0, True)
+
+    assert runner_spec(entry("qwen3"), None, defaults).extra_args == ("--grammar-file", "/g/qwen3.gbnf")
+    assert runner_spec(entry("gemma"), None, defaults).extra_args == ()
+    assert runner_spec(entry("gemma"), None, {**defaults, "args": None}).extra_args == ()
