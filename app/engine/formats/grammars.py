@@ -36,7 +36,9 @@ def _layout(fmt: ChatFormat, parallel: bool) -> tuple[tuple[tuple[str, str], ...
         call = r'"<tool_call>\n<function=" {name} ">\n" {params} "</function>\n</tool_call>"'
         return (("call", call),), _more("call", parallel, r'"\n"'), (r"(<tool_call>)",)
     if name == "llama3":
-        return (("call", _json_call("parameters")),), _more("call", parallel, r'";" space'), (r"^\s*(\{)",)
+        # A bare JSON call, or the same after <|python_tag|> (a runner may trigger on that token).
+        root = '"<|python_tag|>"? ' + _more("call", parallel, r'";" space')
+        return (("call", _json_call("parameters")),), root, (r"^\s*(\{)", r"(<\|python_tag\|>)")
     if name in ("mistral", "magistral"):
         if "[ARGS]" in fmt.preserved:
             call = r'"[TOOL_CALLS]" {name} "[ARGS]" {args}'
@@ -62,7 +64,9 @@ def _layout(fmt: ChatFormat, parallel: bool) -> tuple[tuple[tuple[str, str], ...
         return (("call", call),), root, (r"(<\|START_ACTION\|>)",)
     if name == "functionary_v3_1":
         call = r'"<function=" {name} ">" {args} "</function>"'
-        return (("call", call),), _more("call", parallel), (r"(<function=)",)
+        # <|python_tag|> opens code for the python tool, which is free text.
+        root = f'( {_more("call", parallel)} | "<|python_tag|>" ( [^<] | "<" [^|] )* )'
+        return (("call", call),), root, (r"(<function=)", r"(<\|python_tag\|>)")
     if name == "functionary_v3_2":
         # The prompt ends with the first ">>>": the first recipient follows at once.
         call = r'{name} "\n" {args}'

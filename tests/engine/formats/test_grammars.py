@@ -147,6 +147,14 @@ def test_auto_is_lazy_and_triggers_at_the_familys_marker(vocab, fmt):
     assert vocab.accepts(g, text)
 
 
+@pytest.mark.parametrize("fmt,text", [
+    (LLAMA3, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    (FUNCTIONARY_V3_1, "<|python_tag|>print(1)"),
+])
+def test_a_lazy_grammar_admits_the_python_tag_a_runner_triggers_on(vocab, fmt, text):
+    assert vocab.accepts(call_grammar(fmt, TOOLS, "auto", parallel=False), text)
+
+
 def test_none_and_no_tools_have_no_grammar():
     assert call_grammar(HERMES, TOOLS, "none", parallel=True) is None
     assert call_grammar(HERMES, [], "required", parallel=True) is None
