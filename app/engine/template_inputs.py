@@ -40,7 +40,65 @@ def template_messages(messages: list[dict], caps: TemplateCaps, source: str) -> 
         out = [_object_arguments(m) for m in out]
     if _is_ministral_3(source):
         out = [_ministral_blocks(m) for m in out]
+    elif _is_lfm2(source):
+        # LFM2 / LFM2.5 read an earlier turn's reasoning as `thinking` (llama.cpp's handler copies it there).
+        out = [{**m, "thinking": m["reasoning_content"]} if "reasoning_content" in m else m for m in out]
+    elif _GEMMA4_MARK in source and _GEMMA4_CURRENT not in source:
+        out = gemma4_model_turns(out)
     return out
+
+
+# Gemma 4's templates; the current ones (with the OpenAI note) take tool results as they come, older ones want
+# them folded into the calling model turn, as llama.cpp's workaround does.
+_GEMMA4_MARK = "'<|tool_call>call:'"
+_GEMMA4_CURRENT = "{#- OpenAI Chat Completions:"
+
+
+def _is_lfm2(source: str) -> bool:
+    """LFM2 (its tool-list markers) or LFM2.5 (a plain "List of tools: [") templates."""
+    if "<|tool_list_start|>" in source and "<|tool_list_end|>" in source:
+        return True
+    return "List of tools: [" in source and "<|tool_list_start|>" not in source
+
+
+def gemma4_model_turns(messages: list[dict]) -> list[dict]:
+    """Each calling assistant turn with the tool results after it (and the answer that follows) as one model turn."""
+    out, i = [], 0
+    while i < len(messages):
+        m = messages[i]
+        if m["role"] != "assistant" or not m.get("tool_calls"):
+            out.append(m)
+            i += 1
+            continue
+        calls, responses = list(m["tool_calls"]), []
+        i += 1
+        while i < len(messages) and messages[i]["role"] == "tool":
+            responses.append(_gemma4_response(messages[i], calls, len(responses)))
+            i += 1
+        turn: dict = {"role": "assistant", "tool_calls": calls}
+        if responses:
+            turn["tool_responses"] = responses
+        if i < len(messages) and messages[i]["role"] == "assistant" and not messages[i].get("tool_calls") \
+                and messages[i].get("content"):
+            turn["content"] = messages[i]["content"]
+            i += 1
+        if isinstance(m.get("reasoning_content"), str):
+            turn["reasoning_content"] = m["reasoning_content"]
+        out.append(turn)
+    return out
+
+
+def _gemma4_response(message: dict, calls: list[dict], index: int) -> dict:
+    """A tool result as Gemma 4's model turn lists it: the calling function's name and the result (as JSON if it is)."""
+    content = message.get("content")
+    response = content
+    if isinstance(content, str):
+        try:
+            response = json.loads(content)
+        except ValueError:
+            response = content
+    name = calls[index]["function"].get("name", "") if index < len(calls) else ""
+    return {"name": name or message.get("tool_call_id", ""), "response": response}
 
 
 def _is_ministral_3(source: str) -> bool:
