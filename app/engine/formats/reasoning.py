@@ -30,7 +30,7 @@ class ThinkSplitter:
         self.state = _THINK if in_thought else (_START if think_start else _AFTER)
         self.held = ""
         self.thought_began = False  # leading whitespace of the thought is dropped until then
-        self.after_end = False  # the whitespace after the end marker is dropped
+        self.after_end = False  # just past the end marker: its whitespace is dropped (verbatim when not split)
         if in_thought and not split:
             self.held = ""
             self.thought_began = True
@@ -109,13 +109,17 @@ class ThinkSplitter:
             out.append((kind, body))
         self.state = _AFTER
         if marker == self.end:
-            self.after_end = self.split
+            self.after_end = True
             return text[at + len(marker):]
         return text[at:]  # a call marker: the call scanner reads it
 
     def _visible(self, text: str, out: list) -> None:
         if self.after_end:
-            text = text.lstrip(_SPACE)
+            stripped = text.lstrip(_SPACE)
+            if not self.split and len(stripped) < len(text):
+                # Left in content, the thought keeps the whitespace after it (llama-server's reasoning_format none).
+                out.append((VERBATIM, text[: len(text) - len(stripped)]))
+            text = stripped
             if not text:
                 return
             self.after_end = False

@@ -90,6 +90,11 @@ def test_reasoning_format_none_leaves_the_thought_in_content_verbatim():
     assert check(QWEN3, text, split_reasoning=False).content == text
 
 
+def test_reasoning_format_none_keeps_the_whitespace_after_the_thought_before_a_call():
+    answer = check(QWEN3, f"<think>I'm\nthinking</think>\n\n<tool_call>\n{CALL}\n</tool_call>", split_reasoning=False)
+    assert answer.content == "<think>I'm\nthinking</think>\n\n" and calls_of(answer) == [("get_weather", {"city": "Paris"})]
+
+
 def test_an_answer_cut_mid_thought_is_all_reasoning():
     answer = check(QWEN3, "<think>\nStill thinking about <tool_call> and")
     assert (answer.reasoning, answer.content, answer.calls) == ("Still thinking about <tool_call> and", "", ())
