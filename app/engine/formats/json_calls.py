@@ -239,7 +239,7 @@ def command_r_syntax() -> CallSyntax:
 
 DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 DS_CALL_BEGIN, DS_CALL_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
-_R1_BODY = re.compile(r"([^\n]+)\n```(?:json)?\n(.*)\n```\s*$", re.DOTALL)
+_R1_BODY = re.compile(r"([^\n]+)\n```(?:json)?\s*\n(.*?)\s*```\s*$", re.DOTALL)
 
 
 def deepseek_unit(unit: str, tools: Tools) -> Call | None:

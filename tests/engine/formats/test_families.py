@@ -135,6 +135,13 @@ def test_deepseek_r1_two_calls_and_content_before():
     assert answer.content == "Looking." and calls_of(answer) == PARIS + [("get_time", {})]
 
 
+def test_deepseek_r1_a_fence_closed_on_the_arguments_line_and_an_empty_thought():
+    text = ("</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+            '```json\n{"city": "Paris"}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+    answer = check(DEEPSEEK_R1, text, in_thought=True)
+    assert (answer.reasoning, answer.content) == ("", "") and calls_of(answer) == PARIS
+
+
 def test_deepseek_v3_1_calls():
     text = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
     answer = check(DEEPSEEK_V3, "Thinking it over</think>" + text, in_thought=True)
