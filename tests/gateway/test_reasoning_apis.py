@@ -345,3 +345,63 @@ def test_earlier_thoughts_of_each_api_reach_the_template_as_reasoning_content(ru
     for adapter in histories:
         r = httpx.post(runner_url + "/apply-template", json={"messages": adapter.to_openai()["messages"]}, timeout=30)
         assert f"<|im_start|>assistant\n<think>\n{THOUGHT}\n</think>\n\n{ANSWER}<|im_end|>" in r.json()["prompt"]
+
+
+# -- the vendors' own clients, unchanged, against the gateway on loopback ------------------------------
+
+
+@pytest.fixture
+def gateway_url(gateway):
+    """The in-process gateway served over loopback HTTP, for clients that only speak HTTP."""
+    server = make_server("127.0.0.1", 0, gateway, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_ollamas_client_reads_thinking_whole_and_streamed(gateway, gateway_url):
+    import ollama as ollama_client
+
+    client = ollama_client.Client(host=gateway_url, headers=gateway.auth)
+    said = [{"role": "user", "content": "Hi?"}]
+    whole = client.chat(model=gateway.model_name, messages=said, think=True)
+    assert (whole.message.thinking, whole.message.content) == (THOUGHT, ANSWER)
+    parts = list(client.chat(model=gateway.model_name, messages=said, think=True, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == THOUGHT
+    assert "".join(p.message.content for p in parts) == ANSWER
+    off = client.chat(model=gateway.model_name, messages=said, think=False)
+    assert (off.message.thinking, off.message.content, off.eval_count) == (None, ANSWER, ANSWER_TOKENS)
+
+
+def test_anthropics_client_reads_thinking_blocks_whole_and_streamed(gateway, gateway_url):
+    import anthropic as anthropic_sdk
+
+    token = gateway.auth["Authorization"].removeprefix("Bearer ")
+    with anthropic_sdk.Anthropic(base_url=gateway_url, auth_token=token, api_key=None, max_retries=0) as claude:
+        ask = {"model": gateway.model_name, "max_tokens": 64, "messages": [{"role": "user", "content": "Hi?"}],
+               "thinking": {"type": "enabled", "budget_tokens": 1024}}
+        msg = claude.messages.create(**ask)
+        assert [b.type for b in msg.content] == ["thinking", "text"]
+        assert (msg.content[0].thinking, msg.content[0].signature, msg.content[1].text) == (THOUGHT, "", ANSWER)
+        with claude.messages.stream(**ask) as stream:
+            final = stream.get_final_message()
+        assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == [
+            ("thinking", THOUGHT), ("text", ANSWER)]
+
+
+def test_openais_client_reads_reasoning_items_whole_and_streamed(gateway, gateway_url):
+    import openai
+
+    token = gateway.auth["Authorization"].removeprefix("Bearer ")
+    with openai.OpenAI(base_url=gateway_url + "/v1", api_key=token, max_retries=0) as client:
+        ask = {"model": gateway.model_name, "input": "Hi?", "reasoning": {"effort": "high"}}
+        res = client.responses.create(**ask)
+        assert [i.type for i in res.output] == ["reasoning", "message"]
+        assert res.output[0].content[0].text == THOUGHT and res.output_text == ANSWER
+        assert res.usage.output_tokens_details.reasoning_tokens == THOUGHT_TOKENS
+        with client.responses.stream(**ask) as stream:
+            thought = "".join(e.delta for e in stream if e.type == "response.reasoning_text.delta")
+            final = stream.get_final_response()
+        assert thought == THOUGHT and final.output_text == ANSWER
+        assert final.output[0].content[0].text == THOUGHT
