@@ -3,10 +3,11 @@ the pieces spell the answer exactly; every call names an offered tool with a JSO
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.engine.formats import bench
+from app.engine.formats import AnswerParser, Content, bench
 from app.engine.formats.detection import FORMATS, GENERIC_THINKING, QWEN3, QWEN3_CODER_THINKING
 from tests.engine.formats.helpers import TOOLS, fields, from_pieces, run
 
@@ -61,3 +62,15 @@ def test_a_thought_cut_anywhere_never_reaches_content(fmt, thought, cut):
         return
     answer, _ = run(fmt, text)
     assert answer.content == "" and answer.reasoning == answer.reasoning.strip(" \t\n\r\v\f")
+
+
+@pytest.mark.parametrize("fmt", ALL, ids=lambda f: f"{f.name}{'-thinking' if f.reasoning else ''}")
+def test_plain_content_streams_as_it_comes(fmt):
+    """Nothing is held back but what could still begin a marker: a plain sentence is out before finish."""
+    text = "The weather in Paris is mild today, with some rain later."
+    chunks = [text[i:i + 3] for i in range(0, len(text), 3)]
+    if fmt.name == "functionary_v3_2":
+        chunks.insert(0, "all\n")  # its answer names its recipient first
+    parser = AnswerParser(fmt, TOOLS)
+    streamed = "".join(p.text for chunk in chunks for p in parser.push(chunk) if type(p) is Content)
+    assert streamed == text
