@@ -132,11 +132,6 @@ def make_call(tools: Tools, name, arguments, call_id: str | None = None) -> Call
     return Call(name, arguments_text(arguments), call_id if isinstance(call_id, str) and call_id else new_call_id())
 
 
-def decode_json(text: str):
-    """The JSON value text holds (surrounding whitespace allowed), or raises ValueError."""
-    return json.loads(text)
-
-
 def held_prefix(text: str, markers: tuple[str, ...]) -> int:
     """How many characters at the end of text could begin one of the markers (held back until known)."""
     best = 0

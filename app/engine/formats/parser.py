@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from app.engine.formats import gemma, json_calls, xml_calls
@@ -39,6 +40,12 @@ SYNTAXES: dict[str, Callable[[], CallSyntax]] = {
 }
 
 
+@functools.cache
+def syntax_of(name: str) -> CallSyntax:
+    """The family's call syntax (made once: it holds no state)."""
+    return SYNTAXES.get(name, CallSyntax)()
+
+
 class AnswerParser:
     """Splits one answer into reasoning, content and calls, chunk by chunk.
 
@@ -49,7 +56,7 @@ class AnswerParser:
     def __init__(self, fmt: ChatFormat, tools: list[dict] | None, *, split_reasoning: bool = True,
                  in_thought: bool = False):
         self.fmt = fmt
-        syntax = SYNTAXES.get(fmt.name, CallSyntax)()
+        syntax = syntax_of(fmt.name)
         self._tools = Tools(tools)
         self._scanner = CallScanner(syntax, self._tools)
         self._splitter = None
