@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'family':18} {'us/token':>9} {'tokens':>7} {'us/token (4x longer)':>21}")
     for label, fmt in FAMILIES.items():
         cost, tokens = push_cost_us(fmt, sample_answer(fmt))
-        long_cost, _ = push_cost_us(fmt, sample_answer(fmt, words=800), repeat=5)
+        long_cost, _ = push_cost_us(fmt, sample_answer(fmt, words=800))
         print(f"{label:18} {cost:9.2f} {tokens:7d} {long_cost:21.2f}")
     return 0
 
