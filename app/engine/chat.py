@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
+import jinja2.filters
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
@@ -138,6 +139,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _string(value: Any) -> str:
+    """`string` as llama.cpp has it: the value's text (a dict or list in Python's repr), which reads it whole."""
+    mark_all_used(value)
+    return jinja2.filters.soft_str(value)
+
+
 def _safe(value: Any) -> Any:
     """`safe` as llama.cpp has it: the value unchanged (nothing is escaped here, so there is nothing to mark)."""
     return value
@@ -178,6 +185,7 @@ class ChatTemplate:
         environment.tests["string"] = string_test
         # Jinja's Markup would HTML-escape what is concatenated to a `safe` string; llama.cpp escapes nothing.
         environment.filters["safe"] = _safe
+        environment.filters["string"] = _string
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = self._strftime_now
         try:

@@ -17,7 +17,9 @@ _REASONING_MARKER = "<REASONING_CONTENT_PLACEHOLDER>"
 
 
 class TrackedDict(dict):
-    """A dict that records which of its keys a template read (looked up, iterated or serialised)."""
+    """A dict that records which of its keys a template read (looked up, iterated or serialised with tojson).
+
+    Printed whole it records nothing, as llama.cpp's stats count no use when an object is printed."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -43,11 +45,6 @@ class TrackedDict(dict):
         self.used.update(self.keys())
         return super().values()
 
-    def __repr__(self) -> str:
-        self.used.update(self.keys())
-        return super().__repr__()
-
-    __str__ = __repr__
 
 
 class TrackedStr(str):
