@@ -322,6 +322,9 @@ def merge_choices(answers: list[dict]) -> dict:
     completion = sum(a["usage"]["completion_tokens"] for a in answers)
     out["usage"] = {**out["usage"], "completion_tokens": completion,
                     "total_tokens": out["usage"]["prompt_tokens"] + completion}
+    if "completion_tokens_details" in out["usage"]:
+        out["usage"]["completion_tokens_details"] = {"reasoning_tokens": sum(
+            a["usage"]["completion_tokens_details"]["reasoning_tokens"] for a in answers)}
     return out
 
 

@@ -190,3 +190,9 @@ def test_efforts_become_budgets_only_where_the_template_ignores_them(qwen3, make
         {**ASK, "reasoning_effort": "low", "reasoning_budget_tokens": 7})) == 7
     reads_effort = make_runner(template=QWEN3_LIKE + "{{ reasoning_effort }}").application.state
     assert thinking_budget(reads_effort, ChatBody.model_validate({**ASK, "reasoning_effort": "low"})) == -1
+
+
+def test_n_choices_each_split_and_their_reasoning_tokens_summed(qwen3):
+    out = loads(qwen3().post("/v1/chat/completions", json={**ASK, "n": 2}))
+    assert [ch["message"]["reasoning_content"] for ch in out["choices"]] == ["Let me see."] * 2
+    assert out["usage"]["completion_tokens_details"] == {"reasoning_tokens": 30}
