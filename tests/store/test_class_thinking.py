@@ -37,3 +37,22 @@ def test_a_new_store_seeds_voice_without_thinking(engine):
         stored = {r.name: r.thinking for r in s.query(RequestClass)}
     assert stored == {c["name"]: c["thinking"] for c in DEFAULT_CLASSES}
     assert stored["voice"] == "off" and set(stored.values()) == {"off", "model"}
+
+
+def test_hearth_classes_set_and_list_the_thinking_default(tmp_path, monkeypatch, standin_model, capsys):
+    import sqlite3
+
+    from app.cli import main
+
+    monkeypatch.setenv("HEARTH_DATA", str(tmp_path))
+    monkeypatch.setenv("HEARTH_DEFAULT_MODEL", str(standin_model))
+    monkeypatch.setenv("HEARTH_MODELS_DIR", str(tmp_path / "models"))
+    (tmp_path / "models").mkdir()
+    assert main(["classes", "set", "chat", "thinking=ON"]) == 0
+    with sqlite3.connect(tmp_path / "hearth.db") as con:
+        assert con.execute("SELECT thinking FROM request_classes WHERE name = 'chat'").fetchall() == [("on",)]
+    assert main(["classes", "set", "chat", "thinking=maybe"]) == 2
+    assert "'maybe' is not a valid thinking: enter one of model, off, on" in capsys.readouterr().err
+    assert main(["classes", "list"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "thinking" in lines["class"] and " on " in lines["chat"] and " off " in lines["voice"]
