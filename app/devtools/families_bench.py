@@ -19,6 +19,7 @@ concatenate to exactly the whole answer's fields.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -478,6 +479,11 @@ def run_from_args(args) -> int:
     if unknown:
         raise SystemExit(f"hearth: unknown families {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
     apis = tuple(args.apis.split(",")) if args.apis else APIS
+    unknown = [a for a in apis if a not in APIS]
+    if unknown:
+        raise SystemExit(f"hearth: unknown APIs {', '.join(unknown)}; choose from {', '.join(APIS)}")
+    # One line per request would bury the table.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="hearth-families-") as tmp:
         root = Path(tmp)
         serve = FamiliesServe(families, root)
