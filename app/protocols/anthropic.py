@@ -221,6 +221,8 @@ def to_chat(body: dict) -> dict:
     for key in ("max_tokens", "temperature", "top_p", "top_k", "stream"):
         if body.get(key) is not None:
             chat[key] = body[key]
+    if chat.get("stream"):
+        chat["stream_options"] = {"include_usage": True}  # the token counts of message_delta
     return with_thinking(chat, thinking_fields(body.get("thinking")))
 
 
@@ -274,6 +276,9 @@ class MessageStream:
         self.ended = False  # a finish or an error has been sent
         self.index = -1  # the open block's index
         self.open = None  # "thinking", "text", "tool_use" or None
+        # The stop reason once the chat stream finished, until the usage is known: a stock llama-server
+        # sends it in a chunk of its own after the finish (include_usage).
+        self.stop_reason: str | None = None
 
     def start(self) -> list[bytes]:
         """message_start, once: the message so far (empty) and the prompt's size."""
@@ -312,10 +317,20 @@ class MessageStream:
             message = (chunk["error"] or {}).get("message", "")
             return out + [sse.encode({"type": "error", "error": {"type": "api_error", "message": message}}, "error")]
         for choice in chunk.get("choices") or []:
-            out += self._choice(choice, chunk.get("usage") or {})
+            out += self._choice(choice)
+        if self.stop_reason is not None and not self.ended and chunk.get("usage"):
+            out += self.finish(chunk["usage"])
         return out
 
-    def _choice(self, choice: dict, usage: dict) -> list[bytes]:
+    def finish(self, usage: dict) -> list[bytes]:
+        """message_delta (stop reason, token counts) and message_stop, once the chat stream has finished."""
+        self.ended = True
+        return [sse.encode({
+            "type": "message_delta", "delta": {"stop_reason": self.stop_reason, "stop_sequence": None},
+            "usage": {**_input_usage(usage), "output_tokens": usage.get("completion_tokens", 0)}}, "message_delta"),
+            sse.encode({"type": "message_stop"}, "message_stop")]
+
+    def _choice(self, choice: dict) -> list[bytes]:
         out: list[bytes] = []
         delta = choice.get("delta") or {}
         if self.thoughts and delta.get("reasoning_content"):
@@ -332,14 +347,9 @@ class MessageStream:
                 out += self._open({"type": "tool_use", "id": call["id"], "name": fn.get("name", ""), "input": {}})
             if fn.get("arguments"):
                 out.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
-        if choice.get("finish_reason") is not None:
-            self.ended = True
+        if choice.get("finish_reason") is not None and self.stop_reason is None:
+            self.stop_reason = STOP_REASONS.get(choice["finish_reason"], "end_turn")
             out += self._close()
-            out.append(sse.encode({
-                "type": "message_delta",
-                "delta": {"stop_reason": STOP_REASONS.get(choice["finish_reason"], "end_turn"), "stop_sequence": None},
-                "usage": {**_input_usage(usage), "output_tokens": usage.get("completion_tokens", 0)}}, "message_delta"))
-            out.append(sse.encode({"type": "message_stop"}, "message_stop"))
         return out
 
 
@@ -366,6 +376,8 @@ class MessagesAdapter(MessageStream):
         """Nothing after message_stop; an error event when the chat stream stopped before its finish."""
         if self.ended:
             return []
+        if self.stop_reason is not None:
+            return self.finish({})  # finished, and no usage came
         return self.feed({"error": {"message": "the answer ended before it was complete"}})
 
     def error(self, err: ApiError) -> tuple[int, dict]:

@@ -170,6 +170,8 @@ def to_chat(body: dict) -> dict:
         chat["response_format"] = rf
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("stream"):
+        chat["stream_options"] = {"include_usage": True}  # the usage of response.completed
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise ApiError(400, "'reasoning' must be an object such as {\"effort\": \"low\"}", param="reasoning")
@@ -262,6 +264,9 @@ class ResponseStream:
         self.thoughts = shows_reasoning(body)
         self.call: dict | None = None  # the open function call
         self.ended = False  # response.completed or response.failed has been sent
+        # The chat stream has finished; response.completed waits for the usage, which a stock llama-server
+        # sends in a chunk of its own after the finish (include_usage).
+        self.finished = False
 
     def _event(self, kind: str, **fields) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -352,13 +357,17 @@ class ResponseStream:
                     out.append(self._event("response.function_call_arguments.delta",
                                            item_id="fc_" + self.call["call_id"], output_index=len(self.output),
                                            delta=fn["arguments"]))
-            if choice.get("finish_reason") is not None:
-                self.ended = True
+            if choice.get("finish_reason") is not None and not self.finished:
+                self.finished = True
                 out += self._close()
-                event = self._event("response.completed",
-                                    response=self._snapshot("completed", _usage(chunk.get("usage") or {})), **timed)
-                out.append(event)
+        if self.finished and not self.ended and chunk.get("usage"):
+            out += self.complete(chunk["usage"], timed)
         return out
+
+    def complete(self, usage: dict, timed: dict | None = None) -> list[bytes]:
+        """response.completed with the usage, once the chat stream has finished."""
+        self.ended = True
+        return [self._event("response.completed", response=self._snapshot("completed", _usage(usage)), **(timed or {}))]
 
 
     def _thought(self, text: str, timed: dict) -> list[bytes]:
@@ -399,6 +408,8 @@ class ResponsesAdapter(ResponseStream):
         """Nothing after response.completed; response.failed when the chat stream stopped before its finish."""
         if self.ended:
             return []
+        if self.finished:
+            return self.complete({})  # finished, and no usage came
         return self.feed({"error": {"code": "server_error", "message": "the answer ended before it was complete"}})
 
     def error(self, err: ApiError) -> tuple[int, dict]:

@@ -231,3 +231,34 @@ def test_a_request_that_decides_thinking_keeps_its_own_fields():
     assert merged == {"chat_template_kwargs": {"enable_thinking": False, "other": 1}, "reasoning_effort": "none"}
     assert thinking_turned_off(merged) and not thinking_turned_off(with_thinking({}, class_thinking("on")))
     assert class_thinking("model") == {}
+
+
+# -- a stock llama-server's stream: the usage in a chunk of its own after the finish -----------------
+
+LLAMA_SERVER = [chunk(role="assistant", content=None), chunk(reasoning_content="Let me see."),
+                chunk(content="Hello there"), chunk("stop"),
+                {"object": "chat.completion.chunk", "choices": [],
+                 "usage": {"prompt_tokens": 5, "completion_tokens": 9,
+                           "completion_tokens_details": {"reasoning_tokens": 4}}}]
+
+
+def test_streams_ask_for_the_usage_and_wait_for_it_after_the_finish():
+    msgs = anthropic.MessagesAdapter({"model": "m", "max_tokens": 8, "messages": HI, "stream": True})
+    resp = responses.ResponsesAdapter({"model": "m", "input": "Hi?", "stream": True})
+    for adapter in (msgs, resp):
+        assert adapter.to_openai()["stream_options"] == {"include_usage": True}
+    evs = [ev.json() for ev in events(feed(msgs, LLAMA_SERVER))]
+    assert [e["type"] for e in evs][-2:] == ["message_delta", "message_stop"]
+    assert evs[-2]["usage"]["output_tokens"] == 9 and evs[-2]["delta"]["stop_reason"] == "end_turn"
+    rs = [ev.json() for ev in events(feed(resp, LLAMA_SERVER))]
+    assert [e["type"] for e in rs].count("response.completed") == 1 and rs[-1]["type"] == "response.completed"
+    assert rs[-1]["response"]["usage"]["output_tokens"] == 9
+    assert rs[-1]["response"]["usage"]["output_tokens_details"] == {"reasoning_tokens": 4}
+
+
+def test_a_finished_stream_without_any_usage_still_completes():
+    finished = LLAMA_SERVER[:-1]
+    evs = [ev.json() for ev in events(feed(anthropic.MessagesAdapter({"model": "m"}), finished))]
+    assert [e["type"] for e in evs][-2:] == ["message_delta", "message_stop"] and evs[-2]["usage"]["output_tokens"] == 0
+    rs = [ev.json() for ev in events(feed(responses.ResponsesAdapter({"model": "m", "input": "Hi?"}), finished))]
+    assert rs[-1]["type"] == "response.completed" and rs[-1]["response"]["usage"]["output_tokens"] == 0
