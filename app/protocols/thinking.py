@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.policy import THINKING_MODES
 from app.protocols.openai import ApiError
 
 # OpenAI's reasoning_effort values that ChatBody takes; "none" turns thinking off.
 EFFORTS = ("none", "minimal", "low", "medium", "high")
 EFFORT_OFF = "none"
-# A request class's thinking default (app.policy.THINKING_MODES): the model's own, off, on.
-THINKING_OFF, THINKING_ON = "off", "on"
+# A request class's thinking default: the model's own, off, on.
+THINKING_MODEL, THINKING_OFF, THINKING_ON = THINKING_MODES
 # The fields by which an OpenAI chat request says something about thinking itself.
 _REQUEST_FIELDS = ("reasoning_effort", "reasoning_budget_tokens", "thinking_budget_tokens")
 
@@ -53,15 +54,6 @@ def says_thinking(chat: dict) -> bool:
     if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
         return True
     return any(chat.get(f) is not None for f in _REQUEST_FIELDS)
-
-
-def thinking_turned_off(chat: dict) -> bool:
-    """Whether an OpenAI chat request turns thinking off (enable_thinking false, effort none or a budget of 0)."""
-    kwargs = chat.get("chat_template_kwargs")
-    if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False:
-        return True
-    budgets = [chat.get(f) for f in ("reasoning_budget_tokens", "thinking_budget_tokens") if chat.get(f) is not None]
-    return chat.get("reasoning_effort") == EFFORT_OFF or (bool(budgets) and budgets[0] == 0)
 
 
 def class_thinking(mode: str) -> dict:
