@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -393,8 +393,16 @@ def _manage_token(data: Path) -> str:
     return token
 
 
-def run_hearth(serve: FamiliesServe, families: list[str], apis: tuple[str, ...] = APIS) -> list[Outcome]:
-    """Every script of every family through serve, in each API, whole and streamed."""
+Report = Callable[[list[Outcome]], None]
+
+
+def _ignore(outcomes: list[Outcome]) -> None:
+    pass
+
+
+def run_hearth(serve: FamiliesServe, families: list[str], apis: tuple[str, ...] = APIS,
+               report: Report = _ignore) -> list[Outcome]:
+    """Every script of every family through serve, in each API, whole and streamed (each pair reported as it comes)."""
     out: list[Outcome] = []
     for name in families:
         double = serve.doubles[name]
@@ -403,13 +411,17 @@ def run_hearth(serve: FamiliesServe, families: list[str], apis: tuple[str, ...] 
             for script in scripts:
                 g = double.gbnf(script.raw)
                 whole = ask(serve.client, "openai", name, script, False, g)
-                out += check_pair("hearth", script, "openai", whole, ask(serve.client, "openai", name, script, True, g))
+                pair = check_pair("hearth", script, "openai", whole, ask(serve.client, "openai", name, script, True, g))
+                report(pair)
+                out += pair
         others = [a for a in apis if a != "openai"]
         for script in scripts if others else ():
             serve.use_script(script)
             for api in others:
                 whole = ask(serve.client, api, name, script, False)
-                out += check_pair("hearth", script, api, whole, ask(serve.client, api, name, script, True))
+                pair = check_pair("hearth", script, api, whole, ask(serve.client, api, name, script, True))
+                report(pair)
+                out += pair
     return out
 
 
@@ -438,7 +450,7 @@ def _start_llama_server(binary: Path, model: Path, grammar_file: Path, log: Path
     raise TimeoutError(f"llama-server not ready in {READY_TIMEOUT_S} s; see {log}")
 
 
-def run_llama_server(binary: Path, families: list[str], root: Path) -> list[Outcome]:
+def run_llama_server(binary: Path, families: list[str], root: Path, report: Report = _ignore) -> list[Outcome]:
     """Every script through stock llama-server (OpenAI chat), its grammar as the server's default grammar.
 
     llama-server refuses a request's own grammar beside tools, so each script gets a server of its own.
@@ -452,16 +464,28 @@ def run_llama_server(binary: Path, families: list[str], root: Path) -> list[Outc
             try:
                 proc, url = _start_llama_server(binary, double.path, grammar, root / "llama-server.log")
             except (RuntimeError, TimeoutError) as exc:
-                out += [Outcome("llama-server", name, script.name, "openai", s, [str(exc)], "") for s in (False, True)]
-                continue
-            try:
-                with httpx.Client(base_url=url, timeout=120) as client:
-                    whole = ask(client, "openai", name, script, False)
-                    out += check_pair("llama-server", script, "openai", whole, ask(client, "openai", name, script, True))
-            finally:
-                proc.terminate()
-                proc.wait(10)
+                pair = [Outcome("llama-server", name, script.name, "openai", s, [str(exc)], "") for s in (False, True)]
+            else:
+                try:
+                    with httpx.Client(base_url=url, timeout=120) as client:
+                        whole = ask(client, "openai", name, script, False)
+                        pair = check_pair("llama-server", script, "openai", whole,
+                                          ask(client, "openai", name, script, True))
+                finally:
+                    _stop(proc)
+            report(pair)
+            out += pair
     return out
+
+
+def _stop(proc: subprocess.Popen, timeout_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not exited in timeout_s (llama-server can take a while to drain)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def summary(outcomes: list[Outcome], target: str) -> tuple[int, int]:
@@ -486,18 +510,20 @@ def run_from_args(args) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="hearth-families-") as tmp:
         root = Path(tmp)
+        def report(pair: list[Outcome]) -> None:
+            for o in pair:
+                print(o.line(), flush=True)
+                if args.verbose and not o.right:
+                    print(f"{'':14}got {o.got}", flush=True)
+
         serve = FamiliesServe(families, root)
         try:
-            outcomes = run_hearth(serve, families, apis)
+            outcomes = run_hearth(serve, families, apis, report)
         finally:
             serve.stop()
         binary = None if args.no_llama_server else stock_llama_server()
         if binary is not None:
-            outcomes += run_llama_server(binary, families, root)
-        for o in outcomes:
-            print(o.line())
-            if args.verbose and not o.right:
-                print(f"{'':14}got {o.got}")
+            outcomes += run_llama_server(binary, families, root, report)
     right, total = summary(outcomes, "hearth")
     line = f"Hearth splits {right} of {total} right"
     if binary is not None:
