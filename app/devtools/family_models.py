@@ -91,8 +91,9 @@ FAMILIES = {f.name: f for f in (
            (("<｜begin▁of▁sentence｜>", CONTROL), ("<｜end▁of▁sentence｜>", CONTROL)) + _DEEPSEEK,
            "<｜end▁of▁sentence｜>", True,
            "DeepSeek-R1 distill (Qwen): the prompt opens <think>, calls in <｜tool▁calls▁begin｜>"),
-    Family("deepseek_v3", "deepseek_v3", "deepseek-llm", "deepseek-ai-DeepSeek-V3.1.jinja", _DEEPSEEK, None, False,
-           "DeepSeek V3.1 (thinking off, as rendered by default): name<｜tool▁sep｜>{…} calls"),
+    Family("deepseek_v3", "deepseek_v3", "deepseek-llm", "deepseek-ai-DeepSeek-V3.1.jinja", _DEEPSEEK, None, True,
+           "DeepSeek V3.1: the prompt opens <think> (thinking on, as llama-server renders it), then "
+           "name<｜tool▁sep｜>{…} calls"),
     Family("granite", "granite", "gpt-2", "ibm-granite-granite-4.0.jinja",
            (("<|start_of_role|>", CONTROL), ("<|end_of_role|>", CONTROL), ("<|end_of_text|>", CONTROL),
             ("<tool_call>", USER_DEFINED), ("</tool_call>", USER_DEFINED), ("<tool_response>", USER_DEFINED),
@@ -107,7 +108,7 @@ FAMILIES = {f.name: f for f in (
            "<|eot_id|>", False, "Functionary v3.2: >>>name\\n{…} and >>>all\\ntext"),
     Family("gemma3", "generic", "llama-spm", "google-gemma-2-2b-it.jinja",
            (("<start_of_turn>", CONTROL), ("<end_of_turn>", CONTROL)), "<end_of_turn>", False,
-           "Gemma (generic): no tool markup, llama.cpp's JSON envelope {\"tool_call\"…} / {\"response\"…}"),
+           "Gemma (generic): no tool markup; with tools, llama.cpp's JSON envelope {\"tool_call\"…}"),
 )}
 
 
