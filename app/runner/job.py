@@ -137,7 +137,7 @@ def chat_job(state: RunnerState, body: ChatBody, headers: Mapping) -> Job:
     grammar = chat_grammar(state, body, prompt.tools, fmt, in_thought)
     top = (body.top_logprobs or 0) if body.logprobs else None
     job = _job(state, headers, body, CHAT, prompt.tokens, grammar, top, tools=prompt.tools or None,
-               chat_format=fmt, parse=bool(prompt.tools) or (fmt.reasoning and (split or in_thought)), split_reasoning=split,
+               chat_format=fmt, parse=bool(prompt.tools) or fmt.marked_content or (fmt.reasoning and (split or in_thought)), split_reasoning=split,
                drop_reasoning=split and not thinking, in_thought=in_thought, verbose=body.verbose)
     params = dataclasses.replace(job.params, special_ids=state.special_ids,
                                  reasoning_budget=reasoning_budget(state, budget if thinking else 0, in_thought))
@@ -199,7 +199,10 @@ def _constraint(param: str):
 def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: formats.ChatFormat,
                  in_thought: bool = False) -> Grammar | None:
     """The constraint of a chat request: a forced call, else the response format, else llama-server's grammar or
-    json_schema, else a lazy call grammar, else the runner's --grammar."""
+    json_schema, else the runner's --grammar, else a lazy call grammar.
+
+    The runner's --grammar outranks the lazy grammar of tool_choice auto: an admin's constraint for every answer is
+    explicit, while auto only says a call may come (the grammar can still spell the family's calls)."""
     forced = tools and (body.choice == "required" or isinstance(body.choice, dict))
     calls = None
     if tools:
@@ -216,7 +219,7 @@ def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: for
             return json_object_grammar()
         if rf is not None and rf.type == "json_schema":
             return schema_grammar(rf.json_schema.schema_)
-    return raw_grammar(body) or calls or state.default_grammar
+    return raw_grammar(body) or state.default_grammar or calls
 
 
 def raw_grammar(body: ChatBody | NativeCompletionBody) -> Grammar | None:

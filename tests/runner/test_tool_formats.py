@@ -145,4 +145,7 @@ def test_a_chat_request_gets_the_default_grammar_unless_it_constrains_itself(mak
 
     assert grammar().gbnf == YES
     assert grammar(response_format={"type": "json_object"}).gbnf != YES
-    assert grammar(tools=[WEATHER]).gbnf != YES  # the offered tools' (lazy) call grammar, as llama-server's
+    # The runner's grammar outranks the lazy call grammar of tool_choice auto, not a call the request requires.
+    assert grammar(tools=[WEATHER]).gbnf == YES
+    assert grammar(tools=[WEATHER], tool_choice="required").gbnf != YES
+    assert grammar(tools=[WEATHER], tool_choice="none").gbnf == YES

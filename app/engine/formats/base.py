@@ -24,6 +24,8 @@ class ChatFormat:
     think_end: str = ""
     # Special-token texts that must be rendered into the output text for the parser to see them.
     preserved: tuple[str, ...] = ()
+    # The family wraps plain answers in markup too (Functionary v3.2's "all\n"): parsed even without tools.
+    marked_content: bool = False
 
 
 class Reasoning(NamedTuple):

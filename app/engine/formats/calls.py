@@ -122,6 +122,8 @@ class CallSyntax:
     open_anchored: Callable[[Tools], Region] | None = None
     dropped: tuple[str, ...] = ()
     after_call: Callable[[str], int] | None = None  # how much text after a call to drop (-1: not known yet)
+    # The anchored region opens without tools too (Functionary v3.2's leading "all\n" recipient is markup).
+    anchored_always: bool = False
     all_markers: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self):
@@ -140,7 +142,7 @@ class CallScanner:
         self.region: Region | None = None
         self.region_text = ""
         self.space_before = ""  # whitespace before the open region, content again if it is malformed
-        self.at_start = syntax.anchored is not None and bool(tools)
+        self.at_start = syntax.anchored is not None and (bool(tools) or syntax.anchored_always)
         self.after_call = False
         self.gap = ""  # whitespace before a run of calls: between content before and content after them
         self.out: list = []  # ("c", text) and ("call", Call) events

@@ -44,7 +44,7 @@ GRANITE = ChatFormat("granite", tools=True, reasoning=True, think_start=THINK[0]
 COMMAND_R = ChatFormat("command_r", tools=True, reasoning=True, think_start="<|START_THINKING|>",
                        think_end="<|END_THINKING|>", preserved=COMMAND_R_TOKENS)
 FUNCTIONARY_V3_1 = ChatFormat("functionary_v3_1", tools=True, preserved=("<|python_tag|>",))
-FUNCTIONARY_V3_2 = ChatFormat("functionary_v3_2", tools=True)
+FUNCTIONARY_V3_2 = ChatFormat("functionary_v3_2", tools=True, marked_content=True)
 GEMMA4 = ChatFormat("gemma4", tools=True, reasoning=True, think_start="<|channel>thought", think_end="<channel|>",
                    preserved=("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'))
 KIMI_TOKENS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",

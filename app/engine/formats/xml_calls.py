@@ -130,4 +130,5 @@ def functionary_v3_2_syntax() -> CallSyntax:
     """`all\\ntext>>>NAME\\n{...}>>>NAME2\\n{...}`: each recipient a segment."""
     return CallSyntax(markers=(RECIPIENT,),
                       open_region=lambda marker, tools: RecipientRegion(len(marker), tools),
-                      anchored=lambda text: 0, open_anchored=lambda tools: RecipientRegion(0, tools))
+                      anchored=lambda text: 0, open_anchored=lambda tools: RecipientRegion(0, tools),
+                      anchored_always=True)

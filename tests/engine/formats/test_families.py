@@ -189,6 +189,14 @@ def test_functionary_v3_2_recipients():
     assert calls_of(answer) == [("python", {"code": "print(1)"})]
 
 
+def test_functionary_v3_2_without_tools_the_all_recipient_is_still_markup():
+    # llama-server strips it too: the recipient line is the template's wrapper, not the answer.
+    answer = check(FUNCTIONARY_V3_2, "all\nIt is sunny in Paris today.", tools=[])
+    assert answer.content == "It is sunny in Paris today." and not answer.calls
+    answer = check(FUNCTIONARY_V3_2, 'get_weather\n{"city": "Paris"}', tools=[])
+    assert answer.content == 'get_weather\n{"city": "Paris"}' and not answer.calls
+
+
 # -- Kimi K2 ---------------------------------------------------------------------------------
 
 KIMI_CALL = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
