@@ -87,9 +87,11 @@ def test_a_refused_signed_url_shows_and_logs_no_token(hub, models, caplog):
     spec = f"http://tok:{SECRET}@127.0.0.1:{hub.url.rsplit(':', 1)[1]}/files/tiny-Q4_K_M.gguf?token={SECRET}"
     with caplog.at_level(logging.DEBUG, logger="app.residency.library"):
         p = _ended(lib.start(spec))
+        # The pull thread ends the pull, then logs why: wait for the line, not only for the end.
+        wait_until(lambda: any("refused" in r.getMessage() for r in caplog.records), 10, "the refusal's log line")
     assert p.state == "refused" and p.code == "host_refused"
     assert SECRET not in p.label and SECRET not in p.error and "127.0.0.1" in p.label and "/files/" in p.label
-    assert caplog.records and not [r for r in caplog.records if SECRET in r.getMessage()]
+    assert not [r for r in caplog.records if SECRET in r.getMessage()]
 
 
 # -- which hosts a pull may reach ------------------------------------------------------------------
