@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
+from app.engine.speculation import NGRAM_TYPES, SpecConfig
 from app.exposition import parse_exposition
 from app.hardware import cpu_has_amx, usable_cores
 from app.policy import RUNNER_KINDS, RunnerKind
@@ -38,6 +39,44 @@ RUNNER_KEY_ENV = "HEARTH_RUNNER_API_KEY"
 LLAMA_KEY_ENV = "LLAMA_API_KEY"  # llama.cpp's common/arg.cpp: --api-key reads it when the flag is absent
 # A port picked free can be taken before the runner binds it; a new one is tried that many times.
 MAX_PORT_TRIES = 3
+
+
+# A model's "Speculative decoding" setting (runner_settings.speculation, migration 0013): auto (None stored
+# means the same) lets serve choose, off never drafts, an n-gram type drafts with that type. Drafting is
+# switched by load inside a hearth runner either way (it stands aside as the batch fills).
+SPEC_AUTO = "auto"
+SPEC_OFF = "off"
+SPECULATION_SETTINGS = (SPEC_AUTO, SPEC_OFF, *NGRAM_TYPES)
+# What auto means for a hearth runner: Hearth's own n-gram lookup, drafting from the sequence's context.
+SPEC_AUTO_HEARTH = "ngram-lookup"
+# Hearth's own type, which a stock llama-server does not know (it refuses an unknown --spec-type).
+HEARTH_ONLY_SPEC_TYPES = frozenset({"ngram-lookup"})
+
+
+def spec_type_for(kind: RunnerKind, setting: str | None) -> str | None:
+    """The --spec-type a runner of `kind` is started with for a model's speculation setting; None: no flag.
+
+    hearth: auto (or unset) is ngram-lookup, off is none, a type is that type. llama-server: auto leaves its
+    own default (no flag), off is none, a type is that type, except Hearth's ngram-lookup (no flag: the
+    Models page refuses the pair, this keeps a stored one from stopping the runner's start)."""
+    value = setting or SPEC_AUTO
+    if value not in SPECULATION_SETTINGS:
+        raise ValueError(f"unknown speculation setting {value!r}; one of: {', '.join(SPECULATION_SETTINGS)}")
+    if value == SPEC_OFF:
+        return "none"
+    if kind == "llama-server":
+        return None if value == SPEC_AUTO or value in HEARTH_ONLY_SPEC_TYPES else value
+    return SPEC_AUTO_HEARTH if value == SPEC_AUTO else value
+
+
+def speculation_problem(kind: RunnerKind, setting: str | None) -> str | None:
+    """Why a speculation setting cannot go with a runner kind, or None (the Models page's check)."""
+    if setting is not None and setting not in SPECULATION_SETTINGS:
+        return f"choose one of: {', '.join(SPECULATION_SETTINGS)}"
+    if kind == "llama-server" and setting in HEARTH_ONLY_SPEC_TYPES:
+        return (f"{setting} is Hearth's own; a stock llama-server drafts with ngram-simple, ngram-map-k, "
+                "ngram-map-k4v or ngram-mod (or choose auto: its own default)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,6 +95,8 @@ class RunnerSpec:
     mode: str = "continuous"
     extra_args: tuple[str, ...] = ()
     prefix_cache: bool = True  # hearth runners only; llama-server keeps its own default (prompt caching on)
+    # --spec-type (llama-server's name, see spec_type_for); None passes no flag: the runner's own default.
+    spec_type: str | None = None
 
     def __post_init__(self):
         if self.kind not in RUNNER_KINDS:
@@ -63,6 +104,41 @@ class RunnerSpec:
         if self.kind == "llama-server" and not self.binary_path:
             raise ValueError("a llama-server runner needs binary_path")
         object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+    def _arg(self, *names: str) -> str | None:
+        """The value the model's runner_args give the last of these flags (`--flag V` or `--flag=V`), or None."""
+        value = None
+        args = self.extra_args
+        for i, a in enumerate(args):
+            flag, eq, inline = a.partition("=")
+            if flag in names:
+                value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+        return value
+
+    @property
+    def spec_flag(self) -> list[str]:
+        """The --spec-type arguments, unless the model's runner_args name the type themselves (theirs win)."""
+        if self.spec_type is None or self._arg("--spec-type") is not None:
+            return []
+        return ["--spec-type", self.spec_type]
+
+    @property
+    def effective_spec_type(self) -> str | None:
+        """The --spec-type the runner gets: runner_args' own, else the setting's; None: the runner's default."""
+        return self._arg("--spec-type") or self.spec_type
+
+    @property
+    def n_outputs_extra(self) -> int:
+        """Logit rows a hearth runner reserves beyond one per slot for verifying drafts (its draft_max)."""
+        kind = self.effective_spec_type
+        if self.kind != "hearth" or kind in (None, "none"):
+            return 0
+        n_max = self._arg("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max")
+        try:
+            config = SpecConfig(type=kind, n_max=int(n_max) if n_max is not None else None)
+        except ValueError:
+            return 0  # a type or length the runner refuses: it will not start, so it reserves nothing
+        return config.draft_max if config.enabled else 0
 
     def command(self, port: int, parent_pid: int | None = None) -> list[str]:
         """The command line that serves this model on 127.0.0.1:`port`."""
@@ -79,7 +155,7 @@ class RunnerSpec:
             if cpu_has_amx():
                 cmd.append("--no-repack")
             # `mode` is the hearth engine's scheduler; llama-server always batches continuously.
-            return cmd + list(self.extra_args)
+            return cmd + self.spec_flag + list(self.extra_args)
         cmd = [
             sys.executable, "-m", "app.cli", "runner", "--model", self.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--ctx", str(self.n_ctx),
@@ -94,7 +170,7 @@ class RunnerSpec:
             cmd += ["--parent-pid", str(parent_pid)]
         if not self.prefix_cache:
             cmd.append("--no-prefix-cache")
-        return cmd + list(self.extra_args)
+        return cmd + self.spec_flag + list(self.extra_args)
 
 
 # The flags serve sets on every runner itself (address, key, identity) or from settings of their own (slots,

@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS
+from app.residency.supervisor import SPECULATION_SETTINGS
 
 MODEL_SOURCES = ("default", "folder", "remote")
 # Checked by the code that writes them, not by CHECK constraints: adding a kind to a large log
@@ -128,6 +129,7 @@ class RunnerSettings(Base):
     __table_args__ = (
         CheckConstraint(_one_of("kind", RUNNER_KINDS), name="kind"),
         CheckConstraint(f"mode IS NULL OR {_one_of('mode', MODES)}", name="mode"),
+        CheckConstraint(f"speculation IS NULL OR {_one_of('speculation', SPECULATION_SETTINGS)}", name="speculation"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -141,6 +143,8 @@ class RunnerSettings(Base):
     threads: Mapped[int | None] = mapped_column(Integer)
     gpu_layers: Mapped[int | None] = mapped_column(Integer)
     mode: Mapped[str | None] = mapped_column(String(16))
+    # Speculative decoding (SPECULATION_SETTINGS): auto, off or an n-gram type; None means auto. Migration 0013.
+    speculation: Mapped[str | None] = mapped_column(String(16))
 
 
 class Node(Base):
@@ -195,6 +199,9 @@ class RequestClass(Base):
     default_model: Mapped[str | None] = mapped_column(String(255))
     # Thinking for a request that does not say (app.policy.THINKING_MODES): model, off, on. Migration 0012.
     thinking: Mapped[str] = mapped_column(String(8), default="model", server_default="model")
+    # Whether the class's requests may draft (speculative decoding, where the runner decides it pays); off
+    # sends the runner "speculative.n_max": 0 with each request. Migration 0013.
+    speculation: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("1"))
 
 
 class Member(Base):
@@ -281,6 +288,10 @@ class RequestRecord(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # What the request used beyond plain generation, comma-separated (FEATURES in app.protocols.openai); migration 0007.
     features: Mapped[str | None] = mapped_column(String(64))
+    # Speculative decoding: draft tokens the runner verified for the request and those it kept (its final
+    # timings' draft_n and draft_n_accepted); NULL when it did not draft. Migration 0013.
+    draft_tokens: Mapped[int | None] = mapped_column(Integer)
+    draft_accepted: Mapped[int | None] = mapped_column(Integer)
 
 
 class Refusal(Base):
