@@ -2,7 +2,8 @@
 
 The model mirrors how the pinned llama.cpp (llama-cpp-python 0.3.36) sizes a context the way
 app.engine.llama_model creates it: one unified KV cache of n_ctx cells shared by all slots,
-n_ubatch = min(n_batch, 512), n_outputs_max = parallel, flash attention on wherever the backend
+n_ubatch = min(n_batch, 512), n_outputs_max = parallel (+ the draft tokens one iteration may verify
+when speculative decoding is on: ModelConfig.n_outputs_extra = draft_max), flash attention on wherever the backend
 supports it (llama.cpp's "auto", which includes the CPU), and full-size sliding-window caches.
 
 Calibration (Gemma 3 270M Q4_K_M, n_ctx 4096, parallel 8, n_batch 512, CPU, 2 threads):
@@ -73,8 +74,12 @@ def estimate_memory(
     parallel: int,
     n_batch: int = 512,
     kv_type_bytes: float = 2.0,
+    n_outputs_extra: int = 0,
 ) -> MemoryEstimate:
-    """Estimates a runner's footprint for n_ctx cells shared by `parallel` slots."""
+    """Estimates a runner's footprint for n_ctx cells shared by `parallel` slots.
+
+    `n_outputs_extra`: logit rows the runner reserves beyond one per slot (a hearth runner that drafts
+    reserves its draft_max: app.residency.supervisor.RunnerSpec.n_outputs_extra)."""
     if not entry.usable or entry.weights_bytes is None:
         reason = entry.unusable_reason or "no header facts"
         raise ValueError(f"cannot estimate {entry.name}: {reason}")
@@ -82,9 +87,13 @@ def estimate_memory(
         raise ValueError(
             f"n_ctx, parallel and n_batch must be positive (got {n_ctx}, {parallel}, {n_batch})"
         )
+    if n_outputs_extra < 0:
+        raise ValueError(f"n_outputs_extra must be 0 or more (got {n_outputs_extra})")
     cells = -(-n_ctx // KV_CELL_PADDING) * KV_CELL_PADDING
     kv_bytes = bytes_per_token(entry, kv_type_bytes) * cells
-    compute_bytes = _compute_bytes(entry, cells, parallel, min(n_batch, MAX_UBATCH))
+    # Each extra logit row costs n_vocab floats twice: in the compute buffer's logits phase and in the
+    # host output buffer (Gemma's 262k vocabulary: 16 draft rows are 32 MiB).
+    compute_bytes = _compute_bytes(entry, cells, parallel + n_outputs_extra, min(n_batch, MAX_UBATCH))
     vocab_bytes = VOCAB_BYTES_PER_TOKEN * (entry.n_vocab or 0)
     overhead_bytes = RUNNER_BASELINE_BYTES + SERVING_HEADROOM_BYTES + vocab_bytes
     return MemoryEstimate(
@@ -144,9 +153,10 @@ class RunnerSizing:
 
 
 def size_runner(entry: CatalogEntry, budget_bytes: int, n_batch: int = 512, gpu: bool = False,
-                parallel: int | None = None, n_ctx: int | None = None) -> RunnerSizing:
+                parallel: int | None = None, n_ctx: int | None = None, n_outputs_extra: int = 0) -> RunnerSizing:
     """Slots and KV cells for a runner where the admin set none (parallel / n_ctx None): the household's
-    overlap, as far as AUTO_BUDGET_SHARE of the memory budget and the model's trained context allow."""
+    overlap, as far as AUTO_BUDGET_SHARE of the memory budget and the model's trained context allow
+    (`n_outputs_extra`: the draft rows of speculative decoding, as estimate_memory)."""
     trained = entry.n_ctx_train or AUTO_MIN_CELLS
     target = parallel or min(AUTO_SLOTS_GPU if gpu else AUTO_SLOTS_CPU, n_batch)
     options = []
@@ -155,7 +165,7 @@ def size_runner(entry: CatalogEntry, budget_bytes: int, n_batch: int = 512, gpu:
             continue
         # A slot holds at most the trained context; all slots together get at least AUTO_MIN_CELLS.
         cells = n_ctx or min(max(p * AUTO_CELLS_PER_SLOT, AUTO_MIN_CELLS), trained * p)
-        options.append((p, cells, estimate_memory(entry, cells, p, n_batch).total_bytes))
+        options.append((p, cells, estimate_memory(entry, cells, p, n_batch, n_outputs_extra=n_outputs_extra).total_bytes))
     # Within the share one model may take; else within the whole budget (it will be alone); else the smallest.
     share = int(budget_bytes * AUTO_BUDGET_SHARE)
     p, cells, need = next((o for o in options if o[2] <= share), None) or \

@@ -21,7 +21,7 @@ from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import RunnerSizing, estimate_memory, size_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
-from app.residency.supervisor import RunnerSpec, parse_runner_args
+from app.residency.supervisor import RunnerSpec, parse_runner_args, spec_type_for
 from app.services.settings import SettingsCache, budget_bytes
 from app.store import models as db
 from app.store.settings import get_setting
@@ -137,18 +137,22 @@ def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: d
         return None
     n_batch = (rs and rs.n_batch) or int(defaults["batch"])
     gpu = bool(rs and rs.gpu_layers)
+    # The draft rows the runner will reserve (speculation on) count against the budget like the rest.
+    extra = runner_spec(entry, rs, defaults).n_outputs_extra
     return size_runner(entry, budget, n_batch, gpu, int(parallel) if parallel else None,
-                       int(n_ctx) if n_ctx else None)
+                       int(n_ctx) if n_ctx else None, n_outputs_extra=extra)
 
 
 def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict,
                 sizing: RunnerSizing | None = None) -> RunnerSpec:
     """How a model's runner starts: its own runner settings where set, else the stored runner_* defaults,
-    else the sizing (app.residency.estimate.size_runner)."""
+    else the sizing (app.residency.estimate.size_runner). Speculation: the model's setting (auto when unset,
+    see app.residency.supervisor.spec_type_for)."""
+    kind = rs.kind if rs else "hearth"
     return RunnerSpec(
         model_name=entry.name,
         model_path=str(entry.path),
-        kind=(rs.kind if rs else "hearth"),
+        kind=kind,
         binary_path=rs.binary_path if rs else None,
         n_ctx=(rs and rs.n_ctx) or int(defaults["ctx"] or (sizing.n_ctx if sizing else 4096)),
         parallel=(rs and rs.parallel) or int(defaults["parallel"] or (sizing.parallel if sizing else 4)),
@@ -158,6 +162,7 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         mode=(rs and rs.mode) or "continuous",
         prefix_cache=bool(defaults.get("prefix_cache", True)),
         extra_args=parse_runner_args(defaults.get("args")).get(entry.name, ()),
+        spec_type=spec_type_for(kind, rs.speculation if rs else None),
     )
 
 
@@ -238,7 +243,8 @@ class Catalog:
                     rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
                     sizing = runner_sizing(e, rs, defaults, budget)
                     spec = runner_spec(e, rs, defaults, sizing)
-                    estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch)
+                    estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
+                                               n_outputs_extra=spec.n_outputs_extra)
                     nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()
                     specs[e.name] = ModelSpec(
                         name=e.name, path=str(e.path), estimate_bytes=estimate.total_bytes, policy=row.policy,

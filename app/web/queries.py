@@ -397,7 +397,8 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
         row, status, spec, hist = rows.get(e.name), statuses.get(e.name), specs.get(e.name), history[e.name]
         estimate = None
         if e.usable and spec is not None and spec.runner is not None:
-            estimate = estimate_memory(e, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch)
+            estimate = estimate_memory(e, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch,
+                                       n_outputs_extra=spec.runner.n_outputs_extra)
         state, label, badge = state_label(status, hist["last_event"])
         card = ModelCard(
             name=e.name, source=e.source, usable=e.usable, unusable_reason=e.unusable_reason,
