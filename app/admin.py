@@ -43,6 +43,8 @@ CLASS_FIELDS = {
     "preemptible": _flag, "queue_timeout_s": float,
     "default_model": lambda v: v.strip() or None,
     "thinking": _thinking,
+    # Speculative decoding for the class's requests: on (the runner drafts where it pays) or off.
+    "speculation": _flag,
 }
 # (lowest allowed value, what the field means) for the numeric fields; checked after conversion.
 CLASS_LIMITS = {

@@ -48,6 +48,8 @@ class ClassPolicy:
     queue_timeout_s: float = 60
     default_model: str | None = None
     thinking: ThinkingMode = "model"
+    # May its requests draft (speculative decoding, switched by load in the runner)? Off: never.
+    speculation: bool = True
 
 
 # The gateway tells the runner a request's class targets in this header (a stock llama-server ignores

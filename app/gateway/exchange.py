@@ -25,6 +25,13 @@ CLIENT_STALLED = "client_stalled"
 STALL_SHARE = 0.9
 
 
+def _count(value) -> int | None:
+    """A token count from a runner's timings, or None when it is absent or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value)
+
+
 class Exchange:
     """A request from its arrival at the gateway to its row in the request log."""
 
@@ -149,6 +156,9 @@ class Exchange:
             tpot_ms=t.get("tpot_ms"),
             total_ms=(time.monotonic() - self.arrival_s) * 1000,
             num_preemptions=t.get("num_preemptions"),
+            # llama-server's names in the final timings; absent when the request did not draft.
+            draft_tokens=_count(t.get("draft_n")),
+            draft_accepted=_count(t.get("draft_n_accepted")),
         )
 
     def _log(self, **fields) -> None:

@@ -47,6 +47,8 @@ from app.store.settings import cors_origins
 LAN_MEMBER = "lan"
 # Logged for a request whose client left before it was answered (nginx's code).
 CLIENT_CLOSED = 499
+# llama-server's per-request cap on draft tokens; 0 turns speculative decoding off for the request.
+NO_DRAFTS_FIELD = "speculative.n_max"
 
 
 def error_response(err: ApiError) -> Response:
@@ -189,6 +191,9 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
     if schema is ChatBody and not says_thinking(forward):
         # The class's thinking default (voice: off) for a request that does not decide it itself.
         forward = with_thinking(forward, class_thinking(policy.thinking))
+    if not policy.speculation and schema is not EmbeddingBody:
+        # The class opts out of drafting: llama-server's per-request field, which the hearth runner reads too.
+        forward[NO_DRAFTS_FIELD] = 0
     forward["priority"] = policy.priority
     forward["hearth_class"] = policy.name
     forward["model"] = model_name

@@ -86,6 +86,11 @@ class GatewayMetrics:
                                          registry=r)
         self.features = Counter("hearth:gateway_feature_requests", "Requests using tools, structured output, "
                                 "fill-in-the-middle or logprobs, by class and feature", ["class", "feature"], registry=r)
+        # Speculative decoding as the request log records it (the runners' own counters are on their /metrics).
+        self.draft_tokens = Counter("hearth:gateway_draft_tokens", "Draft tokens runners verified, by class", ["class"],
+                                    registry=r)
+        self.draft_accepted = Counter("hearth:gateway_draft_accepted_tokens", "Draft tokens runners kept, by class",
+                                      ["class"], registry=r)
         self.ttft = Histogram("hearth:gateway_ttft_seconds",
                               "Arrival at the gateway to the first generated token sent to the client (streamed or whole)", ["class"],
                               buckets=TTFT_BUCKETS_S, registry=r)
@@ -105,6 +110,9 @@ class GatewayMetrics:
             self.prompt_tokens.labels(klass).inc(values["prompt_tokens"])
         if values.get("completion_tokens"):
             self.completion_tokens.labels(klass).inc(values["completion_tokens"])
+        if values.get("draft_tokens"):
+            self.draft_tokens.labels(klass).inc(values["draft_tokens"])
+            self.draft_accepted.labels(klass).inc(values.get("draft_accepted") or 0)
         for hist, key in ((self.ttft, "ttft_ms"), (self.tpot, "tpot_ms"), (self.queue, "queue_ms")):
             if values.get(key) is not None:
                 hist.labels(klass).observe(values[key] / 1000)

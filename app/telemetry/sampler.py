@@ -4,7 +4,8 @@ Called once a second by the `sample_telemetry` job. Each step of `Sampler.sample
 
   1. collect: host CPU/RAM (psutil), per GPU (NVML; none is a normal state), the gateway's queue
      depth (admission state, no I/O), and for every ready model's healthy nodes one scrape of
-     /metrics and /slots with a short timeout;
+     /metrics and /slots with a short timeout (and, every few seconds, of a drafting hearth
+     runner's /props for its speculative decoding decision in words);
   2. decorate: counters become per-second rates against the previous scrape, KV cells become a
      percentage; the metric names and units are the data in METRICS below;
   3. store: one batch of (source, metric, value) readings goes to the store writer, and the
@@ -73,6 +74,9 @@ METRICS = {
         Metric("slots_busy", "slots", "sequence slots processing a request"),
         Metric("prefill_budget", "tokens", "prefill tokens an iteration may carry: the SLO budget of the last iteration"),
         Metric("budget_tpot_ms", "ms", "the tightest TPOT target among decoding sequences the budget followed (0: none)"),
+        Metric("spec_draft_tok_s", "tok/s", "draft tokens verified per second (speculative decoding)"),
+        Metric("spec_accepted_tok_s", "tok/s", "draft tokens kept per second: each one a token without a decode of its own"),
+        Metric("spec_drafting", "0/1", "1 when the runner's last iteration drafted, 0 when drafting stood aside"),
         Metric("queue_waiting", "req", "requests waiting in the gateway for admission, all classes"),
         Metric("in_flight", "req", "requests the gateway admitted that have not finished, all classes"),
     ]
@@ -84,12 +88,19 @@ RUNNER_COUNTERS = {
     "llamacpp:prompt_tokens_total": "prompt_tok_s",
     "hearth:preemptions_total": "preemptions_s",
     "hearth:prefix_cache_hit_tokens_total": "prompt_cached_tok_s",
+    "llamacpp:spec_decode_num_draft_tokens_total": "spec_draft_tok_s",
+    "llamacpp:spec_decode_num_accepted_tokens_total": "spec_accepted_tok_s",
 }
 RUNNER_GAUGES = {
     "llamacpp:requests_processing": "running",
     "llamacpp:requests_deferred": "waiting",
     "hearth:prefill_budget": "prefill_budget",
 }
+# A hearth runner with speculative decoding configured says so here; only then is /props read for its decision.
+SPEC_ENABLED = "hearth:spec_enabled"
+SPEC_DRAFTING = "hearth:spec_drafting"
+# /props is read at most this often per node: the decision changes every iteration, a sentence every few seconds is plenty.
+SPEC_PROPS_EVERY_S = 5.0
 
 
 # -- collect ---------------------------------------------------------------------------------------
@@ -215,6 +226,55 @@ class ScrapeFailures:
             return dict(self._totals)
 
 
+class SpeculationNotes:
+    """The last speculative block of each drafting hearth runner's /props, by source; read every few seconds."""
+
+    def __init__(self, every_s: float = SPEC_PROPS_EVERY_S) -> None:
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._blocks: dict[str, dict] = {}
+        self._read_at: dict[str, float] = {}
+
+    def due(self, source: str, now: float) -> bool:
+        """Whether this node's /props should be read now."""
+        with self._lock:
+            last = self._read_at.get(source)
+        return last is None or now - last >= self.every_s or now < last
+
+    def note(self, source: str, now: float, block: dict | None) -> None:
+        """Keep what /props said (None: it said nothing readable; the previous block is dropped)."""
+        with self._lock:
+            self._read_at[source] = now
+            if block is None:
+                self._blocks.pop(source, None)
+            else:
+                self._blocks[source] = block
+
+    def tried(self, source: str, now: float) -> None:
+        """A read failed: the previous block stays, the next try waits its turn."""
+        with self._lock:
+            self._read_at[source] = now
+
+    def forget_except(self, sources: Iterable[str]) -> None:
+        """Drop the nodes that no longer draft or are gone."""
+        keep = set(sources)
+        with self._lock:
+            for source in [s for s in self._read_at if s not in keep]:
+                self._read_at.pop(source, None)
+                self._blocks.pop(source, None)
+
+    def latest(self) -> dict[str, dict]:
+        """Source -> the speculative block last read ({enabled, type, n_max, drafting, note, by_class, ...})."""
+        with self._lock:
+            return dict(self._blocks)
+
+
+def _speculative_block(body: str) -> dict | None:
+    props = json.loads(body)
+    block = props.get("speculative") if isinstance(props, dict) else None
+    return block if isinstance(block, dict) else None
+
+
 def _busy_slots(body: str) -> int:
     slots = json.loads(body)
     # llama-server and Hearth's runner say `is_processing`; older llama-server builds say `state`.
@@ -222,9 +282,14 @@ def _busy_slots(body: str) -> int:
 
 
 def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rates: RateTracker,
-                   now: float, failures: ScrapeFailures | None = None) -> list[Reading]:
-    """Scrape /metrics and /slots of every healthy node of every ready model; failed scrapes are counted and skipped."""
+                   now: float, failures: ScrapeFailures | None = None,
+                   speculation: SpeculationNotes | None = None) -> list[Reading]:
+    """Scrape /metrics and /slots of every healthy node of every ready model; failed scrapes are counted and skipped.
+
+    A node whose /metrics says speculative decoding is configured also has its /props read, when due,
+    into `speculation` (the decision in words, which /metrics cannot carry)."""
     failures = failures if failures is not None else ScrapeFailures()
+    drafting_sources: list[str] = []
     readings: list[Reading] = []
     seen: list[tuple[str, str]] = []
     scraped: list[tuple[str, str]] = []
@@ -265,12 +330,25 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
             cached = scrape.value("hearth:kv_cells_cached")
             if cached is not None and total:
                 readings.append((source, "kv_cached_pct", 100.0 * cached / total))
+            if scrape.value(SPEC_ENABLED):
+                drafting = scrape.value(SPEC_DRAFTING)
+                if drafting is not None:
+                    readings.append((source, "spec_drafting", drafting))
+                drafting_sources.append(source)
+                if speculation is not None and speculation.due(source, now):
+                    try:
+                        speculation.note(source, now, _speculative_block(http_get(f"{url}/props", SCRAPE_TIMEOUT_S)))
+                    except Exception as error:  # a runner busy past the timeout: the last note stays a while
+                        speculation.tried(source, now)
+                        log.debug("telemetry: %s/props: %s", url, error)
             try:
                 readings.append((source, "slots_busy", float(_busy_slots(http_get(f"{url}/slots", SCRAPE_TIMEOUT_S)))))
             except Exception as error:  # /slots may be disabled on a plain llama-server
                 log.debug("telemetry: %s/slots: %s", url, error)
     rates.forget_except(seen)
     failures.forget_streaks_except(scraped)
+    if speculation is not None:
+        speculation.forget_except(drafting_sources)
     return readings
 
 
@@ -330,6 +408,7 @@ class Sampler:
         self.ps = ps
         self.rates = RateTracker()
         self.scrape_failures = ScrapeFailures()
+        self.speculation = SpeculationNotes()
         # Readers (status page, overview) use these; they never trigger a collection.
         self.latest: dict[str, dict[str, float]] = {}
         self.latest_at: float | None = None
@@ -337,7 +416,8 @@ class Sampler:
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
         readings = sample_host(self.ps) + sample_gpus(self.nvml) + sample_gateway(self.gateway_status())
-        readings += sample_runners(self.runner_status(), self.http_get, self.rates, now, self.scrape_failures)
+        readings += sample_runners(self.runner_status(), self.http_get, self.rates, now, self.scrape_failures,
+                                   self.speculation)
         return readings
 
     def sample_all(self) -> int:
