@@ -127,6 +127,32 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar-file", default=None,
                    help="file with a GBNF for requests that bring no constraint of their own")
     g.add_argument("--tags", default="", help="comma-separated tags listed on /models")
+    sp = p.add_argument_group("speculative decoding (llama-server's --spec-* flags)")
+    sp.add_argument("--spec-type", default="none",
+                    help="draft source: none, ngram-lookup (Hearth's), ngram-simple, ngram-map-k, ngram-map-k4v, "
+                         "ngram-mod (default %(default)s)")
+    sp.add_argument("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max", dest="spec_n_max", type=int,
+                    default=None, help="draft tokens per sequence per iteration at most (default: the type's own)")
+    sp.add_argument("--spec-draft-n-min", "--draft-min", "--draft-n-min", dest="spec_n_min", type=int, default=0,
+                    help="shorter drafts are not verified (default %(default)s)")
+    sp.add_argument("--spec-draft-model", "-md", "--model-draft", dest="spec_draft_model", default=None,
+                    help="a draft model (not supported yet: Hearth drafts from the context)")
+    for kind in ("simple", "map-k", "map-k4v"):
+        dest = kind.replace("-", "_")
+        sp.add_argument(f"--spec-ngram-{kind}-size-n", dest=f"spec_{dest}_size_n", type=int, default=12,
+                        help=f"ngram-{kind}: lookup length (default %(default)s)")
+        sp.add_argument(f"--spec-ngram-{kind}-size-m", dest=f"spec_{dest}_size_m", type=int, default=48,
+                        help=f"ngram-{kind}: draft length (default %(default)s)")
+        sp.add_argument(f"--spec-ngram-{kind}-min-hits", dest=f"spec_{dest}_min_hits", type=int, default=1,
+                        help=f"ngram-{kind}: times the key was seen before it drafts (default %(default)s)")
+    sp.add_argument("--spec-ngram-mod-n-match", dest="spec_mod_n_match", type=int, default=24,
+                    help="ngram-mod: tokens hashed (default %(default)s)")
+    sp.add_argument("--spec-ngram-mod-n-min", dest="spec_mod_n_min", type=int, default=48,
+                    help="ngram-mod: shortest draft (default %(default)s)")
+    sp.add_argument("--spec-ngram-mod-n-max", dest="spec_mod_n_max", type=int, default=64,
+                    help="ngram-mod: longest draft (default %(default)s)")
+    sp.add_argument("--spec-max-seqs", dest="spec_max_seqs", type=int, default=4,
+                    help="Hearth: drafting stands aside while more sequences decode at once (default %(default)s)")
     g.add_argument("--verbose", dest="runner_verbose", action="store_true",
                    help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")
     g.add_argument("--cors-origins", default="*",
@@ -171,8 +197,25 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
                 _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile, _add_bench_templates,
-                _add_bench_parsing, _add_bench_families):
+                _add_bench_parsing, _add_bench_families, _add_bench_spec):
         add(bench_sub)
+
+
+def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench spec`: one stream copying a function list, speculation off and on, beside llama-server's types."""
+    spc = bench_sub.add_parser("spec", help="one repetitive stream: speculative decoding off/on, hearth runner and "
+                                            "stock llama-server (lab figure)")
+    spc.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    spc.add_argument("--threads", type=int, default=usable_cores())
+    spc.add_argument("--ctx", type=int, default=4096)
+    spc.add_argument("--parallel", type=int, default=4, help="slots of every runner (default %(default)s)")
+    spc.add_argument("--max-tokens", type=int, default=256)
+    spc.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every arm (default %(default)s)")
+    spc.add_argument("--llama-server", help="stock llama-server binary to compare with (scripts/build_llama_tools.sh)")
+    spc.add_argument("--hearth-types", default="none,ngram-lookup", help="hearth runner --spec-type arms")
+    spc.add_argument("--llama-types", default="none,ngram-simple,ngram-map-k,ngram-mod",
+                     help="llama-server --spec-type arms")
+    spc.add_argument("--json", dest="json_path", help="write every arm's figures and texts here")
 
 
 def _add_bench_engine(bench_sub: argparse._SubParsersAction) -> None:
@@ -576,6 +619,10 @@ def _bench(args) -> int:
         from app.devtools.gpu_probe import run_from_args as run_vram
 
         return run_vram(args, resolve_model(args.model))
+    if name == "spec":
+        from app.devtools.spec_bench import main as run_spec_bench
+
+        return run_spec_bench(args)
     if name == "parsing":
         from app.devtools.parsing_bench import run_parsing_bench
 
@@ -779,6 +826,26 @@ def _default_grammar(args) -> str | None:
     return text
 
 
+def spec_config(args):
+    """The runner's speculative decoding settings from llama-server's --spec-* flags (SystemExit names a bad one)."""
+    from app.engine.speculation import SpecConfig
+
+    if args.spec_draft_model:
+        raise SystemExit("hearth runner: --spec-draft-model: draft models are not supported yet; "
+                         "use --spec-type ngram-lookup (drafts from the context)")
+    kind = args.spec_type
+    sizes = {"ngram-map-k": "map_k", "ngram-map-k4v": "map_k4v"}.get(kind, "simple")
+    try:
+        return SpecConfig(
+            type=kind, n_max=args.spec_n_max, n_min=args.spec_n_min,
+            ngram_size_n=getattr(args, f"spec_{sizes}_size_n"), ngram_size_m=getattr(args, f"spec_{sizes}_size_m"),
+            ngram_min_hits=getattr(args, f"spec_{sizes}_min_hits"), mod_n_match=args.spec_mod_n_match,
+            mod_n_min=args.spec_mod_n_min, mod_n_max=args.spec_mod_n_max, max_seqs=args.spec_max_seqs,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"hearth runner: {exc}")
+
+
 def _runner(args) -> int:
     from app.engine.named_template import NamedTemplate, is_template_name
     from app.residency.supervisor import RUNNER_KEY_ENV
@@ -810,6 +877,7 @@ def _runner(args) -> int:
     if args.reasoning_budget < -1:
         raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
     grammar = _default_grammar(args)
+    spec = spec_config(args)
     if args.runner_verbose:
         logging.getLogger().setLevel(logging.INFO)
     mode = Mode.SERIAL.value if args.cont_batching is False else args.mode
@@ -817,8 +885,10 @@ def _runner(args) -> int:
     from_env = os.environ.pop(RUNNER_KEY_ENV, "")
     api_keys = tuple(k.strip() for v in [*args.api_key, from_env] for k in v.split(",") if k.strip())
     config = RunnerConfig(
-        model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn),
+        model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
+                           n_outputs_extra=spec.draft_max if spec.enabled else 0),
         mode=mode,
+        spec=spec,
         token_budget=args.budget,
         max_waiting=args.max_waiting,
         alias=args.alias,

@@ -23,6 +23,7 @@ from app.engine.request import (
     SamplingParams,
 )
 from app.engine.scheduler import Chunk, Scheduler, SchedulerConfig
+from app.engine.speculation import NO_SPEC, SpecConfig
 from app.engine.text import StopMatcher, Utf8Stream
 from app.policy import NO_SLO, Mode, SloTargets
 
@@ -71,6 +72,8 @@ class IterationStats:
     decode_ms: float
     num_preemptions: int
     kv_cached: int = 0  # cells held only by the prefix cache
+    num_draft_tokens: int = 0  # draft tokens verified (speculative decoding)
+    num_accepted_tokens: int = 0  # of them kept
 
     @property
     def outside_decode_ms(self) -> float:
@@ -92,9 +95,18 @@ class EngineCounters:
     preemptions_total: int = 0
     requests_total: int = 0
     requests_finished: collections.Counter = None  # type: ignore[assignment]
+    # Speculative decoding, as llama-server counts it: verification steps, draft tokens, accepted ones.
+    spec_drafts_total: int = 0
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
+    spec_accepted_per_pos: list = None  # type: ignore[assignment]
+    # class → [drafts, draft tokens, accepted tokens]
+    spec_by_class: dict = None  # type: ignore[assignment]
 
     def __post_init__(self):
         self.requests_finished = collections.Counter()
+        self.spec_accepted_per_pos = []
+        self.spec_by_class = {}
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,9 @@ class EngineSnapshot:
     tightest_tpot_ms: float | None = None
     cost: dict | None = None
     preemptions_by_class: dict | None = None  # {(class, reason): count}
+    # Speculative decoding: the settings and this iteration's decision ("" drafting, else why not).
+    spec: dict | None = None
+    spec_note: str = ""
 
 
 class Engine:
@@ -146,6 +161,7 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         slo_budget: bool = True,
         prefix_cache: bool = True,
+        spec: SpecConfig = NO_SPEC,
     ):
         self.model = model
         self.clock = clock
@@ -173,6 +189,7 @@ class Engine:
                 slo_budget=slo_budget,
                 prefix_cache=cache_on,
                 kv_guard=cache_on and model.n_swa > 0,
+                spec=spec,
             ),
             memory=model,
         )
@@ -304,6 +321,8 @@ class Engine:
                 tightest_tpot_ms=s.tightest_tpot_ms,
                 cost=s.cost.as_dict(),
                 preemptions_by_class=dict(s.preemptions_by_class),
+                spec=s.config.spec.as_dict() if s.config.spec.enabled else None,
+                spec_note=s.spec_note,
             )
 
     # -- engine thread ------------------------------------------------------------------------
@@ -353,7 +372,7 @@ class Engine:
             with self._cv:
                 # Cached prefixes go first: a running sequence is preempted only when none is left.
                 if self.scheduler.cache.evict(schedule.num_tokens):
-                    schedule = self.scheduler.schedule(admit=False, now=self.clock())
+                    schedule = self.scheduler.schedule(admit=False, now=self.clock(), draft=False)
                     continue
                 victim = self.scheduler.choose_victim()
                 if len(self.scheduler.running) <= 1:
@@ -366,7 +385,7 @@ class Engine:
                     )
                 else:
                     self.scheduler.preempt(victim, reason="kv")
-                schedule = self.scheduler.schedule(admit=False, now=self.clock())
+                schedule = self.scheduler.schedule(admit=False, now=self.clock(), draft=False)
         num_preempted = self.scheduler.num_preemptions_total - preempted_before
         self.counters.preemptions_total = self.scheduler.num_preemptions_total
         if not schedule.chunks:
@@ -376,22 +395,31 @@ class Engine:
         self._progress(schedule, before=False)
         now = self.clock()
         num_sampled = 0
+        num_accepted = 0
         for chunk, idx in zip(schedule.chunks, logit_idx):
             if idx < 0:
                 continue
-            num_sampled += 1
-            self._sample_one(chunk.request, idx, now)
+            if chunk.num_draft:
+                kept = self._verify(chunk, idx, now)
+                num_sampled += kept + 1
+                num_accepted += kept
+            else:
+                num_sampled += 1
+                self._sample_one(chunk.request, idx, now)
         t1 = self.clock()
         iteration_s = t1 - t0
         if not retried:
-            # What the SLO budget is sized by: this model's iterations on this machine, as measured.
-            self.scheduler.cost.observe(schedule.num_decode_tokens, schedule.num_prompt_tokens, iteration_s * 1000)
+            # What the SLO budget is sized by: this model's iterations on this machine, as measured. Draft
+            # tokens are many tokens of one sequence in one decode: they cost as prompt tokens do.
+            self.scheduler.cost.observe(schedule.num_decode_tokens,
+                                        schedule.num_prompt_tokens + schedule.num_draft_tokens, iteration_s * 1000)
         c = self.counters
         c.iterations_total += 1
         c.busy_slots_total += len(schedule.chunks)
         c.prompt_tokens_total += schedule.num_prompt_tokens
         c.tokens_predicted_total += num_sampled
         if schedule.num_tokens:
+            # Draft tokens are generation work: their time counts with the predicted tokens'.
             share = schedule.num_prompt_tokens / schedule.num_tokens
             c.prompt_seconds_total += iteration_s * share
             c.tokens_predicted_seconds_total += iteration_s * (1 - share)
@@ -410,6 +438,8 @@ class Engine:
                     decode_ms=decode_s * 1000,
                     num_preemptions=num_preempted,
                     kv_cached=self.scheduler.kv_cached,
+                    num_draft_tokens=schedule.num_draft_tokens,
+                    num_accepted_tokens=num_accepted,
                 )
             )
 
@@ -430,13 +460,64 @@ class Engine:
             r.events.put(Progress(total, r.num_cached_tokens, min(r.num_computed, total),
                                   max(0.0, (self.clock() - started) * 1000), slot))
 
+    def _verify(self, chunk: Chunk, first_index: int, now: float) -> int:
+        """Sample a drafting sequence position by position, keeping draft tokens while each is what was sampled.
+
+        The sample after the last kept draft token is emitted too (the correction, or a bonus token when
+        the whole draft was kept); the cells of the rejected draft tokens leave the KV cache before it is.
+        Counts are taken before each token is emitted, so a request that ends inside the draft reports them.
+        Returns the draft tokens kept."""
+        r = chunk.request
+        draft = chunk.tokens[1:]
+        k = len(draft)
+        c = self.counters
+        c.spec_drafts_total += 1
+        c.spec_draft_tokens_total += k
+        row = c.spec_by_class.setdefault(r.class_name, [0, 0, 0])
+        row[0] += 1
+        row[1] += k
+        d = r.drafter
+        if d is not None:
+            d.num_drafts += 1
+            d.num_drafted += k
+        per_pos = c.spec_accepted_per_pos
+        kept = 0
+        for i in range(k + 1):
+            if r.status is not RequestStatus.RUNNING:
+                break
+            token = self._choose(r, first_index + i)
+            if i < k and token == draft[i] and not self.model.is_eog(token):
+                kept += 1
+                c.spec_accepted_tokens_total += 1
+                row[2] += 1
+                if len(per_pos) <= i:
+                    per_pos.append(0)
+                per_pos[i] += 1
+                if d is not None:
+                    d.num_accepted += 1
+                self._emit(r, token, first_index + i, now)
+                continue
+            if i < k:
+                with self._cv:
+                    self.scheduler.rollback(r, k - i)
+            self._emit(r, token, first_index + i, now)
+            break
+        if d is not None:
+            d.learn(k, kept)
+        return kept
+
+    def _choose(self, r: Request, batch_index: int) -> int:
+        if r.budget is None:
+            return self.model.sample(r.sampler, r.params, batch_index)
+        return self._next_token(r, batch_index)
+
     def _sample_one(self, r: Request, batch_index: int, now: float) -> None:
         if r.status is not RequestStatus.RUNNING:
             return
-        if r.budget is None:
-            token = self.model.sample(r.sampler, r.params, batch_index)
-        else:
-            token = self._next_token(r, batch_index)
+        self._emit(r, self._choose(r, batch_index), batch_index, now)
+
+    def _emit(self, r: Request, token: int, batch_index: int, now: float) -> None:
+        """Take a sampled token: end on EOS, stream its text, stop on a stop string or a limit."""
         logprob = None if r.params.logprobs is None else self.model.logprob(batch_index, token, r.params.logprobs)
         if r.first_token_s is None:
             r.first_token_s = now

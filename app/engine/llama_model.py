@@ -94,6 +94,7 @@ class BatchBuffer:
         seqs: list[int] = []
         logit_idx: list[int] = []
         n = 0
+        drafts: list[tuple[int, int]] = []  # (first logit row, rows) of chunks with draft tokens
         for c in chunks:
             tokens = c.tokens
             k = len(tokens)
@@ -107,7 +108,13 @@ class BatchBuffer:
                 pos.extend(range(c.start_pos, c.start_pos + k))
                 seqs.extend([slot] * k)
             n += k
-            logit_idx.append(n - 1 if c.want_logits else -1)
+            if c.num_draft:
+                # Every draft token is verified: logits for the last sampled token and each draft token.
+                first = n - 1 - c.num_draft
+                drafts.append((first, c.num_draft + 1))
+                logit_idx.append(first)
+            else:
+                logit_idx.append(n - 1 if c.want_logits else -1)
         if n > self.capacity:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.capacity}")
         self._tok[:n] = toks
@@ -118,6 +125,8 @@ class BatchBuffer:
         wanted = [i for i in logit_idx if i >= 0]
         if wanted:
             flags[wanted] = 1
+        for first, rows in drafts:
+            flags[first : first + rows] = 1
         self.batch.n_tokens = n
         return self.batch, logit_idx
 
@@ -149,7 +158,8 @@ class LlamaModel:
         cparams.n_seq_max = config.n_seq_max
         # The engine asks for at most one row of logits per sequence per batch; without this the
         # compute buffer is reserved for n_batch rows × the vocabulary (512 MiB for Gemma's 262k).
-        cparams.n_outputs_max = config.n_seq_max
+        # Speculative decoding verifies up to n_outputs_extra draft tokens per iteration beyond those.
+        cparams.n_outputs_max = config.n_seq_max + config.n_outputs_extra
         cparams.kv_unified = True
         # Sliding-window layers get as many cells as the others (llama.cpp's default here, said
         # explicitly): the prefix cache keeps positions that slid out of a sequence's window.

@@ -26,6 +26,8 @@ class ModelConfig:
     # where the pinned build's AMX path crashes inside llama_decode (seen on Xeon with amx_int8).
     repack: bool | None = None
     verbose: bool = False
+    # Logit rows beyond one per sequence that a batch may ask for (speculative decoding's draft tokens).
+    n_outputs_extra: int = 0
 
     @property
     def repack_enabled(self) -> bool:

@@ -297,6 +297,25 @@ class PrefixCache:
         if self.guard:
             self.memory.seq_cp(slot, self._twin(slot), start, -1)
 
+    def truncate(self, slot: int, num_tokens: int) -> None:
+        """Take a slot's last num_tokens tokens off its path and out of the KV cache (rejected draft tokens).
+
+        They were added by the last extend, so they lie in the slot's own tail node."""
+        tail = self.tails[slot]
+        assert tail is not self.root and tail.holders == {slot} and not tail.children, "only a private tail is cut"
+        assert 0 < num_tokens <= len(tail.tokens), f"cannot cut {num_tokens} of {len(tail.tokens)} tokens"
+        new_end = tail.end - num_tokens
+        del tail.tokens[len(tail.tokens) - num_tokens :]
+        self.cells_total -= num_tokens
+        self.cells_running -= num_tokens
+        if not tail.tokens:
+            parent = tail.parent
+            assert parent is not None
+            parent.children.remove(tail)
+            self.tails[slot] = parent
+        for seq in self._seqs(slot):
+            self.memory.seq_rm(seq, new_end, -1)
+
     def release(self, slot: int, keep: bool) -> None:
         """Take a slot out: its cells become a cache entry (keep) or are freed where nobody else holds them."""
         tail = self.tails.pop(slot, None)

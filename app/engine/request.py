@@ -15,6 +15,7 @@ from app.policy import NO_SLO, SloTargets
 if TYPE_CHECKING:
     from app.engine.grammar import Grammar
     from app.engine.reasoning_budget import BudgetTracker, ReasoningBudget
+    from app.engine.speculation import Drafter
 
 
 class EngineError(Exception):
@@ -69,6 +70,9 @@ class SamplingParams:
     special_ids: frozenset[int] = frozenset()
     # The thoughts' markers and budget (None: thoughts are neither counted nor bounded).
     reasoning_budget: ReasoningBudget | None = None
+    # Draft tokens verified per iteration at most (llama-server's per-request "speculative.n_max"):
+    # None takes the engine's setting, 0 turns drafting off for this request.
+    speculative_n_max: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -171,6 +175,9 @@ class RequestStats:
     tpot_ms: float | None
     total_ms: float
     finish_reason: str
+    # Speculative decoding: draft tokens verified for this request and how many of them were kept.
+    num_draft_tokens: int = 0
+    num_draft_accepted: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for JSON responses."""
@@ -214,6 +221,8 @@ class Request:
     text_state: tuple[Utf8Stream, StopMatcher] | None = None
     # The reasoning budget's state, when the request has one (SamplingParams.reasoning_budget).
     budget: BudgetTracker | None = None
+    # Its draft source when the engine speculates (app.engine.speculation.Drafter), else None.
+    drafter: Drafter | None = None
     events: queue.SimpleQueue[Delta | Progress | Finished] = field(default_factory=queue.SimpleQueue)
     # llama-server's return_progress: a Progress event before the prompt and after each of its chunks.
     return_progress: bool = False
@@ -280,4 +289,6 @@ class Request:
             tpot_ms=tpot_ms,
             total_ms=(end - self.arrival_s) * 1000,
             finish_reason=self.status.finish_reason or "unknown",
+            num_draft_tokens=self.drafter.num_drafted if self.drafter is not None else 0,
+            num_draft_accepted=self.drafter.num_accepted if self.drafter is not None else 0,
         )

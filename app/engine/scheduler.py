@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from app.engine.prefix_cache import MIN_MATCH_TOKENS, NO_MATCH, KvMemory, Match, NoMemory, PrefixCache, common_prefix
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
+from app.engine.speculation import NO_SPEC, Drafter, ModTable, SpecConfig, worth_drafting
 from app.policy import Mode
 
 
@@ -56,6 +57,9 @@ class SchedulerConfig:
     # sequence ids, which sliding-window models need for their cached cells to survive.
     prefix_cache: bool = True
     kv_guard: bool = False
+    # Speculative decoding (app/engine/speculation.py): decoding sequences may add draft tokens to their
+    # chunk from what the prefill budget leaves, while the measured costs say a draft pays.
+    spec: SpecConfig = NO_SPEC
 
     def __post_init__(self):
         if self.max_seqs < 1:
@@ -148,6 +152,8 @@ class Chunk:
     tokens: list[int]
     start_pos: int
     want_logits: bool  # true when the chunk ends at the sequence's last token: a sample follows
+    # Draft tokens after the sequence's last sampled token (tokens[1:]); each gets logits for verification.
+    num_draft: int = 0
 
 
 @dataclass(frozen=True)
@@ -157,11 +163,14 @@ class Schedule:
     chunks: list[Chunk]
     num_decode_tokens: int
     num_prompt_tokens: int
+    num_draft_tokens: int = 0
+    # Why no sequence drafted this iteration ("" when one did or speculation is off), for the overview.
+    spec_note: str = ""
 
     @property
     def num_tokens(self) -> int:
         """Tokens in the batch."""
-        return self.num_decode_tokens + self.num_prompt_tokens
+        return self.num_decode_tokens + self.num_prompt_tokens + self.num_draft_tokens
 
 
 class Scheduler:
@@ -191,6 +200,10 @@ class Scheduler:
         self.tightest_tpot_ms: float | None = None
         # STATIC mode: once a batch is admitted, nothing more joins until it is empty.
         self._static_closed = False
+        # ngram-mod's table, shared by every sequence of the model as in llama.cpp.
+        spec = config.spec
+        self.mod_table = ModTable(spec.mod_n_match) if spec.type == "ngram-mod" else None
+        self.spec_note = "off" if not spec.enabled else ""
 
     # -- queue -------------------------------------------------------------------------
 
@@ -321,8 +334,8 @@ class Scheduler:
 
     # -- batch ----------------------------------------------------------------------------
 
-    def schedule(self, admit: bool = True, now: float | None = None) -> Schedule:
-        """Admit in policy order, then build one batch: decode tokens first, then prompt chunks."""
+    def schedule(self, admit: bool = True, now: float | None = None, draft: bool = True) -> Schedule:
+        """Admit in policy order, then build one batch: decode tokens first, then prompt chunks, then drafts."""
         now = time.monotonic() if now is None else now
         if admit:
             self._admit(now)
@@ -358,9 +371,64 @@ class Scheduler:
                 # first token's): they get what its TPOT target leaves; its own tokens are never cut.
                 within = self.cost.prefill_within(r.slo.tpot_ms * self.config.slo_headroom, num_decode)
                 urgent = (r.priority, max(within, num_prompt))
-        schedule = Schedule(chunks, num_decode, num_prompt)
+        num_draft = 0
+        if self.config.spec.enabled:
+            left = min(prefill_left, budget - num_prompt)
+            num_draft, self.spec_note = self._add_drafts(chunks[:num_decode], num_decode, left, draft)
+        schedule = Schedule(chunks, num_decode, num_prompt, num_draft, self.spec_note)
         self.make_room(schedule.num_tokens)
         return schedule
+
+    def _add_drafts(self, decode_chunks: list[Chunk], num_decode: int, room: int, allowed: bool) -> tuple[int, str]:
+        """Extend decode chunks with draft tokens within `room`; returns (draft tokens added, why none were)."""
+        spec = self.config.spec
+        if not allowed:
+            return 0, "standing aside: the KV cache is full"
+        if num_decode == 0:
+            return 0, ""
+        if num_decode > spec.max_seqs:
+            return 0, f"standing aside: {num_decode} sequences decode (drafts above {spec.max_seqs} cost the batch)"
+        if any(not r.is_decoding and r.num_pending > 0 for r in self.running):
+            return 0, "standing aside: prompts are being prefilled"
+        # The model's logit rows beyond one per sequence are sized for one draft of draft_max (ModelConfig.n_outputs_extra).
+        room = min(room, spec.draft_max)
+        if room <= 0:
+            return 0, "standing aside: the TPOT budget leaves no room"
+        decode_only_ms = self.cost.iteration_ms(num_decode, 0)
+        share = max(1, room // num_decode)
+        added = 0
+        gated = 0
+        for c in decode_chunks:
+            r = c.request
+            per_request = r.params.speculative_n_max
+            if per_request == 0:
+                continue
+            if r.drafter is None:
+                r.drafter = Drafter(spec, mod=self.mod_table)
+            d = r.drafter
+            if not worth_drafting(d.acceptance, num_decode, decode_only_ms, self.cost.prefill_ms):
+                gated += 1
+                # A sequence that stopped drafting regains a little credit each iteration, so a later
+                # stretch of copying is noticed again.
+                d.acceptance = min(1.0, d.acceptance + 0.01)
+                continue
+            limit = min(share, room - added, r.params.max_tokens - len(r.output_tokens) - 1,
+                        self.config.kv_cells - 1 - c.start_pos)
+            if per_request is not None:
+                limit = min(limit, per_request)
+            if limit <= 0:
+                continue
+            proposal = d.propose(r.all_tokens, limit)
+            if not proposal:
+                continue
+            c.tokens = c.tokens + proposal
+            c.num_draft = len(proposal)
+            added += len(proposal)
+        if added:
+            return added, ""
+        if gated:
+            return 0, "standing aside: drafts were not worth their cost at this load"
+        return 0, "no draft: nothing in the context to copy"
 
     def _prefill_limit(self, num_decode: int, now: float) -> int:
         """Prefill tokens this iteration may carry: what the decoding sequences' TPOT targets leave (see SchedulerConfig)."""
@@ -389,6 +457,14 @@ class Scheduler:
         """Evict cached prefixes until num_cells cells are free (as far as the cache can); returns cells freed."""
         short = num_cells - (self.config.kv_cells - self.cache.cells_total)
         return self.cache.evict(short) if short > 0 else 0
+
+    def rollback(self, request: Request, num_tokens: int) -> None:
+        """Take a sequence's last num_tokens computed tokens back out (rejected drafts): KV cells and cache path."""
+        if num_tokens <= 0:
+            return
+        assert request.slot is not None
+        self.cache.truncate(request.slot, num_tokens)
+        request.num_computed -= num_tokens
 
     def commit(self, schedule: Schedule) -> None:
         """Record that the batch went through the model: its tokens are now in the KV cache."""

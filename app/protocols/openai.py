@@ -131,6 +131,8 @@ class _Body(BaseModel):
     n_predict: int | None = Field(default=None, ge=-1)
     # {token id or text: bias} (OpenAI), or llama-server's [[token id or text, bias or false], ...].
     logit_bias: dict[str, float | bool] | list[list] | None = None
+    # llama-server's "speculative.n_max": draft tokens per iteration at most for this request (0: no drafts).
+    speculative_n_max: int | None = Field(default=None, ge=0, le=1024, alias="speculative.n_max")
     # Hearth's extras: a stock llama-server ignores them.
     priority: int = Field(default=0, ge=-1000, le=1000)
     hearth_class: str = Field(default="default", min_length=1, max_length=64)

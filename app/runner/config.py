@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.model_config import ModelConfig
+from app.engine.speculation import NO_SPEC, SpecConfig
 from app.policy import Mode
 
 
@@ -51,6 +52,8 @@ class RunnerConfig:
     grammar: str | None = None
     # llama-server's --tags: listed on /models.
     tags: tuple[str, ...] = ()
+    # llama-server's --spec-type and friends: drafting from the context, switched by load.
+    spec: SpecConfig = NO_SPEC
 
     @property
     def model_name(self) -> str:

@@ -88,7 +88,28 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
             "max_entries": engine.scheduler.cache.max_entries,
             "kv_cells_cached": snap.kv_cached,
         },
+        "speculative": speculative_info(engine, snap),
     })
+
+
+def speculative_info(engine, snap) -> dict:
+    """Speculative decoding: the settings, the last iteration's decision, and the acceptance so far per class."""
+    c = engine.counters
+    by_class = {name: {"drafts": d, "draft_tokens": n, "accepted_tokens": k,
+                       "acceptance": round(k / n, 4) if n else None}
+                for name, (d, n, k) in sorted(dict(c.spec_by_class).items())}
+    last = snap.last_iteration
+    return {
+        "enabled": snap.spec is not None,
+        **(snap.spec or {"type": "none"}),
+        "drafting": bool(last and last.num_draft_tokens),
+        "note": snap.spec_note or ("drafting" if last and last.num_draft_tokens else ""),
+        "drafts": c.spec_drafts_total, "draft_tokens": c.spec_draft_tokens_total,
+        "accepted_tokens": c.spec_accepted_tokens_total,
+        "acceptance": round(c.spec_accepted_tokens_total / c.spec_draft_tokens_total, 4)
+        if c.spec_draft_tokens_total else None,
+        "by_class": by_class,
+    }
 
 
 def format_info(state: RunnerState) -> dict:

@@ -57,10 +57,18 @@ class _EngineCollector:
         peak = Metric("llamacpp:n_tokens_max", "Largest observed n_tokens", "counter")
         peak.add_sample("llamacpp:n_tokens_max", {}, self.n_tokens_max)
         yield peak
-        # Hearth has no speculative decoding: llama-server's counters, always zero, so dashboards find them.
-        yield counter("llamacpp:spec_decode_num_draft_tokens", "Draft tokens proposed (no speculative decoding)", 0)
-        yield counter("llamacpp:spec_decode_num_accepted_tokens", "Draft tokens accepted (no speculative decoding)", 0)
-        yield counter("llamacpp:spec_decode_num_drafts", "Drafts proposed (no speculative decoding)", 0)
+        yield counter("llamacpp:spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated",
+                      c.spec_draft_tokens_total)
+        yield counter("llamacpp:spec_decode_num_accepted_tokens",
+                      "Speculative: Total draft tokens accepted by the target model", c.spec_accepted_tokens_total)
+        yield counter("llamacpp:spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps",
+                      c.spec_drafts_total)
+        if c.spec_accepted_per_pos:
+            per_pos = CounterMetricFamily("llamacpp:spec_decode_num_accepted_tokens_per_pos",
+                                          "Accepted tokens per draft position", labels=["position"])
+            for i, n in enumerate(list(c.spec_accepted_per_pos)):
+                per_pos.add_metric([str(i)], n)
+            yield per_pos
         yield gauge(
             "llamacpp:prompt_tokens_seconds",
             "Average prompt throughput in tokens/s",
@@ -119,6 +127,18 @@ class _EngineCollector:
             finished.add_metric([reason], n)
         yield finished
         yield counter("hearth:iterations", "Engine iterations", c.iterations_total)
+        drafted = CounterMetricFamily("hearth:spec_draft_tokens_by_class",
+                                      "Speculative: draft tokens verified, by class", labels=["class"])
+        accepted = CounterMetricFamily("hearth:spec_accepted_tokens_by_class",
+                                       "Speculative: draft tokens kept, by class", labels=["class"])
+        for name, (_, n_draft, n_kept) in sorted(dict(c.spec_by_class).items()):
+            drafted.add_metric([name], n_draft)
+            accepted.add_metric([name], n_kept)
+        yield drafted
+        yield accepted
+        yield gauge("hearth:spec_enabled", "Speculative decoding configured (1) or not (0)", 1 if snap.spec else 0)
+        yield gauge("hearth:spec_drafting", "Whether the last iteration drafted (1), or stood aside (0)",
+                    1 if snap.spec and snap.last_iteration and snap.last_iteration.num_draft_tokens else 0)
 
     def _prefix_cache(self, snap):
         """The prefix cache's use, and the last iteration's time outside llama_decode."""

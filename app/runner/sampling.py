@@ -17,7 +17,7 @@ def sampling_params(body, max_tokens: int) -> SamplingParams:
         max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
         seed=body.seed, repeat_penalty=body.repeat_penalty, repeat_last_n=body.repeat_last_n,
         frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty, stop=body.stops(),
-        ignore_eos=body.ignore_eos,
+        ignore_eos=body.ignore_eos, speculative_n_max=getattr(body, "speculative_n_max", None),
     )
 
 

@@ -87,7 +87,7 @@ class RunnerState:
             self._read_format()
             self.engine = Engine(
                 self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting,
-                prefix_cache=cfg.prefix_cache,
+                prefix_cache=cfg.prefix_cache, spec=cfg.spec,
             ).start()
             self.metrics = RunnerMetrics(self.engine)
             self.load_s = time.monotonic() - t0

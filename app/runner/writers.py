@@ -55,7 +55,12 @@ def timings(fin: Finished) -> dict:
     predicted_ms = (s.tpot_ms or 0.0) * max(0, s.num_completion_tokens - 1)
     # Numbers only, none null (llama-server's timings are all finite numbers; clients sum and compare them).
     own = {k: v for k, v in s.as_dict().items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    return {**own, **llama_timings(s.num_cached_tokens, prompt_n, prompt_ms, s.num_completion_tokens, predicted_ms)}
+    out = {**own, **llama_timings(s.num_cached_tokens, prompt_n, prompt_ms, s.num_completion_tokens, predicted_ms)}
+    if s.num_draft_tokens:
+        # llama-server's names, present only when the request drafted.
+        out["draft_n"] = s.num_draft_tokens
+        out["draft_n_accepted"] = s.num_draft_accepted
+    return out
 
 
 def progress_fields(p: Progress) -> dict:

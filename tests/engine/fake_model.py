@@ -46,6 +46,7 @@ class BatchEntry:
     start_pos: int
     tokens: tuple[int, ...]
     want_logits: bool
+    num_draft: int = 0  # draft tokens at the end of the chunk, each verified (logits for each)
 
 
 @dataclass
@@ -181,7 +182,8 @@ class FakeModel:
         if self.on_decode is not None:
             self.on_decode(self.num_decode_calls, chunks)
         entries = [
-            BatchEntry(c.request.request_id, c.request.slot, c.start_pos, tuple(c.tokens), c.want_logits)
+            BatchEntry(c.request.request_id, c.request.slot, c.start_pos, tuple(c.tokens), c.want_logits,
+                       getattr(c, "num_draft", 0))
             for c in chunks
         ]
         n = sum(len(e.tokens) for e in entries)
@@ -208,7 +210,10 @@ class FakeModel:
         pos = 0
         for e in entries:
             pos += len(e.tokens)
-            logit_idx.append(pos - 1 if e.want_logits else -1)
+            if e.num_draft:
+                logit_idx.append(pos - 1 - e.num_draft)
+            else:
+                logit_idx.append(pos - 1 if e.want_logits else -1)
         if self.kv_used + n > self.kv_capacity:
             self.rejected.append(entries)
             return DECODE_NO_KV_SLOT, logit_idx
@@ -221,7 +226,10 @@ class FakeModel:
                 cells.append(self._next_cell)
                 self._next_cell += 1
             if idx >= 0:
-                self._rows[idx] = (e.slot, tuple(self.tokens_of(e.slot)))
+                history = tuple(self.tokens_of(e.slot))
+                # A draft chunk has a row per verified position: the history up to that position.
+                for j in range(e.num_draft + 1):
+                    self._rows[idx + j] = (e.slot, history[: len(history) - e.num_draft + j])
         self.batches.append(entries)
         self.clock.advance(self.decode_step_s)
         if self.decode_delay_s:

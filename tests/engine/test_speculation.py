@@ -1,0 +1,190 @@
+"""Speculative decoding in the engine (app/engine/speculation.py): drafts from the context, verified in the one
+batch, rejected cells removed; driven by the fake model, whose answers are scripted so drafts hit and miss."""
+
+import pytest
+from fake_model import FakeModel
+
+from app.engine.engine import Engine
+from app.engine.request import Finished, SamplingParams
+from app.engine.speculation import Drafter, ModTable, SpecConfig, worth_drafting
+
+TIMEOUT_S = 10.0
+EOS = 2
+# A "function list" the answer copies: distinct tokens, so every n-gram of it occurs once.
+BODY = list(range(10, 70))
+PROMPT = [1, *BODY, 5, *BODY[:6]]
+
+
+def collect(request):
+    """Generated token ids and the Finished event."""
+    tokens: list[int] = []
+    while True:
+        ev = request.events.get(timeout=TIMEOUT_S)
+        if isinstance(ev, Finished):
+            return tokens, ev
+        tokens.extend(ev.token_ids)
+
+
+def run(spec: SpecConfig, script: list[int], max_tokens: int = 100, prompt=PROMPT, stop=(), **model_kw):
+    """One request through a fresh engine; returns (tokens, Finished, model, engine)."""
+    model = FakeModel(n_ctx=512, n_batch=128, n_seq_max=4, scripts={tuple(prompt): script}, **model_kw)
+    engine = Engine(model, clock=model.clock, spec=spec).start()
+    try:
+        r = engine.submit(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop))
+        tokens, fin = collect(r)
+    finally:
+        engine.stop()
+    assert model.violations == []
+    assert engine.scheduler.cache.check() == []
+    return tokens, fin, model, engine
+
+
+LOOKUP = SpecConfig(type="ngram-lookup", n_max=16)
+
+
+def test_copying_answer_is_identical_and_needs_fewer_decodes():
+    script = BODY[6:] + [EOS]
+    plain, fin0, m0, _ = run(SpecConfig(), script)
+    spec, fin1, m1, e1 = run(LOOKUP, script)
+    assert spec == plain == BODY[6:]
+    assert fin1.finish_reason == fin0.finish_reason == "stop"
+    c = e1.counters
+    assert c.spec_draft_tokens_total > 0 and c.spec_accepted_tokens_total > 0
+    # Every decode of the plain run yields one token; drafts kept yield several per decode.
+    assert len(m1.batches) < len(m0.batches) / 2
+    assert fin1.stats.num_draft_tokens == c.spec_draft_tokens_total
+    assert fin1.stats.num_draft_accepted == c.spec_accepted_tokens_total
+
+
+def test_rejected_drafts_leave_the_kv_cache_and_the_output_unchanged():
+    # The answer starts copying, then goes its own way twice: drafts are cut where it diverges.
+    script = BODY[6:20] + [90, 91] + BODY[22:40] + [95] + BODY[41:50] + [EOS]
+    plain, *_ = run(SpecConfig(), script)
+    spec, fin, model, engine = run(LOOKUP, script)
+    assert spec == plain == script[:-1]
+    c = engine.counters
+    assert c.spec_accepted_tokens_total < c.spec_draft_tokens_total  # some were rejected
+    removed = [op for op in model.kv_ops if op[0] == "rm" and op[2] > 0]
+    assert removed, "rejected draft cells are taken out with seq_rm"
+    # What the prefix cache keeps of the finished request is exactly what the model holds.
+    assert engine.scheduler.cache.check() == []
+
+
+def test_max_tokens_is_exact_with_drafts():
+    script = BODY[6:] + [EOS]
+    for limit in (1, 2, 7, 13):
+        tokens, fin, *_ = run(LOOKUP, script, max_tokens=limit)
+        assert tokens == BODY[6 : 6 + limit]
+        assert fin.finish_reason == "length"
+
+
+def test_stop_string_ends_inside_an_accepted_draft():
+    script = BODY[6:] + [EOS]
+    pieces = {t: f"<{t}>".encode() for t in range(256)}
+    tokens, fin, *_ = run(LOOKUP, script, stop=("<30>",), pieces=pieces)
+    assert fin.finish_reason == "stop"
+    assert fin.stop_word == "<30>"
+    assert tokens == BODY[6 : BODY.index(30) + 1]
+
+
+def test_drafting_stands_aside_when_more_sequences_decode_than_allowed():
+    prompts = [[1 + i, *BODY, 5, *BODY[:6]] for i in range(3)]
+    model = FakeModel(n_ctx=1024, n_batch=128, n_seq_max=4,
+                      scripts={tuple(p): BODY[6:40] + [EOS] for p in prompts})
+    engine = Engine(model, clock=model.clock, spec=SpecConfig(type="ngram-lookup", max_seqs=2))
+    requests = [engine.submit(p, SamplingParams(max_tokens=60, temperature=0.0)) for p in prompts]
+    engine.start()
+    try:
+        outs = [collect(r)[0] for r in requests]
+    finally:
+        engine.stop()
+    assert outs == [BODY[6:40]] * 3
+    assert model.violations == []
+    for batch in model.batches:
+        decoding = [e for e in batch if len(e.tokens) == 1 or e.num_draft]
+        if len(decoding) > 2:
+            assert all(e.num_draft == 0 for e in batch), "no drafts while three sequences decode"
+    # Once some finished, the rest may draft.
+    assert any(e.num_draft for b in model.batches for e in b)
+
+
+def test_request_can_turn_drafting_off():
+    script = BODY[6:] + [EOS]
+    model = FakeModel(n_ctx=512, n_batch=128, scripts={tuple(PROMPT): script})
+    engine = Engine(model, clock=model.clock, spec=LOOKUP).start()
+    try:
+        r = engine.submit(PROMPT, SamplingParams(max_tokens=100, temperature=0.0, speculative_n_max=0))
+        tokens, _ = collect(r)
+    finally:
+        engine.stop()
+    assert tokens == BODY[6:]
+    assert engine.counters.spec_drafts_total == 0
+
+
+def test_drafts_stay_within_the_context():
+    script = BODY[6:] + [EOS]
+    tokens, fin, model, _ = run(LOOKUP, script, max_tokens=500)
+    assert tokens == BODY[6:]
+    for batch in model.batches:
+        for e in batch:
+            assert e.start_pos + len(e.tokens) <= 512
+
+
+# -- draft sources --------------------------------------------------------------------------
+
+
+def test_lookup_proposes_the_continuation_of_the_longest_earlier_match():
+    d = Drafter(SpecConfig(type="ngram-lookup", n_max=8))
+    seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
+    assert d.propose(seq, 8)[:4] == [4, 5, 6, 7]
+    fresh = Drafter(SpecConfig(type="ngram-lookup"))
+    assert fresh.propose([5, 6, 7, 8], 8) == []
+
+
+def test_lookup_draft_length_follows_acceptance():
+    d = Drafter(SpecConfig(type="ngram-lookup", n_max=16))
+    start = d.length
+    d.learn(start, start)
+    assert d.length == min(16, start * 2)
+    d.learn(8, 1)
+    assert d.length == 2
+
+
+def test_ngram_simple_needs_size_n_tokens_of_match():
+    cfg = SpecConfig(type="ngram-simple", ngram_size_n=3, ngram_size_m=4)
+    d = Drafter(cfg)
+    assert d.propose([1, 2, 3, 4, 5, 6, 7, 9, 2, 3], 10) == []  # only two tokens match
+    d = Drafter(cfg)
+    assert d.propose([1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 10) == [4, 5, 6, 7]
+
+
+def test_ngram_map_k_waits_for_min_hits():
+    cfg = SpecConfig(type="ngram-map-k", ngram_size_n=2, ngram_size_m=3, ngram_min_hits=2)
+    assert Drafter(cfg).propose([1, 2, 3, 4, 1, 2], 5) == []
+    assert Drafter(cfg).propose([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], 5) == [3, 4, 1]
+
+
+def test_ngram_mod_chains_a_shared_table():
+    table = ModTable(3)
+    cfg = SpecConfig(type="ngram-mod", mod_n_match=3, mod_n_min=2, mod_n_max=5)
+    a = Drafter(cfg, mod=table)
+    assert a.propose([1, 2, 3, 4, 5, 6, 7, 8], 5) == []  # nothing seen before
+    # Another sequence of the same model finds what the first one added.
+    b = Drafter(cfg, mod=table)
+    assert b.propose([9, 1, 2, 3], 5) == [4, 5, 6, 7, 8]
+    # Shorter than n_min: nothing.
+    assert Drafter(cfg, mod=table).propose([6, 7, 8], 5) == []
+
+
+def test_worth_drafting_stands_aside_as_the_batch_fills():
+    # One sequence: a 10 ms iteration; a draft token costs 0.5 ms and is kept half the time.
+    assert worth_drafting(0.5, 1, 10.0, 0.5)
+    # Sixteen sequences in a 40 ms iteration: 0.4 tokens per ms beats 0.1 / 0.5 ms.
+    assert not worth_drafting(0.1, 16, 40.0, 0.5)
+
+
+@pytest.mark.parametrize("bad", [dict(type="draft-simple"), dict(type="nope"), dict(type="ngram-mod", n_max=-1)])
+def test_bad_settings_are_refused_with_a_reason(bad):
+    with pytest.raises(ValueError) as err:
+        SpecConfig(**bad)
+    assert str(err.value)

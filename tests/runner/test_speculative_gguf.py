@@ -1,0 +1,97 @@
+"""Speculative decoding on the embedded GGUF: a runner started with --spec-type ngram-lookup gives, greedy, exactly
+the text it gives with drafting off (per request, "speculative.n_max": 0), and says what it drafted."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from werkzeug.test import Client
+
+from app.devtools.spec_bench import PROMPT
+from app.engine.model_config import ModelConfig
+from app.engine.speculation import SpecConfig
+from app.runner.app import create_app
+from app.runner.config import RunnerConfig
+from tests.runner.streams import loads, payloads
+
+SPEC = SpecConfig(type="ngram-lookup")
+
+
+@pytest.fixture(scope="module")
+def runner(gemma_path):
+    cfg = RunnerConfig(ModelConfig(path=str(gemma_path), n_ctx=2048, n_seq_max=2, n_threads=2,
+                                   n_outputs_extra=SPEC.draft_max), spec=SPEC, metrics=True)
+    app = create_app(cfg)
+    deadline = time.monotonic() + 120
+    while app.state.status == "loading" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert app.state.status == "ok", app.state.error
+    yield Client(app)
+    app.state.engine.stop()
+    app.state.model.close()
+
+
+def completion(runner, **extra) -> dict:
+    body = {"prompt": PROMPT, "n_predict": 96, "temperature": 0, "cache_prompt": False, **extra}
+    return loads(runner.post("/completion", json=body))
+
+
+def test_copying_is_drafted_and_the_text_is_unchanged(runner):
+    off = completion(runner, **{"speculative.n_max": 0})
+    on = completion(runner)
+    assert on["content"] == off["content"]
+    assert on["tokens_predicted"] == off["tokens_predicted"]
+    assert "draft_n" not in off["timings"]
+    assert on["timings"]["draft_n"] > 0
+    assert 0 < on["timings"]["draft_n_accepted"] <= on["timings"]["draft_n"]
+
+
+def test_streamed_drafts_give_the_same_text_and_token_count(runner):
+    whole = completion(runner)
+    events = payloads(runner.post("/completion", json={"prompt": PROMPT, "n_predict": 96, "temperature": 0,
+                                                       "cache_prompt": False, "stream": True}))
+    assert "".join(e.get("content", "") for e in events) == whole["content"]
+    assert events[-1]["timings"]["predicted_n"] == whole["timings"]["predicted_n"]
+
+
+def test_stop_string_and_limit_are_exact_under_drafting(runner):
+    off = completion(runner, n_predict=40, stop=["return"], **{"speculative.n_max": 0})
+    on = completion(runner, n_predict=40, stop=["return"])
+    assert on["content"] == off["content"]
+    assert on["stop_type"] == off["stop_type"]
+    short_off = completion(runner, n_predict=7, **{"speculative.n_max": 0})
+    short_on = completion(runner, n_predict=7)
+    assert short_on["content"] == short_off["content"]
+    assert short_on["tokens_predicted"] == 7
+
+
+def test_a_grammar_holds_for_drafted_tokens(runner):
+    grammar = 'root ::= "def " [a-z_]+ "(" [a-z, ]* "):" [\\x00-\\x7f]*'
+    off = completion(runner, grammar=grammar, n_predict=48, **{"speculative.n_max": 0})
+    on = completion(runner, grammar=grammar, n_predict=48)
+    assert on["content"] == off["content"]
+    assert on["content"].startswith("def ")
+
+
+def test_sampled_output_with_a_seed_is_unchanged(runner):
+    # Sampling and comparing is the acceptance rule for a one-token proposal: one random draw per output token,
+    # so a seeded run draws the same numbers with or without drafts.
+    off = completion(runner, temperature=0.7, seed=11, **{"speculative.n_max": 0})
+    on = completion(runner, temperature=0.7, seed=11)
+    assert on["content"] == off["content"]
+
+
+def test_metrics_and_props_report_the_drafts(runner):
+    completion(runner)
+    text = runner.get("/metrics").get_data(as_text=True)
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    assert values["llamacpp:spec_decode_num_draft_tokens_total"] > 0
+    assert 0 < values["llamacpp:spec_decode_num_accepted_tokens_total"] <= values[
+        "llamacpp:spec_decode_num_draft_tokens_total"]
+    assert values["llamacpp:spec_decode_num_drafts_total"] > 0
+    assert values['hearth:spec_draft_tokens_by_class_total{class="default"}'] > 0
+    props = loads(runner.get("/props"))["speculative"]
+    assert props["enabled"] and props["type"] == "ngram-lookup"
+    assert props["by_class"]["default"]["accepted_tokens"] > 0
