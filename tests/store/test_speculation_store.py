@@ -101,3 +101,24 @@ def test_a_class_switched_off_stays_off(engine):
         s.commit()
     with engine.connect() as connection:
         assert connection.execute(text("SELECT speculation FROM request_classes WHERE name = 'kitchen'")).scalar() == 0
+
+
+def test_hearth_classes_set_and_list_the_speculation_switch(tmp_path, monkeypatch, standin_model, capsys):
+    import sqlite3
+
+    from app.cli import main
+
+    monkeypatch.setenv("HEARTH_DATA", str(tmp_path))
+    monkeypatch.setenv("HEARTH_DEFAULT_MODEL", str(standin_model))
+    monkeypatch.setenv("HEARTH_MODELS_DIR", str(tmp_path / "models"))
+    (tmp_path / "models").mkdir()
+    assert main(["classes", "set", "background", "speculation=off"]) == 0
+    with sqlite3.connect(tmp_path / "hearth.db") as con:
+        assert con.execute("SELECT name FROM request_classes WHERE NOT speculation").fetchall() == [("background",)]
+    assert main(["classes", "set", "chat", "speculation=sometimes"]) == 2
+    assert "'sometimes' is not a valid speculation: enter yes or no" in capsys.readouterr().err
+    assert main(["classes", "list"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["class"].endswith(" drafts  model")
+    assert lines["background"].endswith(" no  (household default)")
+    assert lines["chat"].endswith(" yes  (household default)")
