@@ -5,7 +5,13 @@ A scenario is a TOML file, shipped with Hearth (app/verdict/scenarios/) or the u
           arriving all at once, staggered, or as a seeded Poisson process;
   script  fixed streams (count, start, interval), whatever the level: e.g. background work first,
           then voice requests at a steady pace.
-Prompts are real text (app.verdict.texts) cut to the drawn token count with the target's tokenizer.
+Prompts are real text (app.verdict.texts) cut to the drawn token count with the target's tokenizer,
+except the repetitive-work kinds (code-edit, document-quote, tool-arguments): their prompt is one
+whole raw completion text whose answer copies from it, for the speculative-decoding scenarios.
+
+A scenario may name the bench defaults it is made for in a [bench] table: `modes` (hearth runner
+modes), `spec` (the speculation arms of hearth runners, app.verdict.spec) and `llama_spec` (those
+of a stock llama-server); the command line overrides each.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from app.verdict.texts import PASSAGES
+from app.policy import MODES
+from app.verdict.spec import DEFAULT_LLAMA_SPEC, SpecAxisError, parse_arms
+from app.verdict.texts import PASSAGES, REPEAT_KINDS, repeat_prompt
 
 ARRIVAL_PATTERNS = ("all_at_once", "staggered", "poisson")
 # What a request of each text kind asks, and which passages its material is cut from.
@@ -28,6 +36,8 @@ TEXT_KINDS: dict[str, tuple[str, tuple[int, ...]]] = {
     "coding": ("Review this code, explain it and suggest improvements:\n\n", (2, 3)),
     "background": ("Summarise the following text for the household's weekly digest:\n\n", (6, 3, 1, 4, 0)),
 }
+# Kinds whose prompt is one whole text (app.verdict.texts.repeat_prompt), not cut to a length.
+WHOLE_KINDS = REPEAT_KINDS
 CHARS_PER_TOKEN = 4  # only when the target cannot tokenize: roughly right for English text
 
 
@@ -73,6 +83,10 @@ class Scenario:
     rate_per_s: float = 2.0
     seed: int = 7
     source: str = ""
+    # The [bench] table: defaults for `hearth bench replay` (None / () where the scenario names none).
+    modes: tuple[str, ...] | None = None
+    spec: tuple[str, ...] = ()
+    llama_spec: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,9 +137,40 @@ def _range(value, where: str) -> tuple[int, int]:
 
 
 def _text(value, where: str) -> str:
-    if value not in TEXT_KINDS:
-        raise ScenarioError(f"{where}: unknown text kind {value!r}; choose from {', '.join(TEXT_KINDS)}")
+    if value not in TEXT_KINDS and value not in WHOLE_KINDS:
+        raise ScenarioError(f"{where}: unknown text kind {value!r}; choose from {', '.join((*TEXT_KINDS, *WHOLE_KINDS))}")
     return value
+
+
+def _prompt_range(value, text: str, where: str) -> tuple[int, int]:
+    """A cut kind's prompt length range; a whole kind's prompt is its text, so the range may be left out."""
+    if value is None and text in WHOLE_KINDS:
+        return 0, 0
+    return _range(value, where)
+
+
+def _bench_defaults(data: dict, source: str) -> dict:
+    """The scenario's [bench] table checked: modes, spec and llama_spec."""
+    bench = data.get("bench", {})
+    if not isinstance(bench, dict):
+        raise ScenarioError(f"{source}: [bench] must be a table")
+    out: dict = {}
+    if "modes" in bench:
+        modes = bench["modes"]
+        if not isinstance(modes, list) or not modes or any(m not in MODES for m in modes):
+            raise ScenarioError(f"{source}: bench.modes must list modes out of {', '.join(MODES)}, got {modes!r}")
+        out["modes"] = tuple(modes)
+    for key, llama in (("spec", False), ("llama_spec", True)):
+        if key in bench:
+            if not isinstance(bench[key], list):
+                raise ScenarioError(f"{source}: bench.{key} must be a list of speculation arms")
+            try:
+                out[key] = parse_arms(bench[key], llama=llama)
+            except SpecAxisError as exc:
+                raise ScenarioError(f"{source}: bench.{key}: {exc}")
+    if "spec" in out and "llama_spec" not in out:
+        out["llama_spec"] = DEFAULT_LLAMA_SPEC
+    return out
 
 
 def parse_scenario(data: dict, source: str = "") -> Scenario:
@@ -147,8 +192,9 @@ def parse_scenario(data: dict, source: str = "") -> Scenario:
             share = c.get("share", 1)
             if not isinstance(share, (int, float)) or share <= 0:
                 raise ScenarioError(f"{where}.share must be a positive number")
-            classes.append(ClassMix(c["name"], float(share), _text(c.get("text", "chat"), f"{where}.text"),
-                                    _range(c.get("prompt_tokens"), f"{where}.prompt_tokens"),
+            text = _text(c.get("text", "chat"), f"{where}.text")
+            classes.append(ClassMix(c["name"], float(share), text,
+                                    _prompt_range(c.get("prompt_tokens"), text, f"{where}.prompt_tokens"),
                                     _range(c.get("output_tokens"), f"{where}.output_tokens")))
         if not classes:
             raise ScenarioError(f"{source}: a mix scenario needs at least one [[classes]] table")
@@ -157,7 +203,7 @@ def parse_scenario(data: dict, source: str = "") -> Scenario:
             raise ScenarioError(f"{source}: arrival.rate_per_s must be positive")
         return Scenario(name, data.get("description", ""), kind, classes=tuple(classes), pattern=pattern,
                         stagger_ms=float(arrival.get("stagger_ms", 200)), rate_per_s=rate,
-                        seed=int(arrival.get("seed", 7)), source=source)
+                        seed=int(arrival.get("seed", 7)), source=source, **_bench_defaults(data, source))
     if kind == "script":
         streams = []
         for i, s in enumerate(data.get("streams", [])):
@@ -167,14 +213,15 @@ def parse_scenario(data: dict, source: str = "") -> Scenario:
             count = s.get("count", 1)
             if not isinstance(count, int) or count < 1:
                 raise ScenarioError(f"{where}.count must be a positive integer")
-            streams.append(Stream(s["class"], _text(s.get("text", "chat"), f"{where}.text"), count,
+            text = _text(s.get("text", "chat"), f"{where}.text")
+            streams.append(Stream(s["class"], text, count,
                                   float(s.get("start_s", 0.0)), float(s.get("interval_s", 0.0)),
-                                  _range(s.get("prompt_tokens"), f"{where}.prompt_tokens"),
+                                  _prompt_range(s.get("prompt_tokens"), text, f"{where}.prompt_tokens"),
                                   _range(s.get("output_tokens"), f"{where}.output_tokens")))
         if not streams:
             raise ScenarioError(f"{source}: a script scenario needs at least one [[streams]] table")
         return Scenario(name, data.get("description", ""), kind, streams=tuple(streams),
-                        seed=int(data.get("seed", 7)), source=source)
+                        seed=int(data.get("seed", 7)), source=source, **_bench_defaults(data, source))
     raise ScenarioError(f"{source}: kind {kind!r}; choose 'mix' or 'script'")
 
 
@@ -219,8 +266,19 @@ class PromptCutter:
         """Whether lengths are counted in the target's tokens (else estimated from characters)."""
         return self._tokenize is not None and self._detokenize is not None
 
+    def count(self, text: str) -> int:
+        """Tokens in the text: counted by the target's tokenizer, else estimated from its characters."""
+        if self.exact:
+            return len(self._tokenize(text))
+        return max(1, len(text) // CHARS_PER_TOKEN)
+
     def cut(self, text_kind: str, n_tokens: int, offset: int) -> str:
-        """The kind's instruction followed by material of about n_tokens tokens (instruction included)."""
+        """The kind's instruction followed by material of about n_tokens tokens (instruction included).
+
+        A whole kind (WHOLE_KINDS) is its one text, whatever n_tokens: the same prompt every time, so
+        the outputs of speculation on and off can be compared byte for byte."""
+        if text_kind in WHOLE_KINDS:
+            return repeat_prompt(text_kind)
         instruction, passages = TEXT_KINDS[text_kind]
         material = "\n\n".join(PASSAGES[i] for i in passages)
         # Repeated until long enough for the longest prompt a scenario may ask.
@@ -251,14 +309,16 @@ def plan(scenario: Scenario, level: int, cutter: PromptCutter) -> list[PlannedRe
         for idx, (cls, at_s) in enumerate(zip(class_order(scenario.classes, level),
                                              arrivals(scenario, level, rng))):
             p, o = rng.randint(*cls.prompt_tokens), rng.randint(*cls.output_tokens)
-            out.append(PlannedRequest(idx, cls.name, at_s, cutter.cut(cls.text, p, idx + 101 * level), p, o))
+            text = cutter.cut(cls.text, p, idx + 101 * level)
+            out.append(PlannedRequest(idx, cls.name, at_s, text, p or cutter.count(text), o))
         return out
     idx = 0
     for s in scenario.streams:
         for k in range(s.count):
             p, o = rng.randint(*s.prompt_tokens), rng.randint(*s.output_tokens)
-            out.append(PlannedRequest(idx, s.class_name, s.start_s + k * s.interval_s,
-                                      cutter.cut(s.text, p, idx), p, o))
+            text = cutter.cut(s.text, p, idx)
+            out.append(PlannedRequest(idx, s.class_name, s.start_s + k * s.interval_s, text,
+                                      p or cutter.count(text), o))
             idx += 1
     return sorted(out, key=lambda r: (r.at_s, r.idx))
 

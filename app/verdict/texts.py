@@ -42,3 +42,120 @@ PASSAGES = [
 def corpus() -> str:
     """All passages joined, long enough to cut prompts of a few hundred tokens from."""
     return "\n\n".join(PASSAGES * 3)
+
+
+# Repetitive work, for the speculative-decoding scenarios: a prompt whose answer copies from it. Each is
+# a raw completion prompt that ends where the copy starts, so a greedy model continues by repeating
+# its context, as an editor plugin, a quoting assistant or a tool call over a long context do.
+
+CODE_FUNCTIONS = '''\
+def merge_intervals(intervals):
+    """Merge overlapping closed intervals and return them sorted."""
+    result = []
+    for start, end in sorted(intervals):
+        if result and start <= result[-1][1]:
+            result[-1][1] = max(result[-1][1], end)
+        else:
+            result.append([start, end])
+    return result
+
+
+def chunk_list(items, size):
+    """Split a list into consecutive chunks of at most `size` items."""
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def word_counts(text):
+    """Count how often each lower-cased word occurs in the text."""
+    counts = {}
+    for word in text.lower().split():
+        word = word.strip(".,;:!?\\"'()")
+        if word:
+            counts[word] = counts.get(word, 0) + 1
+    return counts
+
+
+def moving_average(values, window):
+    """The mean of each run of `window` consecutive values."""
+    if window < 1 or window > len(values):
+        return []
+    total = sum(values[:window])
+    out = [total / window]
+    for i in range(window, len(values)):
+        total += values[i] - values[i - window]
+        out.append(total / window)
+    return out
+
+
+def parse_duration(text):
+    """Seconds in a duration such as '1h30m' or '45s'."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    seconds, number = 0, ""
+    for ch in text.strip():
+        if ch.isdigit():
+            number += ch
+        elif ch in units and number:
+            seconds += int(number) * units[ch]
+            number = ""
+        else:
+            raise ValueError(f"not a duration: {text!r}")
+    if number:
+        raise ValueError(f"a number without a unit in {text!r}")
+    return seconds
+
+
+def shopping_total(basket, prices):
+    """The price of a basket of {item: quantity} at the given prices."""
+    missing = [item for item in basket if item not in prices]
+    if missing:
+        raise KeyError(f"no price for {', '.join(sorted(missing))}")
+    return round(sum(prices[item] * quantity for item, quantity in basket.items()), 2)
+'''
+# The copy starts with the first function's signature, annotated.
+CODE_EDIT_INSTRUCTION = "\n\n# The same functions, with type hints:\n\n"
+CODE_EDIT_START = "def merge_intervals(intervals: list[list[int]]) -> list[list[int]]:\n"
+
+DOCUMENT_QUOTE_INSTRUCTION = ("\n\nQuote the residents' association letter and the school notice above word for "
+                              "word, as the family newsletter will print them:\n\n")
+# The first words of the letter (PASSAGES[4]) begin the quote.
+DOCUMENT_QUOTE_START = "Dear neighbours, the residents' association"
+
+# A Home Assistant-style context: the exposed entities, then the request and the start of the tool call.
+HA_AREAS = ("living_room", "kitchen", "hallway", "bedroom", "kids_room", "bathroom", "office", "garden")
+HA_DEVICES = (
+    ("light", "ceiling_light", "Ceiling light"), ("light", "floor_lamp", "Floor lamp"),
+    ("switch", "radiator_valve", "Radiator valve"), ("sensor", "temperature", "Temperature"),
+    ("cover", "blinds", "Blinds"), ("media_player", "speaker", "Speaker"),
+)
+TOOL_ARGUMENTS_INSTRUCTION = ("\n\nUser: Turn off every light in the house and close every blind.\n"
+                              "Assistant: calling HassTurnOff with all matching entities.\n"
+                              '{"name": "HassTurnOff", "arguments": {"entity_id": [')
+TOOL_ARGUMENTS_START = '"light.living_room_ceiling_light", "light.living_room_floor_lamp",'
+
+
+def ha_context() -> str:
+    """The entity list a Home Assistant voice pipeline sends as context: id, name, area and state per line."""
+    lines = ["You are a voice assistant for Home Assistant. Static context: the devices in this home.",
+             "entity_id,name,area,state"]
+    for area in HA_AREAS:
+        room = area.replace("_", " ").capitalize()
+        for domain, device, name in HA_DEVICES:
+            state = {"light": "on", "switch": "off", "sensor": "20.5", "cover": "open", "media_player": "idle"}[domain]
+            lines.append(f"{domain}.{area}_{device},{room} {name.lower()},{room},{state}")
+    return "\n".join(lines)
+
+
+def repeat_prompt(kind: str) -> str:
+    """The whole raw completion prompt of a repetitive-work text kind (code-edit, document-quote, tool-arguments)."""
+    if kind == "code-edit":
+        return CODE_FUNCTIONS + CODE_EDIT_INSTRUCTION + CODE_EDIT_START
+    if kind == "document-quote":
+        return "\n\n".join((PASSAGES[1], PASSAGES[4], PASSAGES[3])) + DOCUMENT_QUOTE_INSTRUCTION + DOCUMENT_QUOTE_START
+    if kind == "tool-arguments":
+        return ha_context() + TOOL_ARGUMENTS_INSTRUCTION + TOOL_ARGUMENTS_START
+    raise KeyError(f"no repetitive-work prompt {kind!r}")
+
+
+REPEAT_KINDS = ("code-edit", "document-quote", "tool-arguments")
