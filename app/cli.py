@@ -427,7 +427,13 @@ def _add_bench_replay(bench_sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--slots", type=_levels, default=None,
                      help="sweep the runner's slots instead, e.g. 4,8,16: every level on every slot count")
     rep.add_argument("--modes", type=lambda t: ["none"] if t == "none" else _modes(t),
-                     default=list(MODES), help="hearth runner modes, or 'none'")
+                     default=None, help="hearth runner modes, or 'none' (default: the scenario's, else all)")
+    rep.add_argument("--spec", default=None,
+                     help="speculation arms of the hearth runners (and serve), e.g. off,ngram-lookup: off, auto or an "
+                          "n-gram type; 'none' for no axis (default: the scenario's, e.g. code-edit's off,ngram-lookup)")
+    rep.add_argument("--llama-spec", default=None,
+                     help="the stock llama-server's arms with a speculation axis "
+                          "(default off,ngram-simple,ngram-map-k,ngram-mod)")
     rep.add_argument("--target", help="also measure this OpenAI-compatible server (base URL)")
     rep.add_argument("--llama-server", nargs="?", const="auto", default=None,
                      help="also start stock llama-server with the same settings (binary path; default: the built one)")

@@ -150,7 +150,7 @@ class BenchServe:
     stop() ends it and removes the folder; runner_url() is its (one) runner, once a request loaded it.
     """
 
-    def __init__(self, model_path: str, timeout_s: float = 180):
+    def __init__(self, model_path: str, timeout_s: float = 180, settings: dict | None = None):
         from app.store.seed import DEFAULT_CLASSES
 
         self._tmp = tempfile.TemporaryDirectory(prefix="hearth-replay-serve-")
@@ -160,7 +160,8 @@ class BenchServe:
         names = [c["name"] for c in DEFAULT_CLASSES]
         # Nothing changed from the defaults but one member's share of a class: the bench's one token stands for
         # the whole household, so it may use every class, and hold all of a class's places (member_class_share 1).
-        self.token = prepare_data(data, settings={"member_class_share": 1.0},
+        # `settings`: what one arm of the bench changes (e.g. runner_args for speculation off), before serve starts.
+        self.token = prepare_data(data, settings={"member_class_share": 1.0, **(settings or {})},
                                   tokens=[("bench", names[0], names)])["bench"]
         try:
             self.serve = ServeProcess(data, models, Path(model_path), root / "serve.log", timeout_s)
@@ -197,11 +198,14 @@ class BenchServe:
             self._tmp.cleanup()
 
 
-def serve_target(c, timeout_s: float = 180):
-    """bench replay's `serve` target (app.verdict.targets.Target): the gateway, a class named per request."""
+def serve_target(c, arm: str | None = None, timeout_s: float = 180):
+    """bench replay's `serve` target (app.verdict.targets.Target): the gateway, a class named per request.
+
+    arm: a speculation arm (app.verdict.spec); None or auto keeps serve's default settings."""
+    from app.verdict.spec import serve_settings
     from app.verdict.targets import Target
 
-    proc = BenchServe(c.model_path, timeout_s)
+    proc = BenchServe(c.model_path, timeout_s, settings=serve_settings(arm, c.model_name))
     try:
         model = proc.model_name()
     except BaseException:

@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from app.llama_tools import BUILD_SCRIPT, stock_llama_server, tools_cache_dir
 from app.paths import data_dir
+from app.policy import MODES
 from app.residency.supervisor import RunnerStartFailed
 from app.store.db import open_store
 from app.verdict import sessions as store
@@ -16,19 +17,39 @@ from app.verdict.decide import format_verdict
 from app.verdict.overlap import format_overlap
 from app.verdict.replay import BenchConfig, run_bench, total_runs
 from app.verdict.results import RunResult
-from app.verdict.scenarios import ScenarioError, load_scenario
-from app.verdict.tables import comparison, figure, format_comparison, format_plan, format_table
+from app.verdict.scenarios import Scenario, ScenarioError, load_scenario
+from app.verdict.spec import DEFAULT_LLAMA_SPEC, SpecAxisError, parse_arms
+from app.verdict.tables import comparison, figure, format_comparison, format_plan, format_spec, format_table, spec_rows
 from app.verdict.targets import Constants, Target
 
 
-def run_from_args(args, model_path: str, start_serve: Callable[[Constants], Target] | None = None) -> int:
+def axes(args, scenario: Scenario) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The modes, speculation arms and llama-server arms to run: as given, else the scenario's [bench] defaults.
+
+    --spec none (or a scenario without a spec default) is no axis; a spec axis without --llama-spec gives
+    llama-server each of its n-gram types. SpecAxisError names a bad arm."""
+    if getattr(args, "modes", None) is None:
+        modes = scenario.modes or MODES
+    else:
+        modes = tuple(args.modes) if args.modes != ["none"] else ()
+    text = getattr(args, "spec", None)
+    spec = scenario.spec if text is None else (() if text.strip() == "none" else parse_arms(text))
+    llama_text = getattr(args, "llama_spec", None)
+    if llama_text is not None:
+        llama = parse_arms(llama_text, llama=True)
+    else:
+        llama = (scenario.llama_spec or DEFAULT_LLAMA_SPEC) if spec else ()
+    return tuple(modes), tuple(spec), tuple(llama)
+
+
+def run_from_args(args, model_path: str, start_serve: Callable[[Constants, str | None], Target] | None = None) -> int:
     """`hearth bench replay`: run, print the constants, table, overlap and verdict; write JSON/CSV if asked."""
     try:
         scenario = load_scenario(args.scenario)
-    except ScenarioError as exc:
+        modes, spec, llama_spec = axes(args, scenario)
+    except (ScenarioError, SpecAxisError) as exc:
         print(f"hearth bench replay: {exc}", file=sys.stderr)
         return 2
-    modes = tuple(args.modes) if args.modes != ["none"] else ()
     llama = None
     if args.llama_server:
         llama = args.llama_server if args.llama_server != "auto" else str(_stock_llama_server())
@@ -37,7 +58,8 @@ def run_from_args(args, model_path: str, start_serve: Callable[[Constants], Targ
                       n_batch=args.batch, token_budget=args.budget, threads=args.threads,
                       gpu_layers=args.gpu_layers, target_url=args.target, llama_server=llama, serve=args.serve,
                       traffic_days=args.days, repeats=args.repeats,
-                      slots=tuple(args.slots) if getattr(args, "slots", None) else None)
+                      slots=tuple(args.slots) if getattr(args, "slots", None) else None,
+                      spec=spec, llama_spec=llama_spec if llama else ())
     db_engine, sessions = open_store(data_dir())
     bar = tqdm(total=total_runs(cfg, scenario), desc="bench replay", unit="run", file=sys.stderr)
 
@@ -64,6 +86,10 @@ def run_from_args(args, model_path: str, start_serve: Callable[[Constants], Targ
     print("\n".join(format_plan(outcome.constants["runner_plan"])))
     print()
     print(format_table(outcome.runs))
+    spec_table = spec_rows(outcome.runs)
+    if spec_table:
+        print("\nspeculative decoding, each arm (same run, same client, same prompts; greedy):")
+        print(format_spec(spec_table))
     compared = comparison(outcome.runs)
     if compared:
         print("\nhearth over the reference server, same run, same client, same prompts:")
@@ -77,6 +103,7 @@ def run_from_args(args, model_path: str, start_serve: Callable[[Constants], Targ
     doc = store.document(scenario.name, outcome.constants, outcome.verdict.as_dict(), outcome.runs,
                          outcome.session_id)
     doc["comparison"] = compared
+    doc["speculation"] = spec_table
     doc["traffic"] = outcome.traffic
     if args.json_path:
         store.write_json(doc, args.json_path)

@@ -11,6 +11,12 @@ The verdict never judges below the household's overlap: the level it judges at i
 measured one at or above it. When no measured level reaches it, the answer is "not enough
 evidence: measure at N" with the run that would settle it. Only when the request log shows that
 requests rarely overlap may a lower level stand in (batching then has little to share anyway).
+
+Speculative decoding is judged on its own (`speculation`), from the runs of a speculation axis
+(app.verdict.spec): one stream of repetitive work must gain, the household mix must keep its
+throughput with drafting on (it stands aside when the batch fills), greedy outputs must stay
+byte-identical, and the interactive classes must keep their TPOT target. Batching is judged on the
+runs without drafts.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from app.policy import MODES, ClassPolicy, Mode
+from app.telemetry.stats import median
 from app.verdict.overlap import DEFAULT_BURST_OVERLAP, LEVELS, MAX_LEVEL, TYPICAL_QUANTILE, describe_burst, is_rare, level_for
+from app.verdict.results import identity
+from app.verdict.spec import AUTO, OFF, SPEC_AUTO_HEARTH, is_off
 
 KV_ROOM = 0.8  # below this peak KV utilisation, more slots would still fit
 # The two modes the batching judgement compares, so a "measure at N" run starts exactly these.
@@ -41,6 +50,10 @@ class Thresholds:
     interactive_max_priority: int = 1
     flat_gain: float = 1.1
     burst_overlap: int = DEFAULT_BURST_OVERLAP
+    # Speculative decoding: the one-stream gain it must bring, and the share of the household mix's
+    # throughput it must keep (drafting stands aside when the batch fills, so it should cost nothing there).
+    spec_min_gain: float = 1.1
+    spec_min_mix: float = 0.98
 
 
 @dataclass(frozen=True)
@@ -300,11 +313,24 @@ def batching(runs: list[dict], level: int, policies: dict[str, ClassPolicy], t: 
                           tuple(reasons), numbers, _ids(cont, ser), {"mode": Mode.CONTINUOUS.value, "n_batch": smaller})
 
 
+def _without_drafts(runs: list[dict]) -> list[dict]:
+    """The runs batching is judged on: those without drafts; with no off arm at all, the first arm's."""
+    off = [r for r in runs if is_off(r.get("spec"))]
+    if off or not runs:
+        return off
+    first = runs[0].get("spec")
+    return [r for r in runs if r.get("spec") == first]
+
+
 def decide(runs: list[dict], policies: dict[str, ClassPolicy], t: Thresholds, traffic: dict | None,
-           current: dict, slot_notes: dict[int, str] | None = None) -> Verdict:
-    """All recommendations for one bench session, judged at (never below) the household's overlap."""
+           current: dict, slot_notes: dict[int, str] | None = None, every_rep: list[dict] | None = None) -> Verdict:
+    """All recommendations for one bench session, judged at (never below) the household's overlap.
+
+    runs: one repetition per target × level × slots (the median one); every_rep: all of them, for
+    the speculation finding's ratios within a repetition (default: runs)."""
     ov = household_overlap(traffic, t)
-    hearth = [r for r in runs if r["mode"] in MODES]
+    spec = speculation(every_rep if every_rep is not None else runs, policies, t, current)
+    hearth = [r for r in _without_drafts([r for r in runs if r["mode"] in MODES])]
     levels = sorted({r["level"] for r in hearth})
     want = min(ov.overlap, MAX_LEVEL)
     recs: list[Recommendation] = []
@@ -314,14 +340,217 @@ def decide(runs: list[dict], policies: dict[str, ClassPolicy], t: Thresholds, tr
     level = next((lv for lv in levels if lv >= want), None)
     if level is None and rare is not None and levels:
         level = max(levels)
+    if _one_stream_only(runs):
+        # One stream says nothing about batching: the session judges speculation alone.
+        return Verdict(ov, None, tuple(recs) + ((spec,) if spec is not None else ()))
     if level is None:
         recs.append(not_enough_evidence(ov, levels))
+        if spec is not None:
+            recs.append(spec)
         return Verdict(ov, None, tuple(recs))
     s = slots(hearth, level, policies, t, current)
     recs.append(batching(hearth, level, policies, t, current, ov, s.numbers["pick"] if s else None, slot_notes))
     if s is not None:
         recs.append(s)
+    if spec is not None:
+        recs.append(spec)
     return Verdict(ov, level, tuple(recs))
+
+
+def _one_stream_only(runs: list[dict]) -> bool:
+    """A session of one stream (every run one request): a speculation session says nothing about batching."""
+    return bool(runs) and all(r["summary"].get("requests") == 1 for r in runs) and any(
+        r.get("spec") is not None for r in runs)
+
+
+def _pair_key(r: dict) -> tuple:
+    """Runs that pair up, on and off: same target, level, slots (serve sizes its own) and repetition."""
+    return (r["mode"], r["level"], None if r["mode"] == "serve" else r.get("slots"), r.get("rep", 0))
+
+
+def _spec_pairs(runs: list[dict]) -> dict[tuple[str, int, str], list[tuple[dict, dict]]]:
+    """(target, level, arm) → [(on run, off run) per repetition] for every drafting arm with an off arm beside it."""
+    off = {_pair_key(r): r for r in runs if r.get("spec") == OFF and _rate(r)}
+    out: dict[tuple[str, int, str], list[tuple[dict, dict]]] = {}
+    for r in runs:
+        arm = r.get("spec")
+        if arm is None or arm == OFF or not _rate(r):
+            continue
+        ref = off.get(_pair_key(r))
+        if ref is not None:
+            out.setdefault((r["mode"], r["level"], arm), []).append((r, ref))
+    return out
+
+
+def _arm_figures(pairs: list[tuple[dict, dict]]) -> dict:
+    """One arm at one level: median ratio on/off over repetitions, each ratio, and its drafting figures."""
+    ratios = [_rate(on) / _rate(off) for on, off in pairs]
+    on_runs = [on for on, _ in pairs]
+
+    def med(key: str):
+        vals = [r["summary"].get(key) for r in on_runs if r["summary"].get(key) is not None]
+        return median(vals) if vals else None
+
+    decode = [on["summary"]["decode_tok_s"] / off["summary"]["decode_tok_s"] for on, off in pairs
+              if on["summary"].get("decode_tok_s") and off["summary"].get("decode_tok_s")]
+    return {"ratio": median(ratios), "ratios": ratios, "decode_ratio": median(decode),
+            "on_gen_tok_s": median([_rate(on) for on, _ in pairs]),
+            "off_gen_tok_s": median([_rate(off) for _, off in pairs]),
+            "acceptance": med("spec_acceptance"), "tokens_per_draft": med("spec_tokens_per_draft"),
+            "draft_tokens": med("spec_draft_tokens"), "repeats": len(pairs)}
+
+
+def _interactive_tpot(run: dict, policies: dict[str, ClassPolicy], t: Thresholds) -> dict[str, tuple[float, float]]:
+    """Interactive classes of a run with their p95 TPOT and target: {class: (p95, target)}."""
+    out = {}
+    for name, c in run["summary"]["per_class"].items():
+        p = policies.get(name)
+        if p is not None and p.priority <= t.interactive_max_priority and c.get("tpot_p95_ms") is not None:
+            out[name] = (c["tpot_p95_ms"], p.tpot_target_ms)
+    return out
+
+
+def _best_llama(runs: list[dict], level: int) -> tuple[str, float] | None:
+    """Stock llama-server's best arm at a level (median over repetitions): (arm, tok/s)."""
+    by: dict[str, list[float]] = {}
+    for r in runs:
+        if r["mode"] == "llama-server" and r["level"] == level and r.get("spec") is not None and _rate(r):
+            by.setdefault(r["spec"], []).append(_rate(r))
+    if not by:
+        return None
+    arm = max(by, key=lambda a: median(by[a]))
+    return arm, median(by[arm])
+
+
+def speculation(runs: list[dict], policies: dict[str, ClassPolicy], t: Thresholds,
+                current: dict) -> Recommendation | None:
+    """Does this household gain from speculative decoding? None when the session has no on/off pair to judge.
+
+    One stream (level 1) of repetitive work must gain at least spec_min_gain× with drafting on; the
+    household mix (the largest level measured above 1, through serve when it was measured) must keep
+    spec_min_mix of its throughput; greedy outputs must equal the off arm's; interactive classes must
+    keep their TPOT target. Apply sets the model's speculation setting (auto for Hearth's ngram-lookup).
+    """
+    pairs = _spec_pairs(runs)
+    hearth_pairs = {k: v for k, v in pairs.items() if k[0] in MODES or k[0] == "serve"}
+    if not hearth_pairs:
+        return None
+    figures = {k: _arm_figures(v) for k, v in hearth_pairs.items()}
+    same = identity(runs)
+    setting = current.get("speculation") or AUTO
+
+    def setting_of(arm: str) -> str:
+        return AUTO if arm in (AUTO, SPEC_AUTO_HEARTH) else arm
+
+    one = {k: f for k, f in figures.items() if k[1] == 1}
+    mix_levels = sorted({k[1] for k in figures if k[1] > 1})
+    mix_level = mix_levels[-1] if mix_levels else None
+    mix = {k: f for k, f in figures.items() if k[1] == mix_level}
+    # The mix is judged through serve (the product) when it was measured there, else on the runners.
+    if any(k[0] == "serve" for k in mix):
+        mix = {k: f for k, f in mix.items() if k[0] == "serve"}
+    best_one = max(one.items(), key=lambda kv: kv[1]["ratio"] or 0.0, default=None)
+    reasons: list[str] = []
+    numbers: dict = {"one_stream": {f"{m}+{a}": f for (m, _, a), f in one.items()},
+                     "mix_level": mix_level, "mix": {f"{m}+{a}": f for (m, _, a), f in mix.items()},
+                     "identical": same, "spec_min_gain": t.spec_min_gain, "spec_min_mix": t.spec_min_mix,
+                     "current": setting}
+    evidence: list[int] = []
+    for v in hearth_pairs.values():
+        for on, off in v:
+            evidence += [i for i in _ids(on, off) if i not in evidence]
+    problems: list[str] = []
+    changed = {k: e for k, e in same.items() if not e["all_identical"] and e["compared"]
+               and not k.endswith(f"+{OFF}")}
+    for label, e in changed.items():
+        d = e["differ"][0]
+        problems.append(f"{label}'s greedy output differs from {e['against']} in {e['compared'] - e['identical']} of "
+                        f"{e['compared']} requests (first at character {d['at_char']}: {d['ours']!r} against "
+                        f"{d['off']!r}): drafting must never change greedy output")
+    for label, e in same.items():
+        if label.endswith(f"+{OFF}"):
+            # Hearth without drafts against stock llama-server without drafts: the oracle across servers.
+            reasons.append(f"{label}'s outputs {'equal' if e['all_identical'] else 'differ from'} {e['against']}'s "
+                           f"({e['identical']} of {e['compared']} requests identical)")
+        elif e["all_identical"]:
+            reasons.append(f"{label}'s outputs are byte-identical to {e['against']}'s ({e['compared']} requests)")
+    if best_one is not None:
+        (m, _, arm), f = best_one
+        acc = f"acceptance {f['acceptance'] * 100:.0f} %" if f["acceptance"] is not None else "acceptance n/a"
+        tpd = f", {f['tokens_per_draft']:.2f} tokens per draft" if f["tokens_per_draft"] is not None else ""
+        dec = f"; decoding alone {f['decode_ratio']:.2f}×" if f["decode_ratio"] is not None else ""
+        reasons.append(f"one stream: {m} with {arm} generates {f['on_gen_tok_s']:.1f} tok/s against "
+                       f"{f['off_gen_tok_s']:.1f} without drafts: {f['ratio']:.2f}× (median of {f['repeats']}; "
+                       f"threshold {t.spec_min_gain:.2f}×{dec}); {acc}{tpd}")
+        llama = _best_llama(runs, 1)
+        if llama is not None:
+            numbers["llama_server_best"] = {"arm": llama[0], "gen_tok_s": llama[1],
+                                            "ratio": f["on_gen_tok_s"] / llama[1] if llama[1] else None}
+            reasons.append(f"stock llama-server's best arm, {llama[0]}: {llama[1]:.1f} tok/s; Hearth with {arm} "
+                           f"{f['on_gen_tok_s'] / llama[1]:.2f}× of it")
+        if f["ratio"] < t.spec_min_gain:
+            problems.append(f"one stream gains {f['ratio']:.2f}× with drafting, below the {t.spec_min_gain:.2f}× "
+                            "that makes it worth having on")
+    for (m, lv, arm), f in sorted(mix.items()):
+        line = (f"household mix at {lv} at once ({m}): {f['on_gen_tok_s']:.1f} tok/s with {arm} against "
+                f"{f['off_gen_tok_s']:.1f} without: {f['ratio']:.2f}× (must keep {t.spec_min_mix:.2f}×)")
+        on_runs = [on for on, _ in hearth_pairs[(m, lv, arm)]]
+        off_runs = [off for _, off in hearth_pairs[(m, lv, arm)]]
+        if f["ratio"] < t.spec_min_mix:
+            problems.append(line + ": drafting costs the full batch")
+        else:
+            reasons.append(line)
+        on_tpot = _interactive_tpot(on_runs[len(on_runs) // 2], policies, t)
+        off_tpot = _interactive_tpot(off_runs[len(off_runs) // 2], policies, t)
+        numbers.setdefault("mix_tpot_p95_ms", {})[f"{m}+{arm}"] = {n: p for n, (p, _) in on_tpot.items()}
+        for name, (p95, target) in on_tpot.items():
+            before = off_tpot.get(name, (None, None))[0]
+            if p95 > target and (before is None or before <= target):
+                problems.append(f"{name}'s p95 TPOT is {p95:.0f} ms with {arm} against its {target:.0f} ms target "
+                                f"({before:.0f} ms without)" if before is not None else
+                                f"{name}'s p95 TPOT is {p95:.0f} ms with {arm} against its {target:.0f} ms target")
+            elif p95 <= target:
+                reasons.append(f"{name} keeps its TPOT target with {arm}: p95 {p95:.0f} ms ≤ {target:.0f} ms")
+    measure = None
+    if best_one is None:
+        reasons.append("no one-stream run of repetitive work: the gain speculation is for was not measured")
+        measure = {"scenario": "code-edit", "spec": ["off", SPEC_AUTO_HEARTH], "levels": [1], "modes": ["continuous"]}
+    if mix_level is None:
+        reasons.append("the household mix was not measured with drafting on and off: whether it stands aside "
+                       "when the batch fills is unproven here (hearth bench replay --scenario household --levels 8 "
+                       "--serve --spec off,auto)")
+        measure = measure or {"scenario": "household", "spec": ["off", AUTO], "levels": [8], "modes": [],
+                              "serve": True}
+    numbers["problems"] = problems
+    if problems:
+        return Recommendation("speculation_off", "Speculative decoding does not pay here: turn it off",
+                              tuple(problems + reasons), numbers, tuple(evidence),
+                              None if setting == OFF else {"speculation": OFF}, measure)
+    if best_one is None:
+        return Recommendation("speculation_unproven", "Speculative decoding: not enough evidence",
+                              tuple(reasons), numbers, tuple(evidence), None, measure)
+    (_, _, arm), f = best_one
+    want = setting_of(arm)
+    title = (f"Use speculative decoding ({want}): {f['ratio']:.2f}× on one stream of repetitive work"
+             + (f", the mix keeps {min(x['ratio'] for x in mix.values()):.2f}×" if mix else ""))
+    return Recommendation("speculation_on", title, tuple(reasons), numbers, tuple(evidence),
+                          None if setting == want else {"speculation": want}, measure)
+
+
+def measure_command(m: dict) -> str:
+    """The `hearth bench replay` command line of a recommendation's measure."""
+    parts = ["hearth bench replay"]
+    if m.get("scenario"):
+        parts.append(f"--scenario {m['scenario']}")
+    parts.append(f"--levels {','.join(map(str, m['levels']))}")
+    parts.append(f"--modes {','.join(m['modes']) or 'none'}")
+    if m.get("slots"):
+        parts.append(f"--slots {','.join(map(str, m['slots']))}")
+    if m.get("spec"):
+        parts.append(f"--spec {','.join(m['spec'])}")
+    if m.get("serve"):
+        parts.append("--serve")
+    return " ".join(parts)
 
 
 def format_verdict(v: Verdict) -> str:
@@ -336,7 +565,5 @@ def format_verdict(v: Verdict) -> str:
         if r.apply:
             lines.append(f"      apply: {r.apply}   evidence: runs {list(r.evidence) or 'n/a'}")
         if r.measure:
-            slots = f" --slots {','.join(map(str, r.measure['slots']))}" if r.measure.get("slots") else ""
-            lines.append(f"      measure: hearth bench replay --levels {','.join(map(str, r.measure['levels']))} "
-                         f"--modes {','.join(r.measure['modes'])}{slots}")
+            lines.append(f"      measure: {measure_command(r.measure)}")
     return "\n".join(lines)

@@ -1,8 +1,10 @@
 """The bench's load client: sends a planned run of requests to one target, streamed, and samples it meanwhile.
 
-Per request the client keeps raw timings (seconds from the run's start); during each run a sampler
-reads the server's /metrics (KV cells, preemptions, running/waiting) and the device's utilisation.
-`summarise` derives every figure from those raw rows.
+Per request the client keeps raw timings (seconds from the run's start) and the text it received;
+during each run a sampler reads the server's /metrics (KV cells, preemptions, running/waiting,
+speculative decoding's counters) and the device's utilisation, and the counters are read once more
+just before the first request and after the last ("phase" samples), so a run's drafts are counted
+whole. `summarise` derives every figure from those raw rows and samples.
 """
 
 from __future__ import annotations
@@ -22,6 +24,33 @@ from app.verdict.scenarios import PlannedRequest
 from app.verdict.targets import Target
 
 SAMPLE_INTERVAL_S = 0.2
+# Speculative decoding's counters (llama-server's names, which the hearth runner exports too): sample key → series.
+SPEC_COUNTERS = {
+    "spec_drafts_total": "llamacpp:spec_decode_num_drafts_total",
+    "spec_draft_tokens_total": "llamacpp:spec_decode_num_draft_tokens_total",
+    "spec_accepted_total": "llamacpp:spec_decode_num_accepted_tokens_total",
+}
+
+
+def spec_counters(values: Scrape) -> dict:
+    """The speculative decoding counters of one scrape (None where the server exports none)."""
+    out = {key: values.value(name) for key, name in SPEC_COUNTERS.items()}
+    out["spec_drafting"] = values.value("hearth:spec_drafting")
+    return out
+
+
+def _scrape(http: httpx.Client, target: Target) -> Scrape:
+    """The target's /metrics now; empty when it has none or does not answer (the request timings still count)."""
+    try:
+        r = http.get(f"{target.metrics_url or target.url}/metrics", headers=target.metrics_headers)
+        return parse_exposition(r.text) if r.status_code == 200 else Scrape()
+    except (httpx.HTTPError, ValueError):
+        return Scrape()
+
+
+def phase_sample(http: httpx.Client, target: Target, phase: str, t_s: float) -> dict:
+    """The counters just before the first request ("before") or after the last ("after"); no KV or load figures."""
+    return {"t_s": t_s, "phase": phase, **spec_counters(_scrape(http, target))}
 
 
 class _Utilisation:
@@ -88,8 +117,9 @@ class _Client:
             headers = {**(self.target.headers or {}), **({SLO_HEADER: slo_header(policy)} if policy else {})}
         row = {"idx": req.idx, "class_name": req.class_name, "priority": priority, "sent_s": None,
                "first_token_s": None, "end_s": None, "prompt_tokens": None, "completion_tokens": None,
-               "max_tokens": req.max_tokens, "status": "ok", "error": None, "server_timings": None}
-        pieces = 0
+               "max_tokens": req.max_tokens, "status": "ok", "error": None, "server_timings": None,
+               "output": None}
+        pieces: list[str] = []
         with self.lock:
             self.in_flight += 1
             self.before_first_token += 1
@@ -108,7 +138,7 @@ class _Client:
                         raise RuntimeError(str(chunk["error"].get("message", chunk["error"]))[:300])
                     text = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
                     if text:
-                        pieces += 1
+                        pieces.append(text)
                         if first:
                             row["first_token_s"] = time.monotonic() - self.t0
                             first = False
@@ -120,8 +150,10 @@ class _Client:
                     if chunk.get("timings"):
                         row["server_timings"] = chunk["timings"]
             row["end_s"] = time.monotonic() - self.t0
+            # The text as received: greedy arms of one prompt must agree byte for byte.
+            row["output"] = "".join(pieces)
             if row["completion_tokens"] is None:
-                row["completion_tokens"] = pieces
+                row["completion_tokens"] = len(pieces)
         except (httpx.HTTPError, RuntimeError, ValueError) as exc:
             row["status"] = "error"
             row["error"] = str(exc) or type(exc).__name__
@@ -142,6 +174,8 @@ def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str,
     util = _Utilisation(target.pid, target.threads)
     with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10),
                       limits=httpx.Limits(max_connections=len(planned) + 4)) as http:
+        with httpx.Client(timeout=5.0) as mclient:
+            before = phase_sample(mclient, target, "before", 0.0)
         t0 = time.monotonic()
         client = _Client(target, t0, http, policies)
         done = threading.Event()
@@ -155,12 +189,7 @@ def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str,
                 while not done.wait(SAMPLE_INTERVAL_S):
                     s = {"t_s": time.monotonic() - t0, "in_flight": client.in_flight,
                          "before_first_token": client.before_first_token, "util": util.read()}
-                    try:
-                        r = mclient.get(f"{target.metrics_url or target.url}/metrics", headers=target.metrics_headers)
-                        values = parse_exposition(r.text) if r.status_code == 200 else Scrape()
-                    except (httpx.HTTPError, ValueError):
-                        # A sample without server figures; the request timings still count.
-                        values = Scrape()
+                    values = _scrape(mclient, target)
                     s["kv_used"] = values.first("hearth:kv_cells_used", "llamacpp:kv_cache_tokens")
                     s["kv_total"] = values.value("hearth:kv_cells_total")
                     s["kv_util"] = values.value("llamacpp:kv_cache_usage_ratio")
@@ -169,6 +198,7 @@ def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str,
                     s["running"] = values.first("hearth:requests_running", "llamacpp:requests_processing")
                     s["waiting"] = values.first("hearth:requests_waiting", "llamacpp:requests_deferred")
                     s["preemptions_total"] = values.value("hearth:preemptions_total")
+                    s.update(spec_counters(values))
                     samples.append(s)
 
         sampler = threading.Thread(target=sample, name="bench-sampler", daemon=True)
@@ -180,6 +210,10 @@ def run_level(target: Target, planned: list[PlannedRequest], policies: dict[str,
             t.join(max(0.0, t0 + timeout_s - time.monotonic()))
         done.set()
         sampler.join(5)
+        with httpx.Client(timeout=5.0) as mclient:
+            after = phase_sample(mclient, target, "after", time.monotonic() - t0)
+        samples[:0] = [before]
+        samples.append(after)
     lost = [planned[i].idx for i, r in enumerate(rows) if r is None]
     if lost:
         raise RuntimeError(f"requests {lost} did not finish within {timeout_s} s on {target.label}")

@@ -2,7 +2,9 @@
 
 Targets are a hearth runner started per mode (continuous, serial, static) with model, quantisation,
 context, slots, threads and hardware held constant, a stock llama-server started with the same
-settings, or any OpenAI-compatible URL. One client measures all of them in the same run, level by
+settings, or any OpenAI-compatible URL. With a speculation axis (`--spec off,ngram-lookup`,
+app.verdict.spec) each hearth mode, each `hearth serve` and each llama-server arm (`--llama-spec`)
+is a target of its own, so drafting on and off are measured interleaved, with the same prompts. One client measures all of them in the same run, level by
 level with the targets interleaved, so drift on a shared machine hits every target alike.
 
 The load client is app.verdict.load, the targets' processes app.verdict.targets, the tables
@@ -26,6 +28,7 @@ from app.verdict.load import run_level
 from app.verdict.results import RunResult, median_runs
 from app.verdict.runners import ONCE_MODES, RunnerPlan, plan_runners
 from app.verdict.scenarios import PromptCutter, Scenario, plan, script_size
+from app.verdict.spec import DEFAULT_LLAMA_SPEC, label
 from app.verdict.targets import (
     Constants,
     Target,
@@ -87,6 +90,18 @@ class BenchConfig:
     traffic_days: float = 7.0
     repeats: int = 1
     slots: tuple[int, ...] | None = None  # slot counts to sweep; None: enough slots for each level
+    # Speculation arms (app.verdict.spec) of hearth runners and serve, and of the stock llama-server;
+    # () is no axis (runners start without drafts, as their default; serve with its own default).
+    spec: tuple[str, ...] = ()
+    llama_spec: tuple[str, ...] = ()
+
+    def arms(self) -> tuple[str | None, ...]:
+        """The hearth runners' (and serve's) arms: (None,) without an axis."""
+        return tuple(self.spec) or (None,)
+
+    def llama_arms(self) -> tuple[str | None, ...]:
+        """llama-server's arms: its own list; with a hearth axis but none of its own, each of its n-gram types."""
+        return tuple(self.llama_spec) or ((None,) if not self.spec else DEFAULT_LLAMA_SPEC)
 
 
 @dataclass
@@ -131,8 +146,10 @@ def plan_for(cfg: BenchConfig, scenario: Scenario, check_memory: bool = True) ->
     runner_bytes, headroom, memory = None, None, "not checked"
     if check_memory and cfg.model_path and (cfg.modes or cfg.llama_server):
         runner_bytes, headroom, memory = _memory_check(cfg)
+    serve_arms = len(cfg.arms()) if cfg.serve else 0
     return plan_runners(levels, cfg.modes, cfg.parallel, cfg.n_ctx, axis, bool(cfg.llama_server),
-                        bool(cfg.target_url) + int(cfg.serve), runner_bytes, headroom, memory)
+                        bool(cfg.target_url) + serve_arms, runner_bytes, headroom, memory,
+                        spec=cfg.arms(), llama_spec=cfg.llama_arms())
 
 
 def total_runs(cfg: BenchConfig, scenario: Scenario) -> int:
@@ -158,6 +175,8 @@ def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, cl
         "sampling": "temperature 0, ignore_eos (fixed output lengths), cache_prompt off",
         "prompt_lengths": "exact (target's tokenizer)" if cutter_exact else "estimated (4 chars/token)",
         "llama_server": cfg.llama_server, "target_url": cfg.target_url, "serve": cfg.serve,
+        "spec": list(cfg.spec) or "none (runners without drafts)",
+        "llama_spec": list(cfg.llama_arms()) if cfg.llama_server and cfg.spec else None,
         "runner_plan": runner_plan.as_dict() if runner_plan else None,
         "classes": {n: asdict(p) for n, p in class_policies.items()},
         "machine": machine(),
@@ -166,10 +185,11 @@ def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, cl
 
 def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, int], None] | None = None,
               log: Callable[[str], None] = lambda line: None,
-              start_serve: Callable[[Constants], Target] | None = None) -> BenchOutcome:
+              start_serve: Callable[[Constants, str | None], Target] | None = None) -> BenchOutcome:
     """Start each group of runners, replay, store every run as it ends, judge; stops what it started.
 
-    With cfg.serve, start_serve (app.devtools.serve_process.serve_target) starts the `hearth serve` target."""
+    With cfg.serve, start_serve(constants, arm) (app.devtools.serve_process.serve_target) starts a `hearth serve`
+    target: arm None or "auto" with its default settings, another arm with that speculation (app.verdict.spec)."""
     from dataclasses import replace
 
     from app.store.settings import all_settings
@@ -213,16 +233,22 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
         for group in runner_plan.groups:
             c = replace(base, n_ctx=group.n_ctx, parallel=group.slots, n_batch=_batch_for(cfg.n_batch, group.slots))
             for mode in group.modes:
-                log(f"starting hearth runner ({mode}, {group.slots} slots, {group.n_ctx} KV cells)")
-                targets.append(start_hearth(c, mode))
+                for arm in group.spec:
+                    log(f"starting hearth runner ({label(mode, arm)}, {group.slots} slots, {group.n_ctx} KV cells)")
+                    targets.append(start_hearth(c, mode, arm))
             if group.llama_server:
-                log(f"starting llama-server ({group.slots} slots)")
-                targets.append(start_llama_server(c, cfg.llama_server))
+                for arm in group.llama_spec:
+                    log(f"starting llama-server ({label('llama-server', arm)}, {group.slots} slots)")
+                    targets.append(start_llama_server(c, cfg.llama_server, arm))
             if cfg.target_url and group.external:
                 targets.append(external_target(cfg.target_url, model_name))
             if cfg.serve and group.external:
-                log("starting hearth serve (default settings, fresh data folder)")
-                targets.append(start_serve(base))  # type: ignore[misc]
+                for arm in cfg.arms():
+                    log(f"starting hearth serve ({label('serve', arm)}: "
+                        f"{'default settings' if arm in (None, 'auto') else 'speculation ' + arm}, fresh data folder)")
+                    serve = start_serve(base, arm)  # type: ignore[misc]
+                    serve.label = label(serve.label, arm)
+                    targets.append(serve)
             if not targets:
                 continue
             for t in targets:
@@ -253,6 +279,7 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
         t = thresholds_from(all_settings(s))
         traffic = read_traffic(s, cfg.traffic_days, burst_overlap=t.burst_overlap)
         current = store.current_runner_settings(s, model_name)
-        verdict = decide(store.evidence(median_runs(runs)), class_policies, t, traffic, current, runner_plan.notes)
+        verdict = decide(store.evidence(median_runs(runs)), class_policies, t, traffic, current, runner_plan.notes,
+                         every_rep=store.evidence(runs))
         store.finish_session(s, session_id, verdict.as_dict())
     return BenchOutcome(session_id, constants, runs, verdict, traffic)

@@ -11,6 +11,9 @@ targets stay interleaved level by level; a group is stopped before the next one 
 runs one request at a time whatever its slots, and an external target cannot be restarted: each
 of them measures a level once, in the first group that has it.
 
+With a speculation axis (app.verdict.spec) every hearth mode starts once per arm, and a stock
+llama-server once per llama-server arm, all up together in the group, so on and off interleave.
+
 Before anything starts, every group is estimated (app.residency.estimate) against the memory
 free now; a level whose slots do not fit runs with the most slots that do, and the plan says why.
 """
@@ -37,22 +40,25 @@ class RunnerGroup:
     modes: tuple[str, ...]  # hearth runner modes started for this group
     once_levels: tuple[int, ...]  # levels the once-only targets (serial, external) measure here
     llama_server: bool = False
-    external: int = 0  # external targets (--target, --serve) measured in this group
+    external: int = 0  # external targets (--target, --serve: one per serve arm) measured in this group
     estimate_bytes: int | None = None  # all of the group's runners together
+    # Speculation arms: each hearth mode once per spec arm, llama-server once per llama arm; (None,): no axis.
+    spec: tuple[str | None, ...] = (None,)
+    llama_spec: tuple[str | None, ...] = (None,)
 
     def runs(self, repeats: int = 1) -> int:
         """Runs this group makes."""
-        per_level = {lv: sum(1 for m in self.modes if m not in ONCE_MODES) + int(self.llama_server)
-                     for lv in self.levels}
+        arms, llama = len(self.spec), len(self.llama_spec) if self.llama_server else 0
+        per_level = {lv: sum(1 for m in self.modes if m not in ONCE_MODES) * arms + llama for lv in self.levels}
         for lv in self.once_levels:
-            per_level[lv] += sum(1 for m in self.modes if m in ONCE_MODES) + int(self.external)
+            per_level[lv] += sum(1 for m in self.modes if m in ONCE_MODES) * arms + int(self.external)
         return sum(per_level.values()) * repeats
 
     def as_dict(self) -> dict:
         """For the session's constants."""
         return {"slots": self.slots, "n_ctx": self.n_ctx, "levels": list(self.levels), "modes": list(self.modes),
                 "once_levels": list(self.once_levels), "llama_server": self.llama_server,
-                "estimate_bytes": self.estimate_bytes}
+                "estimate_bytes": self.estimate_bytes, "spec": list(self.spec), "llama_spec": list(self.llama_spec)}
 
 
 @dataclass(frozen=True)
@@ -88,12 +94,15 @@ def _gib(n: int) -> str:
 def plan_runners(levels: list[int], modes: tuple[str, ...], parallel: int, n_ctx: int,
                  slots_axis: tuple[int, ...] | None = None, llama_server: bool = False, external: int = 0,
                  runner_bytes: Callable[[int, int], int | None] | None = None,
-                 headroom_bytes: int | None = None, memory: str = "not checked") -> RunnerPlan:
+                 headroom_bytes: int | None = None, memory: str = "not checked",
+                 spec: tuple[str | None, ...] = (None,), llama_spec: tuple[str | None, ...] = (None,)) -> RunnerPlan:
     """The runner groups for these levels: enough slots for each level (or each swept slot count), memory allowing.
 
     runner_bytes(n_ctx, slots) estimates one runner; None (or no headroom) skips the memory check.
+    spec / llama_spec: the speculation arms of hearth runners and of llama-server ((None,): no axis).
     """
-    n_runners = len(modes) + int(llama_server)
+    spec, llama_spec = tuple(spec) or (None,), tuple(llama_spec) or (None,)
+    n_runners = len(modes) * len(spec) + (len(llama_spec) if llama_server else 0)
 
     def group_bytes(slots: int) -> int | None:
         one = runner_bytes(ctx_for(n_ctx, parallel, slots), slots) if runner_bytes else None
@@ -135,5 +144,5 @@ def plan_runners(levels: list[int], modes: tuple[str, ...], parallel: int, n_ctx
         done_once.update(once)
         group_modes = tuple(m for m in modes if m not in ONCE_MODES or once)
         groups.append(RunnerGroup(s, ctx_for(n_ctx, parallel, s), lvs, group_modes, once, llama_server,
-                                  int(external) if once else 0, group_bytes(s)))
+                                  int(external) if once else 0, group_bytes(s), spec, llama_spec))
     return RunnerPlan(tuple(groups), notes, tuple(skipped), memory)

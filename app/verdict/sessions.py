@@ -21,12 +21,12 @@ from app.store.models import (
     RunnerSettings,
     utcnow,
 )
-from app.verdict.results import RunResult, summarise, summary_rows
+from app.verdict.results import RunResult, as_evidence, summarise, summary_rows
 
 REQUEST_FIELDS = ("idx", "class_name", "priority", "sent_s", "first_token_s", "end_s", "prompt_tokens",
                   "completion_tokens", "max_tokens", "status", "error", "server_timings")
 # What Apply may change on a model's runner settings.
-RUNNER_FIELDS = ("mode", "parallel", "n_batch")
+RUNNER_FIELDS = ("mode", "parallel", "n_batch", "speculation")
 
 
 class ApplyError(ValueError):
@@ -48,7 +48,8 @@ def create_session(session: Session, scenario: str, model_name: str | None, cons
 
 def save_run(session: Session, session_id: int, run: RunResult) -> int:
     """One run with every request's raw row; sets run.run_id. Commits."""
-    row = BenchRun(session_id=session_id, target=run.target, mode=run.target, level=run.level, slots=run.slots,
+    # target is the run's label (with its speculation arm, app.verdict.spec); mode the target without it.
+    row = BenchRun(session_id=session_id, target=run.target, mode=run.base, level=run.level, slots=run.slots,
                    wall_s=run.summary["wall_s"], samples=run.samples, summary=run.summary)
     session.add(row)
     session.flush()
@@ -86,6 +87,11 @@ def load_runs(session: Session, session_id: int, class_policies: dict[str, Class
     seen: dict[tuple[str, int, int | None], int] = {}
     for row in session.scalars(select(BenchRun).where(BenchRun.session_id == session_id).order_by(BenchRun.id)):
         reqs = raw_requests(session, row.id)
+        # Each request's output text is kept in the run's summary (no column for it): back on its row.
+        outputs = (row.summary or {}).get("outputs") or {}
+        for r in reqs:
+            if str(r["idx"]) in outputs:
+                r["output"] = outputs[str(r["idx"])]
         # Repetitions of a target × level × slots were stored in order: the n-th one is repetition n.
         key = (row.target, row.level, row.slots)
         rep = seen.get(key, 0)
@@ -98,9 +104,8 @@ def load_runs(session: Session, session_id: int, class_policies: dict[str, Class
 
 
 def evidence(results: list[RunResult]) -> list[dict]:
-    """Run summaries in the shape app.verdict.decide reads."""
-    return [{"mode": r.target, "level": r.level, "slots": r.slots, "summary": r.summary, "run_id": r.run_id}
-            for r in results]
+    """Run summaries in the shape app.verdict.decide reads (app.verdict.results.as_evidence)."""
+    return as_evidence(results)
 
 
 def list_sessions(session: Session, limit: int = 20) -> list[BenchSession]:
@@ -158,7 +163,7 @@ def write_csv(runs: list[RunResult], path: str | Path) -> Path:
 
 
 def current_runner_settings(session: Session, model_name: str | None) -> dict:
-    """The model's runner settings as the verdict reads them (stored row, else the defaults)."""
+    """The model's runner settings as the verdict reads them (stored row, else the defaults; speculation when set)."""
     from app.residency.estimate import AUTO_SLOTS_CPU
     from app.store.settings import get_setting
 
@@ -168,8 +173,8 @@ def current_runner_settings(session: Session, model_name: str | None) -> dict:
     model = session.scalar(select(Model).where(Model.name == model_name)) if model_name else None
     rs = session.scalar(select(RunnerSettings).where(RunnerSettings.model_id == model.id)) if model else None
     if rs is not None:
-        out.update({k: v for k, v in (("parallel", rs.parallel), ("n_batch", rs.n_batch), ("mode", rs.mode))
-                    if v is not None})
+        out.update({k: v for k, v in (("parallel", rs.parallel), ("n_batch", rs.n_batch), ("mode", rs.mode),
+                                      ("speculation", rs.speculation)) if v is not None})
     return out
 
 

@@ -1,4 +1,4 @@
-"""The bench's tables: per target × level figures, hearth against the reference server, the runner plan."""
+"""The bench's tables: per target × level figures, hearth against the reference server, speculation's arms, the runner plan."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import math
 
 from app.policy import MODES
 from app.telemetry.stats import median
-from app.verdict.results import RunResult, request_times
+from app.verdict.results import RunResult, as_evidence, identity, request_times
+from app.verdict.spec import OFF
 
 
 def figure(v, spec: str = ".1f", scale: float = 1.0) -> str:
@@ -18,14 +19,14 @@ def figure(v, spec: str = ".1f", scale: float = 1.0) -> str:
 
 def format_table(results: list[RunResult]) -> str:
     """The per target × level table, plus per-class p95s."""
-    head = (f"{'target':<13}{'L':>3}{'slots':>6}{'gen tok/s':>10}{'prm tok/s':>10}{'TTFT p50':>9}{'TTFT p95':>9}"
+    head = (f"{'target':<24}{'L':>3}{'slots':>6}{'gen tok/s':>10}{'prm tok/s':>10}{'TTFT p50':>9}{'TTFT p95':>9}"
             f"{'TPOT p50':>9}{'done p50':>9}{'done p95':>9}{'KV mean':>8}{'KV peak':>8}{'preempt':>8}"
             f"{'Jain':>6}{'util':>6}{'gap':>6}{'err':>4}")
     lines = [head, "-" * len(head)]
     for r in results:
         s = r.summary
         lines.append(
-            f"{r.target:<13}{r.level:>3}{figure(r.slots, 'd'):>6}{figure(s['gen_tok_s']):>10}"
+            f"{r.target:<24}{r.level:>3}{figure(r.slots, 'd'):>6}{figure(s['gen_tok_s']):>10}"
             f"{figure(s['prompt_tok_s'], '.0f'):>10}"
             f"{figure(s['ttft_p50_ms'], '.0f'):>9}{figure(s['ttft_p95_ms'], '.0f'):>9}{figure(s['tpot_p50_ms'], '.0f'):>9}"
             f"{figure(s['completion_p50_ms'], '.0f'):>9}{figure(s['completion_p95_ms'], '.0f'):>9}"
@@ -38,7 +39,7 @@ def format_table(results: list[RunResult]) -> str:
     for r in results:
         parts = [f"{n} {figure(c['ttft_p95_ms'], '.0f')}/{figure(c['completion_p95_ms'], '.0f')}"
                  f" slo {figure(c['slo_attainment'], '.0f', 100)}%" for n, c in r.summary["per_class"].items()]
-        lines.append(f"  {r.target:<13}L={r.level:<3}S={figure(r.slots, 'd'):<4}" + "; ".join(parts))
+        lines.append(f"  {r.target:<24}L={r.level:<3}S={figure(r.slots, 'd'):<4}" + "; ".join(parts))
     return "\n".join(lines)
 
 
@@ -49,7 +50,8 @@ def comparison(results: list[RunResult]) -> list[dict]:
     row holds the median of each ratio and all of them.
     """
     for ref_label in ("llama-server", "target"):
-        refs = {(r.level, r.slots, r.rep): r for r in results if r.target == ref_label}
+        # With a speculation axis the reference is the server's arm without drafts.
+        refs = {(r.level, r.slots, r.rep): r for r in results if r.base == ref_label and r.arm in (None, OFF)}
         if refs:
             break
     else:
@@ -58,10 +60,10 @@ def comparison(results: list[RunResult]) -> list[dict]:
     for r in results:
         # An external reference was not started by the bench: its slots are unknown, any will do.
         ref = refs.get((r.level, r.slots, r.rep)) or refs.get((r.level, None, r.rep))
-        if ref is None and r.target == "serve":
+        if ref is None and r.base == "serve":
             # serve sized its own runner: compare with the reference at the same level and repetition.
             ref = next((v for k, v in refs.items() if k[0] == r.level and k[2] == r.rep), None)
-        if ref is None or (r.target not in MODES and r.target != "serve"):
+        if ref is None or (r.base not in MODES and r.base != "serve"):
             continue
         a, b = r.summary, ref.summary
         one = {"gen_tok_s_ratio": _ratio(a["gen_tok_s"], b["gen_tok_s"]), "per_class": {}}
@@ -76,7 +78,7 @@ def comparison(results: list[RunResult]) -> list[dict]:
         pairs.setdefault((r.target, r.level, r.slots), []).append(one)
     out = []
     for (mode, level, slots), ones in pairs.items():
-        row = {"mode": mode, "reference": ref_label, "level": level, "slots": slots, "repeats": len(ones),
+        row = {"mode": mode, "reference": refs_label(results, ref_label), "level": level, "slots": slots, "repeats": len(ones),
                "gen_tok_s_ratio": median([o["gen_tok_s_ratio"] for o in ones]),
                "gen_tok_s_ratios": [o["gen_tok_s_ratio"] for o in ones], "per_class": {}}
         for name in ones[0]["per_class"]:
@@ -87,6 +89,74 @@ def comparison(results: list[RunResult]) -> list[dict]:
                                                          if name in o["per_class"]]
         out.append(row)
     return out
+
+
+def refs_label(results: list[RunResult], base: str) -> str:
+    """What the reference runs are called in the tables: the server, with its off arm's label on an axis."""
+    return next((r.target for r in results if r.base == base and r.arm in (None, OFF)), base)
+
+
+def spec_rows(results: list[RunResult]) -> list[dict]:
+    """One row per speculation arm × level: median tok/s and ratio to its own off arm, drafting figures, identity.
+
+    Ratios are taken within one repetition (on and off neighbouring in time), then the median."""
+    by: dict[tuple[str, int], list[RunResult]] = {}
+    for r in results:
+        if r.arm is not None:
+            by.setdefault((r.target, r.level), []).append(r)
+    if not by:
+        return []
+    off = {(r.base, r.level, r.rep): r for r in results if r.arm == OFF}
+    same = identity(as_evidence(results))
+    rows = []
+    for (target, level), runs in by.items():
+        base, arm = runs[0].base, runs[0].arm
+        pairs = [(r, off.get((base, level, r.rep))) for r in runs]
+
+        def ratio(key: str, pairs=pairs, arm=arm) -> float | None:
+            return None if arm == OFF else median([on.summary[key] / o.summary[key] for on, o in pairs
+                                                   if o is not None and on.summary.get(key) and o.summary.get(key)])
+
+        def med(key: str, runs=runs):
+            return median([r.summary.get(key) for r in runs])
+
+        e = same.get(target)
+        rows.append({"target": target, "base": base, "spec": arm, "level": level, "repeats": len(runs),
+                     "gen_tok_s": med("gen_tok_s"), "gen_tok_s_all": [r.summary.get("gen_tok_s") for r in runs],
+                     "ratio_to_off": ratio("gen_tok_s"), "decode_tok_s": med("decode_tok_s"),
+                     "decode_ratio_to_off": ratio("decode_tok_s"),
+                     "acceptance": med("spec_acceptance"), "tokens_per_draft": med("spec_tokens_per_draft"),
+                     "draft_tokens": med("spec_draft_tokens"), "accepted_tokens": med("spec_accepted_tokens"),
+                     "ttft_p50_ms": med("ttft_p50_ms"), "tpot_p50_ms": med("tpot_p50_ms"),
+                     "per_class": {n: {key: median([r.summary["per_class"].get(n, {}).get(key) for r in runs])
+                                       for key in ("ttft_p95_ms", "tpot_p95_ms")}
+                                   for n in runs[0].summary.get("per_class", {})},
+                     "identical": None if e is None else e["all_identical"],
+                     "identical_against": None if e is None else e["against"],
+                     "identical_counts": None if e is None else [e["identical"], e["compared"]]})
+    return rows
+
+
+def format_spec(rows: list[dict]) -> str:
+    """The speculation arms as the CLI prints them: one line per arm × level, every repetition's tok/s."""
+    head = (f"{'arm':<28}{'L':>3}{'gen tok/s':>10}{'× off':>7}{'decode':>8}{'× off':>7}{'accept':>8}{'tok/draft':>10}"
+            f"{'drafted':>8}{'TTFT p50':>9}{'TPOT p50':>9}  {'same as off':<16}each repetition (gen tok/s)")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        same = ("n/a" if r["identical"] is None else
+                f"{'yes' if r['identical'] else 'NO'} {r['identical_counts'][0]}/{r['identical_counts'][1]}")
+        accept = "n/a" if r["acceptance"] is None else f"{r['acceptance'] * 100:.0f}%"
+        lines.append(f"{r['target']:<28}{r['level']:>3}{figure(r['gen_tok_s']):>10}{figure(r['ratio_to_off'], '.2f'):>7}"
+                     f"{figure(r['decode_tok_s']):>8}{figure(r['decode_ratio_to_off'], '.2f'):>7}"
+                     f"{accept:>8}{figure(r['tokens_per_draft'], '.2f'):>10}"
+                     f"{figure(r['draft_tokens'], '.0f'):>8}{figure(r['ttft_p50_ms'], '.0f'):>9}"
+                     f"{figure(r['tpot_p50_ms'], '.1f'):>9}  {same:<16}"
+                     + ", ".join(figure(v) for v in r["gen_tok_s_all"]))
+    lines.append("  × off: over the same target without drafts, median of the per-repetition ratios; gen tok/s: "
+                 "generated tokens over the run's wall time (prefill included); decode: tokens per second after the "
+                 "first (median request); accept: draft tokens kept; tok/draft: tokens kept per draft verified; same as off: greedy outputs "
+                 "byte-identical to the off arm's (hearth's off arm: to llama-server's), requests identical/compared")
+    return "\n".join(lines)
 
 
 def _ratio(a, b) -> float | None:

@@ -1,7 +1,8 @@
 """The servers the bench measures: hearth runners and a stock llama-server it starts, or a URL it is given.
 
 Every target the bench starts is started with the same constants (model, context, slots, batch,
-threads, GPU layers), so only the scheduling differs between them.
+threads, GPU layers), so only the scheduling (and, on a speculation axis, the drafting) differs
+between them.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from dataclasses import dataclass
 import httpx
 
 from app.verdict.scenarios import PromptCutter
+from app.verdict.spec import label, runner_spec_type, split_label
 
 
 @dataclass
 class Target:
     """A server the client measures: a runner the bench started, or a URL it was given."""
 
-    label: str  # what the tables call it: the mode for hearth runners, "llama-server", "target"
+    label: str  # what the tables call it: the mode for hearth runners, "llama-server", "target"; +arm (spec)
     url: str
     kind: str  # "hearth", "llama-server" or "external"
     model: str  # the model name sent in requests
@@ -31,8 +33,13 @@ class Target:
 
     @property
     def mode(self) -> str:
-        """The scheduling mode for hearth runners; the server kind otherwise."""
-        return self.label
+        """The scheduling mode for hearth runners; the server kind otherwise (the label without its arm)."""
+        return split_label(self.label)[0]
+
+    @property
+    def arm(self) -> str | None:
+        """Its speculation arm (app.verdict.spec), None when the session has no speculation axis."""
+        return split_label(self.label)[1]
 
 
 @dataclass(frozen=True)
@@ -49,29 +56,29 @@ class Constants:
     token_budget: int | None = None
 
 
-def start_hearth(c: Constants, mode: str, timeout_s: float = 180) -> Target:
-    """A hearth runner in `mode` with the constants; waits until it serves."""
+def start_hearth(c: Constants, mode: str, arm: str | None = None, timeout_s: float = 180) -> Target:
+    """A hearth runner in `mode` (and speculation arm) with the constants; waits until it serves."""
     from app.residency.supervisor import RunnerProcess, RunnerSpec
 
     extra = ("--budget", str(c.token_budget)) if c.token_budget else ()
     spec = RunnerSpec(model_name=c.model_name, model_path=c.model_path, kind="hearth", n_ctx=c.n_ctx,
                       parallel=c.parallel, n_batch=c.n_batch, threads=c.threads, gpu_layers=c.gpu_layers,
-                      mode=mode, extra_args=extra)
+                      mode=mode, extra_args=extra, spec_type=runner_spec_type(arm, "hearth"))
     proc = RunnerProcess(spec).start(timeout_s)
-    return Target(mode, proc.url, "hearth", c.model_name, pid=proc.pid, threads=c.threads, process=proc,
+    return Target(label(mode, arm), proc.url, "hearth", c.model_name, pid=proc.pid, threads=c.threads, process=proc,
                   slots=c.parallel)
 
 
-def start_llama_server(c: Constants, binary: str, timeout_s: float = 180) -> Target:
-    """Stock llama-server with the same model, context, slots (-np), batch and threads."""
+def start_llama_server(c: Constants, binary: str, arm: str | None = None, timeout_s: float = 180) -> Target:
+    """Stock llama-server with the same model, context, slots (-np), batch and threads (and --spec-type of the arm)."""
     from app.residency.supervisor import RunnerProcess, RunnerSpec
 
     spec = RunnerSpec(model_name=c.model_name, model_path=c.model_path, kind="llama-server", binary_path=binary,
                       n_ctx=c.n_ctx, parallel=c.parallel, n_batch=c.n_batch, threads=c.threads,
-                      gpu_layers=c.gpu_layers)
+                      gpu_layers=c.gpu_layers, spec_type=runner_spec_type(arm, "llama-server"))
     proc = RunnerProcess(spec).start(timeout_s)
-    return Target("llama-server", proc.url, "llama-server", c.model_name, pid=proc.pid, threads=c.threads,
-                  process=proc, slots=c.parallel)
+    return Target(label("llama-server", arm), proc.url, "llama-server", c.model_name, pid=proc.pid,
+                  threads=c.threads, process=proc, slots=c.parallel)
 
 
 def external_target(url: str, model: str) -> Target:
