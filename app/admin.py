@@ -127,6 +127,28 @@ def set_model_policy(s, name: str, policy: str | None = None, keep_alive_s: int 
     return row
 
 
+def set_model_speculation(s, name: str, value: str) -> db.RunnerSettings:
+    """Set a model's speculative decoding (auto, off or an n-gram type) on its runner settings (the caller commits).
+
+    Stored as NULL for auto, so a model left alone follows what auto means in a later Hearth. Raises
+    AdminError for an unknown model, an unknown value, or a type its runner kind cannot draft with."""
+    from app.residency.supervisor import SPEC_AUTO, speculation_problem
+
+    row = s.scalar(select(db.Model).where(db.Model.name == name))
+    if row is None:
+        raise AdminError(f"no model '{name}'; `hearth models list` scans the models folder and shows the names")
+    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
+    value = value.strip().lower()
+    problem = speculation_problem(rs.kind if rs else "hearth", value)
+    if problem:
+        raise AdminError(f"speculative decoding '{value}': {problem}")
+    if rs is None:
+        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
+        s.add(rs)
+    rs.speculation = None if value == SPEC_AUTO else value
+    return rs
+
+
 def run(args) -> int:
     """Dispatch `hearth models|classes|settings ...`."""
     data = data_dir()

@@ -24,6 +24,7 @@ from app.web.queries import (
     RANGE_LABELS,
     RANGES,
     QueryError,
+    class_acceptance,
     class_rows,
     class_stats,
     utc_now,
@@ -46,6 +47,9 @@ FORM_FIELDS = [
     ("default_model", "Default model", "empty: the household default"),
     ("thinking", "Thinking", "for a request that does not say: the model's own default, off (no thoughts, a faster "
                              "answer: voice) or on; a request's think / reasoning_effort / thinking wins"),
+    ("speculation", "Speculative decoding", "on: the runner drafts tokens from the context while few requests "
+                                            "decode and stands aside as the batch fills (answers are the same); "
+                                            "off: this class's requests never draft"),
 ]
 
 
@@ -69,7 +73,9 @@ def _context(range_key: str, editing: str | None = None, values: dict | None = N
             stats = class_stats(s, range_key, utc_now(current_app.config.get("HEARTH_CLOCK")))
         except QueryError as exc:
             abort(400, description=str(exc))
-    return {"rows": rows, "stats": stats, "range": range_key, "ranges": RANGE_LABELS, "editing": editing,
+        acceptance = class_acceptance(s, stats.start, stats.end)
+    return {"rows": rows, "stats": stats, "acceptance": acceptance, "range": range_key, "ranges": RANGE_LABELS,
+            "editing": editing,
             "values": values or {}, "errors": errors or {}, "fields": FORM_FIELDS, "saved": saved,
             "models": _model_names(), "thinking_modes": THINKING_MODES}
 
@@ -107,8 +113,9 @@ def save(name: str):
     _row_values(name)  # 404 for an unknown class
     form = request.form
     values = {f: form.get(f, "") for f in CLASS_FIELDS if f != "preemptible"}
-    if "thinking" not in form:
-        values.pop("thinking")  # a form of an older page: the class keeps its thinking default
+    for kept in ("thinking", "speculation"):
+        if kept not in form:
+            values.pop(kept)  # a form of an older page: the class keeps what it had
     # An unticked checkbox is absent from the form.
     values["preemptible"] = "yes" if form.get("preemptible") else "no"
     range_key = form.get("range") if form.get("range") in RANGES else DEFAULT_RANGE

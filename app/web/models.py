@@ -4,7 +4,8 @@ Load runs in the background (a runner takes seconds to start): the POST answers 
 model's card in its loading state, and the card polls itself every second until the load ends;
 then the server answers HTTP 286, which stops htmx's polling. Unload, policy and keep-alive edits
 go through the residency manager and app.admin.set_model_policy (as `hearth models set` does),
-and take effect at once (the catalog is rebuilt).
+and take effect at once (the catalog is rebuilt). The speculative decoding setting
+(app.admin.set_model_speculation) is a runner flag: it applies when the model's runner next starts.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import time
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
-from app.admin import AdminError, set_model_policy
+from app.admin import AdminError, set_model_policy, set_model_speculation
 from app.gateway.context import services
 from app.policy import MODEL_POLICIES
 from app.protocols.openai import ApiError
 from app.residency.manager import RESIDENT_STATES, ModelBusy, ModelState, ResidencyError
+from app.residency.supervisor import SPECULATION_SETTINGS, speculation_problem
 from app.services.settings import budget_bytes
 from app.web.auth import login_required
 from app.web.queries import EVENT_LIMIT, model_cards, recent_events
@@ -31,6 +33,23 @@ STOP_POLLING = 286
 LOAD_START_WAIT_S = 1.0
 POLICY_LABELS = {"pinned": "Pinned: always resident", "keep_alive": "Keep alive: unload after the idle TTL",
                  "on_demand": "On demand: unload as soon as idle"}
+# The speculative decoding choices (app.residency.supervisor.SPECULATION_SETTINGS), in the admin's words.
+SPECULATION_LABELS = {
+    "auto": "Auto: n-gram lookup on Hearth's runner, llama-server's own default on a stock one",
+    "off": "Off: never draft",
+    "ngram-lookup": "n-gram lookup (Hearth's): the longest recent n-gram that repeats, its continuation proposed",
+    "ngram-simple": "ngram-simple: the last 12 tokens found earlier in the context, the 48 after them proposed",
+    "ngram-map-k": "ngram-map-k: as ngram-simple, once that context has been seen before",
+    "ngram-map-k4v": "ngram-map-k4v: llama-server's variant of ngram-map-k (the same here)",
+    "ngram-mod": "ngram-mod: a table of 24-token contexts shared by every request, chained into long drafts",
+}
+assert tuple(SPECULATION_LABELS) == SPECULATION_SETTINGS, "a speculation setting without its label"
+SPECULATION_HELP = (
+    "Drafts tokens from what the request already holds (code, quoted text, JSON, a document being edited) and "
+    "verifies them in the same step: a kept draft token costs no decode of its own, and greedy answers are "
+    "the same. The runner decides every iteration: it drafts while few requests decode and stands aside when "
+    "the batch fills (the Overview shows its decision). Applies when the model's runner next starts."
+)
 
 
 def _errors() -> dict[str, str]:
@@ -55,7 +74,7 @@ def _render_card(name: str, status: int = 200, message: str | None = None, messa
         return _page({name: outcome}), status
     card = card or _card(name)
     body = render_template("models/_card.html", m=card, load_error=_errors().get(name), policies=POLICY_LABELS,
-                           **outcome)
+                           speculations=SPECULATION_LABELS, speculation_help=SPECULATION_HELP, **outcome)
     # The page's tiles (resident, memory) change with the card: they ride along as an out-of-band swap.
     return body + render_template("models/_tiles.html", oob=True, **_summary()), status
 
@@ -73,7 +92,8 @@ def _page(outcomes: dict[str, dict] | None = None, pull_source: str | None = Non
     with svc.sessions() as s:
         events = recent_events(s, EVENT_LIMIT)
     return render_template("models/index.html", events=events, models_dir=svc.catalog.models_dir, errors=_errors(),
-                           policies=POLICY_LABELS, outcomes=outcomes or {}, pulls=svc.library.pulls(),
+                           policies=POLICY_LABELS, speculations=SPECULATION_LABELS, speculation_help=SPECULATION_HELP,
+                           outcomes=outcomes or {}, pulls=svc.library.pulls(),
                            pull_source=pull_source, **_summary())
 
 
@@ -190,6 +210,33 @@ def policy(name: str):
         if state not in RESIDENT_STATES:
             _start_load(name)
             message += " Loading it now."
+    return _render_card(name, message=message)
+
+
+@bp.post("/models/<name>/speculation")
+@login_required
+def speculation(name: str):
+    """Speculative decoding for the model's runner: auto, off or an n-gram type (applies at its next start)."""
+    card = _card(name)
+    svc = services()
+    value = request.form.get("speculation", "").strip().lower()
+    form = {"policy": card.policy, "keep_alive_s": int(card.keep_alive_s), "speculation": value}
+    problem = (f"Choose one of: {', '.join(SPECULATION_SETTINGS)}." if value not in SPECULATION_SETTINGS
+               else speculation_problem(card.runner_kind, value))
+    if problem is None:
+        try:
+            with svc.sessions() as s:
+                set_model_speculation(s, name, value)
+                s.commit()
+        except AdminError as exc:
+            problem = str(exc)
+    if problem:
+        return _render_card(name, 422, form=form, form_errors={"speculation": problem})
+    svc.catalog.rescan()
+    message = f"Saved: speculative decoding {SPECULATION_LABELS[value].split(':')[0].lower()}."
+    state = next((m["state"] for m in svc.residency.status() if m["name"] == name), None)
+    if state in RESIDENT_STATES:
+        message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
     return _render_card(name, message=message)
 
 

@@ -1,19 +1,23 @@
 """Overview: live number tiles (htmx polling), charts (uPlot from /api/series and /api/latency) and,
-beside them, the admission policy in force — the numbers mean little without it."""
+beside them, the admission policy in force — the numbers mean little without it — with each runner's
+speculative decoding decision (the sampler's last read of its /props) and each class's share of draft
+tokens kept over the chosen range (the request log)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, fields
 
-from flask import Blueprint, render_template, request
+from flask import Blueprint, current_app, render_template, request
 from sqlalchemy import select
 
 from app.engine.scheduler import SchedulerConfig
+from app.engine.speculation import SpecConfig
 from app.gateway.context import Services, services
 from app.residency.manager import ModelState
 from app.store.models import Series
 from app.web.auth import login_required
+from app.web.queries import Acceptance, class_acceptance, utc_now
 from app.web.series import RANGES
 
 bp = Blueprint("overview", __name__)
@@ -43,6 +47,13 @@ BUDGET_RULE = ("Each iteration carries one decode token per generating sequence,
                "tokens unless it ends its prompt; where the target is out of reach even without prefill, prefill may "
                f"make the iteration {_SCHED['slow_machine_stretch']:g}× as long as its decode tokens alone. While "
                "nothing with a target decodes, the whole batch.")
+
+
+_SPEC = {f.name: f.default for f in fields(SpecConfig)}
+SPEC_RULE = ("Speculative decoding drafts tokens from the sequence's own context and verifies them in the same "
+             "iteration (greedy answers are identical). The runner decides every iteration from its measured costs: "
+             f"it stands aside while more than {_SPEC['max_seqs']} sequences decode, while prompts prefill, and "
+             "when drafts are not worth their verification; a class switched off never drafts.")
 
 
 @dataclass(frozen=True)
@@ -117,8 +128,28 @@ def _live_budget(latest: dict, name: str) -> dict | None:
     return None
 
 
-def admission_policy(svc: Services, models: list[dict]) -> dict:
-    """The policy in force: per servable model its runner settings and live budget, per class its priority and limits."""
+def _live_speculation(svc: Services, name: str) -> dict | None:
+    """A model's runner's speculative decoding as last sampled: its /props block and whether it drafted (first node)."""
+    notes = svc.sampler.speculation.latest()
+    latest = svc.sampler.latest
+    for source, block in sorted(notes.items()):
+        if source.startswith(f"runner:{name}@"):
+            drafting = latest.get(source, {}).get("spec_drafting")
+            return {**block, "drafting": bool(drafting) if drafting is not None else bool(block.get("drafting"))}
+    return None
+
+
+def speculation_setting(runner) -> str:
+    """What the model's runner was started with, in words: its --spec-type, or its own default."""
+    kind = runner.effective_spec_type
+    if kind is None:
+        return "llama-server's default" if runner.kind == "llama-server" else "off (runner default)"
+    return "off" if kind == "none" else kind
+
+
+def admission_policy(svc: Services, models: list[dict], acceptance: dict[str, Acceptance] | None = None) -> dict:
+    """The policy in force: per servable model its runner settings, live budget and drafting decision, per class
+    its priority, limits, speculation switch and the share of draft tokens kept (`acceptance`, over the range)."""
     states = {m["name"]: m for m in models}
     latest = svc.sampler.latest
     rows = []
@@ -137,15 +168,26 @@ def admission_policy(svc: Services, models: list[dict]) -> dict:
             "threads": runner.threads if runner else None,
             "mode_rule": MODE_RULES.get(runner.mode, "") if runner else "Served by remote nodes.",
             "budget": _live_budget(latest, name),
+            "speculation": speculation_setting(runner) if runner else None,
+            "spec_live": _live_speculation(svc, name),
         })
     classes = [svc.classes.get(n) for n in svc.classes.names()]
     return {
         "models": rows,
         "classes": [c for c in classes if c is not None],
+        "acceptance": acceptance or {},
         "max_in_flight_total": svc.settings.get("max_in_flight_total"),
         "kv_rule": KV_RULE,
         "budget_rule": BUDGET_RULE,
+        "spec_rule": SPEC_RULE,
     }
+
+
+def range_acceptance(svc: Services, range_key: str) -> dict[str, Acceptance]:
+    """Draft tokens kept per class over the overview's range, from the request log (one aggregate)."""
+    end = utc_now(current_app.config.get("HEARTH_CLOCK"))
+    with svc.sessions() as session:
+        return class_acceptance(session, end - RANGES[range_key], end)
 
 
 def _range_arg() -> str:
@@ -159,9 +201,10 @@ def index():
     """The overview page."""
     svc = services()
     live = live_state(svc)
+    range_key = _range_arg()
     return render_template(
         "overview/index.html", live=live, gpu=has_gpu(svc, live),
-        policy=admission_policy(svc, live.models), range=_range_arg(), MIB=MIB,
+        policy=admission_policy(svc, live.models, range_acceptance(svc, range_key)), range=range_key, MIB=MIB,
     )
 
 
@@ -179,4 +222,6 @@ def tiles():
 def policy_panel():
     """The admission policy panel, polled every 5 s (models load and unload meanwhile)."""
     svc = services()
-    return render_template("overview/_policy.html", policy=admission_policy(svc, svc.residency.status()))
+    range_key = _range_arg()
+    return render_template("overview/_policy.html", range=range_key,
+                           policy=admission_policy(svc, svc.residency.status(), range_acceptance(svc, range_key)))

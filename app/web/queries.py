@@ -30,6 +30,7 @@ from app.store.models import (
     RequestClass,
     RequestRecord,
     ResidencyEvent,
+    RunnerSettings,
 )
 from app.store.models import Model as ModelRow
 from app.telemetry.analysis import ClassFigures, fairness
@@ -107,6 +108,31 @@ def class_stats(session: Session, range_key: str, now: datetime) -> ClassStats:
     figures = class_figures_sql(session, start, now)
     per_weight = {f.name: f.completion_tokens / f.weight for f in figures if f.requests and f.weight > 0}
     return ClassStats(range_key, start, now, {f.name: f for f in figures}, fairness(figures), per_weight)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Speculative decoding of one class over a window, from the request log: draft tokens verified and kept."""
+
+    requests: int  # requests that drafted
+    draft_tokens: int
+    accepted: int
+
+    @property
+    def rate(self) -> float | None:
+        """Accepted / drafted: the share of draft tokens the runner kept (None without drafts)."""
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+
+def class_acceptance(session: Session, start: datetime, end: datetime) -> dict[str, Acceptance]:
+    """Per class, the requests of the window that drafted and their draft tokens verified and kept (one aggregate)."""
+    r = RequestRecord
+    rows = session.execute(
+        select(r.class_name, func.count(), func.sum(r.draft_tokens), func.coalesce(func.sum(r.draft_accepted), 0))
+        .where(r.arrival_at >= start, r.arrival_at < end, r.draft_tokens > 0)
+        .group_by(r.class_name)
+    )
+    return {name: Acceptance(int(n), int(drafted), int(kept)) for name, n, drafted, kept in rows if name}
 
 
 # -- Requests ------------------------------------------------------------------------------------------
@@ -330,6 +356,12 @@ class ModelCard:
     error: str | None = None
     log_tail: list[str] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
+    # Speculative decoding: the model's setting (auto when unset), its runner's kind, the --spec-type it gets
+    # (None: the runner's own default) and the logit rows that reserves (counted in the estimate).
+    speculation: str = "auto"
+    runner_kind: str = "hearth"
+    spec_type: str | None = None
+    draft_rows: int = 0
 
     @property
     def usual_cold_start_ms(self) -> float | None:
@@ -389,6 +421,8 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
     """Catalog entries (usable and not) joined with their policy, estimate, residency state and history."""
     entries = [e for e in catalog.entries if only is None or e.name == only]
     rows = {m.name: m for m in session.scalars(select(ModelRow).where(ModelRow.name.in_([e.name for e in entries])))}
+    runner_rows = {rs.model_id: rs for rs in session.scalars(
+        select(RunnerSettings).where(RunnerSettings.model_id.in_([m.id for m in rows.values()])))}
     statuses = {s["name"]: s for s in runner_status}
     specs = catalog.model_specs()
     history = load_history(session, [e.name for e in entries])
@@ -413,6 +447,12 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             sizing_note=spec.sizing_note if spec else None,
             chat_format=e.chat_format, native_tools=e.native_tools, reasoning=e.reasoning,
         )
+        rs = runner_rows.get(row.id) if row else None
+        card.speculation = (rs.speculation if rs else None) or "auto"
+        if spec is not None and spec.runner is not None:
+            card.runner_kind = spec.runner.kind
+            card.spec_type = spec.runner.effective_spec_type
+            card.draft_rows = spec.runner.n_outputs_extra
         if status is not None:
             card.in_flight = status.get("in_flight") or 0
             card.idle_s = status.get("idle_s")
