@@ -4,8 +4,11 @@ The job runs app.verdict.replay.run_bench in one background thread per `hearth s
 Start while one runs is refused with 409); its progress lives in memory and its runs in the store
 as each one ends. When the job ends, the progress poll's last answer also swaps in the finished
 session and the past-runs list (htmx out-of-band), so the page shows it without a reload. Views
-read the store; Apply is a POST with CSRF that changes runner settings and records who applied what;
-a verdict's "measure" is a Start with the levels, modes and slots it names.
+read the store; Apply is a POST with CSRF that changes runner settings (the speculation setting
+included) and records who applied what; a verdict's "measure" is a Start with the scenario, levels,
+modes, slots and speculation arms it names. A session with a speculation axis also shows each arm:
+its throughput over its own off arm, acceptance, tokens per draft and whether its greedy outputs
+are byte-identical to the off arm's.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from app.verdict.overlap import traffic as read_traffic
 from app.verdict.replay import BenchConfig, run_bench, total_runs
 from app.verdict.results import RunResult, request_times
 from app.verdict.scenarios import ScenarioError, load_scenario, shipped_names
+from app.verdict.spec import DEFAULT_LLAMA_SPEC, SpecAxisError, parse_arms
+from app.verdict.tables import spec_rows
 from app.web.auth import login_required
 
 log = logging.getLogger(__name__)
@@ -164,7 +169,7 @@ def _session_context(s, session_id: int | None) -> dict:
         abort(404, description=f"no bench session {session_id}")
     runs = store.load_runs(s, session_id) if current else []
     return {"past": past, "current": current, "runs": runs, "charts": _charts(runs) if runs else None,
-            "applied": store.applied_history(s, limit=10), "scenarios": shipped_names()}
+            "spec": spec_rows(runs), "applied": store.applied_history(s, limit=10), "scenarios": shipped_names()}
 
 
 def _page_context(session_id: int | None) -> dict:
@@ -207,6 +212,11 @@ def start():
     llama = _llama_server_path() if request.form.get("llama_server") else None
     if not modes and not llama:
         abort(400, description="choose at least one mode (or the stock llama-server) to measure")
+    try:
+        chosen = load_scenario(scenario)
+    except ScenarioError as exc:
+        abort(400, description=str(exc))
+    spec, llama_spec = _spec_axis(request.form.get("spec", "").strip(), chosen.spec, chosen.llama_spec)
     svc = services()
     model = svc.catalog.default_model
     if model is None:
@@ -216,20 +226,31 @@ def start():
 
         threads = get_setting(s, "runner_threads")
     cfg = BenchConfig(scenario=scenario, levels=levels, modes=modes, model_path=str(model), llama_server=llama,
-                      slots=slots, **({"threads": int(threads)} if threads else {}))
+                      slots=slots, spec=spec, llama_spec=llama_spec if llama else (),
+                      **({"threads": int(threads)} if threads else {}))
     with jobs["lock"]:
         job = jobs["job"]
         if job is not None and not job.finished:
             abort(409, description="a bench run is already in progress; wait for it to finish")
-        try:
-            total = total_runs(cfg, load_scenario(scenario))
-        except ScenarioError as exc:
-            abort(400, description=str(exc))
-        jobs["job"] = job = BenchJob(scenario, total)
+        jobs["job"] = job = BenchJob(scenario, total_runs(cfg, chosen))
     _start_thread(current_app._get_current_object(), cfg, job)
     if request.headers.get("HX-Request"):
         return render_template("bench/_progress.html", job=job)
     return redirect(url_for("bench.index"))
+
+
+def _spec_axis(text: str, default: tuple[str, ...], llama_default: tuple[str, ...]) -> tuple[tuple, tuple]:
+    """The form's speculation arms (empty: the scenario's; "none": no axis) and llama-server's, or a 400."""
+    if not text:
+        spec = default
+    elif text == "none":
+        spec = ()
+    else:
+        try:
+            spec = parse_arms(text)
+        except SpecAxisError as exc:
+            abort(400, description=f"speculation: {exc}")
+    return spec, ((llama_default or DEFAULT_LLAMA_SPEC) if spec else ())
 
 
 @bp.get("/bench/progress")
