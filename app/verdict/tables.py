@@ -187,8 +187,13 @@ def format_plan(p: dict) -> list[str]:
     lines = []
     for g in p["groups"]:
         est = f", est. {g['estimate_bytes'] / 1024 ** 3:.2f} GiB" if g.get("estimate_bytes") else ""
+        arms = [a for a in g.get("spec") or [] if a is not None]
+        spec = f" × speculation {', '.join(arms)}" if arms else ""
+        llama = [a for a in g.get("llama_spec") or [] if a is not None]
+        stock = f"; llama-server {', '.join(llama)}" if g.get("llama_server") and llama else (
+            "; llama-server" if g.get("llama_server") else "")
         lines.append(f"  {g['slots']} slots, {g['n_ctx']} KV cells: levels {g['levels']}, "
-                     f"modes {', '.join(g['modes']) or 'none'}{est}")
+                     f"modes {', '.join(g['modes']) or 'none'}{spec}{stock}{est}")
     lines += [f"  level {lv}: {note}" for lv, note in p["notes"].items()]
     lines += [f"  not measured: {line}" for line in p["skipped"]]
     lines.append(f"  memory check: {p['memory']}")
