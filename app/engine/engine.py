@@ -409,10 +409,10 @@ class Engine:
         t1 = self.clock()
         iteration_s = t1 - t0
         if not retried:
-            # What the SLO budget is sized by: this model's iterations on this machine, as measured. Draft
-            # tokens are many tokens of one sequence in one decode: they cost as prompt tokens do.
-            self.scheduler.cost.observe(schedule.num_decode_tokens,
-                                        schedule.num_prompt_tokens + schedule.num_draft_tokens, iteration_s * 1000)
+            # What the SLO budget is sized by: this model's iterations on this machine, as measured. A draft
+            # token needs its own row of logits, as a decode token does: it costs as one.
+            self.scheduler.cost.observe(schedule.num_decode_tokens + schedule.num_draft_tokens,
+                                        schedule.num_prompt_tokens, iteration_s * 1000)
         c = self.counters
         c.iterations_total += 1
         c.busy_slots_total += len(schedule.chunks)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from app.engine.prefix_cache import MIN_MATCH_TOKENS, NO_MATCH, KvMemory, Match, NoMemory, PrefixCache, common_prefix
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
-from app.engine.speculation import NO_SPEC, Drafter, ModTable, SpecConfig, worth_drafting
+from app.engine.speculation import NO_SPEC, Drafter, ModTable, SpecConfig, cost_ratio, new_stats
 from app.policy import Mode
 
 
@@ -203,6 +203,7 @@ class Scheduler:
         # ngram-mod's table, shared by every sequence of the model as in llama.cpp.
         spec = config.spec
         self.mod_table = ModTable(spec.mod_n_match) if spec.type == "ngram-mod" else None
+        self.spec_stats = new_stats()
         self.spec_note = "off" if not spec.enabled else ""
 
     # -- queue -------------------------------------------------------------------------
@@ -386,6 +387,9 @@ class Scheduler:
             return 0, "standing aside: the KV cache is full"
         if num_decode == 0:
             return 0, ""
+        if self.tightest_tpot_ms is not None and self.config.slo_budget:
+            # The TPOT budget was counted in prefill tokens; a draft token costs a decode token's time.
+            room = int(room * self.cost.prefill_ms / self.cost.decode_ms)
         if num_decode > spec.max_seqs:
             return 0, f"standing aside: {num_decode} sequences decode (drafts above {spec.max_seqs} cost the batch)"
         if any(not r.is_decoding and r.num_pending > 0 for r in self.running):
@@ -394,7 +398,8 @@ class Scheduler:
         room = min(room, spec.draft_max)
         if room <= 0:
             return 0, "standing aside: the TPOT budget leaves no room"
-        decode_only_ms = self.cost.iteration_ms(num_decode, 0)
+        # A verified draft token costs what a decode token does (it needs its own row of logits).
+        ratio = cost_ratio(num_decode, self.cost.iteration_ms(num_decode, 0), self.cost.decode_ms)
         share = max(1, room // num_decode)
         added = 0
         gated = 0
@@ -404,21 +409,15 @@ class Scheduler:
             if per_request == 0:
                 continue
             if r.drafter is None:
-                r.drafter = Drafter(spec, mod=self.mod_table)
-            d = r.drafter
-            if not worth_drafting(d.acceptance, num_decode, decode_only_ms, self.cost.prefill_ms):
-                gated += 1
-                # A sequence that stopped drafting regains a little credit each iteration, so a later
-                # stretch of copying is noticed again.
-                d.acceptance = min(1.0, d.acceptance + 0.01)
-                continue
+                r.drafter = Drafter(spec, mod=self.mod_table, stats=self.spec_stats)
             limit = min(share, room - added, r.params.max_tokens - len(r.output_tokens) - 1,
                         self.config.kv_cells - 1 - c.start_pos)
             if per_request is not None:
                 limit = min(limit, per_request)
             if limit <= 0:
                 continue
-            proposal = d.propose(r.all_tokens, limit)
+            proposal, passed_over = r.drafter.propose(r.all_tokens, limit, ratio)
+            gated += passed_over
             if not proposal:
                 continue
             c.tokens = c.tokens + proposal

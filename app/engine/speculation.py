@@ -6,9 +6,10 @@ the position before it (for a draft that is a single proposal, sampling from the
 exactly the standard acceptance rule, so sampled output keeps the target distribution and greedy output
 is identical to decoding without drafts). The cells of rejected draft tokens are removed at once.
 
-Whether a sequence drafts is decided per iteration by the scheduler (see `worth_drafting`), from the
-measured iteration costs: drafting pays while the tokens it is expected to add per millisecond of
-verification beat what the batch already produces per millisecond, so it stands aside as the batch fills.
+Whether and how far a sequence drafts is decided per iteration by the scheduler, from the measured costs: the
+i-th draft token is verified while its chance of being kept (p**i, p the source's per-token acceptance, see
+Acceptance) beats its cost as a share of what the batch yields without drafts (cost_ratio); so drafting is long
+for verbatim copying on a lone stream, short or none for loose matches, and stands aside as the batch fills.
 
 Draft sources, named as llama-server's `--spec-type`:
   ngram-lookup   Hearth's own: the longest recent n-gram (of several sizes) that ends the sequence and
@@ -22,6 +23,7 @@ Draft sources, named as llama-server's `--spec-type`:
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass, field
 
 NGRAM_TYPES = ("ngram-lookup", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
@@ -133,27 +135,84 @@ class ModTable:
         return out
 
 
+class Acceptance:
+    """How often drafts from one source are kept, as a chain: p = P(draft token i kept | token i-1 kept).
+
+    Counted over verified drafts with forgetting (a draft of k with a kept is a kept successes in a + 1 trials,
+    or k in k when all were kept), on top of a prior worth `weight` trials that never fades: as evidence ages
+    (each iteration a source is passed over ages it too) the estimate returns to the prior, so a source that was
+    poor for a while is tried again later."""
+
+    def __init__(self, prior: float, weight: float = 4.0, forget: float = 0.9):
+        self.prior = prior
+        self.weight = weight
+        self.forget = forget
+        self.kept = 0.0
+        self.trials = 0.0
+
+    @property
+    def p(self) -> float:
+        """The estimated per-token acceptance."""
+        return (self.kept + self.prior * self.weight) / (self.trials + self.weight)
+
+    def observe(self, drafted: int, kept: int) -> None:
+        """Fold in one verified draft."""
+        f = self.forget
+        self.kept = f * self.kept + kept
+        self.trials = f * self.trials + kept + (1 if kept < drafted else 0)
+
+    def age(self, factor: float = 0.98) -> None:
+        """Let the evidence fade a little (the source was passed over this iteration)."""
+        self.kept *= factor
+        self.trials *= factor
+
+
+# Priors per draft source: a long verbatim match is usually copied on; a 2-token match often is not.
+PRIORS = {"lookup:16": 0.9, "lookup:8": 0.8, "lookup:4": 0.6, "lookup:2": 0.4, "mod": 0.9, "simple": 0.8}
+
+
+def new_stats() -> dict[str, Acceptance]:
+    """One engine's acceptance record per draft source (shared by its sequences: the model's habits)."""
+    return {key: Acceptance(prior) for key, prior in PRIORS.items()}
+
+
+def draft_length(p: float, cost_ratio: float, limit: int) -> int:
+    """Draft tokens worth verifying: the i-th pays while its chance of being kept, p**i, beats cost_ratio.
+
+    cost_ratio is what a verified token costs in the batch's own output: (ms per token in an iteration) ×
+    (tokens the batch yields without drafts) / (ms of such an iteration)."""
+    if limit <= 0 or p <= cost_ratio:
+        return 0
+    if p >= 0.999 or cost_ratio <= 0:
+        return limit
+    return min(limit, int(math.log(cost_ratio) / math.log(p)))
+
+
+def cost_ratio(num_decode: int, decode_only_ms: float, token_ms: float) -> float:
+    """A verified draft token's cost as a share of what the batch yields per ms without drafts (see draft_length)."""
+    if num_decode <= 0 or decode_only_ms <= 0:
+        return 0.0
+    return min(1.0, token_ms * num_decode / decode_only_ms)
+
+
 @dataclass
 class Drafter:
-    """One sequence's draft source and its acceptance record."""
+    """One sequence's draft source: its n-gram index, and which source its last draft came from."""
 
     config: SpecConfig
     mod: ModTable | None = None
+    stats: dict[str, Acceptance] = field(default_factory=new_stats)
     # ngram-lookup / simple / map-k: per n-gram size, n-gram → (end position of its latest occurrence, hits).
     _index: dict[int, dict[tuple[int, ...], tuple[int, int]]] = field(default_factory=dict)
     _indexed: int = 0  # tokens [0, _indexed) have had their n-grams indexed
-    # ngram-lookup's draft length: doubled after a fully accepted draft, cut to what was accepted (+1) otherwise.
-    length: int = 0
-    # Acceptance per drafted token, smoothed (the scheduler's estimate of what a draft is worth).
-    acceptance: float = 0.5
     num_drafts: int = 0
     num_drafted: int = 0
     num_accepted: int = 0
+    last_source: str = ""
     _mod_done: int = 0
 
     def __post_init__(self):
         c = self.config
-        self.length = max(4, c.draft_max // 2) if c.type == "ngram-lookup" else c.draft_max
         if c.type == "ngram-lookup":
             self._sizes = LOOKUP_SIZES
         elif c.type in ("ngram-simple", "ngram-map-k", "ngram-map-k4v"):
@@ -165,19 +224,29 @@ class Drafter:
 
     # -- proposing ----------------------------------------------------------------------
 
-    def propose(self, tokens: list[int], limit: int) -> list[int]:
-        """Draft tokens to follow `tokens` (the sequence so far, its last sampled token included), at most limit."""
+    def propose(self, tokens: list[int], limit: int, ratio: float = 0.0) -> tuple[list[int], bool]:
+        """Draft tokens to follow `tokens` (the sequence so far, its last sampled token included), at most limit.
+
+        ratio: a verified token's cost (cost_ratio); a draft is cut to the length worth verifying at its source's
+        acceptance. Returns (the draft, whether a candidate was found but was not worth its cost)."""
         c = self.config
         limit = min(limit, c.draft_max)
         if limit <= 0:
-            return []
+            return [], False
         if c.type == "ngram-mod":
-            draft = self._propose_mod(tokens, limit)
+            source, draft = "mod", self._propose_mod(tokens, limit)
         else:
-            draft = self._propose_lookup(tokens, limit)
-        if len(draft) < max(c.n_min, 1):
-            return []
-        return draft
+            source, draft = self._propose_lookup(tokens, limit)
+        if not draft:
+            return [], False
+        stats = self.stats.get(source)
+        worth = draft_length(stats.p, ratio, len(draft)) if stats is not None else len(draft)
+        if worth < max(c.n_min, 1) or (c.type == "ngram-mod" and worth < min(c.mod_n_min, limit)):
+            if stats is not None:
+                stats.age()
+            return [], True
+        self.last_source = source
+        return draft[:worth], False
 
     def _propose_mod(self, tokens: list[int], limit: int) -> list[int]:
         c, mod = self.config, self.mod
@@ -200,12 +269,11 @@ class Drafter:
                 table[key] = (i, 1 if old is None else old[1] + 1)
         self._indexed = max(self._indexed, end)
 
-    def _propose_lookup(self, tokens: list[int], limit: int) -> list[int]:
+    def _propose_lookup(self, tokens: list[int], limit: int) -> tuple[str, list[int]]:
         c = self.config
         last = len(tokens) - 1
         # Everything before the last token is indexed: an occurrence found ends earlier than the suffix.
         self._index_upto(tokens, last)
-        want = limit if c.type != "ngram-lookup" else min(limit, self.length)
         min_hits = c.ngram_min_hits if c.type in ("ngram-map-k", "ngram-map-k4v") else 1
         for n in self._sizes:
             if last + 1 < n:
@@ -214,32 +282,16 @@ class Drafter:
             if hit is None or hit[1] < min_hits:
                 continue
             end = hit[0]
-            draft = tokens[end + 1 : end + 1 + want]
+            draft = tokens[end + 1 : end + 1 + limit]
             if draft:
-                return draft
-        return []
+                return (f"lookup:{n}" if c.type == "ngram-lookup" else "simple"), draft
+        return "", []
 
     # -- learning -----------------------------------------------------------------------
 
     def learn(self, drafted: int, accepted: int) -> None:
-        """Fold one verified draft into the acceptance estimate (and ngram-lookup's draft length); the engine
-        counts num_drafts / num_drafted / num_accepted itself, token by token."""
-        if drafted <= 0:
-            return
-        self.acceptance = 0.7 * self.acceptance + 0.3 * (accepted / drafted)
-        if self.config.type == "ngram-lookup":
-            if accepted >= drafted:
-                self.length = min(self.config.draft_max, max(self.length, drafted) * 2)
-            else:
-                self.length = max(2, accepted + 1)
-
-
-def worth_drafting(acceptance: float, num_decode: int, decode_only_ms: float, verify_ms_per_token: float) -> bool:
-    """True while a draft token's expected yield per ms of verification beats the batch's own tokens per ms.
-
-    A draft token costs about one prefill token's time (`verify_ms_per_token`) and yields `acceptance`
-    tokens on average; without it the iteration yields num_decode tokens in decode_only_ms.
-    """
-    if num_decode <= 0 or decode_only_ms <= 0:
-        return True
-    return acceptance / verify_ms_per_token > num_decode / decode_only_ms
+        """Fold one verified draft into its source's acceptance; the engine counts num_drafts / num_drafted /
+        num_accepted itself, token by token."""
+        stats = self.stats.get(self.last_source)
+        if drafted > 0 and stats is not None:
+            stats.observe(drafted, accepted)

@@ -6,7 +6,7 @@ from fake_model import FakeModel
 
 from app.engine.engine import Engine
 from app.engine.request import Finished, SamplingParams
-from app.engine.speculation import Drafter, ModTable, SpecConfig, worth_drafting
+from app.engine.speculation import Acceptance, Drafter, ModTable, SpecConfig, cost_ratio, draft_length
 
 TIMEOUT_S = 10.0
 EOS = 2
@@ -136,51 +136,69 @@ def test_drafts_stay_within_the_context():
 def test_lookup_proposes_the_continuation_of_the_longest_earlier_match():
     d = Drafter(SpecConfig(type="ngram-lookup", n_max=8))
     seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
-    assert d.propose(seq, 8)[:4] == [4, 5, 6, 7]
+    assert d.propose(seq, 8)[0][:4] == [4, 5, 6, 7]
     fresh = Drafter(SpecConfig(type="ngram-lookup"))
-    assert fresh.propose([5, 6, 7, 8], 8) == []
+    assert fresh.propose([5, 6, 7, 8], 8)[0] == []
 
 
-def test_lookup_draft_length_follows_acceptance():
-    d = Drafter(SpecConfig(type="ngram-lookup", n_max=16))
-    start = d.length
-    d.learn(start, start)
-    assert d.length == min(16, start * 2)
-    d.learn(8, 1)
-    assert d.length == 2
+def test_acceptance_is_a_chain_estimate_that_returns_to_its_prior():
+    a = Acceptance(prior=0.8, weight=4)
+    assert a.p == pytest.approx(0.8)
+    for _ in range(20):
+        a.observe(8, 0)  # every draft rejected at its first token
+    assert a.p < 0.3
+    assert draft_length(a.p, 0.53, 16) == 0  # a lone stream stops drafting from this source
+    for _ in range(400):
+        a.age()
+    assert a.p == pytest.approx(0.8, abs=0.02)
+    full = Acceptance(prior=0.5)
+    for _ in range(20):
+        full.observe(16, 16)
+    assert full.p > 0.95
+
+
+def test_draft_length_pays_while_p_to_the_i_beats_the_cost():
+    assert draft_length(0.5, 0.6, 16) == 0  # a token kept half the time costs more than it yields
+    assert draft_length(0.9, 0.53, 16) == 6  # 0.9**6 = 0.53
+    assert draft_length(0.999, 0.5, 16) == 16
+    assert draft_length(0.95, 0.0, 7) == 7
 
 
 def test_ngram_simple_needs_size_n_tokens_of_match():
     cfg = SpecConfig(type="ngram-simple", ngram_size_n=3, ngram_size_m=4)
     d = Drafter(cfg)
-    assert d.propose([1, 2, 3, 4, 5, 6, 7, 9, 2, 3], 10) == []  # only two tokens match
+    assert d.propose([1, 2, 3, 4, 5, 6, 7, 9, 2, 3], 10)[0] == []  # only two tokens match
     d = Drafter(cfg)
-    assert d.propose([1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 10) == [4, 5, 6, 7]
+    assert d.propose([1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 10)[0] == [4, 5, 6, 7]
 
 
 def test_ngram_map_k_waits_for_min_hits():
     cfg = SpecConfig(type="ngram-map-k", ngram_size_n=2, ngram_size_m=3, ngram_min_hits=2)
-    assert Drafter(cfg).propose([1, 2, 3, 4, 1, 2], 5) == []
-    assert Drafter(cfg).propose([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], 5) == [3, 4, 1]
+    assert Drafter(cfg).propose([1, 2, 3, 4, 1, 2], 5)[0] == []
+    assert Drafter(cfg).propose([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], 5)[0] == [3, 4, 1]
 
 
 def test_ngram_mod_chains_a_shared_table():
     table = ModTable(3)
     cfg = SpecConfig(type="ngram-mod", mod_n_match=3, mod_n_min=2, mod_n_max=5)
     a = Drafter(cfg, mod=table)
-    assert a.propose([1, 2, 3, 4, 5, 6, 7, 8], 5) == []  # nothing seen before
+    assert a.propose([1, 2, 3, 4, 5, 6, 7, 8], 5)[0] == []  # nothing seen before
     # Another sequence of the same model finds what the first one added.
     b = Drafter(cfg, mod=table)
-    assert b.propose([9, 1, 2, 3], 5) == [4, 5, 6, 7, 8]
+    assert b.propose([9, 1, 2, 3], 5)[0] == [4, 5, 6, 7, 8]
     # Shorter than n_min: nothing.
-    assert Drafter(cfg, mod=table).propose([6, 7, 8], 5) == []
+    assert Drafter(cfg, mod=table).propose([6, 7, 8], 5)[0] == []
 
 
-def test_worth_drafting_stands_aside_as_the_batch_fills():
-    # One sequence: a 10 ms iteration; a draft token costs 0.5 ms and is kept half the time.
-    assert worth_drafting(0.5, 1, 10.0, 0.5)
-    # Sixteen sequences in a 40 ms iteration: 0.4 tokens per ms beats 0.1 / 0.5 ms.
-    assert not worth_drafting(0.1, 16, 40.0, 0.5)
+def test_cost_ratio_grows_as_the_batch_fills():
+    # A 1.9-token iteration (base 0.9 d, d per token): one sequence pays 0.53 per verified token, eight 0.9.
+    lone = cost_ratio(1, 1.9, 1.0)
+    full = cost_ratio(8, 8.9, 1.0)
+    assert lone == pytest.approx(0.526, abs=0.01)
+    assert full > 0.89
+    # Copying at p = 0.95 drafts 12 tokens alone and 2 in a full batch.
+    assert draft_length(0.95, lone, 64) == 12
+    assert draft_length(0.95, full, 64) == 2
 
 
 @pytest.mark.parametrize("bad", [dict(type="draft-simple"), dict(type="nope"), dict(type="ngram-mod", n_max=-1)])
