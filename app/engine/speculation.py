@@ -39,7 +39,7 @@ UNSUPPORTED_TYPES = {
 }
 # ngram-lookup: the n-gram sizes tried, longest first; a longer match predicts its continuation better.
 LOOKUP_SIZES = (16, 8, 4, 2)
-LOOKUP_DRAFT_MAX = 16
+LOOKUP_DRAFT_MAX = 64
 # ngram-mod's table: one per engine, reset when a quarter full (as llama.cpp does at 4 Mi entries).
 MOD_TABLE_MAX = 1 << 20
 
