@@ -27,7 +27,7 @@ from app.policy import MODES, ClassPolicy, Mode
 from app.telemetry.stats import median
 from app.verdict.overlap import DEFAULT_BURST_OVERLAP, LEVELS, MAX_LEVEL, TYPICAL_QUANTILE, describe_burst, is_rare, level_for
 from app.verdict.results import identity
-from app.verdict.spec import AUTO, OFF, SPEC_AUTO_HEARTH, is_off
+from app.verdict.spec import AUTO, OFF, SPEC_AUTO_HEARTH, is_off, split_label
 
 KV_ROOM = 0.8  # below this peak KV utilisation, more slots would still fit
 # The two modes the batching judgement compares, so a "measure at N" run starts exactly these.
@@ -464,9 +464,13 @@ def speculation(runs: list[dict], policies: dict[str, ClassPolicy], t: Threshold
                and not k.endswith(f"+{OFF}")}
     for label, e in changed.items():
         d = e["differ"][0]
-        problems.append(f"{label}'s greedy output differs from {e['against']} in {e['compared'] - e['identical']} of "
-                        f"{e['compared']} requests (first at character {d['at_char']}: {d['ours']!r} against "
-                        f"{d['off']!r}): drafting must never change greedy output")
+        line = (f"{label}'s greedy output differs from {e['against']} in {e['compared'] - e['identical']} of "
+                f"{e['compared']} requests (first at character {d['at_char']}: {d['ours']!r} against {d['off']!r})")
+        if split_label(label)[0] == "llama-server":
+            # Stock llama-server's own arms are a reference, not the household's runner: said, not judged.
+            reasons.append(line + "; stock llama-server, for reference")
+        else:
+            problems.append(line + ": drafting must never change greedy output")
     for label, e in same.items():
         if label.endswith(f"+{OFF}"):
             # Hearth without drafts against stock llama-server without drafts: the oracle across servers.
@@ -523,7 +527,9 @@ def speculation(runs: list[dict], policies: dict[str, ClassPolicy], t: Threshold
                               "serve": True}
     numbers["problems"] = problems
     if problems:
-        return Recommendation("speculation_off", "Speculative decoding does not pay here: turn it off",
+        title = ("Speculative decoding changed greedy output: turn it off" if "greedy output differs" in problems[0]
+                 else "Speculative decoding does not pay here: turn it off")
+        return Recommendation("speculation_off", title,
                               tuple(problems + reasons), numbers, tuple(evidence),
                               None if setting == OFF else {"speculation": OFF}, measure)
     if best_one is None:

@@ -19,14 +19,14 @@ def figure(v, spec: str = ".1f", scale: float = 1.0) -> str:
 
 def format_table(results: list[RunResult]) -> str:
     """The per target × level table, plus per-class p95s."""
-    head = (f"{'target':<24}{'L':>3}{'slots':>6}{'gen tok/s':>10}{'prm tok/s':>10}{'TTFT p50':>9}{'TTFT p95':>9}"
+    head = (f"{'target':<27}{'L':>3}{'slots':>6}{'gen tok/s':>10}{'prm tok/s':>10}{'TTFT p50':>9}{'TTFT p95':>9}"
             f"{'TPOT p50':>9}{'done p50':>9}{'done p95':>9}{'KV mean':>8}{'KV peak':>8}{'preempt':>8}"
             f"{'Jain':>6}{'util':>6}{'gap':>6}{'err':>4}")
     lines = [head, "-" * len(head)]
     for r in results:
         s = r.summary
         lines.append(
-            f"{r.target:<24}{r.level:>3}{figure(r.slots, 'd'):>6}{figure(s['gen_tok_s']):>10}"
+            f"{r.target:<27}{r.level:>3}{figure(r.slots, 'd'):>6}{figure(s['gen_tok_s']):>10}"
             f"{figure(s['prompt_tok_s'], '.0f'):>10}"
             f"{figure(s['ttft_p50_ms'], '.0f'):>9}{figure(s['ttft_p95_ms'], '.0f'):>9}{figure(s['tpot_p50_ms'], '.0f'):>9}"
             f"{figure(s['completion_p50_ms'], '.0f'):>9}{figure(s['completion_p95_ms'], '.0f'):>9}"
@@ -39,7 +39,7 @@ def format_table(results: list[RunResult]) -> str:
     for r in results:
         parts = [f"{n} {figure(c['ttft_p95_ms'], '.0f')}/{figure(c['completion_p95_ms'], '.0f')}"
                  f" slo {figure(c['slo_attainment'], '.0f', 100)}%" for n, c in r.summary["per_class"].items()]
-        lines.append(f"  {r.target:<24}L={r.level:<3}S={figure(r.slots, 'd'):<4}" + "; ".join(parts))
+        lines.append(f"  {r.target:<27}L={r.level:<3}S={figure(r.slots, 'd'):<4}" + "; ".join(parts))
     return "\n".join(lines)
 
 

@@ -96,9 +96,21 @@ def test_a_changed_greedy_output_turns_it_off_whatever_the_gain():
     assert rec.numbers["identical"]["continuous+ngram-lookup"]["differ"][0]["idx"] == 0
 
 
+def test_stock_llama_servers_changed_output_is_reported_not_held_against_hearth():
+    runs = [dict(r, summary={**r["summary"], "outputs": {"0": CODE + "x"}}) if r["target"] == "llama-server+ngram-mod"
+            else r for r in one_stream()]
+    rec = speculation(runs, POLICIES, T, {"speculation": "off"})
+    assert rec.kind == "speculation_on" and rec.apply == {"speculation": "auto"}
+    assert any(r.startswith("llama-server+ngram-mod's greedy output differs from llama-server+off in 3 of 3")
+               and r.endswith("; stock llama-server, for reference") for r in rec.reasons)
+    changed = speculation(one_stream(on_outputs={"0": "x"}), POLICIES, T, {})
+    assert changed.title == "Speculative decoding changed greedy output: turn it off"
+
+
 def test_no_gain_on_one_stream_is_no_reason_to_keep_it():
     rec = speculation(one_stream(on_rates=(31.0, 31.5, 30.0)), POLICIES, T, {})
     assert rec.kind == "speculation_off" and "below the 1.10×" in rec.reasons[0]
+    assert rec.title == "Speculative decoding does not pay here: turn it off"
 
 
 def test_the_household_mix_must_keep_its_throughput_and_voice_its_tpot():
