@@ -39,8 +39,11 @@ def test_the_setting_reaches_the_spec_and_the_estimate_at_the_next_rescan(catalo
     assert off.runner.spec_type == "none" and off.runner.n_outputs_extra == 0
     assert off.estimate_bytes < auto.estimate_bytes
     assert "--spec-type" in (cmd := off.runner.command(8081)) and cmd[cmd.index("--spec-type") + 1] == "none"
-    mod = _set(catalog, name, "NGRAM-MOD ")
-    assert mod.runner.spec_type == "ngram-mod" and mod.estimate_bytes > auto.estimate_bytes
+    simple = _set(catalog, name, "NGRAM-SIMPLE ")
+    # ngram-simple drafts up to its 48-token continuation: fewer rows than ngram-lookup's own length.
+    assert simple.runner.spec_type == "ngram-simple" and simple.runner.n_outputs_extra == 48
+    assert off.estimate_bytes < simple.estimate_bytes
+    assert (simple.estimate_bytes < auto.estimate_bytes) == (48 < LOOKUP_DRAFT_MAX)
     assert _set(catalog, name, "auto").runner.spec_type == "ngram-lookup"
     with catalog.sessions() as s:
         assert s.scalar(select(db.RunnerSettings.speculation)) is None
