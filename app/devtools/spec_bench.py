@@ -121,11 +121,12 @@ def _one(url: str, max_tokens: int) -> tuple[float, str, int, dict]:
 
 
 def run(model: str, threads: int, ctx: int, parallel: int, max_tokens: int, rounds: int,
-        llama_server: str | None, hearth_arms=HEARTH_ARMS, llama_arms=LLAMA_ARMS) -> list[Arm]:
+        llama_server: str | None, hearth_arms=HEARTH_ARMS, llama_arms=LLAMA_ARMS,
+        hearth_extra: tuple[str, ...] = ()) -> list[Arm]:
     """Every arm, `rounds` times, interleaved; returns the arms with their figures."""
     common = ["-m", model, "-c", str(ctx), "-np", str(parallel), "-t", str(threads)]
-    arms = [Arm(f"hearth {t}", [sys.executable, "-m", "app.cli", "runner", *common, "--spec-type", t])
-            for t in hearth_arms]
+    arms = [Arm(f"hearth {t}", [sys.executable, "-m", "app.cli", "runner", *common, "--spec-type", t,
+                    *hearth_extra]) for t in hearth_arms]
     if llama_server:
         arms += [Arm(f"llama-server {t}", [llama_server, *common, "--spec-type", t, "--no-webui"])
                  for t in llama_arms]
@@ -171,14 +172,16 @@ def report(arms: list[Arm]) -> str:
 
 def main(args) -> int:
     """Entry point of `hearth bench spec`."""
-    from app.cli import resolve_model
+    from app.paths import data_dir
+    from app.residency.default_model import ensure_default_model
 
-    model = resolve_model(args.model)
+    model = args.model or str(ensure_default_model(data_dir(), progress=True))
     server = args.llama_server
     if server and not Path(server).is_file():
         raise SystemExit(f"hearth bench spec: no llama-server at {server} (scripts/build_llama_tools.sh builds it)")
     arms = run(model, args.threads, args.ctx, args.parallel, args.max_tokens, args.rounds, server,
-               hearth_arms=tuple(args.hearth_types.split(",")), llama_arms=tuple(args.llama_types.split(",")))
+               hearth_arms=tuple(args.hearth_types.split(",")), llama_arms=tuple(args.llama_types.split(",")),
+               hearth_extra=tuple(args.hearth_args.split()))
     print(f"one stream copying a function list: raw completion, greedy, {args.max_tokens} tokens, "
           f"ctx {args.ctx}, {args.parallel} slots, {args.threads} threads, median of {args.rounds} (lab figure: "
           "runners driven directly)")
