@@ -78,7 +78,17 @@ def serve_settings(arm: str | None, model_name: str) -> dict:
     from the model's speculation setting (app.residency.supervisor.RunnerSpec.spec_flag)."""
     if arm is None or arm == AUTO:
         return {}
-    return {"runner_args": json.dumps({model_name: ["--spec-type", spec_type_for("hearth", arm)]})}
+    return {"runner_args": json.dumps({model_name: ["--spec-type", spec_type_for("hearth", arm),
+                                                    *off_arm_args(arm)]})}
+
+
+def off_arm_args(arm: str | None) -> tuple[str, ...]:
+    """Extra hearth runner flags of an arm: an off arm decodes on plain weights, as a drafting runner does.
+
+    A drafting hearth runner leaves its weights unpacked (repacked kernels multiply a batch of tokens otherwise
+    than one token, so verified drafts could flip a near-tie); an off arm on repacked weights could then differ
+    from it at a near-tie through the kernels alone, and the comparison would not be of drafting."""
+    return ("--no-repack",) if arm == OFF else ()
 
 
 def label(base: str, arm: str | None) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 
 from app.verdict.scenarios import PromptCutter
-from app.verdict.spec import label, runner_spec_type, split_label
+from app.verdict.spec import label, off_arm_args, runner_spec_type, split_label
 
 
 @dataclass
@@ -60,7 +60,7 @@ def start_hearth(c: Constants, mode: str, arm: str | None = None, timeout_s: flo
     """A hearth runner in `mode` (and speculation arm) with the constants; waits until it serves."""
     from app.residency.supervisor import RunnerProcess, RunnerSpec
 
-    extra = ("--budget", str(c.token_budget)) if c.token_budget else ()
+    extra = (("--budget", str(c.token_budget)) if c.token_budget else ()) + off_arm_args(arm)
     spec = RunnerSpec(model_name=c.model_name, model_path=c.model_path, kind="hearth", n_ctx=c.n_ctx,
                       parallel=c.parallel, n_batch=c.n_batch, threads=c.threads, gpu_layers=c.gpu_layers,
                       mode=mode, extra_args=extra, spec_type=runner_spec_type(arm, "hearth"))
