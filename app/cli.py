@@ -893,12 +893,7 @@ def _runner(args) -> int:
     api_keys = tuple(k.strip() for v in [*args.api_key, from_env] for k in v.split(",") if k.strip())
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
-                           n_outputs_extra=spec.draft_max if spec.enabled else 0,
-                           # Repacked weights are multiplied by other kernels for a batch of several tokens than for
-                           # one, so a draft verified in a batch could flip a near-tie and greedy output would differ
-                           # from decoding without drafts (seen: 1 of 3 code-edit answers). Plain weights give every
-                           # row the same dot products; on this CPU they decode as fast (36.5 against 33.3 tok/s).
-                           repack=False if spec.enabled and args.repack is None else args.repack),
+                           n_outputs_extra=spec.draft_max if spec.enabled else 0),
         mode=mode,
         spec=spec,
         token_budget=args.budget,

@@ -20,7 +20,7 @@ SPEC = SpecConfig(type="ngram-lookup")
 
 @pytest.fixture(scope="module")
 def runner(gemma_path):
-    cfg = RunnerConfig(ModelConfig(path=str(gemma_path), n_ctx=2048, n_seq_max=2, n_threads=2, repack=False,
+    cfg = RunnerConfig(ModelConfig(path=str(gemma_path), n_ctx=2048, n_seq_max=2, n_threads=2,
                                    n_outputs_extra=SPEC.draft_max), spec=SPEC, metrics=True)
     app = create_app(cfg)
     deadline = time.monotonic() + 120

@@ -65,7 +65,7 @@ def test_each_arm_starts_its_runner_with_the_spec_type_it_means():
 def test_a_serve_arm_is_a_runner_args_setting_serve_accepts_and_auto_is_its_default():
     assert serve_settings(None, "gemma") == {} and serve_settings("auto", "gemma") == {}
     off = serve_settings("off", "gemma")
-    assert json.loads(off["runner_args"]) == {"gemma": ["--spec-type", "none", "--no-repack"]}
+    assert json.loads(off["runner_args"]) == {"gemma": ["--spec-type", "none"]}
     args = parse_runner_args(off["runner_args"])  # the setting's own check passes
     # runner_args' --spec-type wins over the one serve derives from the model's setting (auto).
     spec = RunnerSpec("gemma", "/m.gguf", spec_type="ngram-lookup", extra_args=args["gemma"]).command(8000)
