@@ -4,7 +4,9 @@ A drafting sequence's chunk is its last sampled token followed by up to k draft 
 the engine samples position by position and keeps drafted tokens while each equals the sample taken at
 the position before it (for a draft that is a single proposal, sampling from the target and comparing is
 exactly the standard acceptance rule, so sampled output keeps the target distribution and greedy output
-is identical to decoding without drafts). The cells of rejected draft tokens are removed at once.
+is the model's own; but logits computed for a batch of several tokens differ in the last bits from those of
+one token, so at a near-tie greedy may pick the other token, as stock llama-server's drafting does). The
+cells of rejected draft tokens are removed at once.
 
 Whether and how far a sequence drafts is decided per iteration by the scheduler, from the measured costs: the
 i-th draft token is verified while its chance of being kept (p**i, p the source's per-token acceptance, see
