@@ -190,11 +190,16 @@ def draft_length(p: float, cost_ratio: float, limit: int) -> int:
     return min(limit, int(math.log(cost_ratio) / math.log(p)))
 
 
+MAX_COST_RATIO = 0.9
+
+
 def cost_ratio(num_decode: int, decode_only_ms: float, token_ms: float) -> float:
     """A verified draft token's cost as a share of what the batch yields per ms without drafts (see draft_length)."""
     if num_decode <= 0 or decode_only_ms <= 0:
         return 0.0
-    return min(1.0, token_ms * num_decode / decode_only_ms)
+    # At most MAX_COST_RATIO: a fit that finds no fixed cost per iteration (a loaded machine's noisy samples)
+    # would otherwise say no draft ever pays, and the acceptance of a reliable source would never be tried again.
+    return min(MAX_COST_RATIO, token_ms * num_decode / decode_only_ms)
 
 
 @dataclass
