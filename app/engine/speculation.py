@@ -190,7 +190,7 @@ def draft_length(p: float, cost_ratio: float, limit: int) -> int:
     return min(limit, int(math.log(cost_ratio) / math.log(p)))
 
 
-MAX_COST_RATIO = 0.9
+MAX_COST_RATIO = 0.85  # below the longest lookup's prior (0.9): a verbatim match is always tried
 
 
 def cost_ratio(num_decode: int, decode_only_ms: float, token_ms: float) -> float:

@@ -195,10 +195,12 @@ def test_cost_ratio_grows_as_the_batch_fills():
     lone = cost_ratio(1, 1.9, 1.0)
     full = cost_ratio(8, 8.9, 1.0)
     assert lone == pytest.approx(0.526, abs=0.01)
-    assert full > 0.89
-    # Copying at p = 0.95 drafts 12 tokens alone and 2 in a full batch.
+    assert full == pytest.approx(0.85)  # capped: a reliable source is still tried on a machine the fit finds slow
+    # Copying at p = 0.95 drafts 12 tokens alone and 3 in a full batch.
     assert draft_length(0.95, lone, 64) == 12
-    assert draft_length(0.95, full, 64) == 2
+    assert draft_length(0.95, full, 64) == 3
+    # The longest lookup's prior (0.9) drafts one token even then.
+    assert draft_length(0.9, full, 64) == 1
 
 
 @pytest.mark.parametrize("bad", [dict(type="draft-simple"), dict(type="nope"), dict(type="ngram-mod", n_max=-1)])
