@@ -3,15 +3,12 @@ a grammar would let it run on, the budget ends it through that grammar, and the 
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from werkzeug.test import Client
 
 from app.engine.model_config import ModelConfig
-from app.runner.app import create_app
 from app.runner.config import RunnerConfig
 from tests.engine.formats.conftest import TEMPLATES
+from tests.runner.loaded import loaded_runner
 from tests.runner.streams import loads, payloads
 
 R1 = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
@@ -25,14 +22,8 @@ def runner(gemma_path):
         pytest.skip(f"the vendored llama.cpp templates are not unpacked at {TEMPLATES}")
     cfg = RunnerConfig(ModelConfig(path=str(gemma_path), n_ctx=1024, n_seq_max=2, n_threads=2),
                        chat_template=R1.read_text())
-    app = create_app(cfg)
-    deadline = time.monotonic() + 120
-    while app.state.status == "loading" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert app.state.status == "ok", app.state.error
-    yield Client(app)
-    app.state.engine.stop()
-    app.state.model.close()
+    with loaded_runner(cfg) as client:
+        yield client
 
 
 def test_the_budget_ends_a_prompt_opened_thought_through_the_grammar(runner):

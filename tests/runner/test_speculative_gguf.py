@@ -3,16 +3,13 @@ the text it gives with drafting off (per request, "speculative.n_max": 0), and s
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from werkzeug.test import Client
 
 from app.devtools.spec_bench import PROMPT
 from app.engine.model_config import ModelConfig
 from app.engine.speculation import SpecConfig
-from app.runner.app import create_app
 from app.runner.config import RunnerConfig
+from tests.runner.loaded import loaded_runner
 from tests.runner.streams import loads, payloads
 
 SPEC = SpecConfig(type="ngram-lookup")
@@ -22,14 +19,8 @@ SPEC = SpecConfig(type="ngram-lookup")
 def runner(gemma_path):
     cfg = RunnerConfig(ModelConfig(path=str(gemma_path), n_ctx=2048, n_seq_max=2, n_threads=2,
                                    n_outputs_extra=SPEC.draft_max), spec=SPEC, metrics=True)
-    app = create_app(cfg)
-    deadline = time.monotonic() + 120
-    while app.state.status == "loading" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert app.state.status == "ok", app.state.error
-    yield Client(app)
-    app.state.engine.stop()
-    app.state.model.close()
+    with loaded_runner(cfg) as client:
+        yield client
 
 
 def completion(runner, **extra) -> dict:
