@@ -33,11 +33,14 @@ def _switch(serve, name: str, value: str) -> None:
 
 def test_auto_drafts_from_the_context_and_a_class_switched_off_does_not(serve):
     db = serve.data / "hearth.db"
+    # The serve is shared: earlier tests' chat rows are in the log, so only a row after this point is ours.
+    before = query(db, "select coalesce(max(id), 0) from requests")[0][0]
     drafted = _complete(serve, "chat")
     commands = [cmd for _, cmd in serve.runner_commands()]
     assert commands and all("--spec-type ngram-lookup" in cmd for cmd in commands)
-    rows = wait_until(lambda: query(db, "select draft_tokens, draft_accepted from requests where class_name = 'chat' "
-                                        "and status = 'ok' order by id desc limit 1"), message="the chat row")
+    rows = wait_until(lambda: query(db, "select draft_tokens, draft_accepted from requests where id > ? and "
+                                        "class_name = 'chat' and status = 'ok'", before), message="the chat row")
+    assert drafted["timings"].get("draft_n") == rows[0][0]
     assert rows[0][0] and rows[0][0] > 0 and 0 <= rows[0][1] <= rows[0][0]
     _switch(serve, "documents", "off")
     # The gateway reads classes through a cache of a few seconds: wait for the switch to reach it.
