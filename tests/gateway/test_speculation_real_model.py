@@ -21,11 +21,11 @@ def _complete(serve, klass: str) -> dict:
     return r.json()
 
 
-def _switch(serve, name: str, value: str) -> None:
+def _switch(serve, name: str, value: bool) -> None:
     engine, sessions = open_store(serve.data)
     try:
         with sessions() as s:
-            update_class(s, name, {"speculation": value})
+            update_class(s, name, {"speculation": "on" if value else "off"})
             s.commit()
     finally:
         engine.dispose()
@@ -33,27 +33,31 @@ def _switch(serve, name: str, value: str) -> None:
 
 def test_auto_drafts_from_the_context_and_a_class_switched_off_does_not(serve):
     db = serve.data / "hearth.db"
-    # The serve is shared: earlier tests' chat rows are in the log, so only a row after this point is ours.
-    before = query(db, "select coalesce(max(id), 0) from requests")[0][0]
-    drafted = _complete(serve, "chat")
     commands = [cmd for _, cmd in serve.runner_commands()]
     assert commands and all("--spec-type ngram-lookup" in cmd for cmd in commands)
-    rows = wait_until(lambda: query(db, "select draft_tokens, draft_accepted from requests where id > ? and "
-                                        "class_name = 'chat' and status = 'ok'", before), message="the chat row")
-    assert drafted["timings"].get("draft_n") == rows[0][0]
-    assert rows[0][0] and rows[0][0] > 0 and 0 <= rows[0][1] <= rows[0][0]
-    _switch(serve, "documents", "off")
-    # The gateway reads classes through a cache of a few seconds: wait for the switch to reach it.
-    def undrafted():
-        before = query(db, "select max(id) from requests")[0][0]
-        plain = _complete(serve, "documents")
-        row = wait_until(lambda: query(db, "select draft_tokens from requests where id > ? and class_name = "
-                                           "'documents'", before), message="the documents row")
-        return plain if row[0][0] is None else None
 
+    def completed(klass: str) -> tuple[dict, tuple]:
+        # The serve is shared: earlier tests' rows are in the log, so only a row after this point is ours.
+        before = query(db, "select coalesce(max(id), 0) from requests")[0][0]
+        answer = _complete(serve, klass)
+        row = wait_until(lambda: query(db, "select draft_tokens, draft_accepted from requests where id > ? and "
+                                           "class_name = ? and status = 'ok'", before, klass),
+                         message=f"the {klass} row")
+        return answer, row[0]
+
+    # The shared serve has drafting off in every class; chat is switched on here. The gateway reads classes
+    # through a cache of a few seconds: wait for the switch to reach it.
+    _switch(serve, "chat", True)
     try:
-        plain = wait_until(undrafted, timeout_s=60, message="a documents request without drafts")
+        def drafted_answer():
+            answer, (draft_tokens, accepted) = completed("chat")
+            return (answer, draft_tokens, accepted) if draft_tokens else None
+
+        drafted, draft_tokens, accepted = wait_until(drafted_answer, timeout_s=60, message="a chat request with drafts")
     finally:
-        _switch(serve, "documents", "on")  # the serve is shared by the session's gateway tests
-    # Greedy output is the same with drafts and without.
+        _switch(serve, "chat", False)
+    assert drafted["timings"].get("draft_n") == draft_tokens and 0 <= accepted <= draft_tokens
+    plain, (none, _) = completed("documents")
+    assert none is None and "draft_n" not in plain["timings"]
+    # Greedy output is the same with drafts and without (a confident copy: no near-tie to flip).
     assert plain["choices"][0]["text"] == drafted["choices"][0]["text"]
