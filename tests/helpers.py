@@ -150,7 +150,9 @@ class ServeStarter:
         """Prepare a data folder and start a serve on it; returns it once /healthz answers."""
         data = data or self._new_folder("serve-data")
         models = models or self._new_folder("serve-models")
-        prepare.setdefault("settings", SMALL_RUNNERS)
+        # The tests pin the shipped class targets: sizing them from the measured costs (app/services/targets.py)
+        # midway through a shared serve's session would change what later tests see.
+        prepare["settings"] = {"size_targets_from_hardware": False, **prepare.get("settings", SMALL_RUNNERS)}
         prepare.setdefault("tokens", HOUSEHOLD)
         tokens = prepare_data(data, **prepare)
         s = ServeProcess(data, models, self._default_model, data.with_name(f"{data.name}.log"))

@@ -130,6 +130,9 @@ class EngineSnapshot:
     prefill_budget: int = 0
     tightest_tpot_ms: float | None = None
     cost: dict | None = None
+    # What the hardware can keep (ChunkCosts): the knee, per-chunk costs, the TPOT a full batch keeps while
+    # prefilling at the knee, and the pace the budget kept last instead of an out-of-reach target (None: none).
+    feasibility: dict | None = None
     preemptions_by_class: dict | None = None  # {(class, reason): count}
     # Speculative decoding: the settings and this iteration's decision ("" drafting, else why not).
     spec: dict | None = None
@@ -320,6 +323,7 @@ class Engine:
                 prefill_budget=s.prefill_budget,
                 tightest_tpot_ms=s.tightest_tpot_ms,
                 cost=s.cost.as_dict(),
+                feasibility=s.feasibility(),
                 preemptions_by_class=dict(s.preemptions_by_class),
                 spec=s.config.spec.as_dict() if s.config.spec.enabled else None,
                 spec_note=s.spec_note,
@@ -411,8 +415,12 @@ class Engine:
         if not retried:
             # What the SLO budget is sized by: this model's iterations on this machine, as measured. A draft
             # token needs its own row of logits, as a decode token does: it costs as one.
-            self.scheduler.cost.observe(schedule.num_decode_tokens + schedule.num_draft_tokens,
-                                        schedule.num_prompt_tokens, iteration_s * 1000)
+            cost = self.scheduler.cost
+            cost.observe(schedule.num_decode_tokens + schedule.num_draft_tokens, schedule.num_prompt_tokens,
+                         iteration_s * 1000)
+            if schedule.num_prompt_tokens:
+                decode_ms = cost.decode_ms * (schedule.num_decode_tokens + schedule.num_draft_tokens)
+                self.scheduler.chunks.observe(schedule.num_prompt_tokens, iteration_s * 1000 - decode_ms)
         c = self.counters
         c.iterations_total += 1
         c.busy_slots_total += len(schedule.chunks)

@@ -126,7 +126,7 @@ class CostModel:
         self.prefill_ms = max(theta[2], 1e-3)
 
     def iteration_ms(self, num_decode: int, num_prefill: int) -> float:
-        """Predicted time of an iteration with these tokens."""
+        """Predicted time of an iteration with these tokens (the linear fit; see ChunkCosts for chunk sizes)."""
         return self.base_ms + self.decode_ms * num_decode + self.prefill_ms * num_prefill
 
     def prefill_within(self, target_ms: float, num_decode: int) -> int:
@@ -138,6 +138,60 @@ class CostModel:
         """The fitted costs, for /metrics."""
         return {"base_ms": round(self.base_ms, 3), "decode_ms_per_token": round(self.decode_ms, 4),
                 "prefill_ms_per_token": round(self.prefill_ms, 4), "num_samples": self.num_samples}
+
+
+class ChunkCosts:
+    """What a prompt token costs by the size of the chunk it is computed in, as measured, and the knee.
+
+    The linear fit (CostModel) says a prompt token costs the same in any chunk; on real hardware a thin chunk
+    pays the iteration's fixed cost (reading every weight once) for few tokens, and small matrix products run
+    below the machine's peak. Each iteration with prompt tokens is binned by its chunk size (the largest of
+    SIZES it reaches); a bin keeps a forgetting mean of (iteration ms − the fit's decode tokens' share) per
+    prompt token. The knee is the smallest measured size whose cost per token is within `tolerance` of the
+    cheapest measured: chunks below it buy latency with throughput, chunks above it buy little. Until two
+    bins have `min_samples` each, the knee is `default`.
+    """
+
+    SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+    def __init__(self, max_tokens: int, default: int = 32, tolerance: float = 0.15, min_samples: int = 4,
+                 forget: float = 0.9):
+        self.max_tokens = max_tokens
+        self.default = min(default, max_tokens)
+        self.tolerance = tolerance
+        self.min_samples = min_samples
+        self.forget = forget
+        self._mean: dict[int, float] = {}
+        self._count: dict[int, int] = {}
+        self.knee = self.default
+
+    def observe(self, num_prompt: int, prompt_ms: float) -> None:
+        """Fold in one iteration's prompt tokens and the time they took (the iteration less its decode tokens)."""
+        if num_prompt < self.SIZES[0] or prompt_ms <= 0:
+            return
+        size = self.SIZES[bisect.bisect_right(self.SIZES, num_prompt) - 1]
+        per_token = prompt_ms / num_prompt
+        old = self._mean.get(size)
+        self._mean[size] = per_token if old is None else self.forget * old + (1 - self.forget) * per_token
+        self._count[size] = self._count.get(size, 0) + 1
+        self.knee = self._knee()
+
+    def _knee_measured(self) -> bool:
+        return sum(n >= self.min_samples for n in self._count.values()) >= 2
+
+    def _knee(self) -> int:
+        measured = {size: ms for size, ms in self._mean.items() if self._count[size] >= self.min_samples}
+        if len(measured) < 2:
+            return self.default
+        cheapest = min(measured.values())
+        knee = min(size for size, ms in measured.items() if ms <= cheapest * (1 + self.tolerance))
+        return min(knee, self.max_tokens)
+
+    def as_dict(self) -> dict:
+        """The measured bins (ms per prompt token, samples) and the knee, for /props."""
+        return {"knee_tokens": self.knee, "measured_knee": self._knee_measured(),
+                "ms_per_token_by_chunk": {str(size): {"ms_per_token": round(ms, 4), "samples": self._count[size]}
+                                          for size, ms in sorted(self._mean.items())}}
 
 
 @dataclass(slots=True)
@@ -195,6 +249,11 @@ class Scheduler:
         # "kv" when the cache had no room for a batch.
         self.preemptions_by_class: collections.Counter[tuple[str, str]] = collections.Counter()
         self.cost = CostModel()
+        # Until measured, the knee is the smallest chunk the budget cuts anyway: the budget as it was.
+        self.chunks = ChunkCosts(config.token_budget, default=config.min_prefill_tokens)
+        # The pace the budget keeps when a target is out of reach (None: every target in reach) and, of the
+        # last iteration with a target, whether it was: what the overview's "infeasible" mark is made of.
+        self.reachable_tpot_ms: float | None = None
         # The last iteration's prefill limit and the TPOT target it came from (None: no target ran).
         self.prefill_budget = config.token_budget
         self.tightest_tpot_ms: float | None = None
@@ -434,16 +493,36 @@ class Scheduler:
         decoding = [r for r in self.running if r.slo.tpot_ms and r.is_decoding]
         self.tightest_tpot_ms = min(r.slo.tpot_ms for r in decoding) if decoding else None
         if not self.config.slo_budget or self.tightest_tpot_ms is None:
+            self.reachable_tpot_ms = None
             return self.config.token_budget
         h = self.config.slo_headroom
         per_iteration_ms = self.tightest_tpot_ms * h
         decode_only_ms = self.cost.iteration_ms(num_decode, 0)
+        # The pace this batch can keep and still prefill at the knee: a target tighter than that would starve
+        # the prompts in thin, dear slices for a pace the hardware cannot give, so the budget keeps this one.
+        knee_ms = self.cost.iteration_ms(num_decode, self.chunks.knee)
+        self.reachable_tpot_ms = knee_ms / h if knee_ms > per_iteration_ms else None
         if decode_only_ms > per_iteration_ms:
             limit_ms = self.config.slow_machine_stretch * decode_only_ms
         else:
             banked_ms = min(self._slack_ms(r, now) for r in decoding)
             limit_ms = min(max(banked_ms, per_iteration_ms), self.config.slo_max_stall * self.tightest_tpot_ms)
-        return self.cost.prefill_within(limit_ms, num_decode)
+        return max(self.cost.prefill_within(limit_ms, num_decode), self.chunks.knee)
+
+    def full_batch_tpot_ms(self) -> float:
+        """The TPOT a full batch (every slot decoding) keeps on this hardware while prompts prefill at the knee.
+
+        A class target below it cannot be kept at the household's busiest without starving prefill: the
+        overview marks it out of reach, and the budget keeps this pace instead (see _prefill_limit)."""
+        return self.cost.iteration_ms(self.config.max_seqs, self.chunks.knee) / self.config.slo_headroom
+
+    def feasibility(self) -> dict:
+        """The knee, the chunk costs behind it and the paces it gives, for /props and /metrics."""
+        return {**self.chunks.as_dict(), "full_batch_tpot_ms": round(self.full_batch_tpot_ms(), 2),
+                "full_batch_decode_ms": round(self.cost.iteration_ms(self.config.max_seqs, 0), 2),
+                "headroom": self.config.slo_headroom,
+                "slots": self.config.max_seqs,
+                "reachable_tpot_ms": None if self.reachable_tpot_ms is None else round(self.reachable_tpot_ms, 2)}
 
     def _slack_ms(self, r: Request, now: float) -> float:
         """How long the next iteration may take and this sequence still keep its mean TPOT pace (headroom included)."""

@@ -33,6 +33,7 @@ from app.residency.manager import ResidencyManager
 from app.services.catalog import Catalog, pull_refusal
 from app.services.records import Recorder, record_residency_event
 from app.services.settings import SettingsCache, budget_bytes
+from app.services.targets import TargetSizer
 from app.store.models import RequestRecord, utcnow
 from app.store.writer import StoreWriter
 from app.telemetry.metrics import GatewayMetrics
@@ -65,6 +66,7 @@ class Services:
     usage: Usage
     people: People
     proxy_watch: ProxyWatch
+    targets: TargetSizer
 
     def shutdown(self) -> None:
         """Stop every runner, then flush the refusal counts and the store."""
@@ -112,15 +114,23 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
     sampler = Sampler(writer, residency.status, admission.snapshot)
     metrics = GatewayMetrics(residency.status, admission.snapshot, sampler, writer.health)
     tokens = TokenCache(principal_loader(sessions))
+    classes = ClassRegistry(sessions)
+
+    def slots_of(model: str) -> int | None:
+        spec = catalog.model_specs().get(model)
+        return spec.runner.parallel if spec is not None and spec.runner is not None else None
+
+    targets = TargetSizer(sessions, settings, lambda: sampler.latest, catalog.default_model_name, slots_of,
+                          classes.invalidate)
     return Services(
         data_dir=data_dir, sessions=sessions, writer=writer, settings=settings, catalog=catalog,
         residency=residency, router=Router(catalog, residency), recorder=Recorder(writer, metrics),
-        admission=admission, classes=ClassRegistry(sessions), tokens=tokens,
+        admission=admission, classes=classes, tokens=tokens,
         sampler=sampler, rollups=Rollups(writer), metrics=metrics,
         library=Library(catalog.models_dir, partial(pull_refusal, settings), lambda path: catalog.rescan(),
                         endpoint=lambda: settings.get("hf_endpoint")),
         refusals=Refusals(writer, metrics.observe), usage=seeded_usage(sessions), people=People(sessions, writer),
-        proxy_watch=ProxyWatch(),
+        proxy_watch=ProxyWatch(), targets=targets,
     )
 
 

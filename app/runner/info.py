@@ -89,6 +89,8 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
             "kv_cells_cached": snap.kv_cached,
         },
         "speculative": speculative_info(engine, snap),
+        # What the SLO budget can keep on this hardware (app/engine/scheduler.py ChunkCosts).
+        "budget": {"cost": snap.cost, **(snap.feasibility or {})},
     })
 
 

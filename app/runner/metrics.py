@@ -122,6 +122,20 @@ class _EngineCollector:
                     cost.get("decode_ms_per_token", 0) / 1000)
         yield gauge("hearth:prefill_token_seconds", "Fitted cost of one prefill token in an iteration",
                     cost.get("prefill_ms_per_token", 0) / 1000)
+        feasible = snap.feasibility or {}
+        yield gauge("hearth:prefill_knee_tokens",
+                    "Prompt tokens per iteration past which a bigger chunk is no cheaper per token (measured)",
+                    feasible.get("knee_tokens", 0))
+        yield gauge("hearth:prefill_knee_measured", "1 once chunk costs were measured (before: the default knee)",
+                    1 if feasible.get("measured_knee") else 0)
+        yield gauge("hearth:full_batch_tpot_seconds",
+                    "The TPOT a full batch keeps while prompts prefill at the knee: tighter targets are out of reach",
+                    feasible.get("full_batch_tpot_ms", 0) / 1000)
+        yield gauge("hearth:full_batch_decode_seconds", "An iteration of a full batch's decode tokens alone (fitted)",
+                    feasible.get("full_batch_decode_ms", 0) / 1000)
+        yield gauge("hearth:budget_reachable_tpot_seconds",
+                    "The pace the last budgeted iteration kept instead of an out-of-reach target (0: in reach)",
+                    (feasible.get("reachable_tpot_ms") or 0) / 1000)
         finished = CounterMetricFamily("hearth:requests_finished", "Requests finished, by reason", labels=["reason"])
         for reason, n in sorted(c.requests_finished.items()):
             finished.add_metric([reason], n)

@@ -175,6 +175,8 @@ REGISTRY = {
                    "float", "Bench verdict", "Gain that justifies batching", "×", 1, 100),
         SettingDef("verdict_rare_overlap_share", 0.1, "below this share of busy time with 2 or more requests active, requests 'rarely overlap' and residency comes first",
                    "float", "Bench verdict", "Rare-overlap share", "", 0, 1),
+        SettingDef("size_targets_from_hardware", True, "once, when a new store's first model has measured its costs, raise the TPOT targets a full batch cannot keep (still at their shipped values) to the pace it can",
+                   "bool", "Bench verdict", "Size targets from the hardware"),
         SettingDef("verdict_default_overlap", 4, "overlap level the verdict uses when the request log has no traffic yet",
                    "int", "Bench verdict", "Default overlap level", "requests", 1, 64),
         SettingDef("verdict_interactive_max_priority", 1, "classes with this priority or lower are interactive: their p95 TTFT must stay within target",

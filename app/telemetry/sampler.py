@@ -74,6 +74,12 @@ METRICS = {
         Metric("slots_busy", "slots", "sequence slots processing a request"),
         Metric("prefill_budget", "tokens", "prefill tokens an iteration may carry: the SLO budget of the last iteration"),
         Metric("budget_tpot_ms", "ms", "the tightest TPOT target among decoding sequences the budget followed (0: none)"),
+        Metric("prefill_knee", "tokens", "prompt tokens per iteration past which a bigger chunk is no cheaper per token (measured)"),
+        Metric("prefill_knee_measured", "0/1", "1 once the runner measured its chunk costs (before: the default knee)"),
+        Metric("full_batch_tpot_ms", "ms", "the TPOT a full batch keeps while prompts prefill at the knee: tighter targets are out of reach"),
+        Metric("full_batch_decode_ms", "ms", "an iteration of a full batch's decode tokens alone (fitted)"),
+        Metric("prefill_token_ms", "ms", "a prompt token's cost in an iteration (fitted)"),
+        Metric("reachable_tpot_ms", "ms", "the pace the budget kept instead of an out-of-reach target (0: every target in reach)"),
         Metric("spec_draft_tok_s", "tok/s", "draft tokens verified per second (speculative decoding)"),
         Metric("spec_accepted_tok_s", "tok/s", "draft tokens kept per second: each one a token without a decode of its own"),
         Metric("spec_drafting", "0/1", "1 when the runner's last iteration drafted, 0 when drafting stood aside"),
@@ -95,6 +101,16 @@ RUNNER_GAUGES = {
     "llamacpp:requests_processing": "running",
     "llamacpp:requests_deferred": "waiting",
     "hearth:prefill_budget": "prefill_budget",
+    "hearth:prefill_knee_tokens": "prefill_knee",
+    "hearth:prefill_knee_measured": "prefill_knee_measured",
+}
+# Runner gauges in seconds -> stored metric in ms.
+RUNNER_SECONDS = {
+    "hearth:budget_tpot_target_seconds": "budget_tpot_ms",
+    "hearth:full_batch_tpot_seconds": "full_batch_tpot_ms",
+    "hearth:full_batch_decode_seconds": "full_batch_decode_ms",
+    "hearth:prefill_token_seconds": "prefill_token_ms",
+    "hearth:budget_reachable_tpot_seconds": "reachable_tpot_ms",
 }
 # A hearth runner with speculative decoding configured says so here; only then is /props read for its decision.
 SPEC_ENABLED = "hearth:spec_enabled"
@@ -324,9 +340,10 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
             used, total = scrape.value("hearth:kv_cells_used"), scrape.value("hearth:kv_cells_total")
             if used is not None and total:
                 readings.append((source, "kv_used_pct", 100.0 * used / total))
-            tpot_s = scrape.value("hearth:budget_tpot_target_seconds")
-            if tpot_s is not None:
-                readings.append((source, "budget_tpot_ms", 1000.0 * tpot_s))
+            for name, metric in RUNNER_SECONDS.items():
+                value = scrape.value(name)
+                if value is not None:
+                    readings.append((source, metric, 1000.0 * value))
             cached = scrape.value("hearth:kv_cells_cached")
             if cached is not None and total:
                 readings.append((source, "kv_cached_pct", 100.0 * cached / total))

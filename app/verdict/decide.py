@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from app.policy import MODES, ClassPolicy, Mode
 from app.telemetry.stats import median
 from app.verdict.overlap import DEFAULT_BURST_OVERLAP, LEVELS, MAX_LEVEL, TYPICAL_QUANTILE, describe_burst, is_rare, level_for
+from app.verdict.proposals import propose_targets
 from app.verdict.results import identity
 from app.verdict.spec import AUTO, OFF, SPEC_AUTO_HEARTH, is_off, split_label
 
@@ -352,6 +353,9 @@ def decide(runs: list[dict], policies: dict[str, ClassPolicy], t: Thresholds, tr
     recs.append(batching(hearth, level, policies, t, current, ov, s.numbers["pick"] if s else None, slot_notes))
     if s is not None:
         recs.append(s)
+    targets = propose_targets(runs, level, policies, t.interactive_max_priority)
+    if targets is not None:
+        recs.append(Recommendation(**targets))
     if spec is not None:
         recs.append(spec)
     return Verdict(ov, level, tuple(recs))

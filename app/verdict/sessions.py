@@ -190,6 +190,8 @@ def apply_recommendation(session: Session, session_id: int, index: int, applied_
     change = rec.get("apply")
     if not change:
         raise ApplyError(f"recommendation {index} ({rec['kind']}) changes nothing: it is advice only")
+    if "classes" in change:
+        return _apply_class_targets(session, s, rec, change["classes"], applied_by)
     model_name = change.get("model") or s.model_name
     model = session.scalar(select(Model).where(Model.name == model_name))
     if model is None:
@@ -208,6 +210,28 @@ def apply_recommendation(session: Session, session_id: int, index: int, applied_
             changes[k] = [getattr(rs, k), v]
             setattr(rs, k, v)
     row = BenchApplied(applied_by=applied_by, session_id=session_id, model_name=model_name, recommendation=rec,
+                       changes=changes)
+    session.add(row)
+    session.commit()
+    return row
+
+
+CLASS_TARGET_FIELDS = ("ttft_target_ms", "tpot_target_ms")
+
+
+def _apply_class_targets(session: Session, s: BenchSession, rec: dict, targets: dict, applied_by: str) -> BenchApplied:
+    """Write a "targets" recommendation's per-class targets; every class must exist and every value be ≥ 1 ms."""
+    changes: dict[str, list] = {}
+    for name, values in sorted(targets.items()):
+        row = session.get(RequestClass, name)
+        if row is None:
+            raise ApplyError(f"class {name!r} no longer exists: run the bench again for targets of today's classes")
+        for field, value in values.items():
+            if field not in CLASS_TARGET_FIELDS or not isinstance(value, int) or value < 1:
+                raise ApplyError(f"{name}.{field} = {value!r} is not a target in whole milliseconds")
+            changes[f"{name}.{field}"] = [getattr(row, field), value]
+            setattr(row, field, value)
+    row = BenchApplied(applied_by=applied_by, session_id=s.id, model_name=s.model_name, recommendation=rec,
                        changes=changes)
     session.add(row)
     session.commit()

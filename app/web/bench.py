@@ -344,6 +344,11 @@ def apply(session_id: int, index: int):
         changes = ", ".join(f"{k} {before if before is not None else 'default'} → {after}"
                             for k, (before, after) in row.changes.items())
         model = row.model_name
+        targets = "classes" in (row.recommendation.get("apply") or {})
+    if targets:
+        services().classes.invalidate()  # the gateway and the budget's targets take them at the next request
+        flash(f"Applied class targets: {changes}. Requests from now on carry them.", "ok")
+        return redirect(url_for("bench.index", session=session_id))
     # The catalog reads runner settings at its next rescan; do it now so the change is not silent.
     try:
         services().catalog.rescan()

@@ -19,6 +19,7 @@ from flask import (
 from app.admin import CLASS_FIELDS, AdminError, ClassFieldErrors, update_class
 from app.gateway.context import services
 from app.policy import THINKING_MODES
+from app.telemetry.feasibility import class_costs
 from app.web.auth import login_required
 from app.web.queries import (
     RANGE_LABELS,
@@ -74,7 +75,12 @@ def _context(range_key: str, editing: str | None = None, values: dict | None = N
         except QueryError as exc:
             abort(400, description=str(exc))
         acceptance = class_acceptance(s, stats.start, stats.end)
+    svc = services()
+    models = [{"name": name, "parallel": spec.runner.parallel if spec.runner else None}
+              for name, spec in svc.catalog.model_specs().items()]
+    target_costs = class_costs(svc.sampler.latest, rows, models, svc.catalog.default_model_name())
     return {"rows": rows, "stats": stats, "acceptance": acceptance, "range": range_key, "ranges": RANGE_LABELS,
+            "target_costs": target_costs,
             "editing": editing,
             "values": values or {}, "errors": errors or {}, "fields": FORM_FIELDS, "saved": saved,
             "models": _model_names(), "thinking_modes": THINKING_MODES}

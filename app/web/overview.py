@@ -16,6 +16,7 @@ from app.engine.speculation import SpecConfig
 from app.gateway.context import Services, services
 from app.residency.manager import ModelState
 from app.store.models import Series
+from app.telemetry.feasibility import class_costs, hardware_of
 from app.web.auth import login_required
 from app.web.queries import Acceptance, class_acceptance, utc_now
 from app.web.series import RANGES
@@ -45,8 +46,10 @@ BUDGET_RULE = ("Each iteration carries one decode token per generating sequence,
                f"time for a bigger chunk; an iteration may always take {_PACE} of the tightest target, and never "
                f"more than {_SCHED['slo_max_stall']:g} of them). A chunk is at least {_SCHED['min_prefill_tokens']} "
                "tokens unless it ends its prompt; where the target is out of reach even without prefill, prefill may "
-               f"make the iteration {_SCHED['slow_machine_stretch']:g}× as long as its decode tokens alone. While "
-               "nothing with a target decodes, the whole batch.")
+               f"make the iteration {_SCHED['slow_machine_stretch']:g}× as long as its decode tokens alone. Prefill is "
+               "never cut below the knee, the chunk size past which a bigger chunk is no cheaper per prompt token "
+               "(measured on this machine): a target tighter than that allows is out of reach, and the pace kept is "
+               "the reachable one. While nothing with a target decodes, the whole batch.")
 
 
 _SPEC = {f.name: f.default for f in fields(SpecConfig)}
@@ -120,11 +123,13 @@ def has_gpu(svc: Services, live: Live) -> bool:
         return session.scalar(select(Series.id).where(Series.source.startswith("gpu:")).limit(1)) is not None
 
 
-def _live_budget(latest: dict, name: str) -> dict | None:
-    """The last sampled SLO budget of a model's runners (the first node that reports one)."""
+def _live_budget(latest: dict, name: str, slots: int | None = None) -> dict | None:
+    """The last sampled SLO budget of a model's runners (the first node that reports one), with what the
+    hardware can keep (app/web/feasibility.py) once measured."""
     for source, values in sorted(latest.items()):
         if source.startswith(f"runner:{name}@") and "prefill_budget" in values:
-            return {"prefill_budget": values["prefill_budget"], "tpot_ms": values.get("budget_tpot_ms") or None}
+            return {"prefill_budget": values["prefill_budget"], "tpot_ms": values.get("budget_tpot_ms") or None,
+                    "hardware": hardware_of(latest, name, slots)}
     return None
 
 
@@ -167,14 +172,16 @@ def admission_policy(svc: Services, models: list[dict], acceptance: dict[str, Ac
             "n_ctx": runner.n_ctx if runner else None,
             "threads": runner.threads if runner else None,
             "mode_rule": MODE_RULES.get(runner.mode, "") if runner else "Served by remote nodes.",
-            "budget": _live_budget(latest, name),
+            "budget": _live_budget(latest, name, runner.parallel if runner else None),
             "speculation": speculation_setting(runner) if runner else None,
             "spec_live": _live_speculation(svc, name),
         })
-    classes = [svc.classes.get(n) for n in svc.classes.names()]
+    classes = [c for c in (svc.classes.get(n) for n in svc.classes.names()) if c is not None]
+    default_model = svc.catalog.default_model_name()
     return {
         "models": rows,
-        "classes": [c for c in classes if c is not None],
+        "classes": classes,
+        "target_costs": class_costs(latest, classes, rows, default_model),
         "acceptance": acceptance or {},
         "max_in_flight_total": svc.settings.get("max_in_flight_total"),
         "kv_rule": KV_RULE,

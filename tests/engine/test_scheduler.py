@@ -7,7 +7,7 @@ from fake_model import FakeModel
 
 from app.engine.engine import DECODE_OK
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus, SamplingParams
-from app.engine.scheduler import CostModel, Scheduler, SchedulerConfig
+from app.engine.scheduler import ChunkCosts, CostModel, Scheduler, SchedulerConfig
 from app.policy import NO_SLO, Mode, SloTargets
 
 NEXT_TOKEN = 7
@@ -517,6 +517,61 @@ def fixed_costs(sched: Scheduler, base_ms: float, decode_ms: float, prefill_ms: 
     sched.cost.base_ms, sched.cost.decode_ms, sched.cost.prefill_ms = base_ms, decode_ms, prefill_ms
 
 
+def measured_knee(sched: Scheduler, knee: int) -> None:
+    """Feed the chunk costs iterations where chunks from `knee` tokens up cost the same per token, smaller dearer."""
+    for size in ChunkCosts.SIZES:
+        if size > sched.config.token_budget:
+            break
+        per_token = 1.0 if size >= knee else 3.0
+        for _ in range(sched.chunks.min_samples):
+            sched.chunks.observe(size, per_token * size)
+    assert sched.chunks.knee == knee
+
+
+def test_the_knee_is_the_smallest_chunk_about_as_cheap_per_token_as_the_cheapest():
+    chunks = ChunkCosts(max_tokens=512, default=32, tolerance=0.15, min_samples=2)
+    chunks.observe(64, 64 * 5.0)
+    assert chunks.knee == 32  # one measured bin, and too few samples: the default
+    # A CPU-like curve: a thin chunk pays the iteration's fixed cost for few tokens.
+    for size, per_token in ((16, 6.0), (32, 4.0), (64, 3.0), (128, 2.6), (256, 2.5), (512, 2.45)):
+        for _ in range(2):
+            chunks.observe(size, size * per_token)
+    assert chunks.knee == 128  # 2.6 is within 15 % of 2.45; 3.0 is not
+    assert chunks.as_dict()["ms_per_token_by_chunk"]["64"]["samples"] == 3
+    # A chunk size is the largest bin it reaches: 300 tokens count with 256; fewer than 16 are not binned.
+    chunks.observe(300, 300 * 2.5)
+    chunks.observe(8, 8 * 50.0)
+    assert chunks.as_dict()["ms_per_token_by_chunk"]["256"]["samples"] == 3 and "8" not in chunks.as_dict()["ms_per_token_by_chunk"]
+    assert ChunkCosts(max_tokens=64).knee == 32 and ChunkCosts(max_tokens=16).knee == 16  # never above the batch
+
+
+def test_a_target_out_of_reach_keeps_the_pace_of_a_knee_chunk_instead_of_starving_prefill():
+    sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    measured_knee(sched, 128)
+    decoding_voice_and_a_document(sched)
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=1)
+    # Voice's pace leaves (90 − 12) / 1 = 78 prompt tokens, less than the 128 past which a chunk costs its
+    # best: 100 ms is out of this machine's reach beside prefill, so the iteration carries a knee chunk and the
+    # pace it keeps, (12 + 128) / 0.9 ms, is reported.
+    s = step(sched, now=0.0)
+    assert s.num_prompt_tokens == 128 and sched.prefill_budget == 128
+    assert sched.reachable_tpot_ms == pytest.approx((12 + 128) / 0.9)
+    assert sched.feasibility()["reachable_tpot_ms"] == pytest.approx((12 + 128) / 0.9, abs=0.01)
+    # A full batch (3 slots) decoding beside a knee chunk: the TPOT the hardware keeps at the household's busiest.
+    assert sched.full_batch_tpot_ms() == pytest.approx((10 + 3 * 2 + 128) / 0.9)
+
+
+def test_a_target_within_reach_is_budgeted_as_before_and_reported_so():
+    sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    measured_knee(sched, 64)
+    decoding_voice_and_a_document(sched)
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=0.5)
+    assert step(sched, now=0.0).num_prompt_tokens == (90 - 12) / 0.5 and sched.reachable_tpot_ms is None
+    sched.finish(sched.running[0], RequestStatus.FINISHED_LENGTH)
+    step(sched, now=0.0)
+    assert sched.feasibility()["reachable_tpot_ms"] is None  # nothing with a target decodes
+
+
 def test_prefill_budget_follows_the_tightest_tpot_target_among_decoding_sequences():
     sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
     fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=0.5)
@@ -550,6 +605,7 @@ def decoding_voice_and_a_document(sched: Scheduler, max_tokens: int = 50) -> Req
 
 def test_a_sequence_ahead_of_its_pace_banks_time_for_a_bigger_prompt_chunk():
     sched = Scheduler(make_config(token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    measured_knee(sched, 16)  # 16-token chunks already cost their best: 19 tokens a pace are within reach
     voice = decoding_voice_and_a_document(sched)
     fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=4)
     # Its 2nd token is due by 0.09 s: one pace leaves (90 − 12) / 4 = 19 prompt tokens, fewer than a
@@ -578,6 +634,7 @@ def test_no_iteration_is_stretched_beyond_the_stall_limit():
 
 def test_a_small_piece_of_a_long_prompt_waits_but_the_end_of_a_prompt_goes():
     sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    measured_knee(sched, 16)
     decoding_voice_and_a_document(sched)
     fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=4)  # one pace leaves (90 − 12) / 4 = 19 tokens
     assert step(sched, now=0.0).num_prompt_tokens == 0 and sched.prefill_budget == 19

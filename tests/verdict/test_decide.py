@@ -215,3 +215,32 @@ def test_no_slot_advice_without_a_slot_axis():
     # Throughput per level is not a slot count: without different slots at the judged level, no advice.
     runs = curve("serial", [20, 20, 20, 20]) + curve("continuous", [20, 30, 45, 70])
     assert kinds(decide(runs, POLICIES, T, traffic(0.5, 8), CURRENT)) == ["continuous"]
+
+
+def test_targets_proposed_for_what_the_household_missed_at_its_overlap_through_serve():
+    policies = {"voice": ClassPolicy("voice", priority=0, ttft_target_ms=500, tpot_target_ms=100),
+                "chat": ClassPolicy("chat", priority=1, ttft_target_ms=1500, tpot_target_ms=150),
+                "background": ClassPolicy("background", priority=3, ttft_target_ms=30000, tpot_target_ms=500)}
+    runs = curve("serial", [20, 20, 20, 20]) + curve("continuous", [20, 26, 30, 31])
+    serve = run("serve", 4, 30, run_id=77)
+    serve["summary"]["per_class"] = {"voice": {"ttft_p95_ms": 420.0, "tpot_p95_ms": 183.0},
+                                     "chat": {"ttft_p95_ms": 1490.0, "tpot_p95_ms": 140.0},
+                                     "background": {"ttft_p95_ms": 90000.0, "tpot_p95_ms": 900.0}}
+    v = decide(runs + [serve], policies, T, traffic(0.5, 4), CURRENT)
+    (rec,) = [r for r in v.recommendations if r.kind == "targets"]
+    # voice missed its TPOT (183 ms against 100): 183 × 1.25 = 228.75, up to two figures: 230. Its TTFT and all of
+    # chat's were met and stay; background is not interactive (priority 3).
+    assert rec.apply == {"classes": {"voice": {"tpot_target_ms": 230}}}
+    assert rec.evidence == (77,) and rec.numbers["run_mode"] == "serve"
+    assert rec.reasons[0] == ("voice: TTFT p95 420 ms (met today's 500 ms) → 500 ms; "
+                              "TPOT p95 183 ms (missed today's 100 ms) → 230 ms")
+    assert rec.numbers["per_class"]["chat"]["proposed"] == {"ttft_target_ms": 1500, "tpot_target_ms": 150}
+    # Everything met: no proposal.
+    serve["summary"]["per_class"]["voice"]["tpot_p95_ms"] = 95.0
+    assert "targets" not in kinds(decide(runs + [serve], policies, T, traffic(0.5, 4), CURRENT))
+
+
+def test_round_up_keeps_two_significant_figures():
+    from app.telemetry.feasibility import round_up
+
+    assert [round_up(x) for x in (183, 1234, 42.1, 9.2, 100, 0)] == [190, 1300, 43, 10, 100, 1]

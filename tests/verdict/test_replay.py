@@ -11,7 +11,7 @@ from sqlalchemy import select
 from app.cli import build_parser
 from app.policy import ClassPolicy
 from app.store.db import open_store
-from app.store.models import BenchApplied, Model, RunnerSettings
+from app.store.models import BenchApplied, Model, RequestClass, RunnerSettings
 from app.verdict import sessions as store
 from app.verdict.decide import HouseholdOverlap, Recommendation, Verdict
 from app.verdict.results import RunResult, request_times, summarise
@@ -305,3 +305,25 @@ def test_a_serve_target_that_refuses_the_warm_up_is_a_clear_error():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_apply_of_proposed_targets_writes_the_classes_and_refuses_a_gone_class(tmp_path):
+    db_engine, sessions = open_store(tmp_path)
+    verdict = Verdict(HouseholdOverlap(4, "default", "default", "no traffic"), 4, (
+        Recommendation("targets", "Targets", ("r",), {}, (5,), {"classes": {"voice": {"tpot_target_ms": 230},
+                                                                         "chat": {"ttft_target_ms": 1900}}}),
+        Recommendation("targets", "Targets", ("r",), {}, (5,), {"classes": {"pets": {"tpot_target_ms": 230}}}),
+    ))
+    with sessions() as s:
+        sid = store.create_session(s, "household", "gemma", {})
+        store.finish_session(s, sid, verdict.as_dict())
+        store.apply_recommendation(s, sid, 0, "admin")
+        with pytest.raises(store.ApplyError, match="class 'pets' no longer exists"):
+            store.apply_recommendation(s, sid, 1, "admin")
+    with sessions() as s:
+        voice, chat = s.get(RequestClass, "voice"), s.get(RequestClass, "chat")
+        assert (voice.tpot_target_ms, voice.ttft_target_ms) == (230, 500)
+        assert (chat.ttft_target_ms, chat.tpot_target_ms) == (1900, 150)
+        (h,) = store.applied_history(s)
+        assert h.changes == {"chat.ttft_target_ms": [1500, 1900], "voice.tpot_target_ms": [100, 230]}
+    db_engine.dispose()

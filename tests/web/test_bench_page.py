@@ -48,6 +48,9 @@ def make_session(app, verdict=True):
             Recommendation("smaller_slots", "Fewer parallel slots", ("flat",), {"knee": 2}, (run_ids[2],),
                            {"parallel": 2}),
             Recommendation("insufficient", "Advice only", ("no change",), {}, (), None),
+            Recommendation("targets", "Targets this hardware keeps at the household's overlap",
+                           ("voice: TPOT p95 183 ms (missed today's 100 ms) → 230 ms",), {}, (run_ids[2],),
+                           {"classes": {"voice": {"tpot_target_ms": 230}}}),
         ))
         store.finish_session(s, sid, json.loads(json.dumps(v.as_dict())) if verdict else None)
     return sid, run_ids
@@ -117,6 +120,17 @@ def test_apply_needs_csrf_changes_settings_and_records_who(app, admin, csrf_toke
     bad = admin.post(f"/bench/sessions/{sid}/apply/2", data={"csrf_token": token})
     assert bad.status_code == 400 and "advice only" in bad.get_data(as_text=True)
     assert admin.post(f"/bench/sessions/{sid}/apply/7", data={"csrf_token": token}).status_code == 400
+
+
+def test_proposed_targets_show_beside_the_evidence_and_apply_to_the_classes(app, admin, csrf_token):
+    sid, _ = make_session(app)
+    page = admin.get(f"/bench?session={sid}").get_data(as_text=True)
+    assert "Apply targets: voice TPOT 230 ms" in page and "missed today&#39;s 100 ms" in page
+    r = admin.post(f"/bench/sessions/{sid}/apply/3", data={"csrf_token": csrf_token(admin, "/bench")})
+    assert r.status_code == 302
+    assert "Applied class targets: voice.tpot_target_ms 100 → 230" in admin.get(r.headers["Location"]).get_data(
+        as_text=True)
+    assert services(app).classes.get("voice").tpot_target_ms == 230  # the gateway's cache was dropped
 
 
 def test_start_runs_in_the_background_and_polling_stops_when_done(app, admin, csrf_token, monkeypatch):

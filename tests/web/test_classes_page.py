@@ -150,3 +150,15 @@ def test_save_needs_the_csrf_token_and_a_login(app, admin, client):
     assert _class(app, "voice").ttft_target_ms != 1
     assert client.get("/classes").status_code == 302
     assert client.post("/classes/voice", data=data).status_code in (302, 400)
+
+
+def test_a_tpot_target_the_hardware_cannot_keep_is_marked_with_the_figure(app, admin):
+    model = services(app).catalog.default_model_name()
+    assert "out of reach" not in admin.get("/classes").get_data(as_text=True)  # nothing measured yet
+    services(app).sampler.latest = {f"runner:{model}@local": {
+        "prefill_budget": 64.0, "full_batch_tpot_ms": 173.3, "full_batch_decode_ms": 60.0, "prefill_token_ms": 1.5,
+        "prefill_knee": 64.0}}
+    html = admin.get("/classes").get_data(as_text=True)
+    row = {name: html.split(f'id="class-{name}"', 1)[1].split("</tr>", 1)[0] for name in ("voice", "documents")}
+    assert "TPOT out of reach" in row["voice"] and "a full batch keeps 173 ms" in row["voice"]
+    assert "out of reach" not in row["documents"]

@@ -91,6 +91,25 @@ def test_policy_panel_shows_the_live_prefill_budget(app, admin):
     assert "136 tokens now, for a 100 ms TPOT target" in html
 
 
+def test_policy_panel_marks_a_target_the_hardware_cannot_keep_and_prices_the_others(app, admin):
+    name = next(iter(services(app).catalog.model_specs()))
+    slots = services(app).catalog.model_specs()[name].runner.parallel
+    # A full batch decodes in 60 ms; beside a 64-token chunk at 1.5 ms a token it keeps (60 + 96) / 0.9 = 173 ms.
+    services(app).sampler.latest = {f"runner:{name}@local": {
+        "prefill_budget": 64.0, "budget_tpot_ms": 100.0, "full_batch_tpot_ms": 173.3, "full_batch_decode_ms": 60.0,
+        "prefill_token_ms": 1.5, "prefill_knee": 64.0, "reachable_tpot_ms": 120.0}}
+    html = admin.get("/partials/overview/policy").get_data(as_text=True)
+    assert f"173 ms a token with {slots} decoding beside a 64-token prompt chunk" in html and "keeping 120 ms" in html
+    # voice (100 ms) and chat (150 ms) are out of reach; documents (200 ms) leaves prompts 180 − 60 ms an iteration.
+    rows = {c: html.split(f'"nowrap">{c}', 1)[1].split("</tr>", 1)[0] for c in ("voice", "chat", "documents", "background")}
+    assert "out of reach" in rows["voice"] and "out of reach" in rows["chat"]
+    assert "out of reach" not in rows["documents"] and "out of reach" not in rows["background"]
+    assert (f"voice: 100 ms a token is out of reach at a full batch — {slots} sequences decoding beside a 64-token "
+            "prompt chunk take 173 ms a token") in html
+    assert (f"documents: keeping 200 ms a token with {slots} sequences decoding leaves prompts 120 ms of each 180 ms "
+            "iteration (about 80 tokens): prefill runs at 67 % of its speed while documents decodes.") in html
+
+
 def test_series_raw_range_shapes(clocked, admin):
     put_samples(clocked, range(400))
     put_samples(clocked, range(0, 400, 2), source="host", metric="cpu_pct", value=lambda t: 50.0)
