@@ -176,12 +176,14 @@ class ChunkCosts:
         self._count[size] = self._count.get(size, 0) + 1
         self.knee = self._knee()
 
-    def _knee_measured(self) -> bool:
+    @property
+    def measured(self) -> bool:
+        """Whether the knee comes from measured chunk costs (two sizes with min_samples each), not the default."""
         return sum(n >= self.min_samples for n in self._count.values()) >= 2
 
     def _knee(self) -> int:
         measured = {size: ms for size, ms in self._mean.items() if self._count[size] >= self.min_samples}
-        if len(measured) < 2:
+        if not self.measured:
             return self.default
         cheapest = min(measured.values())
         knee = min(size for size, ms in measured.items() if ms <= cheapest * (1 + self.tolerance))
@@ -189,7 +191,7 @@ class ChunkCosts:
 
     def as_dict(self) -> dict:
         """The measured bins (ms per prompt token, samples) and the knee, for /props."""
-        return {"knee_tokens": self.knee, "measured_knee": self._knee_measured(),
+        return {"knee_tokens": self.knee, "measured_knee": self.measured,
                 "ms_per_token_by_chunk": {str(size): {"ms_per_token": round(ms, 4), "samples": self._count[size]}
                                           for size, ms in sorted(self._mean.items())}}
 
@@ -406,6 +408,12 @@ class Scheduler:
             if r.is_decoding:
                 chunks.append(Chunk(r, [r.all_tokens[-1]], r.num_computed, True))
                 num_decode += 1
+        if self.config.slo_budget and self.chunks.measured and self._interactive():
+            # The per-iteration cap at the measured knee while an interactive request is in: a bigger prompt chunk
+            # is hardly cheaper per token, and an urgent request that arrives meanwhile waits for the whole
+            # iteration before its own prompt starts. Background work alone takes the whole batch (which also
+            # keeps the chunk costs above the knee measured).
+            budget = min(budget, num_decode + self.chunks.knee)
         budget -= num_decode
         num_prompt = 0
         prefill_left = min(budget, self._prefill_limit(num_decode, now))
@@ -488,6 +496,11 @@ class Scheduler:
             return 0, "standing aside: drafts were not worth their cost at this load"
         return 0, "no draft: nothing in the context to copy"
 
+    def _interactive(self) -> bool:
+        """Whether a request with latency targets that may not be preempted (voice, chat, coding) is in."""
+        return any(r.slo.ttft_ms and not r.slo.preemptible for r in self.running) or any(
+            r.slo.ttft_ms and not r.slo.preemptible for r in self.waiting)
+
     def _prefill_limit(self, num_decode: int, now: float) -> int:
         """Prefill tokens this iteration may carry: what the decoding sequences' TPOT targets leave (see SchedulerConfig)."""
         decoding = [r for r in self.running if r.slo.tpot_ms and r.is_decoding]
@@ -501,13 +514,16 @@ class Scheduler:
         # The pace this batch can keep and still prefill at the knee: a target tighter than that would starve
         # the prompts in thin, dear slices for a pace the hardware cannot give, so the budget keeps this one.
         knee_ms = self.cost.iteration_ms(num_decode, self.chunks.knee)
-        self.reachable_tpot_ms = knee_ms / h if knee_ms > per_iteration_ms else None
+        self.reachable_tpot_ms = knee_ms / h if knee_ms > per_iteration_ms and self.chunks.measured else None
         if decode_only_ms > per_iteration_ms:
             limit_ms = self.config.slow_machine_stretch * decode_only_ms
         else:
             banked_ms = min(self._slack_ms(r, now) for r in decoding)
             limit_ms = min(max(banked_ms, per_iteration_ms), self.config.slo_max_stall * self.tightest_tpot_ms)
-        return max(self.cost.prefill_within(limit_ms, num_decode), self.chunks.knee)
+        within = self.cost.prefill_within(limit_ms, num_decode)
+        # Until the chunk costs are measured the knee is a guess: the budget as it was (pieces below
+        # min_prefill_tokens bank their time).
+        return max(within, self.chunks.knee) if self.chunks.measured else within
 
     def full_batch_tpot_ms(self) -> float:
         """The TPOT a full batch (every slot decoding) keeps on this hardware while prompts prefill at the knee.
