@@ -408,12 +408,11 @@ class Scheduler:
             if r.is_decoding:
                 chunks.append(Chunk(r, [r.all_tokens[-1]], r.num_computed, True))
                 num_decode += 1
-        if self.config.slo_budget and self.chunks.measured and self._interactive():
-            # The per-iteration cap at the measured knee while an interactive request is in: a bigger prompt chunk
-            # is hardly cheaper per token, and an urgent request that arrives meanwhile waits for the whole
-            # iteration before its own prompt starts. Background work alone takes the whole batch (which also
-            # keeps the chunk costs above the knee measured).
-            budget = min(budget, num_decode + self.chunks.knee)
+        # No per-iteration cap at the knee: capping iterations at it while an interactive request was in cost the
+        # household mix at 8 its throughput and voice its TTFT on this 2-core CPU (0.84× and 0.59× of llama-server
+        # against 1.34× and 0.11× without, `hearth bench replay --scenario household --levels 8 --serve
+        # --llama-server --repeats 3`): a knee measured on a loaded machine can come out small, and a small cap
+        # slices every prompt thin. The knee floors prefill (see _prefill_limit); n_batch stays the cap.
         budget -= num_decode
         num_prompt = 0
         prefill_left = min(budget, self._prefill_limit(num_decode, now))
@@ -495,11 +494,6 @@ class Scheduler:
         if gated:
             return 0, "standing aside: drafts were not worth their cost at this load"
         return 0, "no draft: nothing in the context to copy"
-
-    def _interactive(self) -> bool:
-        """Whether a request with latency targets that may not be preempted (voice, chat, coding) is in."""
-        return any(r.slo.ttft_ms and not r.slo.preemptible for r in self.running) or any(
-            r.slo.ttft_ms and not r.slo.preemptible for r in self.waiting)
 
     def _prefill_limit(self, num_decode: int, now: float) -> int:
         """Prefill tokens this iteration may carry: what the decoding sequences' TPOT targets leave (see SchedulerConfig)."""

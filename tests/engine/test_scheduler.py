@@ -561,29 +561,13 @@ def test_a_target_out_of_reach_keeps_the_pace_of_a_knee_chunk_instead_of_starvin
     assert sched.full_batch_tpot_ms() == pytest.approx((10 + 3 * 2 + 128) / 0.9)
 
 
-def test_an_iteration_is_capped_at_the_measured_knee_while_an_interactive_request_is_in():
-    sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
-    doc = slo_request(BACKGROUND, 2000, priority=3)
-    sched.add_request(doc)
-    assert step(sched).num_prompt_tokens == 512  # the knee is not measured yet: the whole batch
-    measured_knee(sched, 128)
-    assert step(sched).num_prompt_tokens == 512  # background alone (preemptible): the whole batch still
-    voice = slo_request(VOICE, 300, priority=0, arrival_s=1, tag=2)
-    sched.add_request(voice)
-    s = step(sched)
-    # Voice in: its prompt first, the iteration held to the knee (it decodes nothing yet, so no pace applies).
-    assert s.num_prompt_tokens == 128 and layout(s)[0][0] == voice.request_id
-    sched.finish(voice, RequestStatus.FINISHED_LENGTH)
-    assert step(sched).num_prompt_tokens == 512
-
-
 def test_a_target_within_reach_is_budgeted_as_before_and_reported_so():
     sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
     measured_knee(sched, 256)
     decoding_voice_and_a_document(sched)
     fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=0.25)
-    # (90 − 12) / 0.25 = 312 prompt tokens keep voice's pace; the iteration is capped at the knee, 256.
-    assert step(sched, now=0.0).num_prompt_tokens == 256 and sched.reachable_tpot_ms is None
+    # (90 − 12) / 0.25 = 312 prompt tokens keep voice's pace, more than the knee: within reach, budgeted as before.
+    assert step(sched, now=0.0).num_prompt_tokens == 312 and sched.reachable_tpot_ms is None
     sched.finish(sched.running[0], RequestStatus.FINISHED_LENGTH)
     step(sched, now=0.0)
     assert sched.feasibility()["reachable_tpot_ms"] is None  # nothing with a target decodes
