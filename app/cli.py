@@ -111,6 +111,10 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="accepted for llama-server's command lines: Hearth's KV cache is always unified")
     g.add_argument("--cache-reuse", type=int, default=0,
                    help="only 0 is accepted: Hearth reuses shared prefixes (--prefix-cache), not shifted chunks")
+    g.add_argument("-cram", "--cache-ram", dest="cache_ram", type=int, default=None,
+                   help="host RAM in MiB for prefix-cache entries evicted from the KV cache, restored on a later "
+                        "hit: -1 no limit, 0 off (default 2048, a quarter of llama-server's 8192: a NAS shares its "
+                        "RAM with the weights)")
     g.add_argument("-cb", "--cont-batching", dest="cont_batching", action=argparse.BooleanOptionalAction,
                    default=None, help="--no-cont-batching is --mode serial")
     g.add_argument("--reasoning", choices=("on", "off", "auto"), default="auto",
@@ -885,6 +889,13 @@ def _runner(args) -> int:
         raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
     grammar = _default_grammar(args)
     spec = spec_config(args)
+    from app.engine.kv_tiers import DEFAULT_CACHE_RAM_MIB, cache_ram_bytes
+
+    cache_ram = DEFAULT_CACHE_RAM_MIB if args.cache_ram is None else args.cache_ram
+    try:
+        cache_ram_bytes(cache_ram)
+    except ValueError as exc:
+        raise SystemExit(f"hearth runner: {exc}")
     if args.runner_verbose:
         logging.getLogger().setLevel(logging.INFO)
     mode = Mode.SERIAL.value if args.cont_batching is False else args.mode
@@ -893,7 +904,9 @@ def _runner(args) -> int:
     api_keys = tuple(k.strip() for v in [*args.api_key, from_env] for k in v.split(",") if k.strip())
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
-                           n_outputs_extra=spec.draft_max if spec.enabled else 0),
+                           n_outputs_extra=spec.draft_max if spec.enabled else 0,
+                           kv_transfer=bool(cache_ram) and args.prefix_cache),
+        cache_ram_mib=cache_ram,
         mode=mode,
         spec=spec,
         token_budget=args.budget,

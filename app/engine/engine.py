@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from app.engine.kv_tiers import attach_tiers
 from app.engine.reasoning_budget import BudgetTracker
 from app.engine.request import (
     ContextOverflow,
@@ -162,6 +163,7 @@ class Engine:
         slo_budget: bool = True,
         prefix_cache: bool = True,
         spec: SpecConfig = NO_SPEC,
+        cache_ram_bytes: int | None = 0,
     ):
         self.model = model
         self.clock = clock
@@ -193,6 +195,8 @@ class Engine:
             ),
             memory=model,
         )
+        # The host-RAM tier under the prefix cache (0: off, None: no byte limit); None when off or unsupported.
+        self.tiers = attach_tiers(self.scheduler, model, cache_ram_bytes, clock)
         self.counters = EngineCounters()
         self.iterations: collections.deque[IterationStats] = collections.deque(maxlen=iteration_history)
         self.finished_listeners: list[Callable[[RequestStats], None]] = []

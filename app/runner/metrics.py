@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Histogram, disable_created_metr
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from app.engine.engine import Engine
+from app.engine.kv_tiers import TierCounters
 from app.engine.request import RequestStats
 from app.exposition import TPOT_BUCKETS_S, TTFT_BUCKETS_S
 
@@ -39,6 +40,7 @@ class _EngineCollector:
         yield from self._llama_server(snap)
         yield from self._scheduling(snap)
         yield from self._prefix_cache(snap)
+        yield from self._tiers()
 
     def _llama_server(self, snap):
         """llama-server's `llamacpp:` names."""
@@ -156,6 +158,33 @@ class _EngineCollector:
             "Share of the last iteration spent outside llama_decode",
             last.outside_decode_ms / last.iteration_ms if last and last.iteration_ms else 0.0,
         )
+
+
+    def _tiers(self):
+        """The KV tiers below the KV cache: hits, bytes held, save and restore time (all 0 when off)."""
+        tiers = self.engine.tiers
+        c = tiers.counters if tiers is not None else TierCounters()
+        tier = ["ram"]
+        for name, doc, value in (
+            ("hearth:kv_tier_hits", "Admissions that got KV cells back from a tier instead of prefilling them",
+             c.hits_total),
+            ("hearth:kv_tier_restored_tokens", "Prompt tokens restored from a tier instead of prefilled",
+             c.restored_tokens_total),
+            ("hearth:kv_tier_restore_seconds", "Time spent restoring KV cells from a tier", c.restore_seconds_total),
+            ("hearth:kv_tier_saves", "Evicted prefix-cache entries kept in a tier", c.saves_total),
+            ("hearth:kv_tier_save_seconds", "Time spent copying evicted entries into a tier", c.save_seconds_total),
+            ("hearth:kv_tier_dropped", "Entries a tier dropped to stay within its budget", c.dropped_total),
+            ("hearth:kv_tier_failures", "Restores llama.cpp refused (the prompt was prefilled)", c.failures_total),
+        ):
+            m = CounterMetricFamily(name, doc, labels=["tier"])
+            m.add_metric(tier, value)
+            yield m
+        held = GaugeMetricFamily("hearth:kv_tier_bytes", "Bytes of KV state a tier holds", labels=["tier"])
+        held.add_metric(tier, tiers.num_bytes if tiers is not None else 0)
+        yield held
+        entries = GaugeMetricFamily("hearth:kv_tier_entries", "Saved prefixes a tier holds", labels=["tier"])
+        entries.add_metric(tier, len(tiers.ram) if tiers is not None else 0)
+        yield entries
 
 
 class RunnerMetrics:

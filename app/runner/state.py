@@ -17,6 +17,7 @@ from app.engine import tools as toolfmt
 from app.engine.chat import ChatTemplate, fallback_template, template_for
 from app.engine.engine import Engine
 from app.engine.grammar import Grammar, client_grammar
+from app.engine.kv_tiers import cache_ram_bytes
 from app.engine.model_config import ModelConfig
 from app.engine.named_template import NamedTemplate, is_template_name
 from app.protocols.openai import ApiError
@@ -87,7 +88,7 @@ class RunnerState:
             self._read_format()
             self.engine = Engine(
                 self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting,
-                prefix_cache=cfg.prefix_cache, spec=cfg.spec,
+                prefix_cache=cfg.prefix_cache, spec=cfg.spec, cache_ram_bytes=cache_ram_bytes(cfg.cache_ram_mib),
             ).start()
             self.metrics = RunnerMetrics(self.engine)
             self.load_s = time.monotonic() - t0
