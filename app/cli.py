@@ -115,6 +115,11 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="host RAM in MiB for prefix-cache entries evicted from the KV cache, restored on a later "
                         "hit: -1 no limit, 0 off (default 2048, a quarter of llama-server's 8192: a NAS shares its "
                         "RAM with the weights)")
+    g.add_argument("--cache-disk", default=None,
+                   help="Hearth: folder where cached prefixes are written so they survive restarts and model swaps, "
+                        "keyed by the model file, its template and the KV settings (default: off)")
+    g.add_argument("--cache-disk-mib", type=int, default=None,
+                   help="Hearth: disk budget of --cache-disk in MiB, -1 no limit (default 4096)")
     g.add_argument("-cb", "--cont-batching", dest="cont_batching", action=argparse.BooleanOptionalAction,
                    default=None, help="--no-cont-batching is --mode serial")
     g.add_argument("--reasoning", choices=("on", "off", "auto"), default="auto",
@@ -889,11 +894,14 @@ def _runner(args) -> int:
         raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
     grammar = _default_grammar(args)
     spec = spec_config(args)
-    from app.engine.kv_tiers import DEFAULT_CACHE_RAM_MIB, cache_ram_bytes
+    from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB, cache_ram_bytes
 
     cache_ram = DEFAULT_CACHE_RAM_MIB if args.cache_ram is None else args.cache_ram
+    cache_disk_mib = DEFAULT_CACHE_DISK_MIB if args.cache_disk_mib is None else args.cache_disk_mib
     try:
         cache_ram_bytes(cache_ram)
+        if cache_disk_mib < -1 or cache_disk_mib == 0:
+            raise ValueError(f"--cache-disk-mib must be -1 (no limit) or a size in MiB, not {cache_disk_mib}")
     except ValueError as exc:
         raise SystemExit(f"hearth runner: {exc}")
     if args.runner_verbose:
@@ -905,8 +913,10 @@ def _runner(args) -> int:
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
                            n_outputs_extra=spec.draft_max if spec.enabled else 0,
-                           kv_transfer=bool(cache_ram) and args.prefix_cache),
+                           kv_transfer=bool(cache_ram or args.cache_disk) and args.prefix_cache),
         cache_ram_mib=cache_ram,
+        cache_disk=args.cache_disk,
+        cache_disk_mib=cache_disk_mib,
         mode=mode,
         spec=spec,
         token_budget=args.budget,

@@ -342,6 +342,13 @@ class LlamaModel:
         """Smallest position a sequence holds in the KV cache (-1: none); SWA layers' view on Gemma 3."""
         return llama_cpp.llama_memory_seq_pos_min(self._memory, seq)
 
+    def kv_settings(self) -> dict:
+        """What decides the bytes of a saved KV state besides the model file: the disk tier's key."""
+        c = self.config
+        return {"n_ctx": self.n_ctx, "n_swa": self.n_swa, "type_k": "f16", "type_v": "f16", "kv_unified": True,
+                "swa_full": True, "flash_attn": c.flash_attn, "n_gpu_layers": c.n_gpu_layers,
+                "n_ubatch": c.n_ubatch or min(c.n_batch, 512), "llama_cpp": llama_cpp.__version__}
+
     def state_save(self, seq: int) -> bytearray:
         """A copy of one sequence's KV cells (llama_state_seq_get_data), for a tier."""
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)

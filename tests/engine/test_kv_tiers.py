@@ -4,12 +4,14 @@ The fake model's next token is a function of the tokens its cells hold, so a res
 wrong cells (or cells at the wrong positions) changes the answer; its violations catch holes and misuse.
 """
 
+import time
+
 import pytest
 from fake_model import FakeModel
 from test_engine_fake import collect, greedy
 
 from app.engine.engine import Engine
-from app.engine.kv_tiers import MIB, RamTier, SavedPrefix, cache_ram_bytes
+from app.engine.kv_tiers import MIB, DiskTier, RamTier, SavedPrefix, cache_ram_bytes
 
 TRANSFER = 4  # 2 × n_seq_max, as LlamaModel reserves it
 
@@ -140,3 +142,113 @@ def test_cache_ram_takes_llama_server_s_values():
     assert cache_ram_bytes(-1) is None and cache_ram_bytes(0) == 0 and cache_ram_bytes(3) == 3 * MIB
     with pytest.raises(ValueError, match="-1 .no limit."):
         cache_ram_bytes(-2)
+
+
+# -- the disk tier --------------------------------------------------------------------------------
+
+KEY = {"format": 1, "model": "fake.gguf", "size": 1, "mtime_ns": 1, "template_sha256": "t", "n_ctx": 64}
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> None:
+    """Poll a condition until it holds (or fail after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def first_session(make_engine, root, key=KEY) -> tuple[list[int], DiskTier]:
+    """A runner's life: one request, the engine idle (its prefix written), then stopped."""
+    disk = DiskTier(root, key, max_bytes=None)
+    engine = make_engine(small_model(), cache_ram_bytes=None, cache_disk=disk)
+    out, _ = run(engine, long_prompt(1))
+    wait_for(lambda: disk.holds(long_prompt(1)))
+    assert disk.flush()
+    engine.stop()
+    disk.close()
+    return out, disk
+
+
+def only_file(disk: DiskTier):
+    (path,) = [p for p in disk.dir.iterdir() if p.suffix == ".kv"]
+    return path
+
+
+def test_a_prefix_written_to_disk_survives_a_restart(make_engine, tmp_path):
+    first, disk = first_session(make_engine, tmp_path)
+    assert len(disk) == 1 and disk.num_written == 1
+    assert not [p for p in disk.dir.iterdir() if p.name.startswith(".tmp-")]
+    # The next process: a new model (empty KV cache), the same key.
+    model = small_model()
+    disk2 = DiskTier(tmp_path, dict(KEY), max_bytes=None)
+    engine = make_engine(model, cache_ram_bytes=None, cache_disk=disk2)
+    again, cached = run(engine, long_prompt(1) + [7, 8])
+    assert cached == 40 and engine.tiers.counters.disk_hits_total == 1
+    assert again == FakeModel(n_ctx=64, n_batch=64, n_seq_max=2).expected_tokens(long_prompt(1) + [7, 8], 4)
+    assert model.violations == [] and engine.scheduler.cache.check() == []
+    disk2.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted", "not an entry"])
+def test_a_damaged_entry_is_dropped_with_a_warning_and_the_prompt_prefilled(make_engine, tmp_path, caplog, damage):
+    first, disk = first_session(make_engine, tmp_path)
+    path = only_file(disk)
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) - 7]
+    elif damage == "corrupted":
+        data[-3] ^= 0xFF  # same size, so only the checksum can tell
+    else:
+        data[:4] = b"JUNK"
+    path.write_bytes(bytes(data))
+    disk2 = DiskTier(tmp_path, dict(KEY), max_bytes=None)
+    engine = make_engine(small_model(), cache_ram_bytes=None, cache_disk=disk2)
+    again, cached = run(engine, long_prompt(1))
+    assert cached == 0 and again == first  # no wrong output: computed again
+    assert "KV disk tier: dropping" in caplog.text and disk2.num_bad == 1
+    assert engine.tiers.counters.disk_hits_total == 0
+    assert not path.exists() or path.read_bytes() != bytes(data)  # the damaged file is gone (or rewritten whole)
+    again2, _ = run(engine, long_prompt(2))  # serving goes on
+    assert again2 == FakeModel(n_ctx=64, n_batch=64, n_seq_max=2).expected_tokens(long_prompt(2), 4)
+    disk2.close()
+
+
+def test_a_changed_model_or_setting_never_reads_the_old_entries(make_engine, tmp_path):
+    first_session(make_engine, tmp_path)
+    for change in ({"mtime_ns": 2}, {"n_ctx": 128}, {"template_sha256": "u"}):
+        disk = DiskTier(tmp_path, {**KEY, **change}, max_bytes=None)
+        assert len(disk) == 0  # another folder
+        engine = make_engine(small_model(), cache_ram_bytes=None, cache_disk=disk)
+        _, cached = run(engine, long_prompt(1))
+        assert cached == 0
+        engine.stop()
+        disk.close()
+    assert len(DiskTier(tmp_path, dict(KEY), max_bytes=None)) == 1  # the old entry is still there for its key
+
+
+def test_an_entry_of_another_key_in_the_folder_is_refused(make_engine, tmp_path, caplog):
+    _, disk = first_session(make_engine, tmp_path)
+    other = DiskTier(tmp_path, {**KEY, "n_ctx": 128}, max_bytes=None)
+    only_file(disk).rename(other.dir / only_file(disk).name)  # a file copied into the wrong folder
+    other2 = DiskTier(tmp_path, {**KEY, "n_ctx": 128}, max_bytes=None)
+    assert len(other2) == 0 and "another model or KV settings" in caplog.text
+
+
+def test_a_half_written_temporary_file_is_never_read_and_is_cleaned_up(tmp_path):
+    disk = DiskTier(tmp_path, KEY, max_bytes=None)
+    (disk.dir / ".tmp-0123.kv").write_bytes(b"HEARTHKV1\n half an entry")
+    disk.close()
+    disk2 = DiskTier(tmp_path, KEY, max_bytes=None)
+    assert len(disk2) == 0 and not (disk2.dir / ".tmp-0123.kv").exists()
+
+
+def test_the_disk_tier_drops_least_recently_used_entries_to_stay_within_its_budget(tmp_path):
+    disk = DiskTier(tmp_path, KEY, max_bytes=2600)  # room for two files of ~1,260 bytes (states, tokens, header)
+    for tag in (1, 2, 3):
+        disk.submit(saved(long_prompt(tag, 20), 1000))
+        assert disk.flush()
+    assert len(disk) == 2 and disk.num_bytes <= 2600 and disk.num_dropped == 1
+    assert disk.best(long_prompt(1, 20))[0] is None and disk.best(long_prompt(3, 20))[1] == 20
+    disk.submit(saved(long_prompt(4, 20), 3000))  # larger than the budget: not written
+    assert disk.flush() and len(disk) == 2
+    disk.close()
