@@ -206,7 +206,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
                 _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile, _add_bench_templates,
-                _add_bench_parsing, _add_bench_families, _add_bench_spec):
+                _add_bench_parsing, _add_bench_families, _add_bench_spec, _add_bench_tiers):
         add(bench_sub)
 
 
@@ -226,6 +226,20 @@ def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
                      help="llama-server --spec-type arms")
     spc.add_argument("--hearth-args", default="", help="more hearth runner arguments, e.g. '--no-repack'")
     spc.add_argument("--json", dest="json_path", help="write every arm's figures and texts here")
+
+
+def _add_bench_tiers(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench tiers`: a ~2,000-token system prompt's next turn from the KV cache, the RAM tier, the disk tier."""
+    t = bench_sub.add_parser("tiers", help="voice satellite's next turn: full prefill vs KV hit vs RAM tier (evicted) "
+                                           "vs disk tier (runner restarted) (lab figure)")
+    t.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    t.add_argument("--threads", type=int, default=usable_cores())
+    t.add_argument("--ctx", type=int, default=4096,
+                   help="cells: the system prompt and the evicting prompt must not fit together (default %(default)s)")
+    t.add_argument("--parallel", type=int, default=2)
+    t.add_argument("--reps", type=int, default=3, help="repetitions, each on a fresh disk folder (default %(default)s)")
+    t.add_argument("--llama-server", help="stock llama-server binary: its next turn after a restart, for comparison")
+    t.add_argument("--json", dest="json_path", help="write every repetition's raw figures here")
 
 
 def _add_bench_engine(bench_sub: argparse._SubParsersAction) -> None:
@@ -639,6 +653,10 @@ def _bench(args) -> int:
         from app.devtools.spec_bench import main as run_spec_bench
 
         return run_spec_bench(args)
+    if name == "tiers":
+        from app.devtools.tiers_bench import main as run_tiers_bench
+
+        return run_tiers_bench(args)
     if name == "parsing":
         from app.devtools.parsing_bench import run_parsing_bench
 
