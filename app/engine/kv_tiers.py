@@ -147,9 +147,10 @@ class RamTier:
         return True
 
     def touch(self, saved: SavedPrefix) -> None:
-        """Mark a saved prefix used now."""
+        """Mark a saved prefix used now (one dropped meanwhile stays dropped)."""
         saved.last_use_s = self.clock()
-        self._items.move_to_end(id(saved))
+        if id(saved) in self._items:
+            self._items.move_to_end(id(saved))
 
     def remove(self, saved: SavedPrefix) -> None:
         """Forget a saved prefix (restored whole: the KV cache holds it again)."""
@@ -340,6 +341,7 @@ MAGIC = b"HEARTHKV1\n"
 SUFFIX = ".kv"
 TMP_PREFIX = ".tmp-"
 DEFAULT_CACHE_DISK_MIB = 4096
+WRITE_RETRY_S = 60.0
 # The parts of a runner that decide what a KV cell holds and how llama.cpp lays a state out; any change
 # gives another key, so another folder, and the old entries are never read.
 FORMAT_VERSION = 1
@@ -395,6 +397,8 @@ class DiskTier:
         self.num_dropped = 0  # dropped for the budget
         self.num_bad = 0  # dropped as unreadable
         self.num_written = 0
+        self.num_failed_writes = 0
+        self._retry_after = 0.0  # monotonic time before which nothing is submitted (a write just failed)
         self._scan()
         self._queue: queue.Queue[SavedPrefix | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="hearth-kv-disk", daemon=True)
@@ -506,7 +510,7 @@ class DiskTier:
         """Write a saved prefix in the background, unless the disk holds it (or more of it) already."""
         if self.max_bytes is not None and saved.num_bytes > self.max_bytes:
             return
-        if self.holds(saved.tokens):
+        if time.monotonic() < self._retry_after or self.holds(saved.tokens):
             return
         with self._lock:
             # Reserved now, so a second submit before the write sees it.
@@ -530,8 +534,11 @@ class DiskTier:
                 if saved is None:
                     return
                 self._write(saved)
-            except Exception:
-                log.exception("KV disk tier: writing an entry failed; it stays in RAM only")
+            except Exception as exc:
+                self.num_failed_writes += 1
+                # A full or failing disk is not asked again at every idle moment: once a minute at most.
+                self._retry_after = time.monotonic() + WRITE_RETRY_S
+                log.warning("KV disk tier: writing an entry failed (%s); it stays in RAM only", exc)
                 with self._lock:
                     self._index.pop(entry_name(saved.tokens), None)
             finally:
@@ -546,13 +553,17 @@ class DiskTier:
         header = json.dumps({"key": self.digest, "n_tokens": len(saved.tokens), "window": saved.window,
                              "sizes": [len(s) for s in saved.states], "sha256": digest.hexdigest()}).encode()
         tmp = self.dir / f"{TMP_PREFIX}{name}"
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(header)) + header + tokens)
-            for s in saved.states:
-                f.write(s)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.dir / name)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + struct.pack("<I", len(header)) + header + tokens)
+                for s in saved.states:
+                    f.write(s)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.dir / name)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk: no half entry left behind
+            raise
         fd = os.open(self.dir, os.O_RDONLY)
         try:
             os.fsync(fd)

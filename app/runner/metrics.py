@@ -182,6 +182,8 @@ class _EngineCollector:
             m.add_metric(["ram"], ram)
             m.add_metric(["disk"], on_disk)
             yield m
+        yield counter("hearth:kv_tier_disk_write_failures", "Disk tier writes that failed (a full disk): the entry stays in RAM",
+                      disk.num_failed_writes if disk else 0)
         yield counter("hearth:kv_tier_restore_seconds", "Time spent restoring KV cells from the tiers (disk reads included)",
                       c.restore_seconds_total + c.disk_read_seconds_total)
         yield counter("hearth:kv_tier_disk_read_seconds", "Time spent reading and checking disk tier entries",

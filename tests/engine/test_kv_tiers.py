@@ -252,3 +252,29 @@ def test_the_disk_tier_drops_least_recently_used_entries_to_stay_within_its_budg
     disk.submit(saved(long_prompt(4, 20), 3000))  # larger than the budget: not written
     assert disk.flush() and len(disk) == 2
     disk.close()
+
+
+def test_a_full_disk_leaves_no_half_entry_and_serving_goes_on(make_engine, tmp_path, caplog, monkeypatch):
+    import errno
+    import os
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    disk = DiskTier(tmp_path, KEY, max_bytes=None)
+    model = small_model()
+    engine = make_engine(model, cache_ram_bytes=None, cache_disk=disk)
+    first, _ = run(engine, long_prompt(1))
+    wait_for(lambda: disk.num_failed_writes >= 1)
+    assert "No space left on device" in caplog.text
+    assert [p.name for p in disk.dir.iterdir()] == ["key.json"]  # neither an entry nor a temporary file
+    assert not disk.holds(long_prompt(1))
+    failures = disk.num_failed_writes
+    again, cached = run(engine, long_prompt(1) + [5])  # the KV cache still serves it
+    assert cached == 40 and again == FakeModel(n_ctx=64, n_batch=64, n_seq_max=2).expected_tokens(
+        long_prompt(1) + [5], 4)
+    engine.stop()  # persists what the disk lacks, on the engine thread: refused within the retry window
+    assert disk.flush() and disk.num_failed_writes == failures and len(disk) == 0
+    monkeypatch.undo()
+    disk.close()
