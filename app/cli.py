@@ -240,6 +240,9 @@ def _add_bench_tiers(bench_sub: argparse._SubParsersAction) -> None:
     t.add_argument("--reps", type=int, default=3, help="repetitions, each on a fresh disk folder (default %(default)s)")
     t.add_argument("--llama-server", help="stock llama-server binary: its next turn after a restart, for comparison")
     t.add_argument("--json", dest="json_path", help="write every repetition's raw figures here")
+    t.add_argument("--cost", action="store_true",
+                   help="instead: generated tok/s of --parallel concurrent streams with the tiers off and on")
+    t.add_argument("--cost-tokens", type=int, default=128, help="--cost: tokens per stream (default %(default)s)")
 
 
 def _add_bench_engine(bench_sub: argparse._SubParsersAction) -> None:

@@ -139,6 +139,45 @@ def one_rep(hearth: list[str], llama_server: list[str] | None, rep: int) -> dict
     return out
 
 
+def cost_round(command: list[str], streams: int, n_predict: int) -> float:
+    """Generated tok/s of `streams` concurrent raw completions (distinct short prompts, ignore_eos) on a fresh runner."""
+    import concurrent.futures
+
+    s = Server(command)
+    try:
+        s.ask("Warm up.", n_predict=4)
+
+        def one(i: int) -> int:
+            body = {"prompt": f"Story {i}: once upon a time in room {i},", "n_predict": n_predict, "temperature": 0,
+                    "ignore_eos": True, "cache_prompt": True}
+            r = httpx.post(f"{s.url}/completion", json=body, timeout=600)
+            r.raise_for_status()
+            return r.json()["timings"]["predicted_n"]
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+            n = sum(pool.map(one, range(streams)))
+        return n / (time.perf_counter() - t0)
+    finally:
+        s.stop()
+
+
+def cost(args, hearth: list[str]) -> int:
+    """`--cost`: generated tok/s with the tiers off (--cache-ram 0) and on (the default, and a disk folder)."""
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory(prefix="hearth-tiers-") as disk:
+        arms = {"off": [*hearth, "--cache-ram", "0"], "on": [*hearth, "--cache-disk", disk]}
+        for rnd in range(args.reps):
+            for name in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+                rates[name].append(cost_round(arms[name], args.parallel, args.cost_tokens))
+                print(f"  round {rnd + 1} tiers {name}: {rates[name][-1]:.1f} tok/s", file=sys.stderr, flush=True)
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    print(f"{args.parallel} concurrent streams × {args.cost_tokens} tokens, ctx {args.ctx}, {args.threads} threads, "
+          f"median of {args.reps} interleaved rounds; machine {json.dumps(machine())}")
+    print(f"tiers off {off:.1f} tok/s {rates['off']}, on {on:.1f} tok/s {rates['on']}: on/off {on / off:.3f}")
+    return 0
+
+
 def file_sha256(path: str) -> str:
     """The model file's hash, for the header."""
     h = hashlib.sha256()
@@ -156,6 +195,8 @@ def main(args) -> int:
     model = args.model or str(ensure_default_model(data_dir(), progress=True))
     common = ["-m", model, "-c", str(args.ctx), "-np", str(args.parallel), "-t", str(args.threads)]
     hearth = [sys.executable, "-m", "app.cli", "runner", *common]
+    if args.cost:
+        return cost(args, hearth)
     stock = None
     if args.llama_server:
         if not Path(args.llama_server).is_file():
