@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.engine.kv_tiers import DiskTier, attach_tiers
+from app.engine.kv_tiers import IDLE_WRITE_DELAY_S, DiskTier, attach_tiers
 from app.engine.reasoning_budget import BudgetTracker
 from app.engine.request import (
     ContextOverflow,
@@ -337,8 +337,12 @@ class Engine:
         while True:
             with self._cv:
                 while not self._stopping and not self._cancels and not self.scheduler.has_work:
-                    if self.tiers is not None:
-                        self.tiers.idle()  # only while idle: the disk tier writes what it lacks
+                    # Idle a moment with prefixes the disk tier lacks: write them (a turn that follows at once
+                    # is not made to wait for the copy).
+                    if self.tiers is not None and self.tiers.has_unwritten():
+                        if not self._cv.wait(IDLE_WRITE_DELAY_S):
+                            self.tiers.idle()
+                        continue
                     self._cv.wait()
                 if self._stopping:
                     break

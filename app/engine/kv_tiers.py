@@ -230,16 +230,27 @@ class KvTiers:
         self.counters.save_seconds_total += time.perf_counter() - t0
         return SavedPrefix(list(tokens), window, blobs, self.clock())
 
-    def idle(self) -> None:
-        """The engine has nothing to do: write the prefixes cached in the KV cache that the disk lacks."""
-        if self.disk is None:
-            return
+    def _unwritten(self) -> list[tuple[int, list[int]]]:
+        """The KV cache's entries (with their tokens) that the disk tier lacks."""
+        if self.disk is None or not self.disk.accepting:
+            return []
+        found = []
         for entry in list(self.cache.entries):
             tokens = self.cache.path_tokens(entry)
             if len(tokens) >= MIN_MATCH_TOKENS and not self.disk.holds(tokens):
-                saved = self._copy_out(entry, tokens)
-                if saved is not None:
-                    self.disk.submit(saved)
+                found.append((entry, tokens))
+        return found
+
+    def has_unwritten(self) -> bool:
+        """True when the KV cache holds a prefix the disk tier lacks (the engine writes it once idle a moment)."""
+        return bool(self._unwritten())
+
+    def idle(self) -> None:
+        """The engine has nothing to do: write the prefixes cached in the KV cache that the disk lacks."""
+        for entry, tokens in self._unwritten():
+            saved = self._copy_out(entry, tokens)
+            if saved is not None:
+                self.disk.submit(saved)
 
     def persist(self, timeout_s: float = 8.0) -> None:
         """Before the runner stops: every cached prefix the disk lacks written, the writes waited for."""
@@ -342,6 +353,8 @@ SUFFIX = ".kv"
 TMP_PREFIX = ".tmp-"
 DEFAULT_CACHE_DISK_MIB = 4096
 WRITE_RETRY_S = 60.0
+# How long the engine stays idle before it copies the KV cache's new prefixes out for the disk tier.
+IDLE_WRITE_DELAY_S = 1.0
 # The parts of a runner that decide what a KV cell holds and how llama.cpp lays a state out; any change
 # gives another key, so another folder, and the old entries are never read.
 FORMAT_VERSION = 1
@@ -399,6 +412,7 @@ class DiskTier:
         self.num_written = 0
         self.num_failed_writes = 0
         self._retry_after = 0.0  # monotonic time before which nothing is submitted (a write just failed)
+        self._closed = False
         self._scan()
         self._queue: queue.Queue[SavedPrefix | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="hearth-kv-disk", daemon=True)
@@ -467,9 +481,13 @@ class DiskTier:
 
     def holds(self, tokens: list[int]) -> bool:
         """True when an entry on disk (or on its way there) covers these tokens."""
+        name = entry_name(tokens)
         with self._lock:
+            if name in self._index:  # the usual answer: this very prefix was written
+                return True
             entries = list(self._index.values())
-        return any(len(e.tokens) >= len(tokens) and e.tokens[: len(tokens)] == tokens for e in entries)
+        n = len(tokens)
+        return any(len(e.tokens) >= n and e.tokens[0] == tokens[0] and e.tokens[:n] == tokens for e in entries)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -506,11 +524,16 @@ class DiskTier:
 
     # -- writing ----------------------------------------------------------------------------
 
+    @property
+    def accepting(self) -> bool:
+        """False for a while after a write failed (a full disk)."""
+        return not self._closed and time.monotonic() >= self._retry_after
+
     def submit(self, saved: SavedPrefix) -> None:
         """Write a saved prefix in the background, unless the disk holds it (or more of it) already."""
         if self.max_bytes is not None and saved.num_bytes > self.max_bytes:
             return
-        if time.monotonic() < self._retry_after or self.holds(saved.tokens):
+        if not self.accepting or self.holds(saved.tokens):
             return
         with self._lock:
             # Reserved now, so a second submit before the write sees it.
@@ -607,7 +630,8 @@ class DiskTier:
             self.num_dropped += 1
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Finish the writes under way (up to timeout_s) and stop the writer."""
+        """Finish the writes under way (up to timeout_s) and stop the writer; later submits are ignored."""
+        self._closed = True
         self.flush(timeout_s)
         self._queue.put(None)
         self._writer.join(timeout_s)
