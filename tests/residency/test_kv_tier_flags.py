@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from app.cli import build_parser
 from app.residency.catalog import CatalogEntry
 from app.residency.supervisor import RunnerSpec
@@ -39,3 +41,15 @@ def test_unset_settings_take_the_runner_s_defaults_and_llama_server_gets_none_of
     stock = RunnerSpec("m", "/m.gguf", kind="llama-server", binary_path="/bin/llama-server",
                        cache_disk_dir="/data/kv").command(8081)
     assert "--cache-disk" not in stock
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--cache-ram", "-2"], "--cache-ram must be -1 (no limit), 0 (off) or a size in MiB, not -2"),
+    (["--cache-disk", "/tmp/kv", "--cache-disk-mib", "0"], "--cache-disk-mib must be -1 (no limit) or a size in MiB"),
+])
+def test_a_bad_budget_is_refused_at_start_with_what_to_fix(flags, words):
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["runner", "--model", "/nonexistent.gguf", *flags])
+    assert words in str(exc.value)
