@@ -111,6 +111,15 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="accepted for llama-server's command lines: Hearth's KV cache is always unified")
     g.add_argument("--cache-reuse", type=int, default=0,
                    help="only 0 is accepted: Hearth reuses shared prefixes (--prefix-cache), not shifted chunks")
+    g.add_argument("-cram", "--cache-ram", dest="cache_ram", type=int, default=None,
+                   help="host RAM in MiB for prefix-cache entries evicted from the KV cache, restored on a later "
+                        "hit: -1 no limit, 0 off (default 2048, a quarter of llama-server's 8192: a NAS shares its "
+                        "RAM with the weights)")
+    g.add_argument("--cache-disk", default=None,
+                   help="Hearth: folder where cached prefixes are written so they survive restarts and model swaps, "
+                        "keyed by the model file, its template and the KV settings (default: off)")
+    g.add_argument("--cache-disk-mib", type=int, default=None,
+                   help="Hearth: disk budget of --cache-disk in MiB, -1 no limit (default 4096)")
     g.add_argument("-cb", "--cont-batching", dest="cont_batching", action=argparse.BooleanOptionalAction,
                    default=None, help="--no-cont-batching is --mode serial")
     g.add_argument("--reasoning", choices=("on", "off", "auto"), default="auto",
@@ -197,7 +206,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
                 _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile, _add_bench_templates,
-                _add_bench_parsing, _add_bench_families, _add_bench_spec):
+                _add_bench_parsing, _add_bench_families, _add_bench_spec, _add_bench_tiers):
         add(bench_sub)
 
 
@@ -217,6 +226,23 @@ def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
                      help="llama-server --spec-type arms")
     spc.add_argument("--hearth-args", default="", help="more hearth runner arguments, e.g. '--no-repack'")
     spc.add_argument("--json", dest="json_path", help="write every arm's figures and texts here")
+
+
+def _add_bench_tiers(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench tiers`: a ~2,000-token system prompt's next turn from the KV cache, the RAM tier, the disk tier."""
+    t = bench_sub.add_parser("tiers", help="voice satellite's next turn: full prefill vs KV hit vs RAM tier (evicted) "
+                                           "vs disk tier (runner restarted) (lab figure)")
+    t.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    t.add_argument("--threads", type=int, default=usable_cores())
+    t.add_argument("--ctx", type=int, default=4096,
+                   help="cells: the system prompt and the evicting prompt must not fit together (default %(default)s)")
+    t.add_argument("--parallel", type=int, default=2)
+    t.add_argument("--reps", type=int, default=3, help="repetitions, each on a fresh disk folder (default %(default)s)")
+    t.add_argument("--llama-server", help="stock llama-server binary: its next turn after a restart, for comparison")
+    t.add_argument("--json", dest="json_path", help="write every repetition's raw figures here")
+    t.add_argument("--cost", action="store_true",
+                   help="instead: generated tok/s of --parallel concurrent streams with the tiers off and on")
+    t.add_argument("--cost-tokens", type=int, default=128, help="--cost: tokens per stream (default %(default)s)")
 
 
 def _add_bench_engine(bench_sub: argparse._SubParsersAction) -> None:
@@ -630,6 +656,10 @@ def _bench(args) -> int:
         from app.devtools.spec_bench import main as run_spec_bench
 
         return run_spec_bench(args)
+    if name == "tiers":
+        from app.devtools.tiers_bench import main as run_tiers_bench
+
+        return run_tiers_bench(args)
     if name == "parsing":
         from app.devtools.parsing_bench import run_parsing_bench
 
@@ -885,6 +915,16 @@ def _runner(args) -> int:
         raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
     grammar = _default_grammar(args)
     spec = spec_config(args)
+    from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB, cache_ram_bytes
+
+    cache_ram = DEFAULT_CACHE_RAM_MIB if args.cache_ram is None else args.cache_ram
+    cache_disk_mib = DEFAULT_CACHE_DISK_MIB if args.cache_disk_mib is None else args.cache_disk_mib
+    try:
+        cache_ram_bytes(cache_ram)
+        if cache_disk_mib < -1 or cache_disk_mib == 0:
+            raise ValueError(f"--cache-disk-mib must be -1 (no limit) or a size in MiB, not {cache_disk_mib}")
+    except ValueError as exc:
+        raise SystemExit(f"hearth runner: {exc}")
     if args.runner_verbose:
         logging.getLogger().setLevel(logging.INFO)
     mode = Mode.SERIAL.value if args.cont_batching is False else args.mode
@@ -893,7 +933,11 @@ def _runner(args) -> int:
     api_keys = tuple(k.strip() for v in [*args.api_key, from_env] for k in v.split(",") if k.strip())
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
-                           n_outputs_extra=spec.draft_max if spec.enabled else 0),
+                           n_outputs_extra=spec.draft_max if spec.enabled else 0,
+                           kv_transfer=bool(cache_ram or args.cache_disk) and args.prefix_cache),
+        cache_ram_mib=cache_ram,
+        cache_disk=args.cache_disk,
+        cache_disk_mib=cache_disk_mib,
         mode=mode,
         spec=spec,
         token_budget=args.budget,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from app.engine.kv_tiers import IDLE_WRITE_DELAY_S, DiskTier, attach_tiers
 from app.engine.reasoning_budget import BudgetTracker
 from app.engine.request import (
     ContextOverflow,
@@ -165,6 +166,8 @@ class Engine:
         slo_budget: bool = True,
         prefix_cache: bool = True,
         spec: SpecConfig = NO_SPEC,
+        cache_ram_bytes: int | None = 0,
+        cache_disk: DiskTier | None = None,
     ):
         self.model = model
         self.clock = clock
@@ -196,6 +199,9 @@ class Engine:
             ),
             memory=model,
         )
+        # The host-RAM tier under the prefix cache (0: off, None: no byte limit) and the disk tier under it;
+        # None when both are off or the model cannot save states.
+        self.tiers = attach_tiers(self.scheduler, model, cache_ram_bytes, clock, cache_disk)
         self.counters = EngineCounters()
         self.iterations: collections.deque[IterationStats] = collections.deque(maxlen=iteration_history)
         self.finished_listeners: list[Callable[[RequestStats], None]] = []
@@ -335,6 +341,12 @@ class Engine:
         while True:
             with self._cv:
                 while not self._stopping and not self._cancels and not self.scheduler.has_work:
+                    # Idle a moment with prefixes the disk tier lacks: write them (a turn that follows at once
+                    # is not made to wait for the copy).
+                    if self.tiers is not None and self.tiers.has_unwritten():
+                        if not self._cv.wait(IDLE_WRITE_DELAY_S):
+                            self.tiers.idle()
+                        continue
                     self._cv.wait()
                 if self._stopping:
                     break
@@ -347,6 +359,8 @@ class Engine:
         with self._cv:
             for r in list(self.scheduler.running) + list(self.scheduler.waiting):
                 self._finish(r, RequestStatus.FINISHED_CANCELLED, error="the runner is shutting down")
+            if self.tiers is not None:
+                self.tiers.persist()  # the disk tier keeps what the KV cache and RAM held
             # The model may outlive this engine (tests, a reload in-process): it gets its cells back.
             self.scheduler.cache.clear()
 

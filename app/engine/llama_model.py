@@ -155,11 +155,15 @@ class LlamaModel:
         cparams.n_ubatch = config.n_ubatch or min(config.n_batch, 512)
         cparams.flash_attn_type = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                                    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[config.flash_attn]
-        cparams.n_seq_max = config.n_seq_max
+        # With KV tiers the context takes one more sequence id after the slots and their twins (the prefix
+        # cache's guard), the transfer sequence: llama.cpp saves and restores states only below n_seq_max.
+        self.transfer_seq: int | None = 2 * config.n_seq_max if config.kv_transfer else None
+        cparams.n_seq_max = config.n_seq_max if self.transfer_seq is None else self.transfer_seq + 1
         # The engine asks for at most one row of logits per sequence per batch; without this the
         # compute buffer is reserved for n_batch rows × the vocabulary (512 MiB for Gemma's 262k).
         # Speculative decoding verifies up to n_outputs_extra draft tokens per iteration beyond those.
-        cparams.n_outputs_max = config.n_seq_max + config.n_outputs_extra
+        # llama.cpp reserves a row per sequence id at least (output_reserve asserts it): the transfer one's too.
+        cparams.n_outputs_max = max(config.n_seq_max + config.n_outputs_extra, cparams.n_seq_max)
         cparams.kv_unified = True
         # Sliding-window layers get as many cells as the others (llama.cpp's default here, said
         # explicitly): the prefix cache keeps positions that slid out of a sequence's window.
@@ -177,7 +181,7 @@ class LlamaModel:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
-        self.n_seq_max = llama_cpp.llama_n_seq_max(self._ctx)
+        self.n_seq_max = config.n_seq_max  # the slots (the context may hold a transfer sequence beyond them)
         self.n_swa = int(llama_cpp.llama_model_n_swa(self._model))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self._eog_tokens = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
@@ -337,6 +341,33 @@ class LlamaModel:
     def seq_pos_min(self, seq: int) -> int:
         """Smallest position a sequence holds in the KV cache (-1: none); SWA layers' view on Gemma 3."""
         return llama_cpp.llama_memory_seq_pos_min(self._memory, seq)
+
+    def kv_settings(self) -> dict:
+        """What decides the bytes of a saved KV state besides the model file: the disk tier's key."""
+        c = self.config
+        return {"n_ctx": self.n_ctx, "n_swa": self.n_swa, "type_k": "f16", "type_v": "f16", "kv_unified": True,
+                "swa_full": True, "flash_attn": c.flash_attn, "n_gpu_layers": c.n_gpu_layers,
+                "n_ubatch": c.n_ubatch or min(c.n_batch, 512), "llama_cpp": llama_cpp.__version__}
+
+    def state_save(self, seq: int) -> bytearray:
+        """A copy of one sequence's KV cells (llama_state_seq_get_data), for a tier."""
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
+        data = bytearray(size)
+        n = llama_cpp.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq)
+        if n != size:
+            raise RuntimeError(f"llama.cpp wrote {n} of {size} bytes of sequence {seq}'s state")
+        return data
+
+    def state_load(self, seq: int, data: bytearray) -> bool:
+        """Put saved cells back under a sequence (replacing what it held); False when llama.cpp refuses them."""
+        size = len(data)
+        buf = (ctypes.c_uint8 * size).from_buffer(data)
+        return llama_cpp.llama_state_seq_set_data(self._ctx, buf, size, seq) == size
+
+    def seq_pos_range(self, seq: int) -> tuple[int, int]:
+        """The smallest and largest position a sequence holds (-1, -1: none); the sliding-window layers' view."""
+        return (llama_cpp.llama_memory_seq_pos_min(self._memory, seq),
+                llama_cpp.llama_memory_seq_pos_max(self._memory, seq))
 
     def kv_share_blocker(self) -> str | None:
         """Why sequences of this model cannot share KV cells by position (None: they can)."""

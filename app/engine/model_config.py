@@ -28,6 +28,8 @@ class ModelConfig:
     verbose: bool = False
     # Logit rows beyond one per sequence that a batch may ask for (speculative decoding's draft tokens).
     n_outputs_extra: int = 0
+    # One sequence id beyond the slots and their twins for moving KV states in and out (app/engine/kv_tiers.py).
+    kv_transfer: bool = False
 
     @property
     def repack_enabled(self) -> bool:

@@ -160,6 +160,8 @@ class PrefixCache:
         self.cells_total = 0
         self.cells_running = 0  # cells of nodes with at least one slot among their holders
         self.counters = PrefixCacheCounters()
+        # Called with (entry, its tokens) before an evicted entry's cells are dropped (app/engine/kv_tiers.py).
+        self.on_evict: Callable[[int, list[int]], None] | None = None
 
     # -- reading ------------------------------------------------------------------------
 
@@ -182,6 +184,18 @@ class PrefixCache:
 
     def _seqs(self, owner: int) -> tuple[int, ...]:
         return (owner, self._twin(owner)) if self.guard else (owner,)
+
+    def seq_ids(self, owner: int) -> tuple[int, ...]:
+        """The sequence ids an owner's cells are held under (two with the guard)."""
+        return self._seqs(owner)
+
+    def reserve_seq(self, seq: int) -> None:
+        """Keep a sequence id for someone else (the tiers' transfer sequence): no entry will use it."""
+        self._free_entry_ids = [e for e in self._free_entry_ids if seq not in self._seqs(e)]
+
+    def path_tokens(self, owner: int) -> list[int]:
+        """The tokens on an owner's path, from position 0."""
+        return [t for n in self._path(self.tails[owner]) for t in n.tokens]
 
     def _running(self, node: Node) -> bool:
         return any(h < self.num_slots for h in node.holders)
@@ -297,6 +311,25 @@ class PrefixCache:
         if self.guard:
             self.memory.seq_cp(slot, self._twin(slot), start, -1)
 
+    def adopt(self, slot: int, tokens: list[int]) -> None:
+        """Record that a slot's next tokens' cells exist under every id of the slot already (restored from a tier).
+
+        extend without its guard copy, written out again: extend runs per sequence per iteration."""
+        if not tokens:
+            return
+        tail = self.tails[slot]
+        start = tail.end
+        if tail is not self.root and tail.holders == {slot}:
+            # A private tail has no children (theirs would be held by this slot): grow it in place.
+            tail.tokens.extend(tokens)
+        else:
+            node = Node(list(tokens), start, tail)
+            tail.children.append(node)
+            node.holders.add(slot)
+            self.tails[slot] = node
+        self.cells_total += len(tokens)
+        self.cells_running += len(tokens)
+
     def truncate(self, slot: int, num_tokens: int) -> None:
         """Take a slot's last num_tokens tokens off its path and out of the KV cache (rejected draft tokens).
 
@@ -370,9 +403,15 @@ class PrefixCache:
         self._free_entry_ids.append(entry)
         return freed
 
+    def _evict_entry(self, entry: int) -> int:
+        """Drop an entry to make room (a lower tier may keep a copy first); returns cells freed."""
+        if self.on_evict is not None:
+            self.on_evict(entry, self.path_tokens(entry))
+        return self._drop_entry(entry)
+
     def _new_entry_id(self) -> int | None:
         if not self._free_entry_ids and self.entries:
-            self._drop_entry(min(self.entries, key=self.entries.__getitem__))
+            self._evict_entry(min(self.entries, key=self.entries.__getitem__))
             self.counters.evictions_total += 1
         return self._free_entry_ids.pop() if self._free_entry_ids else None
 
@@ -392,7 +431,7 @@ class PrefixCache:
             if not candidates:
                 break
             victim = min(candidates, key=self.entries.__getitem__)
-            n = self._drop_entry(victim)
+            n = self._evict_entry(victim)
             freed += n
             self.counters.evictions_total += 1
             self.counters.evicted_tokens_total += n

@@ -266,6 +266,8 @@ class Scheduler:
         self.mod_table = ModTable(spec.mod_n_match) if spec.type == "ngram-mod" else None
         self.spec_stats = new_stats()
         self.spec_note = "off" if not spec.enabled else ""
+        # KV tiers below the KV cache (app/engine/kv_tiers.py), set by the engine when they are on.
+        self.tiers = None
 
     # -- queue -------------------------------------------------------------------------
 
@@ -337,6 +339,9 @@ class Scheduler:
             candidate.status = RequestStatus.RUNNING
             candidate.admitted_s = now
             candidate.num_computed = self.cache.attach(candidate.slot, match)
+            if self.tiers is not None and lookup:
+                candidate.num_computed = self.tiers.restore(candidate.slot, candidate.all_tokens[:-1],
+                                                            candidate.num_computed)
             if candidate.first_scheduled_s is None:
                 candidate.first_scheduled_s = now
                 candidate.num_cached_tokens = candidate.num_computed

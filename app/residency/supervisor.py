@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
+from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB
 from app.engine.speculation import NGRAM_TYPES, SpecConfig
 from app.exposition import parse_exposition
 from app.hardware import cpu_has_amx, usable_cores
@@ -37,6 +38,8 @@ LOG_LINES = 500
 # root) can read in /proc/<pid>/environ, never the command line, which `ps` shows everyone.
 RUNNER_KEY_ENV = "HEARTH_RUNNER_API_KEY"
 LLAMA_KEY_ENV = "LLAMA_API_KEY"  # llama.cpp's common/arg.cpp: --api-key reads it when the flag is absent
+# The data volume's folder of hearth runners' disk KV tier (one subfolder per model file, template and KV settings).
+KV_CACHE_DIR = "kv-cache"
 # A port picked free can be taken before the runner binds it; a new one is tried that many times.
 MAX_PORT_TRIES = 3
 
@@ -97,6 +100,10 @@ class RunnerSpec:
     prefix_cache: bool = True  # hearth runners only; llama-server keeps its own default (prompt caching on)
     # --spec-type (llama-server's name, see spec_type_for); None passes no flag: the runner's own default.
     spec_type: str | None = None
+    # hearth runners' KV tiers: --cache-ram MiB (-1 no limit, 0 off), --cache-disk folder (None: off) and its MiB.
+    cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB
+    cache_disk_dir: str | None = None
+    cache_disk_mib: int = DEFAULT_CACHE_DISK_MIB
 
     def __post_init__(self):
         if self.kind not in RUNNER_KINDS:
@@ -170,6 +177,9 @@ class RunnerSpec:
             cmd += ["--parent-pid", str(parent_pid)]
         if not self.prefix_cache:
             cmd.append("--no-prefix-cache")
+        cmd += ["--cache-ram", str(self.cache_ram_mib)]
+        if self.cache_disk_dir:
+            cmd += ["--cache-disk", self.cache_disk_dir, "--cache-disk-mib", str(self.cache_disk_mib)]
         return cmd + self.spec_flag + list(self.extra_args)
 
 

@@ -22,6 +22,12 @@ class RunnerConfig:
     default_max_tokens: int | None = 512
     alias: str | None = None
     prefix_cache: bool = True
+    # llama-server's --cache-ram in MiB (-1 no limit, 0 off): evicted prefix-cache entries kept in host RAM.
+    # Off unless asked: the model must be loaded with ModelConfig.kv_transfer for it (the CLI does both).
+    cache_ram_mib: int = 0
+    # The disk tier's folder (None: off) and budget in MiB (-1: no limit): cached prefixes that survive restarts.
+    cache_disk: str | None = None
+    cache_disk_mib: int = 4096
     # Sampling defaults for requests that name none (llama-server's --temp, --seed).
     default_temperature: float | None = None
     default_seed: int | None = None

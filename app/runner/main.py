@@ -104,6 +104,7 @@ class RunnerServer(BaseApplication):
         }
         settings["when_ready"] = self._when_ready
         settings["post_fork"] = _worker_forked
+        settings["worker_exit"] = _worker_exit
         if self.parent_pid is not None:
             settings["child_exit"] = _worker_exited
         for key, value in settings.items():
@@ -119,6 +120,16 @@ class RunnerServer(BaseApplication):
         # Runs in the worker after fork: the model and the engine thread belong to the worker.
         return create_app(self.config)
 
+
+
+def _worker_exit(arbiter, worker) -> None:
+    """In the worker, as it exits: stop the engine, so the KV disk tier writes the cached prefixes it lacks."""
+    state = getattr(worker.wsgi, "state", None)
+    if state is not None:
+        try:
+            state.shutdown()
+        except Exception:
+            log.exception("stopping the engine at exit failed")
 
 
 def _worker_exited(arbiter, worker) -> None:

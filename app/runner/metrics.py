@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Histogram, disable_created_metr
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from app.engine.engine import Engine
+from app.engine.kv_tiers import TierCounters
 from app.engine.request import RequestStats
 from app.exposition import TPOT_BUCKETS_S, TTFT_BUCKETS_S
 
@@ -39,6 +40,7 @@ class _EngineCollector:
         yield from self._llama_server(snap)
         yield from self._scheduling(snap)
         yield from self._prefix_cache(snap)
+        yield from self._tiers()
 
     def _llama_server(self, snap):
         """llama-server's `llamacpp:` names."""
@@ -170,6 +172,46 @@ class _EngineCollector:
             "Share of the last iteration spent outside llama_decode",
             last.outside_decode_ms / last.iteration_ms if last and last.iteration_ms else 0.0,
         )
+
+
+    def _tiers(self):
+        """The KV tiers below the KV cache: hits, bytes held, save and restore time (all 0 when off)."""
+        tiers = self.engine.tiers
+        c = tiers.counters if tiers is not None else TierCounters()
+        disk = tiers.disk if tiers is not None else None
+        ram_hits = c.hits_total - c.disk_hits_total
+        for name, doc, ram, on_disk in (
+            ("hearth:kv_tier_hits", "Admissions that got KV cells back from a tier instead of prefilling them",
+             ram_hits, c.disk_hits_total),
+            ("hearth:kv_tier_restored_tokens", "Prompt tokens restored from a tier instead of prefilled",
+             c.restored_tokens_total - c.disk_restored_tokens_total, c.disk_restored_tokens_total),
+            ("hearth:kv_tier_saves", "Prefix-cache entries written to a tier",
+             c.saves_total, disk.num_written if disk else 0),
+            ("hearth:kv_tier_dropped", "Entries a tier dropped to stay within its budget",
+             c.dropped_total, disk.num_dropped if disk else 0),
+            ("hearth:kv_tier_unreadable", "Entries dropped as unreadable, truncated or corrupted (prefilled instead)",
+             c.failures_total, disk.num_bad if disk else 0),
+        ):
+            m = CounterMetricFamily(name, doc, labels=["tier"])
+            m.add_metric(["ram"], ram)
+            m.add_metric(["disk"], on_disk)
+            yield m
+        yield counter("hearth:kv_tier_disk_write_failures", "Disk tier writes that failed (a full disk): the entry stays in RAM",
+                      disk.num_failed_writes if disk else 0)
+        yield counter("hearth:kv_tier_restore_seconds", "Time spent restoring KV cells from the tiers (disk reads included)",
+                      c.restore_seconds_total + c.disk_read_seconds_total)
+        yield counter("hearth:kv_tier_disk_read_seconds", "Time spent reading and checking disk tier entries",
+                      c.disk_read_seconds_total)
+        yield counter("hearth:kv_tier_save_seconds", "Time the engine spent copying KV cells out for the tiers",
+                      c.save_seconds_total)
+        held = GaugeMetricFamily("hearth:kv_tier_bytes", "Bytes of KV state a tier holds", labels=["tier"])
+        held.add_metric(["ram"], tiers.num_bytes if tiers is not None else 0)
+        held.add_metric(["disk"], disk.num_bytes if disk else 0)
+        yield held
+        entries = GaugeMetricFamily("hearth:kv_tier_entries", "Saved prefixes a tier holds", labels=["tier"])
+        entries.add_metric(["ram"], len(tiers.ram) if tiers is not None else 0)
+        entries.add_metric(["disk"], len(disk) if disk else 0)
+        yield entries
 
 
 class RunnerMetrics:

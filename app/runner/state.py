@@ -17,6 +17,7 @@ from app.engine import tools as toolfmt
 from app.engine.chat import ChatTemplate, fallback_template, template_for
 from app.engine.engine import Engine
 from app.engine.grammar import Grammar, client_grammar
+from app.engine.kv_tiers import MIB, DiskTier, cache_ram_bytes, tier_key
 from app.engine.model_config import ModelConfig
 from app.engine.named_template import NamedTemplate, is_template_name
 from app.protocols.openai import ApiError
@@ -87,7 +88,8 @@ class RunnerState:
             self._read_format()
             self.engine = Engine(
                 self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting,
-                prefix_cache=cfg.prefix_cache, spec=cfg.spec,
+                prefix_cache=cfg.prefix_cache, spec=cfg.spec, cache_ram_bytes=cache_ram_bytes(cfg.cache_ram_mib),
+                cache_disk=self._disk_tier(),
             ).start()
             self.metrics = RunnerMetrics(self.engine)
             self.load_s = time.monotonic() - t0
@@ -97,6 +99,23 @@ class RunnerState:
             log.exception("loading %s failed", cfg.model.path)
             self.error = str(exc)
             self.status = "error"
+
+    def _disk_tier(self) -> DiskTier | None:
+        """The disk tier for this model, template and KV settings (--cache-disk), or None."""
+        cfg = self.config
+        settings = getattr(self.model, "kv_settings", None)
+        if not cfg.cache_disk or settings is None or not cfg.prefix_cache:
+            return None
+        key = tier_key(cfg.model.path, self.template.source or "", settings())
+        mib = cfg.cache_disk_mib
+        return DiskTier(cfg.cache_disk, key, None if mib == -1 else mib * MIB)
+
+    def shutdown(self) -> None:
+        """Stop the engine (the disk tier writes what it lacks first); the worker is exiting."""
+        if self.engine is not None:
+            self.engine.stop()
+            if self.engine.tiers is not None and self.engine.tiers.disk is not None:
+                self.engine.tiers.disk.close()
 
     def _read_template(self) -> None:
         """The chat template: --chat-template, else the GGUF's own, else a built-in one for its architecture, else ChatML."""

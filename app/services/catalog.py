@@ -21,14 +21,21 @@ from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import RunnerSizing, estimate_memory, size_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
-from app.residency.supervisor import RunnerSpec, parse_runner_args, spec_type_for
+from app.residency.supervisor import (
+    DEFAULT_CACHE_DISK_MIB,
+    DEFAULT_CACHE_RAM_MIB,
+    KV_CACHE_DIR,
+    RunnerSpec,
+    parse_runner_args,
+    spec_type_for,
+)
 from app.services.settings import SettingsCache, budget_bytes
 from app.store import models as db
 from app.store.settings import get_setting
 
 log = logging.getLogger(__name__)
 
-RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache", "args")  # the stored runner_* settings a spec falls back on
+RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache", "args", "cache_ram_mib", "cache_disk_mib")  # the stored runner_* settings a spec falls back on
 
 
 class ModelNotServable(Exception):
@@ -144,7 +151,7 @@ def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: d
 
 
 def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict,
-                sizing: RunnerSizing | None = None) -> RunnerSpec:
+                sizing: RunnerSizing | None = None, kv_dir: Path | None = None) -> RunnerSpec:
     """How a model's runner starts: its own runner settings where set, else the stored runner_* defaults,
     else the sizing (app.residency.estimate.size_runner). Speculation: the model's setting (auto when unset,
     see app.residency.supervisor.spec_type_for)."""
@@ -163,7 +170,14 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         prefix_cache=bool(defaults.get("prefix_cache", True)),
         extra_args=parse_runner_args(defaults.get("args")).get(entry.name, ()),
         spec_type=spec_type_for(kind, rs.speculation if rs else None),
+        cache_ram_mib=_int_or(defaults.get("cache_ram_mib"), DEFAULT_CACHE_RAM_MIB),
+        cache_disk_dir=str(kv_dir) if kv_dir is not None and _int_or(defaults.get("cache_disk_mib"), 0) else None,
+        cache_disk_mib=_int_or(defaults.get("cache_disk_mib"), DEFAULT_CACHE_DISK_MIB),
     )
+
+
+def _int_or(value, default: int) -> int:
+    return default if value is None else int(value)
 
 
 @dataclass(frozen=True)
@@ -242,7 +256,7 @@ class Catalog:
                         continue
                     rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
                     sizing = runner_sizing(e, rs, defaults, budget)
-                    spec = runner_spec(e, rs, defaults, sizing)
+                    spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
                                                n_outputs_extra=spec.n_outputs_extra)
                     nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()

@@ -185,6 +185,10 @@ REGISTRY = {
                    "float", "Bench verdict", "Flat gain step", "×", 1, 100),
         SettingDef("runner_prefix_cache", True, "local hearth runners reuse the KV cells of prompt prefixes shared across requests (a resent system prompt, a growing chat); applies when a runner starts",
                    "bool", "Models and runners", "Prefix cache", restart=True),
+        SettingDef("runner_cache_ram_mib", 2048, "host RAM each local hearth runner may keep prefix-cache entries in after they leave the KV cache, so a prompt seen before is restored instead of prefilled (llama-server's --cache-ram: -1 no limit, 0 off); applies when a runner starts",
+                   "int", "Models and runners", "KV kept in RAM per runner", "MiB", -1, 1_048_576),
+        SettingDef("runner_cache_disk_mib", 4096, "disk space on the data volume each model's cached prefixes may take, so a stable system prompt survives model swaps and restarts (0 off, -1 no limit); applies when a runner starts",
+                   "int", "Models and runners", "KV kept on disk per model", "MiB", -1, 1_048_576),
         SettingDef("hf_endpoint", None, "Hugging Face endpoint models are pulled from (a mirror's URL; default: $HF_ENDPOINT, else huggingface.co)",
                    "str", "Models and runners", "Hugging Face endpoint"),
         SettingDef("pull_allowed_hosts", None, "hosts a model pull may reach although they are on the LAN or this machine "

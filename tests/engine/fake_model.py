@@ -87,9 +87,14 @@ class FakeModel:
         share_blocker: str | None = None,
         specials: dict[int, bytes] | None = None,
         refuse_forced: frozenset[int] = frozenset(),
+        transfer_seq: int | None = None,
     ):
         self.n_ctx = n_ctx
         self.n_swa = n_swa
+        # The sequence KV states are saved from and restored into (LlamaModel's, with kv_transfer); None: no states.
+        self.transfer_seq = transfer_seq
+        self.refuse_states = False  # state_load answers False, as llama.cpp refusing a state
+        self.num_state_loads = 0
         self.share_blocker = share_blocker
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
@@ -235,6 +240,30 @@ class FakeModel:
         if self.decode_delay_s:
             time.sleep(self.decode_delay_s)
         return DECODE_OK, logit_idx
+
+    def state_save(self, seq: int) -> bytearray:
+        """A sequence's cells as a state: its tokens by position (the fake's cells are their tokens)."""
+        return bytearray(",".join(str(t) for t in self.tokens_of(seq)).encode())
+
+    def state_load(self, seq: int, data: bytearray) -> bool:
+        """Give an emptied sequence new cells with a saved state's tokens; False when refused or out of cells."""
+        self.num_state_loads += 1
+        self.seq_rm(seq, -1, -1)
+        tokens = [int(t) for t in bytes(data).decode().split(",") if t]
+        if self.refuse_states or self.kv_used + len(tokens) > self.kv_capacity:
+            return False
+        cells = self.seqs.setdefault(seq, [])
+        for t in tokens:
+            self.cell_tokens[self._next_cell] = t
+            self.refs[self._next_cell] = 1
+            cells.append(self._next_cell)
+            self._next_cell += 1
+        return True
+
+    def seq_pos_range(self, seq: int) -> tuple[int, int]:
+        """Smallest and largest position a sequence holds (-1, -1: none)."""
+        n = len(self.seqs.get(seq, []))
+        return (0, n - 1) if n else (-1, -1)
 
     def clear_seq(self, slot: int) -> None:
         """Free every cell of one sequence."""

@@ -1,0 +1,232 @@
+"""`hearth bench tiers`: a voice satellite's next turn after its cached system prompt left the KV cache.
+
+A ~2,000-token stable system prompt (a Home Assistant-like device list), hearth runners driven directly on
+loopback (a lab figure), `--reps` repetitions, each on a fresh disk folder, the arms in one run:
+
+- full prefill: the first turn on a cold runner (nothing cached anywhere);
+- KV hit: the next turn on the same runner (the prefix still in the KV cache);
+- RAM tier: a long unrelated prompt evicts the prefix (saved to RAM), then the next turn restores it;
+- disk tier: the runner is restarted (SIGTERM: it writes its prefixes), and the next turn reads them back;
+- optionally stock llama-server after its own restart (its --cache-ram lives and dies with the process).
+
+TTFT is the client's: request sent → first streamed token with text. The reload time (process start → /health
+ok) is printed beside the disk arm, since the issue's target is TTFT ≤ reload + 0.1 × a full prefill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from app.hardware import machine
+from app.protocols import sse
+from app.residency.supervisor import free_port
+
+ROOMS = ("kitchen", "hall", "living room", "bedroom", "kids' room", "bathroom", "garage", "office", "garden", "attic")
+KINDS = ("ceiling light", "floor lamp", "smart plug", "fan", "blind", "thermostat", "speaker", "sensor")
+DEVICES = "".join(
+    f"- {room} {kind} {i}: state {'on' if i % 3 else 'off'}, brightness {10 * (i % 10)} %, area {room}\n"
+    for i, (room, kind) in enumerate(([(r, k) for r in ROOMS for k in KINDS] * 2)[:100])
+)  # ~2,000 tokens with the lines below (Gemma's tokenizer), as a Home Assistant voice prompt with ~100 entities
+SYSTEM = ("You are the voice assistant of a family home. Answer in one short sentence. Use the devices below "
+          "when asked to control something. These are the devices of the house and their state:\n" + DEVICES)
+QUESTIONS = ("Turn on the kitchen ceiling light.", "Is the garage fan on?", "Close the bedroom blind.",
+             "What is the office thermostat set to?")
+OTHER = "A story about the sea, told slowly. " + " ".join(f"Wave {i} rolls in and out again." for i in range(260))
+
+
+class Server:
+    """One runner process on loopback."""
+
+    def __init__(self, command: list[str]):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen([*command, "--port", str(self.port)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 180
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{command[0]} exited with {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the server did not become ready")
+            time.sleep(0.05)
+        self.ready_s = time.perf_counter() - t0
+
+    def ask(self, prompt: str, n_predict: int = 8) -> dict:
+        """One streamed greedy completion: TTFT, cached tokens, prompt tokens computed, the text."""
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "stream": True, "cache_prompt": True}
+        t0 = time.perf_counter()
+        ttft, text, timings = None, [], {}
+        with httpx.stream("POST", f"{self.url}/completion", json=body, timeout=600) as r:
+            r.raise_for_status()
+            for ev in sse.payloads(r.iter_bytes()):
+                if ev.get("content"):
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    text.append(ev["content"])
+                if ev.get("stop"):
+                    timings = ev.get("timings") or {}
+        return {"ttft_s": ttft, "cache_n": timings.get("cache_n"), "prompt_n": timings.get("prompt_n"),
+                "text": "".join(text)}
+
+    def tokens(self, text: str) -> int:
+        """Tokens of a prompt as the server counts them."""
+        return len(httpx.post(f"{self.url}/tokenize", json={"content": text}, timeout=30).json()["tokens"])
+
+    def stop(self) -> None:
+        """SIGTERM and wait (a hearth runner writes its disk tier on the way out)."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def turn(question: str) -> str:
+    """The satellite's prompt for one turn."""
+    return f"{SYSTEM}\nUser: {question}\nAssistant:"
+
+
+def one_rep(hearth: list[str], llama_server: list[str] | None, rep: int) -> dict[str, dict]:
+    """Every arm once; a fresh disk folder, so nothing from an earlier repetition is found."""
+    out: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="hearth-tiers-") as disk:
+        tiered = [*hearth, "--cache-disk", disk]
+        r = Server(tiered)
+        try:
+            out["full prefill"] = r.ask(turn(QUESTIONS[0]))
+            out["KV hit"] = r.ask(turn(QUESTIONS[1]))
+            r.ask(OTHER, n_predict=2)  # needs the cells the system prompt holds: evicted to the RAM tier
+            out["RAM tier (evicted)"] = r.ask(turn(QUESTIONS[2]))
+        finally:
+            r.stop()
+        r = Server(tiered)
+        try:
+            out["disk tier (restarted)"] = {**r.ask(turn(QUESTIONS[3])), "reload_s": r.ready_s}
+        finally:
+            r.stop()
+    if llama_server:
+        s = Server(llama_server)
+        try:
+            s.ask(turn(QUESTIONS[0]))
+        finally:
+            s.stop()
+        s = Server(llama_server)
+        try:
+            out["llama-server (restarted)"] = {**s.ask(turn(QUESTIONS[3])), "reload_s": s.ready_s}
+        finally:
+            s.stop()
+    for name, fig in out.items():
+        print(f"  rep {rep + 1} {name}: TTFT {fig['ttft_s']:.3f} s, cached {fig['cache_n']}, "
+              f"computed {fig['prompt_n']}", file=sys.stderr, flush=True)
+    return out
+
+
+def cost_round(command: list[str], streams: int, n_predict: int) -> float:
+    """Generated tok/s of `streams` concurrent raw completions (distinct short prompts, ignore_eos) on a fresh runner."""
+    import concurrent.futures
+
+    s = Server(command)
+    try:
+        s.ask("Warm up.", n_predict=4)
+
+        def one(i: int) -> int:
+            body = {"prompt": f"Story {i}: once upon a time in room {i},", "n_predict": n_predict, "temperature": 0,
+                    "ignore_eos": True, "cache_prompt": True}
+            r = httpx.post(f"{s.url}/completion", json=body, timeout=600)
+            r.raise_for_status()
+            return r.json()["timings"]["predicted_n"]
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+            n = sum(pool.map(one, range(streams)))
+        return n / (time.perf_counter() - t0)
+    finally:
+        s.stop()
+
+
+def cost(args, hearth: list[str]) -> int:
+    """`--cost`: generated tok/s with the tiers off (--cache-ram 0) and on (the default, and a disk folder)."""
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory(prefix="hearth-tiers-") as disk:
+        arms = {"off": [*hearth, "--cache-ram", "0"], "on": [*hearth, "--cache-disk", disk]}
+        for rnd in range(args.reps):
+            for name in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+                rates[name].append(cost_round(arms[name], args.parallel, args.cost_tokens))
+                print(f"  round {rnd + 1} tiers {name}: {rates[name][-1]:.1f} tok/s", file=sys.stderr, flush=True)
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    print(f"{args.parallel} concurrent streams × {args.cost_tokens} tokens, ctx {args.ctx}, {args.threads} threads, "
+          f"median of {args.reps} interleaved rounds; machine {json.dumps(machine())}")
+    print(f"tiers off {off:.1f} tok/s {rates['off']}, on {on:.1f} tok/s {rates['on']}: on/off {on / off:.3f}")
+    return 0
+
+
+def file_sha256(path: str) -> str:
+    """The model file's hash, for the header."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def main(args) -> int:
+    """Entry point of `hearth bench tiers`."""
+    from app.paths import data_dir
+    from app.residency.default_model import ensure_default_model
+
+    model = args.model or str(ensure_default_model(data_dir(), progress=True))
+    common = ["-m", model, "-c", str(args.ctx), "-np", str(args.parallel), "-t", str(args.threads)]
+    hearth = [sys.executable, "-m", "app.cli", "runner", *common]
+    if args.cost:
+        return cost(args, hearth)
+    stock = None
+    if args.llama_server:
+        if not Path(args.llama_server).is_file():
+            raise SystemExit(f"hearth bench tiers: no llama-server at {args.llama_server}")
+        stock = [args.llama_server, *common, "--kv-unified", "--no-webui"]
+    probe = Server([*hearth, "--cache-ram", "0"])
+    try:
+        n_system = probe.tokens(SYSTEM)
+        n_other = probe.tokens(OTHER)
+    finally:
+        probe.stop()
+    if n_system + n_other <= args.ctx:
+        raise SystemExit(f"hearth bench tiers: --ctx {args.ctx} holds the system prompt ({n_system} tokens) and the "
+                         f"evicting prompt ({n_other}) together: nothing would be evicted; use a smaller --ctx")
+    reps = [one_rep(hearth, stock, i) for i in range(args.reps)]
+    print(f"model {Path(model).name} sha256 {file_sha256(model)[:16]}…, ctx {args.ctx}, {args.parallel} slots, "
+          f"{args.threads} threads, n_batch 512, CPU only; system prompt {n_system} tokens; "
+          f"machine {json.dumps(machine())}")
+    print("lab figure: hearth runners driven directly on loopback; TTFT = request sent → first token with text; "
+          f"median of {args.reps} (min–max)")
+    full = statistics.median(r["full prefill"]["ttft_s"] for r in reps)
+    print(f"{'arm':<26} {'TTFT s':>8} {'min–max':>15} {'× full prefill':>15} {'cached':>7} {'reload s':>9}")
+    for name in reps[0]:
+        ttfts = [r[name]["ttft_s"] for r in reps]
+        med = statistics.median(ttfts)
+        reload = [r[name]["reload_s"] for r in reps if "reload_s" in r[name]]
+        reload_txt = f"{statistics.median(reload):9.2f}" if reload else ""
+        print(f"{name:<26} {med:8.3f} {min(ttfts):7.3f}–{max(ttfts):<7.3f} {med / full:15.3f} "
+              f"{reps[-1][name]['cache_n']!s:>7} {reload_txt}")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"n_system_tokens": n_system, "ctx": args.ctx,
+                                                    "threads": args.threads, "reps": reps}, indent=1))
+    return 0
