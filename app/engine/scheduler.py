@@ -420,7 +420,10 @@ class Scheduler:
         # slices every prompt thin. The knee floors prefill (see _prefill_limit); n_batch stays the cap.
         budget -= num_decode
         num_prompt = 0
-        prefill_left = min(budget, self._prefill_limit(num_decode, now))
+        # The most urgent prompt is held only to the paces of sequences at least as urgent as itself: a voice
+        # prompt does not wait on a chat answer's TPOT (voice first); the prompts behind it keep its own pace.
+        pending = [r.priority for r in self.running if not r.is_decoding and r.num_pending > 0]
+        prefill_left = min(budget, self._prefill_limit(num_decode, now, min(pending) if pending else None))
         self.prefill_budget = max(prefill_left, 0)
         # Prompt chunks in admission order: the most urgent prefill first, then the oldest.
         urgent: tuple[int, int] | None = None  # (priority, prompt tokens the iteration may hold) of the first target
@@ -500,9 +503,11 @@ class Scheduler:
             return 0, "standing aside: drafts were not worth their cost at this load"
         return 0, "no draft: nothing in the context to copy"
 
-    def _prefill_limit(self, num_decode: int, now: float) -> int:
-        """Prefill tokens this iteration may carry: what the decoding sequences' TPOT targets leave (see SchedulerConfig)."""
-        decoding = [r for r in self.running if r.slo.tpot_ms and r.is_decoding]
+    def _prefill_limit(self, num_decode: int, now: float, priority: int | None = None) -> int:
+        """Prefill tokens this iteration may carry: what the TPOT targets of the decoding sequences at least as
+        urgent as `priority` (the most urgent waiting prompt's; None: all) leave (see SchedulerConfig)."""
+        decoding = [r for r in self.running if r.slo.tpot_ms and r.is_decoding
+                    and (priority is None or r.priority <= priority)]
         self.tightest_tpot_ms = min(r.slo.tpot_ms for r in decoding) if decoding else None
         if not self.config.slo_budget or self.tightest_tpot_ms is None:
             self.reachable_tpot_ms = None

@@ -49,7 +49,9 @@ BUDGET_RULE = ("Each iteration carries one decode token per generating sequence,
                f"make the iteration {_SCHED['slow_machine_stretch']:g}× as long as its decode tokens alone. Prefill is "
                "never cut below the knee, the chunk size past which a bigger chunk is no cheaper per prompt token "
                "(measured on this machine): a target tighter than that allows is out of reach, and the pace kept is "
-               "the reachable one. While nothing with a target decodes, the whole batch.")
+               "the reachable one. The most urgent prompt is held only to the paces of sequences at least as urgent "
+               "(a voice prompt does not wait on a chat answer's pace). While nothing with a target decodes, the "
+               "whole batch.")
 
 
 _SPEC = {f.name: f.default for f in fields(SpecConfig)}

@@ -561,6 +561,29 @@ def test_a_target_out_of_reach_keeps_the_pace_of_a_knee_chunk_instead_of_starvin
     assert sched.full_batch_tpot_ms() == pytest.approx((10 + 3 * 2 + 128) / 0.9)
 
 
+def test_a_voice_prompt_is_not_held_to_a_less_urgent_answers_pace_but_what_follows_it_is():
+    chat_slo = SloTargets(ttft_ms=1500, tpot_ms=150, preemptible=False)
+    for urgent in (True, False):
+        sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
+        chat = slo_request(chat_slo, 4, priority=1, max_tokens=50)
+        sched.add_request(chat)
+        step(sched, now=0.0)  # chat decodes from here
+        fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=1)
+        if urgent:
+            other = slo_request(VOICE, 300, priority=0, arrival_s=1, tag=2)
+        else:
+            other = slo_request(BACKGROUND, 300, priority=3, arrival_s=1, tag=2)
+        sched.add_request(other)
+        s = step(sched, now=0.0)
+        prompt = [n for rid, _, n, _ in layout(s) if rid == other.request_id]
+        if urgent:
+            # Voice's whole prompt goes (chat's 135-ms pace would have left it 123 tokens): voice first.
+            assert prompt == [300] and sched.tightest_tpot_ms is None
+        else:
+            # A background prompt keeps chat's pace: (0.9 × 150 − 12) / 1 = 123 tokens.
+            assert prompt == [123] and sched.tightest_tpot_ms == 150
+
+
 def test_a_target_within_reach_is_budgeted_as_before_and_reported_so():
     sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
     measured_knee(sched, 256)
