@@ -497,10 +497,13 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
     models_sub.add_parser("list", help="scan the models folder now: usable models, estimates, unusable files and why")
     mrand = models_sub.add_parser("random", help="write a random-weight GGUF of a real model's shape (for benchmarks)")
-    mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b or tiny (app/devtools/gguf_shapes.py: SHAPES)")
+    mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b or tiny (app/devtools/gguf_shapes.py: SHAPES); "
+                       "mmproj-gemma3-tiny or mmproj-gemma3-siglip: a projector (app/devtools/mmproj.py)")
     mrand.add_argument("out", help="the GGUF file to write")
     mrand.add_argument("--type", choices=["q8_0", "f16"], default="q8_0", help="weight type (default %(default)s)")
     mrand.add_argument("--seed", type=int, default=0)
+    mrand.add_argument("--text-model", help="for an mmproj shape: the text model whose width the projector's "
+                       "output takes (default: the embedded model)")
     mpull = models_sub.add_parser("pull", help="download a GGUF into the models folder (resumable, checked before the weights)")
     mpull.add_argument("source", help="hf.co/owner/repo:Q4_K_M, owner/repo/file.gguf, or an http(s) URL (#sha256=... to check)")
     mset = models_sub.add_parser("set", help="residency policy and runner settings of one model")
@@ -588,6 +591,10 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args)
     if args.command == "traffic":
         return _traffic(args)
+    if args.command == "models" and args.models_command == "random" and args.shape.startswith("mmproj"):
+        from app.devtools.mmproj import run_from_args as run_random_mmproj
+
+        return run_random_mmproj(args, resolve_model(args.text_model))
     if args.command == "models" and args.models_command == "random":
         from app.devtools.gguf_shapes import run_from_args as run_random_model
 
