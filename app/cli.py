@@ -11,6 +11,7 @@ from pathlib import Path
 
 from app.hardware import usable_cores
 from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS, Mode
+from app.runner.config import ImageLimits
 
 
 def resolve_model(path: str | None) -> str:
@@ -127,6 +128,16 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar-file", default=None,
                    help="file with a GBNF for requests that bring no constraint of their own")
     g.add_argument("--tags", default="", help="comma-separated tags listed on /models")
+    mm = p.add_argument_group("images (llama-server's --mmproj)")
+    mm.add_argument("-mm", "--mmproj", default=None,
+                    help="the model's multimodal projector (an mmproj GGUF): the model then takes images")
+    mm.add_argument("--no-mmproj", action="store_true", help="no projector, even when --mmproj is given: text only")
+    mm.add_argument("--image-max-bytes", type=int, default=ImageLimits.max_bytes,
+                    help="largest image a request may send, in bytes (default %(default)s)")
+    mm.add_argument("--image-max-pixels", type=int, default=ImageLimits.max_pixels,
+                    help="largest image a request may send, in pixels (default %(default)s)")
+    mm.add_argument("--image-url-fetch", action="store_true",
+                    help="fetch http(s) image URLs named in requests (default: off, only data URLs are taken)")
     sp = p.add_argument_group("speculative decoding (llama-server's --spec-* flags)")
     sp.add_argument("--spec-type", default="none",
                     help="draft source: none, ngram-lookup (Hearth's), ngram-simple, ngram-map-k, ngram-map-k4v, "
@@ -860,6 +871,13 @@ def spec_config(args):
         raise SystemExit(f"hearth runner: {exc}")
 
 
+def _existing(path: str, flag: str) -> str:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise SystemExit(f"hearth runner: {flag}: file not found: {p}")
+    return str(p)
+
+
 def _runner(args) -> int:
     from app.engine.named_template import NamedTemplate, is_template_name
     from app.residency.supervisor import RUNNER_KEY_ENV
@@ -925,6 +943,9 @@ def _runner(args) -> int:
         reasoning_budget=args.reasoning_budget,
         reasoning_budget_message=args.reasoning_budget_message,
         grammar=grammar,
+        mmproj=None if args.no_mmproj or not args.mmproj else _existing(args.mmproj, "--mmproj"),
+        images=ImageLimits(max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
+                           fetch_urls=args.image_url_fetch),
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)
