@@ -599,8 +599,6 @@ class Engine:
         (Orca, §2.2): that wait is what iteration-level scheduling removes.
         """
         slot = self.scheduler.finish(r, status, now=self.clock())
-        if r.media is not None:
-            r.media.release()
         self.model.free_sampler(r.sampler)
         r.sampler = None
         r.error = error

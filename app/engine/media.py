@@ -100,12 +100,6 @@ class MediaPrompt:
                 return s
         return None
 
-    def release(self) -> None:
-        """Drop the embeddings and chunks (the request is over)."""
-        for s in self.spans:
-            s.embd = None
-            s.handle = None
-
 
 class MediaBackend(Protocol):
     """What MediaStep needs of a projector (app.engine.mtmd_model.Projector)."""
@@ -154,6 +148,7 @@ class MediaStep:
                 can_run = True
                 continue
             for s in media.spans:
+                # A prompt's spans may be shared (n choices of one prompt): each image is encoded once.
                 if s.end > r.num_computed and s.future is None and s.embd is None:
                     s.future = self._pool.submit(self._encode, s)
             span = media.span_at(r.num_computed)
