@@ -208,8 +208,27 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
                 _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile, _add_bench_templates,
-                _add_bench_parsing, _add_bench_families, _add_bench_spec):
+                _add_bench_parsing, _add_bench_families, _add_bench_spec, _add_bench_vision):
         add(bench_sub)
+
+
+def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench vision`: images against stock llama-server, and the pause an image causes a decoding stream."""
+    vis = bench_sub.add_parser("vision", help="images: hearth runner --mmproj against stock llama-server (oracle), and "
+                                              "the longest pause an image causes a decoding voice stream (lab figure)")
+    vis.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    vis.add_argument("--threads", type=int, default=usable_cores())
+    vis.add_argument("--ctx", type=int, default=2048)
+    vis.add_argument("--shape", default="mmproj-gemma3-base",
+                     help="projector of the pause arms (app/devtools/mmproj.py; default %(default)s)")
+    vis.add_argument("--images", type=int, default=3, help="oracle images per format (default %(default)s)")
+    vis.add_argument("--max-tokens", type=int, default=16, help="oracle tokens generated (default %(default)s)")
+    vis.add_argument("--rounds", type=int, default=5, help="pause rounds, arms interleaved (default %(default)s)")
+    vis.add_argument("--warm-tokens", type=int, default=16, help="stream tokens before the second request")
+    vis.add_argument("--stream-tokens", type=int, default=160, help="tokens the voice stream generates")
+    vis.add_argument("--skip-oracle", action="store_true", help="only the pause arms")
+    vis.add_argument("--llama-server", help="stock llama-server binary (default: the built one, if any)")
+    vis.add_argument("--json", dest="json_path", help="write every figure and raw gap here")
 
 
 def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
@@ -644,6 +663,10 @@ def _bench(args) -> int:
         from app.devtools.gpu_probe import run_from_args as run_vram
 
         return run_vram(args, resolve_model(args.model))
+    if name == "vision":
+        from app.devtools.vision_bench import run_from_args as run_vision
+
+        return run_vision(args, resolve_model(args.model))
     if name == "spec":
         from app.devtools.spec_bench import main as run_spec_bench
 

@@ -90,6 +90,10 @@ MMPROJ_SHAPES = {
         # As small as clip.cpp allows while keeping Gemma 3's default merge: 16×16 patches of 4 px pooled
         # 4×4 into 16 image tokens; two blocks of width 64. Under 1 MiB, encodes in milliseconds.
         MmprojShape("mmproj-gemma3-tiny", image_size=64, patch_size=4, n_embd=64, n_ff=128, n_layer=2, n_head=4),
+        # A ViT-B-sized tower (12 blocks of 768, 224 px, patch 14): an encode of about a second on a 2-core
+        # CPU, for measuring what an image's encoding costs the sequences decoding beside it (~340 MB in f32).
+        MmprojShape("mmproj-gemma3-base", image_size=224, patch_size=14, n_embd=768, n_ff=3072, n_layer=12,
+                    n_head=12),
         # Gemma 3 4B's real SigLIP tower (896 px, patch 14, 27 blocks of 1152, 256 image tokens): an
         # encode costs what the real one costs, for measuring the pause an image causes (~1.6 GB in f32).
         MmprojShape("mmproj-gemma3-siglip", image_size=896, patch_size=14, n_embd=1152, n_ff=4304, n_layer=27,

@@ -106,15 +106,18 @@ class MediaBackend(Protocol):
 
     def encode(self, span: MediaSpan): ...
     def decode(self, slot: int, pos: int, span: MediaSpan, embd) -> int: ...
+    def share_cpu(self, encoding: bool) -> None: ...
 
 
 class MediaStep:
     """The engine's hook for images: encode in a worker, evaluate between iterations (see the module doc)."""
 
-    def __init__(self, backend: MediaBackend, max_batch_tokens: int, clock=time.monotonic):
+    def __init__(self, backend: MediaBackend, max_batch_tokens: int, clock=time.monotonic, inline: bool = False):
         self.backend = backend
         self.max_batch_tokens = max_batch_tokens
         self.clock = clock
+        # inline: encode on the engine thread, every sequence waiting meanwhile (the bench's baseline arm).
+        self.inline = inline
         # One worker: encodes are serialised by libmtmd's output buffer anyway.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hearth-encode")
         self._lock = threading.Lock()
@@ -125,15 +128,29 @@ class MediaStep:
         self.encode_ms_by_class: dict[str, float] = {}
         self.images_by_class: dict[str, int] = {}
         self.max_decode_ms = 0.0
+        self.last_encode_ms: float | None = None
+        self._sharing = False  # whether the backend was told an encode runs beside the decodes
 
     def close(self) -> None:
         """Stop the worker (encodes under way finish first)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._sharing:
+            self._sharing = False
+            self.backend.share_cpu(False)
 
     def _encode(self, span: MediaSpan) -> None:
         t0 = time.perf_counter()
         span.embd = self.backend.encode(span)
-        span.encode_ms = (time.perf_counter() - t0) * 1000
+        span.encode_ms = self.last_encode_ms = (time.perf_counter() - t0) * 1000
+
+    def _encode_now(self, span: MediaSpan) -> Future:
+        done: Future = Future()
+        try:
+            self._encode(span)
+            done.set_result(None)
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
 
     def before_iteration(self, engine) -> None:
         """Start encodes for admitted sequences, and evaluate every image a sequence has reached and has ready.
@@ -150,7 +167,7 @@ class MediaStep:
             for s in media.spans:
                 # A prompt's spans may be shared (n choices of one prompt): each image is encoded once.
                 if s.end > r.num_computed and s.future is None and s.embd is None:
-                    s.future = self._pool.submit(self._encode, s)
+                    s.future = self._encode_now(s) if self.inline else self._pool.submit(self._encode, s)
             span = media.span_at(r.num_computed)
             if span is None:
                 can_run = True
@@ -171,6 +188,11 @@ class MediaStep:
         if blocked and not can_run and not scheduler.waiting:
             # Nothing else to do: wait for an encode here instead of spinning through empty iterations.
             wait_futures(blocked, timeout=ENCODE_POLL_S)
+        encoding = any(s.future is not None and not s.future.done()
+                       for r in scheduler.running if r.media is not None for s in r.media.spans)
+        if encoding != self._sharing:
+            self._sharing = encoding
+            self.backend.share_cpu(encoding)
 
     def _evaluate(self, engine, r, span: MediaSpan) -> None:
         """Decode one image's embeddings into the sequence's cells and record them as computed."""

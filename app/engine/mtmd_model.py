@@ -51,7 +51,12 @@ class Projector:
         _quiet_logs(model.config.verbose)
         params = mtmd.mtmd_context_params_default()
         params.use_gpu = use_gpu
-        params.n_threads = n_threads
+        # On a CPU an encode runs beside the engine's decodes: each gets half the cores while it does
+        # (share_cpu). ggml's thread pools spin at their barriers, so more threads than cores between the
+        # two would stall both (measured: hearth bench vision).
+        self.n_threads = n_threads
+        self.encode_threads = n_threads if use_gpu else max(1, n_threads // 2)
+        params.n_threads = self.encode_threads
         params.print_timings = False
         params.warmup = True
         self._marker = MEDIA_MARKER.encode()
@@ -172,6 +177,12 @@ class Projector:
         finally:
             if span.non_causal:
                 llama_cpp.llama_set_causal_attn(ctx, True)
+
+    def share_cpu(self, encoding: bool) -> None:
+        """While an encode runs (CPU), the model's decodes take the cores the encode leaves; all of them after."""
+        n = max(1, self.n_threads - self.encode_threads) if encoding and self.encode_threads < self.n_threads \
+            else self.n_threads
+        llama_cpp.llama_set_n_threads(self._model.llama_context, n, n)
 
     def close(self) -> None:
         """Free the libmtmd context."""

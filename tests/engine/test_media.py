@@ -25,6 +25,7 @@ class FakeProjector:
         self.fail = fail
         self.encoded: list[str] = []
         self.decoded: list[tuple[int, int, str]] = []  # (slot, position, key)
+        self.sharing: list[bool] = []  # share_cpu calls, in order
         self.encode_started = threading.Event()
         self.release = threading.Event()
         self.release.set()
@@ -36,6 +37,9 @@ class FakeProjector:
             raise RuntimeError("the tower fell over")
         self.encoded.append(span.key)
         return np.zeros((span.n_tokens, 4), dtype=np.float32)
+
+    def share_cpu(self, encoding: bool) -> None:
+        self.sharing.append(encoding)
 
     def decode(self, slot: int, pos: int, span: MediaSpan, embd) -> int:
         m = self.model
@@ -112,10 +116,13 @@ def test_other_sequences_keep_decoding_while_an_image_encodes(make_engine):
         talker.events.get(timeout=TIMEOUT_S)
         seen += 1
     assert looker.num_computed <= media.spans[0].start and not projector.decoded
+    assert projector.sharing == [True]  # the decodes left the encode its share of the cores
     projector.release.set()
     _, fin = collect(looker)
     assert fin.error is None and len(looker.output_tokens) == 2
     engine.cancel(talker)
+    collect(talker)
+    assert projector.sharing == [True, False]
     assert model.violations == []
 
 
