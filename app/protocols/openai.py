@@ -307,6 +307,11 @@ class ImagePart(BaseModel):
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
+def image_part(url: str) -> dict:
+    """An OpenAI image_url content part: what the other APIs' images are translated to."""
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 class FunctionCallIn(BaseModel):
     """A call in an assistant message of the history."""
 

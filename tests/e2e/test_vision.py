@@ -134,3 +134,33 @@ def test_stock_llama_server_refuses_webp_which_hearth_takes(stock):
     r = stock.post(CHAT, json={**GREEDY, "messages": [image_message(QUESTION, data_url(image_bytes("WEBP"),
                                                                                         "image/webp"))]})
     assert r.status_code == 400 and "Failed to load image" in r.json()["error"]["message"]
+
+
+def test_every_api_gives_the_chat_routes_answer_for_the_same_image(runner):
+    """Anthropic image blocks, Responses input_image and Ollama's base64 images reach the same prompt as chat."""
+    import base64
+
+    from app.protocols.ollama import chat_to_openai
+
+    image = image_bytes("JPEG", seed=4)
+    b64 = base64.b64encode(image).decode()
+    chat = ask(runner, image, "image/jpeg")
+    text, n_prompt = chat["choices"][0]["message"]["content"], chat["usage"]["prompt_tokens"]
+    claude = runner.post("/v1/messages", json={**GREEDY, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": QUESTION},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": b64}}]}]}).get_json()
+    assert claude["content"][0]["text"] == text
+    assert claude["usage"]["input_tokens"] + claude["usage"].get("cache_read_input_tokens", 0) == n_prompt
+    responses = runner.post("/v1/responses", json={"temperature": 0, "max_output_tokens": 16, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": QUESTION},
+                                     {"type": "input_image", "image_url": data_url(image, "image/jpeg")}]}]}).get_json()
+    assert responses["output"][-1]["content"][0]["text"] == text
+    assert responses["usage"]["input_tokens"] == n_prompt
+    # Ollama puts a message's images before its text (raw base64): the chat prompt with the image first.
+    ollama = chat_to_openai({"model": "m", "stream": False, "options": {"temperature": 0, "num_predict": 16},
+                             "messages": [{"role": "user", "content": QUESTION, "images": [b64]}]})
+    image_first = {**GREEDY, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(image, "image/jpeg")}}, {"type": "text", "text": QUESTION}]}]}
+    a, b = runner.post(CHAT, json=ollama).get_json(), runner.post(CHAT, json=image_first).get_json()
+    assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
