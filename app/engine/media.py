@@ -120,7 +120,7 @@ class MediaStep:
         self.inline = inline
         # One worker: encodes are serialised by libmtmd's output buffer anyway.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hearth-encode")
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # guards the counters below (read by /metrics)
         # Measured, for the benchmark and /metrics: per image, the engine-thread pause and the encode.
         self.images_total = 0
         self.encode_seconds_total = 0.0
@@ -219,7 +219,7 @@ class MediaStep:
             scheduler.cache.extend(r.slot, r.all_tokens[span.start : span.end])
             r.num_computed = span.end
         r.media.decode_ms.append(decode_s * 1000)
-        with self._lock:
+        with self.lock:
             self.images_total += 1
             self.decode_seconds_total += decode_s
             self.max_decode_ms = max(self.max_decode_ms, decode_s * 1000)

@@ -19,6 +19,7 @@ from app.runner.app import create_app
 from app.runner.config import RunnerConfig
 from app.runner.images import as_png
 from tests.e2e.test_compat_http import _stock_server
+from tests.helpers import metric
 from tests.images import MIME, data_url, image_bytes, image_message
 from tests.runner.loaded import LOAD_TIMEOUT_S
 
@@ -68,6 +69,10 @@ def test_every_format_is_answered_and_the_prompt_counts_the_images_tokens(runner
         # The image's tokens and its <start_of_image> / <end_of_image> markers.
         assert answer["usage"]["prompt_tokens"] >= text_only["usage"]["prompt_tokens"] + N_IMAGE + 2
         assert answer["usage"]["completion_tokens"] > 0
+    # Telemetry: images and their encoding time per class.
+    assert metric(runner, 'hearth:images_total{class="default"}') >= 3
+    assert metric(runner, 'hearth:image_encode_seconds_total{class="default"}') > 0
+    assert metric(runner, "hearth:image_kv_decode_longest_ms") > 0
 
 
 def test_the_image_decides_the_answer(runner):
