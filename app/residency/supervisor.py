@@ -97,6 +97,9 @@ class RunnerSpec:
     prefix_cache: bool = True  # hearth runners only; llama-server keeps its own default (prompt caching on)
     # --spec-type (llama-server's name, see spec_type_for); None passes no flag: the runner's own default.
     spec_type: str | None = None
+    # The model's vision projector (the catalog's pairing): --mmproj for either kind, unless runner_args
+    # name --mmproj or --no-mmproj themselves (theirs win).
+    mmproj: str | None = None
 
     def __post_init__(self):
         if self.kind not in RUNNER_KINDS:
@@ -114,6 +117,13 @@ class RunnerSpec:
             if flag in names:
                 value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
         return value
+
+    @property
+    def mmproj_flag(self) -> list[str]:
+        """The --mmproj arguments of the paired projector, unless the model's runner_args choose themselves."""
+        if self.mmproj is None or self._arg("--mmproj", "-mm") is not None or "--no-mmproj" in self.extra_args:
+            return []
+        return ["--mmproj", self.mmproj]
 
     @property
     def spec_flag(self) -> list[str]:
@@ -155,7 +165,7 @@ class RunnerSpec:
             if cpu_has_amx():
                 cmd.append("--no-repack")
             # `mode` is the hearth engine's scheduler; llama-server always batches continuously.
-            return cmd + self.spec_flag + list(self.extra_args)
+            return cmd + self.mmproj_flag + self.spec_flag + list(self.extra_args)
         cmd = [
             sys.executable, "-m", "app.cli", "runner", "--model", self.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--ctx", str(self.n_ctx),
@@ -170,7 +180,7 @@ class RunnerSpec:
             cmd += ["--parent-pid", str(parent_pid)]
         if not self.prefix_cache:
             cmd.append("--no-prefix-cache")
-        return cmd + self.spec_flag + list(self.extra_args)
+        return cmd + self.mmproj_flag + self.spec_flag + list(self.extra_args)
 
 
 # The flags serve sets on every runner itself (address, key, identity) or from settings of their own (slots,

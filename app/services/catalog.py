@@ -163,6 +163,7 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         prefix_cache=bool(defaults.get("prefix_cache", True)),
         extra_args=parse_runner_args(defaults.get("args")).get(entry.name, ()),
         spec_type=spec_type_for(kind, rs.speculation if rs else None),
+        mmproj=str(entry.mmproj) if entry.mmproj else None,
     )
 
 
