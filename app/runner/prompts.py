@@ -88,9 +88,9 @@ def _image_prompt(state: RunnerState, text: str, tools: list[dict], found: list[
 
     where = found[0][1]
     if state.projector is None:
-        raise ApiError(400, f"'{where}': this model takes no images (it has no projector); start its runner with "
-                            "--mmproj PATH, the model's mmproj GGUF, or send text only", param=where,
-                       code="images_unsupported")
+        raise ApiError(400, f"'{where}': this model takes no images (it has no vision projector): put its mmproj "
+                            "GGUF beside it in the models folder as mmproj-<model name>.gguf (hearth serve), or start "
+                            "its runner with --mmproj PATH; or send text only", param=where, code="images_unsupported")
     limits = state.config.images
     if len(found) > limits.max_images:
         raise ApiError(400, f"'messages': {len(found)} images, more than the limit of {limits.max_images} a request",
