@@ -226,7 +226,9 @@ def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
     vis.add_argument("--rounds", type=int, default=5, help="pause rounds, arms interleaved (default %(default)s)")
     vis.add_argument("--warm-tokens", type=int, default=16, help="stream tokens before the second request")
     vis.add_argument("--stream-tokens", type=int, default=160, help="tokens the voice stream generates")
-    vis.add_argument("--skip-oracle", action="store_true", help="only the pause arms")
+    vis.add_argument("--skip-oracle", action="store_true", help="no oracle against stock llama-server")
+    vis.add_argument("--skip-memory", action="store_true", help="no RSS of runners without and with the projector")
+    vis.add_argument("--skip-pause", action="store_true", help="no pause arms (and no memory part)")
     vis.add_argument("--llama-server", help="stock llama-server binary (default: the built one, if any)")
     vis.add_argument("--json", dest="json_path", help="write every figure and raw gap here")
 

@@ -13,6 +13,10 @@ Pause (a lab figure of one runner driven directly): one voice-class stream (TPOT
 Per arm: the stream's longest gap between two tokens while the second request was in flight, its median gap
 before, and the image's encode and KV-decode times as the MediaStep measured them. Raw gaps go to --json.
 One image is sent before the rounds and left out of them: the first pages the projector's weights in.
+
+Follow-up: a second turn about the same image (tiny projector): its prompt tokens computed against the new
+turn's own tokens (the target: computed ≤ the new turn). Memory: the RSS of real `hearth runner` workers
+without and with --mmproj (after the load, after one image), beside the projector's file size.
 """
 
 from __future__ import annotations
@@ -110,7 +114,10 @@ def oracle(model: str, projector: Path, threads: int, ctx: int, binary: Path, im
     with open(tmp / "llama-server.log", "wb") as log:
         proc = subprocess.Popen([str(binary), "-m", model, "--mmproj", str(projector), "--port", str(port),
                                  "-t", str(threads), "-c", str(ctx), "-np", "1", "--jinja", "--chat-template-file",
-                                 str(tmp / "chatml.jinja")], stdout=log, stderr=subprocess.STDOUT)
+                                 str(tmp / "chatml.jinja"),
+                                 # Hearth's sliding-window cache is full-size (llama_model.py): without the same,
+                                 # Gemma 3's SWA layers attend over another cache size, and greedy near-ties tip.
+                                 "--swa-full"], stdout=log, stderr=subprocess.STDOUT)
     theirs = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
     rows: dict[str, list[dict]] = {}
     try:
@@ -124,7 +131,8 @@ def oracle(model: str, projector: Path, threads: int, ctx: int, binary: Path, im
             if time.monotonic() > deadline:
                 raise SystemExit("hearth bench vision: stock llama-server did not become healthy")
             time.sleep(0.2)
-        body = {"temperature": 0, "max_tokens": max_tokens}
+        # No prompt cache on either side: each prompt is computed in the same chunks by both.
+        body = {"temperature": 0, "max_tokens": max_tokens, "cache_prompt": False}
         for fmt, mime in (("PNG", "image/png"), ("JPEG", "image/jpeg"), ("WEBP", "image/webp")):
             for seed in range(images):
                 image = _encoded(_png(seed, (96, 64)), fmt)
@@ -204,6 +212,69 @@ def pause_round(app, arm: str, seed: int, warm_tokens: int, stream_tokens: int, 
             "gaps_during_ms": [g * 1000 for g in during]}
 
 
+def follow_up(model: str, projector: Path, threads: int, ctx: int) -> dict:
+    """A second turn about the same image: prompt tokens computed against the new turn's own tokens."""
+    app = _runner(model, projector, threads, ctx)
+    client = Client(app)
+    try:
+        image = _data_url(_png(7, (96, 64)), "image/png")
+        first_turn = [_message(image)]
+        first = client.post("/v1/chat/completions", json={"messages": first_turn, "max_tokens": 16,
+                                                          "temperature": 0}).get_json()
+        turn = [*first_turn, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "And what colour is it mostly?"}]
+        second = client.post("/v1/chat/completions", json={"messages": turn, "max_tokens": 16,
+                                                           "temperature": 0}).get_json()
+        new_turn = second["usage"]["prompt_tokens"] - first["usage"]["prompt_tokens"]
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        return {"first_prompt_tokens": first["usage"]["prompt_tokens"], "second_prompt_tokens":
+                second["usage"]["prompt_tokens"], "cached_tokens": cached,
+                "computed_tokens": second["usage"]["prompt_tokens"] - cached, "new_turn_tokens": new_turn}
+    finally:
+        _close(app)
+
+
+def memory(model: str, projector: Path, threads: int, ctx: int, image_size: int) -> dict:
+    """The runner worker's RSS (real `hearth runner` processes) without and with --mmproj, after an image too."""
+    import subprocess
+    import sys
+
+    import httpx
+    import psutil
+
+    out = {}
+    for arm, extra in (("text", []), ("vision", ["--mmproj", str(projector)])):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "runner", "--model", model, "--port", str(port),
+                                 "--ctx", str(ctx), "--parallel", "2", "--threads", str(threads), *extra],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as c:
+                deadline = time.monotonic() + 300
+                while True:
+                    try:
+                        if c.get("/health").status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise SystemExit(f"hearth bench vision: the {arm} runner did not start")
+                    time.sleep(0.2)
+                workers = psutil.Process(proc.pid).children(recursive=True)
+                worker = max(workers, key=lambda p: p.memory_info().rss) if workers else psutil.Process(proc.pid)
+                row = {"rss_after_load": worker.memory_info().rss}
+                if arm == "vision":
+                    c.post("/v1/chat/completions", json={"max_tokens": 1, "messages": [_message(_data_url(
+                        _png(5, (image_size, image_size)), "image/png"))]}).raise_for_status()
+                    row["rss_after_image"] = worker.memory_info().rss
+                out[arm] = row
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    out["projector_file_bytes"] = projector.stat().st_size
+    return out
+
+
 def run_from_args(args, model: str) -> int:
     """Print the oracle's table and the pause arms' medians; write everything to --json."""
     with open(model, "rb") as f:
@@ -226,8 +297,22 @@ def run_from_args(args, model: str) -> int:
                                 for r in rs)
                 print(f"  {fmt:5} prompt tokens equal {same_count}/{len(rs)} (hearth {rs[0]['hearth_prompt_tokens']}, "
                       f"stock {rs[0]['stock_prompt_tokens']}); generated tokens equal {same_text}/{len(rs)}")
+    small = cached_mmproj(model, "mmproj-gemma3-tiny")
+    out["follow_up"] = f = follow_up(model, small, args.threads, args.ctx)
+    print(f"follow-up turn about the same image: {f['second_prompt_tokens']} prompt tokens, {f['cached_tokens']} "
+          f"from the cache, {f['computed_tokens']} computed; the new turn's own tokens: {f['new_turn_tokens']}")
     projector = cached_mmproj(model, args.shape)
     shape = MMPROJ_SHAPES[args.shape]
+    if args.skip_pause:
+        args.skip_memory = True
+    if not args.skip_memory:
+        out["memory"] = mem = memory(model, projector, args.threads, args.ctx, shape.image_size)
+        mib = 2**20
+        print(f"memory ({args.shape}, file {mem['projector_file_bytes'] / mib:.0f} MiB): runner worker RSS "
+              f"{mem['text']['rss_after_load'] / mib:.0f} MiB without it, {mem['vision']['rss_after_load'] / mib:.0f} "
+              f"MiB with it after the load, {mem['vision']['rss_after_image'] / mib:.0f} MiB after one image")
+    if args.skip_pause:
+        return _write(args, out)
     print(f"pause: projector {args.shape} ({shape.n_layer} blocks of {shape.n_embd}, {shape.image_size} px, "
           f"{shape.n_image_tokens} image tokens); voice stream, second request after {args.warm_tokens} tokens; "
           f"{args.rounds} rounds, arms interleaved (lab figure: one runner driven directly)")
@@ -259,6 +344,10 @@ def run_from_args(args, model: str) -> int:
               "tokens" + (f"; encode median {statistics.median([r['encode_ms'] for r in rs]):.0f} ms, KV decode "
                           f"median {statistics.median([r['image_decode_ms'] for r in rs]):.1f} ms"
                           if arm != "text" else ""))
+    return _write(args, out)
+
+
+def _write(args, out: dict) -> int:
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(out, indent=2))
         print(f"wrote {args.json_path}")
