@@ -136,3 +136,12 @@ def test_png_helper_keeps_transparency():
     im.save(out, format="WEBP", lossless=True)
     with Image.open(io.BytesIO(as_png(out.getvalue()))) as back:
         assert back.mode == "RGBA"
+
+
+def test_the_runner_refuses_a_missing_projector_at_start(tmp_path):
+    from app.cli import main
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    with pytest.raises(SystemExit, match="--mmproj: file not found"):
+        main(["runner", "-m", str(model), "--mmproj", str(tmp_path / "nope.gguf")])
