@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 
 # The text an image stands as in a rendered prompt (libmtmd's default marker; the projector is told it).
 MEDIA_MARKER = "<__media__>"
-# Placeholder ids are -(1 + (h + i) mod PLACEHOLDER_SPACE): distinct per image and offset, never >= 0.
-PLACEHOLDER_SPACE = 2**62
+# Placeholder ids are -(1 + (h + i) mod PLACEHOLDER_SPACE): distinct per image and offset, never >= 0, and
+# within llama_token's int32, so whatever stores token ids as int32 (a KV tier on disk) keeps them. Two
+# images collide only when their hashes agree mod 2^31 - 1.
+PLACEHOLDER_SPACE = 2**31 - 1
 # How long the engine thread waits on an encode when nothing else can run, before looking again
 # (a new request may have arrived meanwhile).
 ENCODE_POLL_S = 0.005
