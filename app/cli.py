@@ -11,6 +11,7 @@ from pathlib import Path
 
 from app.hardware import usable_cores
 from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS, Mode
+from app.runner.config import ImageLimits
 
 
 def resolve_model(path: str | None) -> str:
@@ -136,6 +137,16 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar-file", default=None,
                    help="file with a GBNF for requests that bring no constraint of their own")
     g.add_argument("--tags", default="", help="comma-separated tags listed on /models")
+    mm = p.add_argument_group("images (llama-server's --mmproj)")
+    mm.add_argument("-mm", "--mmproj", default=None,
+                    help="the model's multimodal projector (an mmproj GGUF): the model then takes images")
+    mm.add_argument("--no-mmproj", action="store_true", help="no projector, even when --mmproj is given: text only")
+    mm.add_argument("--image-max-bytes", type=int, default=ImageLimits.max_bytes,
+                    help="largest image a request may send, in bytes (default %(default)s)")
+    mm.add_argument("--image-max-pixels", type=int, default=ImageLimits.max_pixels,
+                    help="largest image a request may send, in pixels (default %(default)s)")
+    mm.add_argument("--image-url-fetch", action="store_true",
+                    help="fetch http(s) image URLs named in requests (default: off, only data URLs are taken)")
     sp = p.add_argument_group("speculative decoding (llama-server's --spec-* flags)")
     sp.add_argument("--spec-type", default="none",
                     help="draft source: none, ngram-lookup (Hearth's), ngram-simple, ngram-map-k, ngram-map-k4v, "
@@ -206,8 +217,30 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     for add in (_add_bench_engine, _add_bench_overhead, _add_bench_vram, _add_bench_tools, _add_bench_memory,
                 _add_bench_gateway, _add_bench_flood, _add_bench_residency, _add_bench_sampling, _add_bench_history,
                 _add_bench_replay, _add_bench_pull, _add_bench_members, _add_bench_hostile, _add_bench_templates,
-                _add_bench_parsing, _add_bench_families, _add_bench_spec, _add_bench_tiers):
+                _add_bench_parsing, _add_bench_families, _add_bench_spec, _add_bench_tiers,
+                _add_bench_vision):
         add(bench_sub)
+
+
+def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
+    """`hearth bench vision`: images against stock llama-server, and the pause an image causes a decoding stream."""
+    vis = bench_sub.add_parser("vision", help="images: hearth runner --mmproj against stock llama-server (oracle), and "
+                                              "the longest pause an image causes a decoding voice stream (lab figure)")
+    vis.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    vis.add_argument("--threads", type=int, default=usable_cores())
+    vis.add_argument("--ctx", type=int, default=2048)
+    vis.add_argument("--shape", default="mmproj-gemma3-base",
+                     help="projector of the pause arms (app/devtools/mmproj.py; default %(default)s)")
+    vis.add_argument("--images", type=int, default=3, help="oracle images per format (default %(default)s)")
+    vis.add_argument("--max-tokens", type=int, default=16, help="oracle tokens generated (default %(default)s)")
+    vis.add_argument("--rounds", type=int, default=5, help="pause rounds, arms interleaved (default %(default)s)")
+    vis.add_argument("--warm-tokens", type=int, default=16, help="stream tokens before the second request")
+    vis.add_argument("--stream-tokens", type=int, default=160, help="tokens the voice stream generates")
+    vis.add_argument("--skip-oracle", action="store_true", help="no oracle against stock llama-server")
+    vis.add_argument("--skip-memory", action="store_true", help="no RSS of runners without and with the projector")
+    vis.add_argument("--skip-pause", action="store_true", help="no pause arms (and no memory part)")
+    vis.add_argument("--llama-server", help="stock llama-server binary (default: the built one, if any)")
+    vis.add_argument("--json", dest="json_path", help="write every figure and raw gap here")
 
 
 def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
@@ -523,10 +556,13 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
     models_sub.add_parser("list", help="scan the models folder now: usable models, estimates, unusable files and why")
     mrand = models_sub.add_parser("random", help="write a random-weight GGUF of a real model's shape (for benchmarks)")
-    mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b or tiny (app/devtools/gguf_shapes.py: SHAPES)")
+    mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b or tiny (app/devtools/gguf_shapes.py: SHAPES); "
+                       "mmproj-gemma3-tiny or mmproj-gemma3-siglip: a projector (app/devtools/mmproj.py)")
     mrand.add_argument("out", help="the GGUF file to write")
     mrand.add_argument("--type", choices=["q8_0", "f16"], default="q8_0", help="weight type (default %(default)s)")
     mrand.add_argument("--seed", type=int, default=0)
+    mrand.add_argument("--text-model", help="for an mmproj shape: the text model whose width the projector's "
+                       "output takes (default: the embedded model)")
     mpull = models_sub.add_parser("pull", help="download a GGUF into the models folder (resumable, checked before the weights)")
     mpull.add_argument("source", help="hf.co/owner/repo:Q4_K_M, owner/repo/file.gguf, or an http(s) URL (#sha256=... to check)")
     mset = models_sub.add_parser("set", help="residency policy and runner settings of one model")
@@ -614,6 +650,10 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args)
     if args.command == "traffic":
         return _traffic(args)
+    if args.command == "models" and args.models_command == "random" and args.shape.startswith("mmproj"):
+        from app.devtools.mmproj import run_from_args as run_random_mmproj
+
+        return run_random_mmproj(args, resolve_model(args.text_model))
     if args.command == "models" and args.models_command == "random":
         from app.devtools.gguf_shapes import run_from_args as run_random_model
 
@@ -652,6 +692,10 @@ def _bench(args) -> int:
         from app.devtools.gpu_probe import run_from_args as run_vram
 
         return run_vram(args, resolve_model(args.model))
+    if name == "vision":
+        from app.devtools.vision_bench import run_from_args as run_vision
+
+        return run_vision(args, resolve_model(args.model))
     if name == "spec":
         from app.devtools.spec_bench import main as run_spec_bench
 
@@ -883,6 +927,13 @@ def spec_config(args):
         raise SystemExit(f"hearth runner: {exc}")
 
 
+def _existing(path: str, flag: str) -> str:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise SystemExit(f"hearth runner: {flag}: file not found: {p}")
+    return str(p)
+
+
 def _runner(args) -> int:
     from app.engine.named_template import NamedTemplate, is_template_name
     from app.residency.supervisor import RUNNER_KEY_ENV
@@ -962,6 +1013,9 @@ def _runner(args) -> int:
         reasoning_budget=args.reasoning_budget,
         reasoning_budget_message=args.reasoning_budget_message,
         grammar=grammar,
+        mmproj=None if args.no_mmproj or not args.mmproj else _existing(args.mmproj, "--mmproj"),
+        images=ImageLimits(max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
+                           fetch_urls=args.image_url_fetch),
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)

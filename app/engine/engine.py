@@ -168,8 +168,11 @@ class Engine:
         spec: SpecConfig = NO_SPEC,
         cache_ram_bytes: int | None = 0,
         cache_disk: DiskTier | None = None,
+        media=None,
     ):
         self.model = model
+        # Images in prompts (app.engine.media.MediaStep), None when the model has no projector.
+        self.media = media
         self.clock = clock
         blocker = model.kv_share_blocker()
         cache_on = prefix_cache and blocker is None
@@ -226,6 +229,19 @@ class Engine:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.media is not None:
+            self.media.close()
+
+    @property
+    def lock(self):
+        """The engine's lock, for a hook on the engine thread that changes scheduler state (MediaStep)."""
+        return self._cv
+
+    def fail_request(self, request: Request, error: str) -> None:
+        """End a running request with an error from the engine thread (a hook's failure: a bad image)."""
+        with self._cv:
+            if not request.status.finished:
+                self._finish(request, RequestStatus.FINISHED_ERROR, error=error)
 
     # -- callers' side ----------------------------------------------------------------------
 
@@ -239,8 +255,11 @@ class Engine:
         cache_prompt: bool = True,
         slo: SloTargets = NO_SLO,
         return_progress: bool = False,
+        media=None,
     ) -> Request:
-        """Queue a request; raises ContextOverflow or QueueFull at once instead of failing later."""
+        """Queue a request; raises ContextOverflow or QueueFull at once instead of failing later.
+
+        media: the prompt's images (app.engine.media.MediaPrompt), which need the engine's MediaStep."""
         params = params or SamplingParams()
         if not prompt_tokens:
             raise ValueError("the prompt is empty")
@@ -253,7 +272,10 @@ class Engine:
             cache_prompt=cache_prompt,
             slo=slo,
             return_progress=return_progress,
+            media=media,
         )
+        if media is not None and self.media is None:
+            raise ValueError("this model has no projector: it cannot take images")
         if len(request.prompt_tokens) >= self.model.n_ctx:
             raise ContextOverflow(len(request.prompt_tokens), self.model.n_ctx)
         request.text_state = (Utf8Stream(), StopMatcher(list(params.stop)))
@@ -371,6 +393,8 @@ class Engine:
         self._cancels.clear()
 
     def _iterate(self) -> None:
+        if self.media is not None:
+            self.media.before_iteration(self)
         t0 = self.clock()
         with self._cv:
             preempted_before = self.scheduler.num_preemptions_total

@@ -216,6 +216,11 @@ class LlamaModel:
         return self._model
 
     @property
+    def llama_context(self):
+        """The llama_context, for a projector's image decode into the same KV cache (app.engine.mtmd_model)."""
+        return self._ctx
+
+    @property
     def bos_token(self) -> int:
         """Beginning-of-sequence token id."""
         return llama_cpp.llama_vocab_bos(self._vocab)
@@ -427,7 +432,8 @@ class LlamaModel:
             # Penalties look back over the prompt too, as llama-server does.
             tail = prompt_tokens if params.repeat_last_n < 0 else prompt_tokens[-params.repeat_last_n :]
             for t in tail:
-                llama_cpp.llama_sampler_accept(chain, t)
+                if t >= 0:  # an image's placeholder positions are no tokens (app.engine.media)
+                    llama_cpp.llama_sampler_accept(chain, t)
         return chain
 
     def sample(self, sampler, params: SamplingParams, batch_index: int) -> int:

@@ -227,6 +227,8 @@ class Request:
     # llama-server's return_progress: a Progress event before the prompt and after each of its chunks.
     return_progress: bool = False
     progress_started: bool = False
+    # The prompt's images (app.engine.media.MediaPrompt), None for a text prompt.
+    media: object | None = None
     # prompt + output, kept up to date by all_tokens instead of concatenated on every call (the
     # scheduler reads a sequence's last token every iteration).
     _tokens: list[int] = field(default_factory=list, init=False, repr=False)

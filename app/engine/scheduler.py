@@ -432,10 +432,14 @@ class Scheduler:
                 break
             if r.is_decoding or r.num_pending <= 0:
                 continue
-            n = min(r.num_pending, prefill_left)
+            # Tokens only up to the prompt's next image: the engine's MediaStep evaluates the image itself.
+            pending = r.num_pending if r.media is None else r.media.text_run(r.num_computed, r.num_pending)
+            if pending <= 0:
+                continue
+            n = min(pending, prefill_left)
             if urgent is not None and r.priority > urgent[0]:
                 n = min(n, urgent[1] - num_prompt)
-            if n < min(r.num_pending, self.config.min_prefill_tokens, budget - num_prompt):
+            if n < min(pending, self.config.min_prefill_tokens, budget - num_prompt):
                 break  # a small piece of a long prompt costs more per token than it is worth: bank the time
             tokens = r.all_tokens[r.num_computed : r.num_computed + n]
             chunks.append(Chunk(r, tokens, r.num_computed, n == r.num_pending))

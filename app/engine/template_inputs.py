@@ -16,6 +16,8 @@ from datetime import datetime
 from app.engine.template_caps import TemplateCaps, preserve_reasoning_vars
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# The part an image becomes before rendering (llama.cpp's name): its text is the projector's media marker.
+MEDIA_MARKER = "media_marker"
 # Harmony (gpt-oss) templates know the developer role; llama.cpp maps it to system for every other one.
 _HARMONY_MARK = "<|channel|>"
 # StepFun's templates: llama.cpp trims every content first (leftover whitespace sends the model into loops).
@@ -158,6 +160,9 @@ def _content(content, index: int, caps: TemplateCaps, trim: bool):
         where = f"messages[{index}].content[{part_index}]"
         if not isinstance(part, Mapping):
             raise TemplateInputError(f'{where} must be an object like {{"type": "text", "text": "..."}}')
+        if part.get("type") == MEDIA_MARKER:
+            parts.append({"type": MEDIA_MARKER, "text": str(part.get("text", ""))})
+            continue
         if part.get("type") != "text":
             raise TemplateInputError(f"{where} has type {part.get('type')!r}; this server accepts text parts only")
         if not isinstance(part.get("text"), str):
@@ -165,10 +170,28 @@ def _content(content, index: int, caps: TemplateCaps, trim: bool):
         parts.append({"type": "text", "text": part["text"].strip() if trim else part["text"]})
     if not parts:
         return ""
+    if any(p["type"] == MEDIA_MARKER for p in parts):
+        return _join_with_media(parts)
     if caps.supports_string_content and not caps.supports_typed_content:
         # Newline-joined, as llama.cpp joins text parts for templates that take strings only.
         return "\n".join(p["text"] for p in parts)
     return parts
+
+
+def _join_with_media(parts: list[dict]) -> str:
+    """Parts with images as one text, as llama.cpp's common_chat_msg joins them: text parts newline-joined,
+    no newline before or after an image's marker (the template then sees a string, whatever its caps)."""
+    text = ""
+    after_media = False
+    for p in parts:
+        if p["type"] == MEDIA_MARKER:
+            after_media = True
+        else:
+            if not after_media and text:
+                text += "\n"
+            after_media = False
+        text += p["text"]
+    return text
 
 
 def _call(call: Mapping) -> dict:

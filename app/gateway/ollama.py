@@ -180,10 +180,10 @@ def _model_info(fields: dict) -> dict:
     return out
 
 
-def capabilities(fields: dict, template: str | None) -> list[str]:
+def capabilities(fields: dict, template: str | None, vision: bool = False) -> list[str]:
     """What a model can do, from its GGUF: completion (a generative model), tools (its template takes
     them), thinking (its format has reasoning, app.engine.formats.detect), insert (it has
-    fill-in-the-middle tokens), embedding (every hearth runner can embed)."""
+    fill-in-the-middle tokens), embedding (every hearth runner can embed); vision when a projector is paired."""
     arch = fields.get("general.architecture")
     fmt = detect(template)
     caps = []
@@ -196,6 +196,8 @@ def capabilities(fields: dict, template: str | None) -> list[str]:
         caps.append("thinking")
     if any(f"tokenizer.ggml.{k}_token_id" in fields for k in ("fim_pre", "fim_suf", "prefix", "suffix")):
         caps.append("insert")
+    if generates and vision:
+        caps.append("vision")
     caps.append("embedding")
     return caps
 
@@ -223,7 +225,7 @@ def show():
     info["general.parameter_count"] = entry.n_params
     fmt = detect(template)
     return {"modelfile": modelfile, "parameters": parameters, "template": template or "", "details": _details(entry),
-            "model_info": info, "capabilities": capabilities(fields, template), "modified_at": _modified_at(entry),
+            "model_info": info, "capabilities": capabilities(fields, template, entry.mmproj is not None), "modified_at": _modified_at(entry),
             # Hearth's own: the answer format detected from the template the runner prompts it with.
             "hearth": {"chat_format": fmt.name, "native_tools": fmt.tools, "reasoning": fmt.reasoning}}
 

@@ -31,7 +31,7 @@ import re
 import uuid
 
 from app.protocols import sse
-from app.protocols.openai import ApiError
+from app.protocols.openai import ApiError, image_part
 from app.protocols.thinking import thinking_off, thinking_on, with_thinking
 
 # llama-server answers 500 with this message when a request carries an image and no vision
@@ -108,7 +108,9 @@ def _message(i: int, msg) -> list[dict]:
         elif kind == "thinking":
             thoughts.append(str(block.get("thinking") or ""))
         elif kind == "image":
-            raise image_unsupported()
+            if role != "user":
+                raise ApiError(400, f"'messages.{i}.content.{j}': images go in user messages", param="messages")
+            texts.append(image_part(_image_url(block, f"messages.{i}.content.{j}")))
         elif kind == "tool_use":
             calls.append({"id": block.get("id", ""), "type": "function",
                           "function": {"name": block.get("name", ""),
@@ -130,6 +132,21 @@ def _message(i: int, msg) -> list[dict]:
     elif texts:
         out.append({"role": role, "content": texts})
     return out
+
+
+def _image_url(block: dict, where: str) -> str:
+    """An image block's source as an image URL: base64 data as a data URL, a url source as it is."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise ApiError(400, f"'{where}.source' must be an object", param="messages")
+    if source.get("type") == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        if not isinstance(media_type, str) or not isinstance(data, str):
+            raise ApiError(400, f"'{where}.source' needs media_type and data (base64)", param="messages")
+        return f"data:{media_type};base64,{data}"
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise ApiError(400, f"'{where}.source.type' must be base64 or url", param="messages")
 
 
 def _tools(tools) -> list[dict]:

@@ -20,7 +20,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from app.protocols.openai import ApiError
+from app.protocols.openai import ApiError, image_part
 from app.protocols.thinking import thinking_off, thinking_on, with_thinking
 
 DEFAULT_TAG = "latest"
@@ -131,10 +131,15 @@ def format_to_response_format(fmt: Any) -> dict | None:
     raise ApiError(400, f"'format' must be \"json\" or a JSON schema object, not {fmt!r}", param="format")
 
 
-def _no_images(images: Any, param: str, model: str) -> None:
-    if images:
-        raise ApiError(400, f"'{param}': model '{model}' is a text model; Hearth serves no vision models, so images "
-                            "cannot be read", param=param, code="images_not_supported")
+def _with_images(content: Any, images: Any, param: str) -> Any:
+    """A message's content with its images (base64, as Ollama sends them) as OpenAI image parts before the
+    text, where Ollama's prompt puts them; the content unchanged when there are none."""
+    if not images:
+        return content
+    if not isinstance(images, list) or not all(isinstance(b, str) for b in images):
+        raise ApiError(400, f"'{param}' must be a list of base64 strings", param=param)
+    text = [{"type": "text", "text": content}] if isinstance(content, str) and content else []
+    return [*(image_part(b) for b in images), *text]
 
 
 def messages_to_openai(messages: Any, model: str) -> list[dict]:
@@ -147,9 +152,9 @@ def messages_to_openai(messages: Any, model: str) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ApiError(400, f"'messages.{i}' must be an object", param=f"messages.{i}")
-        _no_images(m.get("images"), f"messages.{i}.images", model)
         # Ollama's content is a Go string: missing or null reads as "" there (OpenAI's /v1 requires it).
-        msg = {"role": m.get("role"), "content": "" if m.get("content") is None else m.get("content")}
+        content = "" if m.get("content") is None else m.get("content")
+        msg = {"role": m.get("role"), "content": _with_images(content, m.get("images"), f"messages.{i}.images")}
         if m.get("role") == "assistant" and isinstance(m.get("thinking"), str) and m["thinking"]:
             # An earlier answer's thoughts, as Ollama's clients send them back: templates that show past
             # reasoning (Qwen3) render it.
@@ -220,8 +225,6 @@ def chat_to_openai(body: dict) -> dict:
 def generate_to_openai(body: dict) -> tuple[dict, str]:
     """An /api/generate body as a /v1 one and its path: the prompt through the model's chat template
     (with `system`), or as it is when `raw`; `suffix` (fill in the middle) is a text completion."""
-    model = body["model"]
-    _no_images(body.get("images"), "images", model)
     if body.get("template"):
         raise ApiError(400, "'template': Hearth uses the model's own chat template; send 'raw': true with a "
                             "prompt you formatted yourself instead", param="template")
@@ -232,12 +235,15 @@ def generate_to_openai(body: dict) -> tuple[dict, str]:
     prompt = body.get("prompt") or ""
     think = think_fields(body.get("think"))  # checked also where no template reads it
     if body.get("raw") or body.get("suffix"):
+        if body.get("images"):
+            raise ApiError(400, "'images' need the chat template: send them without 'raw' and 'suffix'",
+                           param="images")
         out["prompt"] = prompt
         if body.get("suffix"):
             out["suffix"] = body["suffix"]
         return out, "/v1/completions"
     messages = [{"role": "system", "content": body["system"]}] if body.get("system") else []
-    out["messages"] = [*messages, {"role": "user", "content": prompt}]
+    out["messages"] = [*messages, {"role": "user", "content": _with_images(prompt, body.get("images"), "images")}]
     return with_thinking(out, think), "/v1/chat/completions"
 
 

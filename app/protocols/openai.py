@@ -288,6 +288,30 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageUrl(BaseModel):
+    """An image_url part's image: a base64 data URL (or an http(s) URL, fetched only where the runner allows)."""
+
+    model_config = ConfigDict(extra="ignore")
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(BaseModel):
+    """An image part of a message's content (vision models: the runner's --mmproj)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+def image_part(url: str) -> dict:
+    """An OpenAI image_url content part: what the other APIs' images are translated to."""
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 class FunctionCallIn(BaseModel):
     """A call in an assistant message of the history."""
 
@@ -310,7 +334,7 @@ class Message(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCallIn] | None = None
     # The deprecated form of tool_calls in older clients' histories: it lets an assistant message
     # omit its content, as OpenAI allows.

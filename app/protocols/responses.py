@@ -31,8 +31,7 @@ import time
 import uuid
 
 from app.protocols import sse
-from app.protocols.anthropic import image_unsupported
-from app.protocols.openai import ApiError
+from app.protocols.openai import ApiError, image_part
 from app.protocols.thinking import EFFORT_OFF, effort, reasoning_tokens
 
 # Chat parameters that a Responses request carries under the same name.
@@ -58,14 +57,20 @@ def _content(i: int, content) -> list[dict]:
         elif kind == "refusal":
             parts.append({"type": "text", "text": part.get("refusal", "")})
         elif kind == "input_image":
-            raise image_unsupported()
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url:
+                raise ApiError(400, f"'input.{i}.content': an input_image needs image_url (a data URL); file_id "
+                                    "is not supported", param="input")
+            parts.append(image_part(url))
         else:
             raise ApiError(400, f"'input.{i}.content': part type {kind!r} is not supported "
                                 f"(use {', '.join(_TEXT_PARTS)})", param="input")
     return parts
 
 
-def _text(parts: list[dict]) -> str:
+def _text(parts: list[dict], i: int) -> str:
+    if any(p["type"] != "text" for p in parts):
+        raise ApiError(400, f"'input.{i}': images go in user messages, not in answers or tool outputs", param="input")
     return "".join(p["text"] for p in parts)
 
 
@@ -86,14 +91,14 @@ def _items(items: list) -> list[dict]:
             out.append({"role": item["role"], "content": _content(i, item.get("content", ""))})
         elif kind == "message" and item.get("role") == "assistant":
             msg = assistant()
-            msg["content"] = (msg["content"] or "") + _text(_content(i, item.get("content", "")))
+            msg["content"] = (msg["content"] or "") + _text(_content(i, item.get("content", "")), i)
         elif kind == "function_call":
             assistant().setdefault("tool_calls", []).append(
                 {"id": item.get("call_id", ""), "type": "function",
                  "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "{}")}})
         elif kind == "function_call_output":
             output = item.get("output", "")
-            text = output if isinstance(output, str) else _text(_content(i, output))
+            text = output if isinstance(output, str) else _text(_content(i, output), i)
             out.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": text})
         elif kind == "reasoning":
             text = _reasoning_text(item)

@@ -94,6 +94,8 @@ class CatalogEntry:
     chat_format: str | None = None
     native_tools: bool = False
     reasoning: bool = False
+    # The vision projector paired with it (pair_projectors), passed to its runner as --mmproj; None: text only.
+    mmproj: Path | None = None
 
 
 def scan(
@@ -119,10 +121,38 @@ def scan(
             entries.append(_renamed(_unusable(path, SOURCE_FOLDER, 0, 0.0, OUTSIDE_REASON), names))
             continue
         entries.append(_renamed(_entry_for(path, SOURCE_FOLDER, known), names))
-    return entries
+    return pair_projectors(entries)
 
 
 OUTSIDE_REASON = "a link to a file outside the models folder: only files inside it are served"
+PROJECTOR_REASON = "a vision projector (architecture 'clip'), not a language model"
+# A projector's own type suffix (mmproj-gemma-3-4b-it-f16.gguf), left out when its name is matched to a model's.
+_PROJECTOR_TYPE = re.compile(r"[-_.](f16|f32|bf16|q8_0|q4_0|q4_k_m|q6_k|fp16|fp32)$", re.IGNORECASE)
+
+
+def pair_projectors(entries: list[CatalogEntry]) -> list[CatalogEntry]:
+    """Each usable model with the vision projector beside it, paired by name, as llama.cpp's downloads name
+    them: mmproj-<model>[-<type>].gguf pairs with the models whose file name starts with <model>; a bare
+    mmproj[-<type>].gguf with the one model of its folder. The longest matching name wins; none: text only."""
+    projectors = [e for e in entries if e.unusable_reason == PROJECTOR_REASON]
+    out = []
+    for e in entries:
+        if not e.usable:
+            out.append(e)
+            continue
+        folder, stem = e.path.parent, e.path.stem.lower()
+        best: tuple[int, Path] | None = None
+        models_here = sum(1 for m in entries if m.usable and m.path.parent == folder)
+        for p in projectors:
+            if p.path.parent != folder:
+                continue
+            base = _PROJECTOR_TYPE.sub("", p.path.stem.lower())
+            base = base.removeprefix("mmproj").lstrip("-_.")
+            if (base and stem.startswith(base)) or (not base and models_here == 1):
+                if best is None or len(base) > best[0]:
+                    best = (len(base), p.path)
+        out.append(replace(e, mmproj=best[1] if best else None))
+    return out
 
 
 def is_inside(path: Path, folder: Path) -> bool:
@@ -265,7 +295,7 @@ def _unusable_reason(metadata: GgufMetadata, shards: list[GgufMetadata]) -> str 
     if architecture is None:
         return "no general.architecture key: not a model GGUF"
     if architecture == "clip":
-        return "a vision projector (architecture 'clip'), not a language model"
+        return PROJECTOR_REASON
     if architecture not in SUPPORTED_ARCHITECTURES:
         return (
             f"architecture {architecture!r} is not supported by the bundled llama.cpp "

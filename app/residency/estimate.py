@@ -13,6 +13,7 @@ requests, for 235 MiB of weights. With n_outputs_max = n_batch the compute buffe
 (commit ca9c986), which pins down the logits term below.
 """
 
+import os
 from dataclasses import dataclass
 
 from app.residency.catalog import CatalogEntry
@@ -54,6 +55,9 @@ class MemoryEstimate:
     compute_bytes: int
     overhead_bytes: int
     total_bytes: int
+    # The paired vision projector's weights (its file; an image's positions are KV cells like tokens', so
+    # they are in kv_bytes). The vision tower's compute buffer is not estimated yet.
+    projector_bytes: int = 0
 
 
 def bytes_per_token(entry: CatalogEntry, kv_type_bytes: float = 2.0) -> int:
@@ -96,13 +100,23 @@ def estimate_memory(
     compute_bytes = _compute_bytes(entry, cells, parallel + n_outputs_extra, min(n_batch, MAX_UBATCH))
     vocab_bytes = VOCAB_BYTES_PER_TOKEN * (entry.n_vocab or 0)
     overhead_bytes = RUNNER_BASELINE_BYTES + SERVING_HEADROOM_BYTES + vocab_bytes
+    projector_bytes = _file_bytes(entry.mmproj) if entry.mmproj is not None else 0
     return MemoryEstimate(
         weights_bytes=entry.weights_bytes,
         kv_bytes=kv_bytes,
         compute_bytes=compute_bytes,
         overhead_bytes=overhead_bytes,
-        total_bytes=entry.weights_bytes + kv_bytes + compute_bytes + overhead_bytes,
+        total_bytes=entry.weights_bytes + kv_bytes + compute_bytes + overhead_bytes + projector_bytes,
+        projector_bytes=projector_bytes,
     )
+
+
+def _file_bytes(path) -> int:
+    """A file's size, 0 when it cannot be read."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _compute_bytes(entry: CatalogEntry, cells: int, n_outputs: int, n_ubatch: int) -> int:

@@ -104,6 +104,9 @@ class RunnerSpec:
     cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB
     cache_disk_dir: str | None = None
     cache_disk_mib: int = DEFAULT_CACHE_DISK_MIB
+    # The model's vision projector (the catalog's pairing): --mmproj for either kind, unless runner_args
+    # name --mmproj or --no-mmproj themselves (theirs win).
+    mmproj: str | None = None
 
     def __post_init__(self):
         if self.kind not in RUNNER_KINDS:
@@ -121,6 +124,13 @@ class RunnerSpec:
             if flag in names:
                 value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
         return value
+
+    @property
+    def mmproj_flag(self) -> list[str]:
+        """The --mmproj arguments of the paired projector, unless the model's runner_args choose themselves."""
+        if self.mmproj is None or self._arg("--mmproj", "-mm") is not None or "--no-mmproj" in self.extra_args:
+            return []
+        return ["--mmproj", self.mmproj]
 
     @property
     def spec_flag(self) -> list[str]:
@@ -162,7 +172,7 @@ class RunnerSpec:
             if cpu_has_amx():
                 cmd.append("--no-repack")
             # `mode` is the hearth engine's scheduler; llama-server always batches continuously.
-            return cmd + self.spec_flag + list(self.extra_args)
+            return cmd + self.mmproj_flag + self.spec_flag + list(self.extra_args)
         cmd = [
             sys.executable, "-m", "app.cli", "runner", "--model", self.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--ctx", str(self.n_ctx),
@@ -180,7 +190,7 @@ class RunnerSpec:
         cmd += ["--cache-ram", str(self.cache_ram_mib)]
         if self.cache_disk_dir:
             cmd += ["--cache-disk", self.cache_disk_dir, "--cache-disk-mib", str(self.cache_disk_mib)]
-        return cmd + self.spec_flag + list(self.extra_args)
+        return cmd + self.mmproj_flag + self.spec_flag + list(self.extra_args)
 
 
 # The flags serve sets on every runner itself (address, key, identity) or from settings of their own (slots,

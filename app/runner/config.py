@@ -11,6 +11,19 @@ from app.policy import Mode
 
 
 @dataclass(frozen=True)
+class ImageLimits:
+    """What one request's images may be (llama-server has no such limits; these keep a household box safe)."""
+
+    max_bytes: int = 20 * 2**20
+    max_pixels: int = 8192 * 8192
+    max_images: int = 16
+    # http(s) image URLs are fetched only when this is on (--image-url-fetch): off, a prompt cannot make
+    # the server reach into the household's network.
+    fetch_urls: bool = False
+    fetch_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class RunnerConfig:
     """Everything `hearth runner` was started with."""
 
@@ -60,6 +73,9 @@ class RunnerConfig:
     tags: tuple[str, ...] = ()
     # llama-server's --spec-type and friends: drafting from the context, switched by load.
     spec: SpecConfig = NO_SPEC
+    # llama-server's --mmproj: the model's multimodal projector (vision), loaded with libmtmd; None: text only.
+    mmproj: str | None = None
+    images: ImageLimits = ImageLimits()
 
     @property
     def model_name(self) -> str:

@@ -62,7 +62,7 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
         "default_generation_settings": {"params": generation_settings(state, None), "n_ctx": model.n_ctx},
         "model_path": cfg.model.path,
         "model_alias": cfg.model_name,
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": state.projector is not None, "video": False, "audio": False},
         "endpoint_slots": cfg.slots, "endpoint_props": False, "endpoint_metrics": cfg.metrics,
         "bos_token": template.bos_token if template else "", "eos_token": template.eos_token if template else "",
         "build_info": SYSTEM_FINGERPRINT, "is_sleeping": False,

@@ -72,6 +72,7 @@ class Job:
     cache_prompt: bool = True
     slo: SloTargets = NO_SLO
     prompt_param: str = "prompt"  # the body field a prompt too long for the context is named by
+    media: object | None = None  # the prompt's images (app.engine.media.MediaPrompt)
 
 
 def _job(state: RunnerState, headers: Mapping, body, kind: str, tokens: list[int], grammar: Grammar | None,
@@ -141,7 +142,10 @@ def chat_job(state: RunnerState, body: ChatBody, headers: Mapping) -> Job:
                drop_reasoning=split and not thinking, in_thought=in_thought, verbose=body.verbose)
     params = dataclasses.replace(job.params, special_ids=state.special_ids,
                                  reasoning_budget=reasoning_budget(state, budget if thinking else 0, in_thought))
-    return _one_stream(dataclasses.replace(job, params=params))
+    if prompt.media is not None:
+        # A draft copied from the context could be an image's placeholder id, which is no token.
+        params = dataclasses.replace(params, speculative_n_max=0)
+    return _one_stream(dataclasses.replace(job, params=params, media=prompt.media))
 
 
 def reasoning_budget(state: RunnerState, budget: int, in_thought: bool) -> ReasoningBudget | None:

@@ -41,6 +41,8 @@ class _EngineCollector:
         yield from self._scheduling(snap)
         yield from self._prefix_cache(snap)
         yield from self._tiers()
+        if self.engine.media is not None:
+            yield from self._images(self.engine.media)
 
     def _llama_server(self, snap):
         """llama-server's `llamacpp:` names."""
@@ -155,6 +157,26 @@ class _EngineCollector:
         yield gauge("hearth:spec_enabled", "Speculative decoding configured (1) or not (0)", 1 if snap.spec else 0)
         yield gauge("hearth:spec_drafting", "Whether the last iteration drafted (1), or stood aside (0)",
                     1 if snap.spec and snap.last_iteration and snap.last_iteration.num_draft_tokens else 0)
+
+    def _images(self, media):
+        """Images evaluated (not those reused from the prefix cache), their encode time by class, the KV pause."""
+        images = CounterMetricFamily("hearth:images", "Images encoded and evaluated into the KV cache",
+                                     labels=["class"])
+        encode = CounterMetricFamily("hearth:image_encode_seconds",
+                                     "Time the projector spent encoding images (off the engine thread)",
+                                     labels=["class"])
+        with media.lock:
+            by_class = dict(media.images_by_class)
+            encode_by_class = dict(media.encode_ms_by_class)
+            decode_s, longest_ms = media.decode_seconds_total, media.max_decode_ms
+        for name, n in by_class.items():
+            images.add_metric([name], n)
+            encode.add_metric([name], encode_by_class.get(name, 0.0) / 1000)
+        yield images
+        yield encode
+        yield counter("hearth:image_kv_decode_seconds",
+                      "Engine-thread time spent evaluating image embeddings into the KV cache (others wait)", decode_s)
+        yield gauge("hearth:image_kv_decode_longest_ms", "The longest single image evaluation so far", longest_ms)
 
     def _prefix_cache(self, snap):
         """The prefix cache's use, and the last iteration's time outside llama_decode."""

@@ -8,16 +8,22 @@ from typing import NamedTuple
 
 from app.engine import tools as toolfmt
 from app.engine.chat import ChatTemplateError, strip_leading_bos
+from app.engine.media import MEDIA_MARKER
 from app.protocols.openai import ApiError, ChatBody
+from app.runner import images
 from app.runner.state import RunnerState
 
 
 class ChatPrompt(NamedTuple):
-    """A chat request's prompt tokens, the tools it offers and its rendered text (after the BOS strip)."""
+    """A chat request's prompt tokens, the tools it offers and its rendered text (after the BOS strip).
+
+    With images, media holds them (app.engine.media.MediaPrompt) and their positions in tokens hold
+    placeholder ids."""
 
     tokens: list[int]
     tools: list[dict]
     text: str
+    media: object | None = None
 
 
 def render(state: RunnerState, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
@@ -69,7 +75,33 @@ def chat_prompt(state: RunnerState, body: ChatBody, *, thinking: bool | None = N
     model = state.model
     text, tools = chat_text(state.template, body, thinking=thinking, tool_format=state.tool_format,
                             add_bos=getattr(model, "add_bos", True), add_eos=getattr(model, "add_eos", False))
+    found = images.image_parts([m.model_dump(exclude_none=True) for m in body.messages])
+    if found:
+        return _image_prompt(state, text, tools, found)
     return ChatPrompt(model.tokenize(text, add_special=True, parse_special=True), tools, text)
+
+
+def _image_prompt(state: RunnerState, text: str, tools: list[dict], found: list[tuple[str, str]]) -> ChatPrompt:
+    """A prompt with images: each checked, then tokenized by the projector at its marker (llama-server's way)."""
+    from app.engine.media import MediaPrompt, image_key
+    from app.engine.mtmd_model import ProjectorError
+
+    where = found[0][1]
+    if state.projector is None:
+        raise ApiError(400, f"'{where}': this model takes no images (it has no vision projector): put its mmproj "
+                            "GGUF beside it in the models folder as mmproj-<model name>.gguf (hearth serve), or start "
+                            "its runner with --mmproj PATH; or send text only", param=where, code="images_unsupported")
+    limits = state.config.images
+    if len(found) > limits.max_images:
+        raise ApiError(400, f"'messages': {len(found)} images, more than the limit of {limits.max_images} a request",
+                       param="messages", code="too_many_images")
+    loaded = [images.load_image(url, at, limits) for url, at in found]
+    try:
+        # Named by the bytes as sent: the same image in a later turn finds its cells in the prefix cache.
+        tokens, spans = state.projector.tokenize(text, [d for _, d in loaded], [image_key(sent) for sent, _ in loaded])
+    except ProjectorError as exc:
+        raise ApiError(400, f"'{where}': {exc}", param=where, code="invalid_image")
+    return ChatPrompt(tokens, tools, text, MediaPrompt(spans))
 
 
 def chat_text(template, body: ChatBody, *, thinking: bool, tool_format: str, add_bos: bool = True,
@@ -80,7 +112,7 @@ def chat_text(template, body: ChatBody, *, thinking: bool, tool_format: str, add
     Hearth's generic envelope in the system turn. The BOS (and EOS) text a template writes is stripped where
     the tokenizer adds it, as llama.cpp strips it."""
     kwargs = template_kwargs(body, thinking, getattr(template, "supports_thinking", False))
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    messages = images.with_markers([m.model_dump(exclude_none=True) for m in body.messages], MEDIA_MARKER)
     tools = body.tool_list
     native = bool(tools) and (tool_format != toolfmt.GENERIC or takes_tools(template))
     messages = toolfmt.prepare_messages(messages, toolfmt.HERMES if native else toolfmt.GENERIC, tools,

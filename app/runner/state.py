@@ -31,6 +31,15 @@ CALL_OPENERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|tool_call|>"
 
 # Makes the model a runner serves from its settings.
 Backend = Callable[[ModelConfig], Any]
+# Makes a loaded model's projector from the mmproj path (None: the model takes no images).
+ProjectorBackend = Callable[[Any, RunnerConfig], Any]
+
+
+def mtmd_projector(model, config: RunnerConfig):
+    """The real projector: libmtmd on the loaded llama.cpp model (imported only when a runner has --mmproj)."""
+    from app.engine.mtmd_model import Projector
+
+    return Projector(model, config.mmproj, config.model.n_threads, use_gpu=config.model.n_gpu_layers > 0)
 
 
 def llama_backend(config: ModelConfig):
@@ -43,9 +52,13 @@ def llama_backend(config: ModelConfig):
 class RunnerState:
     """The model, its chat template and tool format, and the engine; loads in the background."""
 
-    def __init__(self, config: RunnerConfig, backend: Backend = llama_backend):
+    def __init__(self, config: RunnerConfig, backend: Backend = llama_backend,
+                 projector_backend: ProjectorBackend = mtmd_projector):
         self.config = config
         self.backend = backend
+        self.projector_backend = projector_backend
+        # The model's projector (app.engine.mtmd_model.Projector) when the runner has --mmproj, else None.
+        self.projector = None
         self.status = "loading"
         self.error: str | None = None
         self.model = None
@@ -86,10 +99,16 @@ class RunnerState:
             self.model = self.backend(cfg.model)
             self._read_template()
             self._read_format()
+            media = None
+            if cfg.mmproj:
+                from app.engine.media import MediaStep
+
+                self.projector = self.projector_backend(self.model, cfg)
+                media = MediaStep(self.projector, cfg.model.n_ubatch or min(cfg.model.n_batch, 512))
             self.engine = Engine(
                 self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting,
                 prefix_cache=cfg.prefix_cache, spec=cfg.spec, cache_ram_bytes=cache_ram_bytes(cfg.cache_ram_mib),
-                cache_disk=self._disk_tier(),
+                cache_disk=self._disk_tier(), media=media,
             ).start()
             self.metrics = RunnerMetrics(self.engine)
             self.load_s = time.monotonic() - t0

@@ -101,12 +101,19 @@ def test_tool_call_history_gets_ids_and_string_arguments():
     assert out[3] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1_0"}
 
 
-def test_images_are_refused_on_a_text_model():
-    with pytest.raises(ApiError) as e:
-        messages_to_openai([{"role": "user", "content": "What is this?", "images": ["iVBORw0KGgo="]}], "gemma")
-    assert e.value.status == 400 and e.value.code == "images_not_supported" and "gemma" in e.value.message
-    with pytest.raises(ApiError):
-        generate_to_openai({"model": "gemma", "prompt": "What is this?", "images": ["iVBORw0KGgo="]})
+def test_images_become_openai_image_parts_before_the_text():
+    out = messages_to_openai([{"role": "user", "content": "What is this?", "images": ["iVBORw0KGgo=", "/9j/"]}],
+                             "gemma")
+    assert out == [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "iVBORw0KGgo="}}, {"type": "image_url", "image_url": {"url": "/9j/"}},
+        {"type": "text", "text": "What is this?"}]}]
+    body, path = generate_to_openai({"model": "gemma", "prompt": "What is this?", "images": ["iVBORw0KGgo="]})
+    assert path == "/v1/chat/completions"
+    assert body["messages"][-1]["content"][0] == {"type": "image_url", "image_url": {"url": "iVBORw0KGgo="}}
+    with pytest.raises(ApiError, match="need the chat template"):
+        generate_to_openai({"model": "gemma", "prompt": "x", "raw": True, "images": ["iVBORw0KGgo="]})
+    with pytest.raises(ApiError, match="list of base64 strings"):
+        messages_to_openai([{"role": "user", "content": "x", "images": "iVBORw0KGgo="}], "gemma")
 
 
 def test_generate_templated_raw_and_suffix():

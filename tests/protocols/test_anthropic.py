@@ -86,7 +86,11 @@ def test_an_empty_conversation_is_answered_as_an_empty_user_turn():
 @pytest.mark.parametrize("body,status,words", [
     ({"max_tokens": 5}, 400, "'messages' is required"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "AA"}}]}]},
-     500, "image input is not supported"),
+     400, "media_type and data"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]},
+     400, "base64 or url"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
+     400, "images go in user messages"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, 400, "'document'"),
     ({"messages": [{"role": "system", "content": "x"}]}, 400, "user or assistant"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}], "messages": []}, 400, "client tools"),
@@ -95,6 +99,16 @@ def test_what_cannot_be_honoured_is_refused_with_a_reason(body, status, words):
     with pytest.raises(ApiError) as exc:
         to_chat(body)
     assert exc.value.status == status and words in exc.value.message
+
+
+def test_image_blocks_become_openai_image_parts_in_their_place():
+    blocks = [{"type": "text", "text": "Is the garage door open?"},
+              {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/AA=="}},
+              {"type": "image", "source": {"type": "url", "url": "https://cam.local/snap.png"}}]
+    assert to_chat({"messages": [{"role": "user", "content": blocks}]})["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "Is the garage door open?"},
+        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/AA=="}},
+        {"type": "image_url", "image_url": {"url": "https://cam.local/snap.png"}}]}]
 
 
 def test_a_completion_becomes_a_message_with_blocks_and_anthropic_usage():

@@ -53,14 +53,25 @@ def test_items_with_function_calls_and_outputs():
     ({"input": "hi", "previous_response_id": "resp_1"}, 400, "stateless"),
     ({}, 400, "'input' is required"),
     ({"input": 5}, 400, "string or a list"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, 500,
-     "image input is not supported"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}]}, 400,
+     "file_id is not supported"),
     ({"input": [{"type": "computer_call"}]}, 400, "'computer_call'"),
+    ({"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, 400,
+     "images go in user messages"),
 ])
 def test_refusals(body, status, words):
     with pytest.raises(ApiError) as exc:
         to_chat(body)
     assert exc.value.status == status and words in exc.value.message
+
+
+def test_input_images_become_openai_image_parts():
+    body = {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "Who is at the door?"},
+        {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"}]}]}
+    assert to_chat(body)["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "Who is at the door?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
 
 
 def test_a_completion_becomes_a_response_with_output_items():

@@ -55,9 +55,12 @@ CASES = [
          "'messages.0.content' is required in a user message", param="messages"),
     Case("content-wrong-type", {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content",
          param="messages.0.content"),
-    Case("image-part-unsupported", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "'text'",
-         param="messages.0.content.0.type"),
+    Case("image-to-a-model-without-projector", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "--mmproj",
+         param="messages.0.content.0", code="images_unsupported"),
+    Case("unknown-content-part", {"messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "http://x/y.mp4"}}]}]}, 400, "'image_url'",
+         param="messages.0.content.0"),
     Case("max-tokens-wrong-type", chat_body(max_tokens="lots"), 400, "integer", param="max_tokens"),
     Case("max-tokens-zero", chat_body(max_tokens=0), 400, "greater than or equal to 1", param="max_tokens"),
     Case("max-tokens-negative", chat_body(max_tokens=-5), 400, "greater than or equal to 1", param="max_tokens"),

@@ -1,0 +1,368 @@
+"""`hearth bench vision`: images against stock llama-server, and the pause an image causes a decoding stream.
+
+Oracle (when the stock llama-server binary is built): the same model, random projector (`hearth models random
+mmproj-…`), ChatML template file and image, greedy, through `hearth runner` (in-process) and stock llama-server;
+per format (PNG, JPEG, WebP; llama-server gets WebP as the PNG of its pixels, since it refuses WebP) the prompt
+token counts and whether the generated text is the same.
+
+Pause (a lab figure of one runner driven directly): one voice-class stream (TPOT target 100 ms) decodes; after
+`--warm-tokens` of its tokens a second request arrives, in three arms interleaved over `--rounds`:
+  image   a chat request with one image (encoded in the MediaStep's worker thread, the default),
+  inline  the same, encoded on the engine thread (every sequence waits meanwhile: the baseline),
+  text    a text prompt of the same token count (the pause a prefill of that size causes).
+Per arm: the stream's longest gap between two tokens while the second request was in flight, its median gap
+before, and the image's encode and KV-decode times as the MediaStep measured them. Raw gaps go to --json.
+One image is sent before the rounds and left out of them: the first pages the projector's weights in.
+
+Follow-up: a second turn about the same image (tiny projector): its prompt tokens computed against the new
+turn's own tokens (the target: computed ≤ the new turn). Memory: the RSS of real `hearth runner` workers
+without and with --mmproj (after the load, after one image), beside the projector's file size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from werkzeug.test import Client
+
+from app.devtools.gguf_shapes import CHATML_TEMPLATE
+from app.devtools.mmproj import MMPROJ_SHAPES, cached_mmproj
+from app.engine.model_config import ModelConfig
+from app.engine.request import Delta, Finished, SamplingParams
+from app.hardware import machine
+from app.llama_tools import stock_llama_server
+from app.policy import SloTargets
+from app.residency.supervisor import free_port
+from app.runner.app import create_app
+from app.runner.config import RunnerConfig
+
+VOICE = SloTargets(ttft_ms=500, tpot_ms=100, preemptible=False)
+QUESTION = "Describe this picture in one sentence."
+ARMS = ("image", "inline", "text")
+
+
+def _png(seed: int, size: tuple[int, int]) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    Image.fromarray((rng.random((size[1], size[0], 3)) * 255).astype(np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _encoded(data: bytes, fmt: str) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    with Image.open(io.BytesIO(data)) as im:
+        im.save(out, format=fmt)
+    return out.getvalue()
+
+
+def _data_url(data: bytes, mime: str) -> str:
+    import base64
+
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def _message(url: str) -> dict:
+    return {"role": "user", "content": [{"type": "text", "text": QUESTION},
+                                        {"type": "image_url", "image_url": {"url": url}}]}
+
+
+def _runner(model: str, projector: Path, threads: int, ctx: int):
+    config = RunnerConfig(ModelConfig(path=model, n_ctx=ctx, n_seq_max=2, n_threads=threads),
+                          mmproj=str(projector), chat_template=CHATML_TEMPLATE)
+    app = create_app(config)
+    deadline = time.monotonic() + 300
+    while app.state.status == "loading" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if app.state.status != "ok":
+        raise SystemExit(f"hearth bench vision: the runner did not load: {app.state.error}")
+    return app
+
+
+def _close(app) -> None:
+    app.state.engine.stop()
+    app.state.model.close()
+
+
+def oracle(model: str, projector: Path, threads: int, ctx: int, binary: Path, images: int, max_tokens: int) -> dict:
+    """Per format: (hearth prompt tokens, stock prompt tokens, same text) for each image."""
+    import subprocess
+    import tempfile
+
+    import httpx
+
+    from app.runner.images import as_png
+
+    app = _runner(model, projector, threads, ctx)
+    ours = Client(app)
+    tmp = Path(tempfile.mkdtemp(prefix="hearth-vision-"))
+    (tmp / "chatml.jinja").write_text(CHATML_TEMPLATE)
+    port = free_port()
+    with open(tmp / "llama-server.log", "wb") as log:
+        proc = subprocess.Popen([str(binary), "-m", model, "--mmproj", str(projector), "--port", str(port),
+                                 "-t", str(threads), "-c", str(ctx), "-np", "1", "--jinja", "--chat-template-file",
+                                 str(tmp / "chatml.jinja"),
+                                 # Hearth's sliding-window cache is full-size (llama_model.py): without the same,
+                                 # Gemma 3's SWA layers attend over another cache size, and greedy near-ties tip.
+                                 "--swa-full"], stdout=log, stderr=subprocess.STDOUT)
+    theirs = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
+    rows: dict[str, list[dict]] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if theirs.get("/health").json().get("status") == "ok":
+                    break
+            except (httpx.TransportError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("hearth bench vision: stock llama-server did not become healthy")
+            time.sleep(0.2)
+        # No prompt cache on either side: each prompt is computed in the same chunks by both.
+        body = {"temperature": 0, "max_tokens": max_tokens, "cache_prompt": False}
+        for fmt, mime in (("PNG", "image/png"), ("JPEG", "image/jpeg"), ("WEBP", "image/webp")):
+            for seed in range(images):
+                image = _encoded(_png(seed, (96, 64)), fmt)
+                a = ours.post("/v1/chat/completions", json={**body, "messages": [_message(_data_url(image, mime))]})
+                stock_image, stock_mime = (as_png(image), "image/png") if fmt == "WEBP" else (image, mime)
+                b = theirs.post("/v1/chat/completions",
+                                json={**body, "messages": [_message(_data_url(stock_image, stock_mime))]}).json()
+                a = a.get_json()
+                rows.setdefault(fmt, []).append({
+                    "seed": seed, "hearth_prompt_tokens": a["usage"]["prompt_tokens"],
+                    "stock_prompt_tokens": b["usage"]["prompt_tokens"],
+                    "hearth_completion_tokens": a["usage"]["completion_tokens"],
+                    "stock_completion_tokens": b["usage"]["completion_tokens"],
+                    "same_text": a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"],
+                    "hearth_text": a["choices"][0]["message"]["content"],
+                    "stock_text": b["choices"][0]["message"]["content"]})
+    finally:
+        theirs.close()
+        proc.terminate()
+        proc.wait(15)
+        _close(app)
+    return rows
+
+
+def _stream(engine, tokens: list[int], n: int, times: list[float], done: threading.Event) -> None:
+    r = engine.submit(tokens, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), class_name="voice",
+                      slo=VOICE)
+    for ev in engine.events(r, poll_s=0.5):
+        if isinstance(ev, Delta) and ev.num_tokens:
+            times.append(time.perf_counter())
+        elif isinstance(ev, Finished):
+            break
+    done.set()
+
+
+def _filler(model, n_tokens: int, seed: int) -> str:
+    """A user message whose ChatML prompt has about n_tokens tokens (the text arm's stand-in for an image)."""
+    words = [f"Question {seed}:"]
+    while len(model.tokenize(" ".join(words), True, True)) < n_tokens - 8:
+        words.append("word")
+    return " ".join(words)
+
+
+def pause_round(app, arm: str, seed: int, warm_tokens: int, stream_tokens: int, image_size: tuple[int, int],
+                text_tokens: int) -> dict:
+    """One round of one arm: the stream's gaps before and while the second request was in flight."""
+    engine, client = app.state.engine, Client(app)
+    media = engine.media
+    media.inline = arm == "inline"
+    talk = app.state.model.tokenize("Tell me a long story about a lighthouse keeper and the sea.", True, True)
+    times: list[float] = []
+    done = threading.Event()
+    threading.Thread(target=_stream, args=(engine, talk, stream_tokens, times, done), daemon=True).start()
+    while len(times) < warm_tokens and not done.is_set():
+        time.sleep(0.001)
+    if arm == "text":
+        content: object = _filler(app.state.model, text_tokens, seed)
+    else:
+        # A new image every round: never a prefix-cache hit.
+        content = _message(_data_url(_png(1000 + seed, image_size), "image/png"))["content"]
+    media.max_decode_ms = 0.0
+    media.last_encode_ms = None
+    t0 = time.perf_counter()
+    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": content}],
+                                                        "max_tokens": 1, "temperature": 0}).get_json()
+    t1 = time.perf_counter()
+    if not done.wait(300):
+        raise SystemExit("hearth bench vision: the stream did not finish")
+    during = [b - a for a, b in zip(times, times[1:]) if b >= t0 and a <= t1]
+    warm = [b - a for a, b in zip(times[:warm_tokens], times[1:warm_tokens])]
+    image = arm != "text"
+    return {"arm": arm, "seed": seed, "prompt_tokens": answer["usage"]["prompt_tokens"],
+            "request_ms": (t1 - t0) * 1000, "longest_gap_ms": max(during, default=0.0) * 1000,
+            "median_gap_before_ms": statistics.median(warm) * 1000 if warm else None,
+            "encode_ms": media.last_encode_ms if image else None,
+            "image_decode_ms": media.max_decode_ms if image else None,
+            "gaps_during_ms": [g * 1000 for g in during]}
+
+
+def follow_up(model: str, projector: Path, threads: int, ctx: int) -> dict:
+    """A second turn about the same image: prompt tokens computed against the new turn's own tokens."""
+    app = _runner(model, projector, threads, ctx)
+    client = Client(app)
+    try:
+        image = _data_url(_png(7, (96, 64)), "image/png")
+        first_turn = [_message(image)]
+        first = client.post("/v1/chat/completions", json={"messages": first_turn, "max_tokens": 16,
+                                                          "temperature": 0}).get_json()
+        turn = [*first_turn, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "And what colour is it mostly?"}]
+        second = client.post("/v1/chat/completions", json={"messages": turn, "max_tokens": 16,
+                                                           "temperature": 0}).get_json()
+        new_turn = second["usage"]["prompt_tokens"] - first["usage"]["prompt_tokens"]
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        return {"first_prompt_tokens": first["usage"]["prompt_tokens"], "second_prompt_tokens":
+                second["usage"]["prompt_tokens"], "cached_tokens": cached,
+                "computed_tokens": second["usage"]["prompt_tokens"] - cached, "new_turn_tokens": new_turn}
+    finally:
+        _close(app)
+
+
+def memory(model: str, projector: Path, threads: int, ctx: int, image_size: int) -> dict:
+    """The runner worker's RSS (real `hearth runner` processes) without and with --mmproj, after an image too."""
+    import subprocess
+    import sys
+
+    import httpx
+    import psutil
+
+    out = {}
+    for arm, extra in (("text", []), ("vision", ["--mmproj", str(projector)])):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "runner", "--model", model, "--port", str(port),
+                                 "--ctx", str(ctx), "--parallel", "2", "--threads", str(threads), *extra],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as c:
+                deadline = time.monotonic() + 300
+                while True:
+                    try:
+                        if c.get("/health").status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise SystemExit(f"hearth bench vision: the {arm} runner did not start")
+                    time.sleep(0.2)
+                workers = psutil.Process(proc.pid).children(recursive=True)
+                worker = max(workers, key=lambda p: p.memory_info().rss) if workers else psutil.Process(proc.pid)
+                row = {"rss_after_load": worker.memory_info().rss}
+                if arm == "vision":
+                    c.post("/v1/chat/completions", json={"max_tokens": 1, "messages": [_message(_data_url(
+                        _png(5, (image_size, image_size)), "image/png"))]}).raise_for_status()
+                    row["rss_after_image"] = worker.memory_info().rss
+                out[arm] = row
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    out["projector_file_bytes"] = projector.stat().st_size
+    return out
+
+
+def run_from_args(args, model: str) -> int:
+    """Print the oracle's table and the pause arms' medians; write everything to --json."""
+    with open(model, "rb") as f:
+        model_hash = hashlib.sha256(f.read(1 << 20)).hexdigest()[:16]
+    print(f"model {Path(model).name} (first MiB sha256 {model_hash}), threads {args.threads}, ctx {args.ctx}, "
+          f"slots 2; machine {machine()}")
+    out: dict = {"model": model, "threads": args.threads, "ctx": args.ctx, "machine": machine()}
+    binary = Path(args.llama_server) if args.llama_server else stock_llama_server()
+    if not args.skip_oracle:
+        small = cached_mmproj(model, "mmproj-gemma3-tiny")
+        if binary is None:
+            print("oracle: skipped (stock llama-server is not built: scripts/build_llama_tools.sh)")
+        else:
+            rows = oracle(model, small, args.threads, args.ctx, binary, args.images, args.max_tokens)
+            out["oracle"] = {"projector": str(small), "rows": rows}
+            print(f"oracle: projector {small.name}, {args.images} images a format, greedy, {args.max_tokens} tokens")
+            for fmt, rs in rows.items():
+                same_count = sum(r["hearth_prompt_tokens"] == r["stock_prompt_tokens"] for r in rs)
+                same_text = sum(r["same_text"] and r["hearth_completion_tokens"] == r["stock_completion_tokens"]
+                                for r in rs)
+                print(f"  {fmt:5} prompt tokens equal {same_count}/{len(rs)} (hearth {rs[0]['hearth_prompt_tokens']}, "
+                      f"stock {rs[0]['stock_prompt_tokens']}); generated tokens equal {same_text}/{len(rs)}")
+    small = cached_mmproj(model, "mmproj-gemma3-tiny")
+    out["follow_up"] = f = follow_up(model, small, args.threads, args.ctx)
+    print(f"follow-up turn about the same image: {f['second_prompt_tokens']} prompt tokens, {f['cached_tokens']} "
+          f"from the cache, {f['computed_tokens']} computed; the new turn's own tokens: {f['new_turn_tokens']}")
+    projector = cached_mmproj(model, args.shape)
+    shape = MMPROJ_SHAPES[args.shape]
+    if args.skip_pause:
+        args.skip_memory = True
+    if not args.skip_memory:
+        out["memory"] = mem = memory(model, projector, args.threads, args.ctx, shape.image_size)
+        mib = 2**20
+        print(f"memory ({args.shape}, file {mem['projector_file_bytes'] / mib:.0f} MiB): runner worker RSS "
+              f"{mem['text']['rss_after_load'] / mib:.0f} MiB without it, {mem['vision']['rss_after_load'] / mib:.0f} "
+              f"MiB with it after the load, {mem['vision']['rss_after_image'] / mib:.0f} MiB after one image")
+    if args.skip_pause:
+        return _write(args, out)
+    print(f"pause: projector {args.shape} ({shape.n_layer} blocks of {shape.n_embd}, {shape.image_size} px, "
+          f"{shape.n_image_tokens} image tokens); voice stream, second request after {args.warm_tokens} tokens; "
+          f"{args.rounds} rounds, arms interleaved (lab figure: one runner driven directly)")
+    app = _runner(model, projector, args.threads, args.ctx)
+    results: list[dict] = []
+    try:
+        # Not measured: the first image pages the projector's weights in and sizes the encode's buffers.
+        t0 = time.perf_counter()
+        Client(app).post("/v1/chat/completions", json={"messages": [_message(_data_url(
+            _png(999, (shape.image_size, shape.image_size)), "image/png"))], "max_tokens": 1})
+        out["cold_first_image_ms"] = (time.perf_counter() - t0) * 1000
+        print(f"  cold first image (not in the arms): {out['cold_first_image_ms']:.0f} ms")
+        text_tokens = 0
+        for seed in range(args.rounds):
+            for arm in ARMS:
+                row = pause_round(app, arm, seed * len(ARMS) + ARMS.index(arm), args.warm_tokens,
+                                  args.stream_tokens, (shape.image_size, shape.image_size), text_tokens)
+                text_tokens = text_tokens or row["prompt_tokens"]
+                results.append(row)
+    finally:
+        _close(app)
+    out["pause"] = {"projector": str(projector), "rows": results}
+    # A round whose stream was already slow before the second request came was starved by something else on
+    # the machine: its gaps say nothing of the image. Steady rounds: the stream's own pace within 2x the best.
+    best = min(r["median_gap_before_ms"] or float("inf") for r in results)
+    steady = [r for r in results if r["median_gap_before_ms"] is not None and r["median_gap_before_ms"] <= 2 * best]
+    print(f"  all {len(results)} rounds:")
+    _print_arms(results)
+    print(f"  the {len(steady)} steady rounds (the stream's pace before within 2x the best round's, {best:.1f} ms):")
+    _print_arms(steady)
+    return _write(args, out)
+
+
+def _print_arms(results: list[dict]) -> None:
+    for arm in ARMS:
+        rs = [r for r in results if r["arm"] == arm]
+        if not rs:
+            print(f"  {arm:6} no round")
+            continue
+        gaps = sorted(r["longest_gap_ms"] for r in rs)
+        print(f"  {arm:6} longest gap of the stream: median {statistics.median(gaps):7.1f} ms "
+              f"(min {gaps[0]:.1f}, max {gaps[-1]:.1f}); its median gap before "
+              f"{statistics.median([r['median_gap_before_ms'] for r in rs]):.1f} ms; prompt {rs[0]['prompt_tokens']} "
+              "tokens" + (f"; encode median {statistics.median([r['encode_ms'] for r in rs]):.0f} ms, KV decode "
+                          f"median {statistics.median([r['image_decode_ms'] for r in rs]):.1f} ms"
+                          if arm != "text" else ""))
+
+
+def _write(args, out: dict) -> int:
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json_path}")
+    return 0

@@ -1,0 +1,152 @@
+"""Images in chat requests: taken from the messages, decoded and checked before libmtmd sees them.
+
+OpenAI's `image_url` parts carry a base64 data URL (or raw base64, as Ollama sends its `images`); an
+http(s) URL is fetched only where the runner allows it (--image-url-fetch, off by default: a
+household server should not fetch what a prompt names). Each image is checked with Pillow: one of
+PNG, JPEG or WebP, within the byte and pixel limits, and decodable to its end (a truncated file is
+refused here, not half-read by the vision tower). Every refusal is a 400 naming the part and what
+to send instead. libmtmd decodes the bytes again itself, as llama-server does, so both see the same
+pixels.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import warnings
+
+from PIL import Image, UnidentifiedImageError
+
+from app.engine.template_inputs import MEDIA_MARKER
+from app.protocols.openai import ApiError
+from app.runner.config import ImageLimits
+
+FORMATS = ("PNG", "JPEG", "WEBP")
+
+
+def image_parts(messages: list[dict]) -> list[tuple[str, str]]:
+    """(url, where) of every image_url part, in prompt order; where is the part's path in the body."""
+    found = []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                found.append(((part.get("image_url") or {}).get("url", ""), f"messages.{i}.content.{j}"))
+    return found
+
+
+def with_markers(messages: list[dict], marker: str) -> list[dict]:
+    """The messages with each image part replaced by a media-marker part (the template renders its text)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content):
+            content = [{"type": MEDIA_MARKER, "text": marker}
+                       if isinstance(p, dict) and p.get("type") == "image_url" else p for p in content]
+            m = {**m, "content": content}
+        out.append(m)
+    return out
+
+
+def load_image(url: str, where: str, limits: ImageLimits) -> tuple[bytes, bytes]:
+    """One image part's URL (data URL, raw base64, or http(s) where allowed), checked: (the bytes as sent,
+    the bytes for libmtmd). libmtmd's decoder (stb_image) has no WebP: a WebP image goes to it as the PNG of
+    its decoded pixels, so the vision tower sees exactly what Pillow decoded."""
+    param = f"{where}.image_url.url"
+    if url.startswith(("http://", "https://")):
+        data = _fetch(url, param, limits)
+    else:
+        payload = url
+        if url.startswith("data:"):
+            header, sep, payload = url.partition(",")
+            if not sep or not header.startswith("data:image/") or not header.endswith(";base64"):
+                raise ApiError(400, f"'{param}' must be a base64 data URL of an image "
+                                    "(data:image/png;base64,...)", param=param, code="invalid_image")
+        if len(payload) > limits.max_bytes * 4 // 3 + 4:
+            raise _too_big(param, limits)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError(400, f"'{param}' is not valid base64: send the image as "
+                                "data:image/png;base64,... or plain base64", param=param, code="invalid_image")
+    if len(data) > limits.max_bytes:
+        raise _too_big(param, limits)
+    if check_image(data, param, limits) == "WEBP":
+        return data, as_png(data)
+    return data, data
+
+
+def as_png(data: bytes) -> bytes:
+    """An image's decoded pixels as a PNG (RGB, or RGBA where it has transparency)."""
+    with Image.open(io.BytesIO(data)) as im:
+        out = io.BytesIO()
+        im.convert("RGBA" if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info else "RGB").save(
+            out, format="PNG", compress_level=1)
+        return out.getvalue()
+
+
+def _too_big(param: str, limits: ImageLimits) -> ApiError:
+    return ApiError(400, f"'{param}' is larger than the image limit of {limits.max_bytes:,} bytes: send it "
+                         "smaller (scaled down or recompressed)", param=param, code="image_too_large")
+
+
+def check_image(data: bytes, param: str, limits: ImageLimits) -> str:
+    """The image's format, after checking it is PNG, JPEG or WebP, within max_pixels, and not truncated."""
+    if not data:
+        raise ApiError(400, f"'{param}' is empty", param=param, code="invalid_image")
+    head = data[:1024].lstrip().lower()
+    if head.startswith(b"<") and b"<svg" in head:
+        raise ApiError(400, f"'{param}' is an SVG, which is not taken: send it rasterised as PNG, JPEG or WebP",
+                       param=param, code="unsupported_image_format")
+    try:
+        with warnings.catch_warnings():
+            # Pillow's own bomb warning fires above ~89 MP: the pixel limit below is the one that answers.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                fmt = im.format or "unknown"
+                if fmt not in FORMATS:
+                    raise ApiError(400, f"'{param}' is a {fmt} image: send PNG, JPEG or WebP", param=param,
+                                   code="unsupported_image_format")
+                width, height = im.size
+                if width * height > limits.max_pixels:
+                    raise ApiError(400, f"'{param}' has {width}×{height} = {width * height:,} pixels, more than the "
+                                        f"limit of {limits.max_pixels:,}: scale it down", param=param,
+                                   code="image_too_large")
+                im.load()
+    except Image.DecompressionBombError:
+        raise ApiError(400, f"'{param}' has more pixels than the limit of {limits.max_pixels:,}: scale it down",
+                       param=param, code="image_too_large")
+    except UnidentifiedImageError:
+        raise ApiError(400, f"'{param}' is not an image (or not one of PNG, JPEG, WebP)", param=param,
+                       code="invalid_image")
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ApiError(400, f"'{param}' is truncated or corrupt ({exc}): send the whole file", param=param,
+                       code="invalid_image")
+    return fmt
+
+
+def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
+    """An http(s) image, where the runner allows fetching; at most max_bytes are read."""
+    if not limits.fetch_urls:
+        raise ApiError(400, f"'{param}': this server does not fetch image URLs; send the image itself as a base64 "
+                            "data URL (data:image/png;base64,...), or start the runner with --image-url-fetch",
+                       param=param, code="image_url_fetch_off")
+    import httpx
+
+    try:
+        with httpx.stream("GET", url, timeout=limits.fetch_timeout_s, follow_redirects=True) as resp:
+            if resp.status_code != 200:
+                raise ApiError(400, f"'{param}': fetching the image answered HTTP {resp.status_code}", param=param,
+                               code="image_url_failed")
+            data = bytearray()
+            for piece in resp.iter_bytes():
+                data += piece
+                if len(data) > limits.max_bytes:
+                    raise _too_big(param, limits)
+            return bytes(data)
+    except httpx.HTTPError as exc:
+        raise ApiError(400, f"'{param}': the image could not be fetched ({exc})", param=param,
+                       code="image_url_failed")

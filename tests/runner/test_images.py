@@ -1,0 +1,147 @@
+"""Images in chat requests, before any model sees them: decoded and checked, every refusal a 400 naming the
+part and what to send; image parts as llama.cpp's media markers in the rendered prompt; a runner without a
+projector saying what to add."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+
+import pytest
+from PIL import Image
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Response
+
+from app.engine.template_caps import TemplateCaps
+from app.engine.template_inputs import MEDIA_MARKER, template_messages
+from app.protocols.openai import ApiError
+from app.runner.config import ImageLimits
+from app.runner.images import as_png, image_parts, load_image, with_markers
+from tests.images import data_url, image_bytes, image_message
+
+WHERE = "messages.0.content.1"
+PARAM = WHERE + ".image_url.url"
+
+
+def refusal(url: str, limits: ImageLimits = ImageLimits()) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        load_image(url, WHERE, limits)
+    assert info.value.status == 400 and info.value.param == PARAM
+    return info.value
+
+
+@pytest.mark.parametrize(("fmt", "mime"), [("PNG", "image/png"), ("JPEG", "image/jpeg")])
+def test_png_and_jpeg_go_to_libmtmd_as_sent(fmt, mime):
+    data = image_bytes(fmt)
+    assert load_image(data_url(data, mime), WHERE, ImageLimits()) == (data, data)
+
+
+def test_webp_goes_to_libmtmd_as_the_png_of_its_pixels():
+    data = image_bytes("WEBP")
+    sent, for_mtmd = load_image(data_url(data, "image/webp"), WHERE, ImageLimits())
+    assert sent == data and for_mtmd[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(io.BytesIO(data)) as a, Image.open(io.BytesIO(for_mtmd)) as b:
+        assert a.convert("RGB").tobytes() == b.convert("RGB").tobytes()
+
+
+def test_raw_base64_is_taken_as_ollama_sends_it():
+    data = image_bytes("PNG")
+    assert load_image(base64.b64encode(data).decode(), WHERE, ImageLimits())[0] == data
+
+
+def test_an_image_over_the_byte_limit_names_the_limit():
+    data = image_bytes("PNG", size=(64, 64))
+    err = refusal(data_url(data), ImageLimits(max_bytes=len(data) - 1))
+    assert f"{len(data) - 1:,} bytes" in err.message and err.code == "image_too_large"
+
+
+def test_an_image_over_the_pixel_limit_names_the_limit():
+    err = refusal(data_url(image_bytes("PNG", size=(80, 48))), ImageLimits(max_pixels=80 * 48 - 1))
+    assert "80×48" in err.message and f"{80 * 48 - 1:,}" in err.message and "scale it down" in err.message
+
+
+def test_a_truncated_image_is_refused():
+    data = image_bytes("PNG", size=(64, 64))
+    assert "truncated or corrupt" in refusal(data_url(data[: len(data) // 2])).message
+
+
+def test_svg_is_refused_with_what_to_send_instead():
+    svg = b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"></svg>'
+    err = refusal(data_url(svg, "image/svg+xml"))
+    assert "SVG" in err.message and "PNG, JPEG or WebP" in err.message
+
+
+def test_other_formats_and_non_images_are_refused():
+    gif = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(gif, format="GIF")
+    assert "GIF image: send PNG, JPEG or WebP" in refusal(data_url(gif.getvalue(), "image/gif")).message
+    assert "not an image" in refusal(data_url(b"hello, I am text")).message
+    assert "not valid base64" in refusal("data:image/png;base64,@@@").message
+    assert "base64 data URL" in refusal("data:text/plain,hello").message
+
+
+def test_http_urls_are_refused_unless_fetching_is_on():
+    err = refusal("http://127.0.0.1:9/cat.png")
+    assert err.code == "image_url_fetch_off" and "--image-url-fetch" in err.message and "data URL" in err.message
+
+
+def test_http_urls_are_fetched_when_allowed():
+    data = image_bytes("PNG")
+
+    def app(environ, start_response):
+        status = 200 if environ["PATH_INFO"] == "/cat.png" else 404
+        return Response(data if status == 200 else b"", status=status, mimetype="image/png")(environ, start_response)
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        assert load_image(f"{base}/cat.png", WHERE, ImageLimits(fetch_urls=True)) == (data, data)
+        assert "HTTP 404" in refusal(f"{base}/nope.png", ImageLimits(fetch_urls=True)).message
+        big = refusal(f"{base}/cat.png", ImageLimits(fetch_urls=True, max_bytes=len(data) - 1))
+        assert big.code == "image_too_large"
+    finally:
+        server.shutdown()
+
+
+def test_image_parts_become_media_markers_joined_as_llama_cpp_joins_them():
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": "data:..."}},
+        {"type": "text", "text": "what is it?"}, {"type": "text", "text": "Be brief."}]}]
+    assert image_parts(messages) == [("data:...", "messages.0.content.1")]
+    marked = with_markers(messages, "<M>")
+    assert marked[0]["content"][1] == {"type": MEDIA_MARKER, "text": "<M>"}
+    caps = TemplateCaps(supports_string_content=False, supports_typed_content=True)
+    rendered = template_messages(marked, caps, "")
+    # No newline around the marker; text parts newline-joined; a string whatever the template's caps.
+    assert rendered[0]["content"] == "Look:<M>what is it?\nBe brief."
+
+
+def test_a_runner_without_a_projector_says_what_to_add(make_runner):
+    client = make_runner()
+    body = {"messages": [image_message("What is this?", data_url(image_bytes()))], "max_tokens": 2}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400
+    err = r.get_json()["error"]
+    assert err["param"] == WHERE and "--mmproj" in err["message"] and err["code"] == "images_unsupported"
+    # Nothing else disturbed: the next text request is answered.
+    assert client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                     "max_tokens": 2}).status_code == 200
+
+
+def test_png_helper_keeps_transparency():
+    im = Image.new("RGBA", (2, 2), (1, 2, 3, 4))
+    out = io.BytesIO()
+    im.save(out, format="WEBP", lossless=True)
+    with Image.open(io.BytesIO(as_png(out.getvalue()))) as back:
+        assert back.mode == "RGBA"
+
+
+def test_the_runner_refuses_a_missing_projector_at_start(tmp_path):
+    from app.cli import main
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    with pytest.raises(SystemExit, match="--mmproj: file not found"):
+        main(["runner", "-m", str(model), "--mmproj", str(tmp_path / "nope.gguf")])
