@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,20 +66,29 @@ class ServeProcess:
         self._log = open(log_path, "wb")
         env = {**os.environ, "HEARTH_DATA": str(data), "HEARTH_MODELS_DIR": str(models),
                "HEARTH_DEFAULT_MODEL": str(default_model), "PYTHONUNBUFFERED": "1"}
+        self.client = httpx.Client(base_url=self.url, timeout=300)  # before the process: nothing slow between
+        # A process group of its own: stop() can end whatever serve started (its worker, its runners) even
+        # when serve itself was killed before it could.
         self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--bind", f"127.0.0.1:{self.port}"],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.client = httpx.Client(base_url=self.url, timeout=300)
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:  # not ready, or interrupted while waiting (Ctrl-C, SIGTERM): never left running
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"hearth serve exited:\n{log_path.read_text()}")
+                raise RuntimeError(f"hearth serve exited:\n{self.log_path.read_text()}")
             try:
                 if self.client.get("/healthz").status_code == 200:
-                    break
+                    return
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"hearth serve not ready in {timeout_s} s:\n{log_path.read_text()}")
+                raise TimeoutError(f"hearth serve not ready in {timeout_s} s:\n{self.log_path.read_text()}")
             time.sleep(0.2)
 
     def runner_commands(self) -> list[tuple[psutil.Process, str]]:
@@ -132,15 +142,30 @@ class ServeProcess:
         return sum(p.memory_info().rss for p in procs)
 
     def stop(self) -> None:
-        """SIGTERM and wait; the runners go with it."""
+        """SIGTERM and wait; the runners go with it (any left once serve is gone are killed: a serve killed after
+        its drain deadline leaves its worker and runners without their parent)."""
         self.client.close()
         if self.proc.poll() is None:
+            try:
+                kids = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                kids = []
             self.proc.terminate()
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            _, alive = psutil.wait_procs(kids, timeout=10)
+            for p in alive:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # anything of its group still there (started after `kids`)
+            except ProcessLookupError:
+                pass
         self._log.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 
@@ -42,6 +43,10 @@ def axes(args, scenario: Scenario) -> tuple[tuple[str, ...], tuple[str, ...], tu
     return tuple(modes), tuple(spec), tuple(llama)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_from_args(args, model_path: str, start_serve: Callable[[Constants, str | None], Target] | None = None) -> int:
     """`hearth bench replay`: run, print the constants, table, overlap and verdict; write JSON/CSV if asked."""
     try:
@@ -68,6 +73,10 @@ def run_from_args(args, model_path: str, start_serve: Callable[[Constants, str |
         bar.set_postfix_str(f"{run.target} L={run.level} S={run.slots}: {figure(run.summary['gen_tok_s'])} tok/s")
         bar.update(1)
 
+    # SIGTERM (a `kill`, a service manager, a timeout) unwinds like Ctrl-C instead of ending the process where
+    # it stands: run_bench's finally then stops the hearth serve and the runners it started, which would
+    # otherwise be left running, orphaned.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         outcome = run_bench(cfg, sessions, progress=progress, log=lambda line: bar.write(line, file=sys.stderr),
                             start_serve=start_serve)
