@@ -2,19 +2,12 @@
 
 import pytest
 
+from tests.helpers import house_system_prompt
+
 pytestmark = pytest.mark.model
 
-DEVICES = "".join(
-    f"- {room} {kind} {i}: state {'on' if i % 3 else 'off'}, brightness {10 * (i % 10)} %\n"
-    for i, (room, kind) in enumerate(
-        [(r, k) for r in ("kitchen", "hall", "bedroom", "garage", "office") for k in ("light", "lamp", "plug", "fan")] * 4
-    )
-)
 # ~1,300 tokens: more than two windows of Gemma 3's sliding window (512).
-SYSTEM = (
-    "You are the voice assistant of a family home. Answer in one short sentence. "
-    "These are the devices of the house and their state:\n" + DEVICES
-)
+SYSTEM = house_system_prompt(4)
 
 
 def tier_metric(runner, name: str, tier: str) -> float:

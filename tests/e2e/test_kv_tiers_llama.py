@@ -12,19 +12,11 @@ from app.engine.engine import Engine
 from app.engine.llama_model import LlamaModel
 from app.engine.model_config import ModelConfig
 from app.engine.request import Delta, Finished, SamplingParams
+from tests.helpers import house_system_prompt
 
 pytestmark = pytest.mark.model
 
-DEVICES = "".join(
-    f"- {room} {kind} {i}: state {'on' if i % 3 else 'off'}, brightness {10 * (i % 10)} %\n"
-    for i, (room, kind) in enumerate(
-        [(r, k) for r in ("kitchen", "hall", "bedroom", "garage", "office") for k in ("light", "lamp", "plug", "fan")] * 4
-    )
-)
-SYSTEM = (
-    "You are the voice assistant of a family home. Answer in one short sentence. "
-    "These are the devices of the house and their state:\n" + DEVICES
-)
+SYSTEM = house_system_prompt(4)
 OTHER = "A story about the sea, told slowly. " + " ".join(f"Wave {i} rolls in and out again." for i in range(150))
 
 

@@ -10,19 +10,11 @@ from app.engine.llama_model import LlamaModel
 from app.engine.model_config import ModelConfig
 from app.engine.request import Delta, Finished, Request, SamplingParams
 from app.engine.scheduler import Chunk
+from tests.helpers import house_system_prompt
 
 pytestmark = pytest.mark.model
 
-DEVICES = "".join(
-    f"- {room} {kind} {i}: state {'on' if i % 3 else 'off'}, brightness {10 * (i % 10)} %\n"
-    for i, (room, kind) in enumerate(
-        [(r, k) for r in ("kitchen", "hall", "bedroom", "garage", "office") for k in ("light", "lamp", "plug", "fan")] * 3
-    )
-)
-SYSTEM = (
-    "You are the voice assistant of a family home. Answer in one short sentence. "
-    "These are the devices of the house and their state:\n" + DEVICES
-)
+SYSTEM = house_system_prompt(3)
 
 
 @pytest.fixture(scope="module")
