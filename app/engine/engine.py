@@ -453,12 +453,11 @@ class Engine:
         if not retried:
             # What the SLO budget is sized by: this model's iterations on this machine, as measured. A draft
             # token needs its own row of logits, as a decode token does: it costs as one.
-            cost = self.scheduler.cost
-            cost.observe(schedule.num_decode_tokens + schedule.num_draft_tokens, schedule.num_prompt_tokens,
-                         iteration_s * 1000)
+            cost, iteration_ms = self.scheduler.cost, iteration_s * 1000
+            num_decoded = schedule.num_decode_tokens + schedule.num_draft_tokens
+            cost.observe(num_decoded, schedule.num_prompt_tokens, iteration_ms)
             if schedule.num_prompt_tokens:
-                decode_ms = cost.decode_ms * (schedule.num_decode_tokens + schedule.num_draft_tokens)
-                self.scheduler.chunks.observe(schedule.num_prompt_tokens, iteration_s * 1000 - decode_ms)
+                self.scheduler.chunks.observe(schedule.num_prompt_tokens, iteration_ms - cost.decode_ms * num_decoded)
         c = self.counters
         c.iterations_total += 1
         c.busy_slots_total += len(schedule.chunks)

@@ -296,25 +296,14 @@ class PrefixCache:
         """Record that a slot's next tokens were computed (their cells now exist)."""
         if not tokens:
             return
-        tail = self.tails[slot]
-        start = tail.end
-        if tail is not self.root and tail.holders == {slot}:
-            # A private tail has no children (theirs would be held by this slot): grow it in place.
-            tail.tokens.extend(tokens)
-        else:
-            node = Node(list(tokens), start, tail)
-            tail.children.append(node)
-            node.holders.add(slot)
-            self.tails[slot] = node
-        self.cells_total += len(tokens)
-        self.cells_running += len(tokens)
+        start = self.tails[slot].end
+        self.adopt(slot, tokens)
         if self.guard:
             self.memory.seq_cp(slot, self._twin(slot), start, -1)
 
     def adopt(self, slot: int, tokens: list[int]) -> None:
-        """Record that a slot's next tokens' cells exist under every id of the slot already (restored from a tier).
-
-        extend without its guard copy, written out again: extend runs per sequence per iteration."""
+        """Record that a slot's next tokens' cells exist under every id of the slot already (restored from a
+        tier): extend without its guard copy."""
         if not tokens:
             return
         tail = self.tails[slot]

@@ -183,7 +183,7 @@ class ChunkCosts:
 
     def _knee(self) -> int:
         measured = {size: ms for size, ms in self._mean.items() if self._count[size] >= self.min_samples}
-        if not self.measured:
+        if len(measured) < 2:  # not `measured` yet
             return self.default
         cheapest = min(measured.values())
         knee = min(size for size, ms in measured.items() if ms <= cheapest * (1 + self.tolerance))
@@ -253,8 +253,7 @@ class Scheduler:
         self.cost = CostModel()
         # Until measured, the knee is the smallest chunk the budget cuts anyway: the budget as it was.
         self.chunks = ChunkCosts(config.token_budget, default=config.min_prefill_tokens)
-        # The pace the budget keeps when a target is out of reach (None: every target in reach) and, of the
-        # last iteration with a target, whether it was: what the overview's "infeasible" mark is made of.
+        # The pace the last budgeted iteration kept instead of a target out of its reach (None: in reach).
         self.reachable_tpot_ms: float | None = None
         # The last iteration's prefill limit and the TPOT target it came from (None: no target ran).
         self.prefill_budget = config.token_budget
@@ -422,8 +421,8 @@ class Scheduler:
         num_prompt = 0
         # The most urgent prompt is held only to the paces of sequences at least as urgent as itself: a voice
         # prompt does not wait on a chat answer's TPOT (voice first); the prompts behind it keep its own pace.
-        pending = [r.priority for r in self.running if not r.is_decoding and r.num_pending > 0]
-        prefill_left = min(budget, self._prefill_limit(num_decode, now, min(pending) if pending else None))
+        prompting = [r.priority for r in self.running if not r.is_decoding and r.num_pending > 0]
+        prefill_left = min(budget, self._prefill_limit(num_decode, now, min(prompting, default=None)))
         self.prefill_budget = max(prefill_left, 0)
         # Prompt chunks in admission order: the most urgent prefill first, then the oldest.
         urgent: tuple[int, int] | None = None  # (priority, prompt tokens the iteration may hold) of the first target

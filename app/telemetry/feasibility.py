@@ -87,12 +87,15 @@ def class_costs(latest: dict, classes: list, models: list[dict], default_model: 
     `models` are the overview's model rows (name, parallel); a class whose model has no measured figures yet is
     left out."""
     slots = {m["name"]: m.get("parallel") for m in models}
+    hardware: dict[str, Hardware | None] = {}  # per model, looked up once: most classes share one
     out = {}
     for c in classes:
         model = c.default_model or default_model
         if model is None or not c.tpot_target_ms:
             continue
-        hw = hardware_of(latest, model, slots.get(model))
+        if model not in hardware:
+            hardware[model] = hardware_of(latest, model, slots.get(model))
+        hw = hardware[model]
         if hw is not None:
             out[c.name] = target_cost(c.name, c.tpot_target_ms, hw)
     return out
