@@ -558,12 +558,13 @@ class DiskTier:
                     return
                 self._write(saved)
             except Exception as exc:
-                self.num_failed_writes += 1
                 # A full or failing disk is not asked again at every idle moment: once a minute at most.
                 self._retry_after = time.monotonic() + WRITE_RETRY_S
                 log.warning("KV disk tier: writing an entry failed (%s); it stays in RAM only", exc)
                 with self._lock:
                     self._index.pop(entry_name(saved.tokens), None)
+                    # Counted last, once reported and forgotten: a reader of the count finds both done.
+                    self.num_failed_writes += 1
             finally:
                 self._queue.task_done()
 

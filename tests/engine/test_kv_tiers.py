@@ -4,6 +4,7 @@ The fake model's next token is a function of the tokens its cells hold, so a res
 wrong cells (or cells at the wrong positions) changes the answer; its violations catch holes and misuse.
 """
 
+import logging
 import time
 
 import pytest
@@ -262,6 +263,7 @@ def test_a_full_disk_leaves_no_half_entry_and_serving_goes_on(make_engine, tmp_p
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", no_space)
+    caplog.set_level(logging.WARNING, logger="app.engine.kv_tiers")
     disk = DiskTier(tmp_path, KEY, max_bytes=None)
     model = small_model()
     engine = make_engine(model, cache_ram_bytes=None, cache_disk=disk)
