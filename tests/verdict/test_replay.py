@@ -327,3 +327,28 @@ def test_apply_of_proposed_targets_writes_the_classes_and_refuses_a_gone_class(t
         (h,) = store.applied_history(s)
         assert h.changes == {"chat.ttft_target_ms": [1500, 1900], "voice.tpot_target_ms": [100, 230]}
     db_engine.dispose()
+
+
+@pytest.mark.parametrize("bad", [{"tpot_target_ms": 0}, {"tpot_target_ms": "fast"}, {"tpot_target_ms": 12.5},
+                                 {"tpot_target_ms": True}, {"name": 100}])
+def test_apply_of_a_bad_target_value_names_it_and_writes_no_class(tmp_path, bad):
+    db_engine, sessions = open_store(tmp_path)
+    verdict = Verdict(HouseholdOverlap(4, "default", "default", "no traffic"), 4, (
+        Recommendation("targets", "Targets", ("r",), {}, (5,), {"classes": {"chat": {"ttft_target_ms": 1900},
+                                                                         "voice": bad}}),
+        Recommendation("targets", "Targets", ("r",), {}, (5,), {"classes": {"coding": {"ttft_target_ms": 2500}}}),
+    ))
+    (field, value), = bad.items()
+    with sessions() as s:
+        sid = store.create_session(s, "household", "gemma", {})
+        store.finish_session(s, sid, verdict.as_dict())
+        with pytest.raises(store.ApplyError, match=f"voice.{field} = .* is not a target in whole milliseconds"):
+            store.apply_recommendation(s, sid, 0, "admin")
+        store.apply_recommendation(s, sid, 1, "admin")  # a later apply in the same session commits none of the refused one
+    with sessions() as s:
+        assert s.get(RequestClass, "chat").ttft_target_ms == 1500
+        assert s.get(RequestClass, "voice").tpot_target_ms == 100
+        assert s.get(RequestClass, "coding").ttft_target_ms == 2500
+        (h,) = store.applied_history(s)
+        assert h.changes == {"coding.ttft_target_ms": [h.changes["coding.ttft_target_ms"][0], 2500]}
+    db_engine.dispose()
