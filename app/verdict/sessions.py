@@ -221,19 +221,19 @@ CLASS_TARGET_FIELDS = ("ttft_target_ms", "tpot_target_ms")
 
 def _apply_class_targets(session: Session, s: BenchSession, rec: dict, targets: dict, applied_by: str) -> BenchApplied:
     """Write a "targets" recommendation's per-class targets; every class must exist and every value be ≥ 1 ms."""
-    rows = {}
-    for name, values in sorted(targets.items()):  # every value checked before any is written: all or nothing
-        rows[name] = session.get(RequestClass, name)
-        if rows[name] is None:
+    changes: dict[str, list] = {}
+    writes = []
+    for name, values in sorted(targets.items()):
+        row = session.get(RequestClass, name)
+        if row is None:
             raise ApplyError(f"class {name!r} no longer exists: run the bench again for targets of today's classes")
         for field, value in values.items():
             if field not in CLASS_TARGET_FIELDS or isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ApplyError(f"{name}.{field} = {value!r} is not a target in whole milliseconds")
-    changes: dict[str, list] = {}
-    for name, values in sorted(targets.items()):
-        for field, value in values.items():
-            changes[f"{name}.{field}"] = [getattr(rows[name], field), value]
-            setattr(rows[name], field, value)
+            changes[f"{name}.{field}"] = [getattr(row, field), value]
+            writes.append((row, field, value))
+    for row, field, value in writes:  # only once every value passed: all or nothing
+        setattr(row, field, value)
     row = BenchApplied(applied_by=applied_by, session_id=s.id, model_name=s.model_name, recommendation=rec,
                        changes=changes)
     session.add(row)
