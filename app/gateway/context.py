@@ -110,7 +110,8 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
     catalog = Catalog.open(data_dir, sessions, settings, default_model, models_dir_override)
     admission = Admission(max_in_flight_total=int(settings.get("max_in_flight_total")))
     residency = ResidencyManager(catalog.model_specs, partial(budget_bytes, settings),
-                                 partial(record_residency_event, writer))
+                                 partial(record_residency_event, writer),
+                                 busy_wait_s=lambda: float(settings.get("model_swap_wait_s")))
     sampler = Sampler(writer, residency.status, admission.snapshot)
     metrics = GatewayMetrics(residency.status, admission.snapshot, sampler, writer.health)
     tokens = TokenCache(principal_loader(sessions))

@@ -103,8 +103,11 @@ class NotEnoughMemory(ResidencyError):
     """The model does not fit the budget even after evicting every evictable model."""
 
     def __init__(self, message: str, *, needed_bytes: int = 0, budget_bytes: int = 0,
-                 resident: dict[str, int] | None = None, blocked: dict[str, str] | None = None):
+                 resident: dict[str, int] | None = None, blocked: dict[str, str] | None = None,
+                 busy_only: bool = False):
         self.needed_bytes = needed_bytes
+        # True when models with requests in flight stand in the way, and evicting them once idle makes room.
+        self.busy_only = busy_only
         self.budget_bytes = budget_bytes
         self.resident = resident or {}
         self.blocked = blocked or {}
@@ -221,7 +224,8 @@ class ResidencyManager:
 
     def __init__(self, models: Callable[[], dict[str, ModelSpec]], budget_bytes: Callable[[], int],
                  on_event: Callable[[ResidencyEvent], None], clock: Callable[[], float] = time.monotonic,
-                 start_timeout_s: float = 120, node_cooldown_s: float = 10.0):
+                 start_timeout_s: float = 120, node_cooldown_s: float = 10.0,
+                 busy_wait_s: Callable[[], float] = lambda: 0.0):
         # models() is called on every acquire: it must be cheap (a cached catalog).
         self._models_fn = models
         self._budget_fn = budget_bytes
@@ -230,6 +234,10 @@ class ResidencyManager:
         self.start_timeout_s = start_timeout_s
         self.node_cooldown_s = node_cooldown_s
         self._lock = threading.Lock()
+        # Notified whenever a lease is released: a load waiting for a busy model to go idle looks again.
+        self._idle = threading.Condition(self._lock)
+        # How long (s, real time) a load waits for busy models in its way to finish before it is refused.
+        self._busy_wait_s = busy_wait_s
         self._emit_lock = threading.Lock()
         self._models: dict[str, _Model] = {}
         self._closed = False
@@ -254,6 +262,9 @@ class ResidencyManager:
         # on it; the local runner wins ties.
         # Set once this call has seen a load fail: it then serves from remotes or raises, never retries.
         failure: ResidencyError | None = None
+        # A load that only busy models stand in the way of waits for them to finish (a family member's
+        # question to one model right after another model's answer), at most busy_wait_s, then is refused.
+        busy_deadline: float | None = None
         while True:
             events: list[ResidencyEvent] = []
             victims: list[RunnerProcess] = []
@@ -280,6 +291,13 @@ class ResidencyManager:
                     try:
                         evict = self._plan_room(m)
                     except NotEnoughMemory as exc:
+                        if exc.busy_only:
+                            now = time.monotonic()
+                            if busy_deadline is None:
+                                busy_deadline = now + self._busy_wait_s()
+                            if now < busy_deadline:
+                                self._idle.wait(busy_deadline - now)
+                                continue
                         failure = exc
                         continue
                     for victim in evict:
@@ -360,8 +378,13 @@ class ResidencyManager:
                    f"resident {_mib(used)} [{sizes}]")
         if blocked:
             message += "; cannot evict " + ", ".join(f"{k} ({v})" for k, v in blocked.items())
+        busy = [x for x in resident if x.name in blocked and x.state != ModelState.LOADING
+                and x.spec.policy != "pinned" and x.in_flight]
+        # Waiting helps when the busy models, once idle and evicted, leave room (pinned and loading ones stay).
+        room_once_idle = used - freed - sum(x.resident_bytes for x in busy) + need <= budget
         raise NotEnoughMemory(message, needed_bytes=need, budget_bytes=budget,
-                              resident={x.name: x.resident_bytes for x in resident}, blocked=blocked)
+                              resident={x.name: x.resident_bytes for x in resident}, blocked=blocked,
+                              busy_only=bool(busy) and room_once_idle)
 
     def _load(self, m: _Model, spec: ModelSpec, done: Future, reason: str) -> None:
         """Start `m`'s runner (the caller owns the load) and settle `done` for everyone waiting."""
@@ -469,6 +492,7 @@ class ResidencyManager:
             lease._node.in_flight -= 1
             m.in_flight -= 1
             m.last_used = self._clock()
+            self._idle.notify_all()
             if m.in_flight == 0 and m.state == ModelState.READY and _ttl_s(m) == 0:
                 why = "on demand" if m.client_keep_alive_s is None else "keep_alive 0 from a client"
                 runner, event = self._detach(m, "unload", f"{why}: the last request finished")
@@ -626,6 +650,7 @@ class ResidencyManager:
         events: list[ResidencyEvent] = []
         with self._lock:
             self._closed = True
+            self._idle.notify_all()  # a load waiting for a busy model is refused now, not at its deadline
             for m in self._models.values():
                 if m.state == ModelState.READY:
                     runner, event = self._detach(m, "unload", "shutdown")

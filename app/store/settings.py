@@ -189,6 +189,8 @@ REGISTRY = {
                    "int", "Models and runners", "KV kept in RAM per runner", "MiB", -1, 1_048_576),
         SettingDef("runner_cache_disk_mib", 4096, "disk space on the data volume each model's cached prefixes may take, so a stable system prompt survives model swaps and restarts (0 off, -1 no limit); applies when a runner starts",
                    "int", "Models and runners", "KV kept on disk per model", "MiB", -1, 1_048_576),
+        SettingDef("model_swap_wait_s", 30.0, "a request for a model that does not fit beside the resident ones waits this long for the busy models in its way to finish their requests (then they are evicted), instead of being refused with 503 at once",
+                   "float", "Models and runners", "Wait for a busy model to swap", "s", 0, 600),
         SettingDef("hf_endpoint", None, "Hugging Face endpoint models are pulled from (a mirror's URL; default: $HF_ENDPOINT, else huggingface.co)",
                    "str", "Models and runners", "Hugging Face endpoint"),
         SettingDef("pull_allowed_hosts", None, "hosts a model pull may reach although they are on the LAN or this machine "

@@ -74,13 +74,13 @@ def gone(pid: int) -> bool:
 class Harness:
     """A manager over a mutable catalog and budget, a settable clock, and the events it emitted."""
 
-    def __init__(self, models: list[ModelSpec], budget_mib: int = 4096):
+    def __init__(self, models: list[ModelSpec], budget_mib: int = 4096, busy_wait_s: float = 0.0):
         self.catalog = {m.name: m for m in models}
         self.budget = budget_mib * MiB
         self.now = 1000.0
         self.events = []
         self.manager = ResidencyManager(lambda: self.catalog, lambda: self.budget, self.events.append,
-                                        clock=lambda: self.now, start_timeout_s=120)
+                                        clock=lambda: self.now, start_timeout_s=120, busy_wait_s=lambda: busy_wait_s)
         # PIDs whose exit a runner's watcher thread has reported to the manager (its last act for that
         # runner): the marker an absence check waits for.
         self.exits_reported: list[int] = []
@@ -107,8 +107,8 @@ def harness():
     """Factory of harnesses; every manager is shut down and no runner may outlive the test."""
     made: list[Harness] = []
 
-    def make(models: list[ModelSpec], budget_mib: int = 4096) -> Harness:
-        h = Harness(models, budget_mib)
+    def make(models: list[ModelSpec], budget_mib: int = 4096, busy_wait_s: float = 0.0) -> Harness:
+        h = Harness(models, budget_mib, busy_wait_s)
         made.append(h)
         return h
 
@@ -204,6 +204,41 @@ def test_budget_that_fits_one_model(harness, gemma_path, tmp_path):
     assert gone(a.pid) and not gone(b.pid)
     assert [h.state(n)["state"] for n in "ab"] == [ModelState.UNLOADED, ModelState.READY]
     b.release()
+
+
+def test_a_load_waits_for_the_busy_model_in_its_way_and_evicts_it_once_idle(harness, gemma_path, tmp_path):
+    # A family member asks the other model just as one's answer is ending: not a 503, a short wait.
+    h = harness([spec("a", gemma_path), spec("b", model_file(gemma_path, tmp_path, "b"))], budget_mib=400,
+                busy_wait_s=600)
+    a = h.manager.acquire("a")
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(h.manager.acquire("b")))
+    waiter.start()
+    wait_until(lambda: h.manager._idle._waiters, 30, lambda: "b's load is not waiting")  # noqa: SLF001
+    assert h.kinds() == [("a", "load")] and not got and not gone(a.pid)
+    a.release()
+    waiter.join(120)
+    assert len(got) == 1 and got[0].model_name == "b"
+    assert h.kinds() == [("a", "load"), ("a", "evict"), ("b", "load")] and gone(a.pid)
+    got[0].release()
+
+
+def test_a_load_behind_a_busy_model_is_refused_at_its_deadline_and_a_pinned_one_at_once(harness, gemma_path,
+                                                                                       tmp_path):
+    h = harness([spec("p", gemma_path, policy="pinned"), spec("a", model_file(gemma_path, tmp_path, "a")),
+                 spec("b", model_file(gemma_path, tmp_path, "b"))], budget_mib=700, busy_wait_s=0.2)
+    assert h.manager.start_pinned() == {"p": None}
+    a = h.manager.acquire("a")
+    with pytest.raises(NotEnoughMemory, match=r"cannot evict p \(pinned\), a \(busy: 1 in flight\)") as err:
+        h.manager.acquire("b")  # a stays busy past the 0.2 s wait
+    assert err.value.busy_only
+    a.release()
+    h.manager.unload("a")
+    h.budget = 500 * MiB
+    # Only the pinned model is in the way now: nothing to wait for, refused at once (the wait would be 0.2 s).
+    with pytest.raises(NotEnoughMemory, match=r"cannot evict p \(pinned\)") as err:
+        h.manager.acquire("b")
+    assert not err.value.busy_only
 
 
 def test_pinned_models_are_never_evicted_or_expired(harness, gemma_path, tmp_path):
