@@ -423,7 +423,10 @@ class DiskTier:
     def _scan(self) -> None:
         for path in self.dir.iterdir():
             if path.name.startswith(TMP_PREFIX):
-                path.unlink(missing_ok=True)  # a write a crash cut short
+                # A write a crash cut short (kill -9, power loss): never renamed, so never an entry; gone.
+                log.warning("KV disk tier: removing %s, a write cut short (the runner was killed or the power "
+                            "failed while it was written); its prompt will be prefilled", path.name)
+                path.unlink(missing_ok=True)
                 continue
             if path.suffix != SUFFIX:
                 continue
