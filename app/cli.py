@@ -276,6 +276,14 @@ def _add_bench_tiers(bench_sub: argparse._SubParsersAction) -> None:
     t.add_argument("--cost", action="store_true",
                    help="instead: generated tok/s of --parallel concurrent streams with the tiers off and on")
     t.add_argument("--cost-tokens", type=int, default=128, help="--cost: tokens per stream (default %(default)s)")
+    t.add_argument("--serve", action="store_true",
+                   help="instead: through hearth serve with default settings and a one-model memory budget: the "
+                        "voice turn after a swap and after a restart, an ~8,000-token conversation after a swap "
+                        "(with --cost: the household mix with the tiers off and on)")
+    t.add_argument("--level", dest="parallel_level", type=int, default=8,
+                   help="--serve --cost: household requests at once (default %(default)s)")
+    t.add_argument("--turns", type=int, default=24,
+                   help="--serve: user/assistant pairs of the long conversation, ~400 tokens each (default %(default)s)")
 
 
 def _add_bench_engine(bench_sub: argparse._SubParsersAction) -> None:

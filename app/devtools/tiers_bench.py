@@ -193,6 +193,9 @@ def main(args) -> int:
     from app.residency.default_model import ensure_default_model
 
     model = args.model or str(ensure_default_model(data_dir(), progress=True))
+    if args.serve:
+        from app.devtools import tiers_serve_bench
+        return tiers_serve_bench.cost(args, model) if args.cost else tiers_serve_bench.main(args, model)
     common = ["-m", model, "-c", str(args.ctx), "-np", str(args.parallel), "-t", str(args.threads)]
     hearth = [sys.executable, "-m", "app.cli", "runner", *common]
     if args.cost:
