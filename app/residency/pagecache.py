@@ -109,10 +109,12 @@ def read_ahead(path: str | os.PathLike) -> int:
 
 
 def drop(path: str | os.PathLike) -> None:
-    """Ask the kernel to drop `path`'s clean pages from the page cache (POSIX_FADV_DONTNEED).
+    """Ask the kernel to drop `path`'s pages from the page cache (POSIX_FADV_DONTNEED).
 
-    Pages another process still maps, and dirty ones, stay: call it once the runner has stopped."""
+    Dirty pages (a file just pulled or copied) would stay, so the file is synced first (nothing to do for a
+    clean one); pages another process still maps stay too: call it once the runner has stopped."""
     with open(path, "rb", buffering=0) as f:
+        os.fsync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
