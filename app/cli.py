@@ -276,6 +276,9 @@ def _add_bench_tiers(bench_sub: argparse._SubParsersAction) -> None:
     t.add_argument("--cost", action="store_true",
                    help="instead: generated tok/s of --parallel concurrent streams with the tiers off and on")
     t.add_argument("--cost-tokens", type=int, default=128, help="--cost: tokens per stream (default %(default)s)")
+    t.add_argument("--reload", action="store_true",
+                   help="instead: the model's reload time with its weights warm in the page cache vs cold "
+                        "(DONTNEED before the load), median of --reps each")
 
 
 def _add_bench_engine(bench_sub: argparse._SubParsersAction) -> None:
