@@ -233,6 +233,9 @@ class Warmer:
         """Read ahead every planned file whose missing part fits the free RAM less the margin; the names warmed."""
         warmed: list[str] = []
         skipped: dict[str, str] = {}
+        # The kernel counts cached file pages as available (reclaimable): the files kept so far are taken off
+        # it, so warming a later file never pushes an earlier (more wanted) one out of the cache.
+        kept = 0
         for f in self.plan():
             for p in f.paths:
                 try:
@@ -242,13 +245,16 @@ class Warmer:
                     continue
                 frac = cached_fraction(p)
                 missing = size if frac is None else int(size * (1 - frac))
+                room = self._available() - self.margin_bytes - kept
                 if missing <= _PAGE * 16:
+                    kept += size
                     continue
-                room = self._available() - self.margin_bytes
-                if missing > room:
+                if size > room:
                     # Never beyond free RAM: a later (less recently used) file that is smaller may still fit.
-                    skipped[f.model_name] = f"needs {missing >> 20} MiB, {max(room, 0) >> 20} MiB free beyond the margin"
+                    skipped[f.model_name] = (f"needs {missing >> 20} MiB, {max(room - (size - missing), 0) >> 20} MiB "
+                                             "free beyond the margin and the weights kept before it")
                     continue
+                kept += size
                 try:
                     read_ahead(p)
                 except OSError as exc:
