@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from app.residency.offload import off_loop
+
 log = logging.getLogger(__name__)
 
 WEIGHTS_PINNED = "pinned"
@@ -136,8 +138,9 @@ class Warmer:
     """Keeps the weights of stopped models in the page cache by each model's choice, under the free RAM.
 
     `files()` lists every local model's WeightsFile; `resident()` the names whose runner is up now (their
-    pages are mapped, nothing to do). Reads run on one background thread, so a runner's stop never waits
-    on the disk; the order is pinned models first, then the most recently stopped."""
+    pages are mapped, nothing to do). Reads run on one background thread (each file read, under serve's
+    gevent, on a real one: app.residency.offload), so a runner's stop never waits on the disk; the order is
+    pinned models first, then the most recently stopped."""
 
     def __init__(self, files: Callable[[], Iterable[WeightsFile]], resident: Callable[[], set[str]],
                  available: Callable[[], int] = available_bytes, margin_bytes: int = DEFAULT_MARGIN_BYTES):
@@ -170,7 +173,7 @@ class Warmer:
         if f is not None and f.choice == WEIGHTS_COLD:
             for p in f.paths:
                 try:
-                    drop(p)
+                    off_loop(drop, p)  # its fsync may wait on the disk: never on serve's event loop
                     self.num_dropped += 1
                 except OSError as exc:
                     log.warning("could not drop %s from the page cache: %s", p, exc)
@@ -256,7 +259,8 @@ class Warmer:
                     continue
                 kept += size
                 try:
-                    read_ahead(p)
+                    # Gigabytes read: on a real thread under serve's gevent loop, which goes on serving meanwhile.
+                    off_loop(read_ahead, p)
                 except OSError as exc:
                     skipped[f.model_name] = f"read failed: {exc}"
                     continue
