@@ -53,3 +53,39 @@ def test_a_load_after_a_serve_restart_is_taken_apart_with_its_kv_from_the_disk(s
     # The load's own phases sit inside its cold start; with the first request's parts, inside the client's wait.
     assert load["load_read_ms"] + load["load_context_ms"] <= load["cold_start_ms"]
     assert load["cold_start_ms"] + load["load_restore_ms"] + load["first_prefill_ms"] <= client_ms
+
+
+def test_serve_drops_a_cold_models_pages_when_its_runner_stops_and_keeps_a_warm_ones(start_serve, models_dir,
+                                                                                     tmp_path):
+    from app.devtools.serve_process import prepare_data
+    from app.residency.pagecache import cached_fraction
+    from tests.helpers import HOUSEHOLD, SMALL_RUNNERS
+
+    data = tmp_path / "data"
+    tokens = prepare_data(data, settings=SMALL_RUNNERS, tokens=HOUSEHOLD,
+                          policies={"gemma-b": "on_demand", "gemma-3-270m-q4_k_m": "on_demand"})
+    with sqlite3.connect(data / "hearth.db") as con:
+        con.execute("INSERT INTO runner_settings (model_id, kind, weights) "
+                    "SELECT id, 'hearth', 'cold' FROM models WHERE name = 'gemma-b'")
+    s = start_serve(models_dir, data=data, tokens=[])
+    hdr = {"Authorization": f"Bearer {tokens['alice']}"}
+    for model in ("gemma-b", "gemma-3-270m-q4_k_m"):
+        r = s.client.post("/v1/completions", headers=hdr, json={"model": model, "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+    cold = models_dir / "gemma-b.gguf"
+    # On demand: each runner stops after its request; serve's warmer (under its gevent loop) drops the cold one.
+    deadline = time.monotonic() + 60
+    while cached_fraction(cold) > 0.1:
+        assert time.monotonic() < deadline, f"gemma-b still {cached_fraction(cold):.0%} in the page cache"
+        time.sleep(0.1)
+    with sqlite3.connect(data / "hearth.db") as con:
+        assert con.execute("SELECT count(*) FROM residency_events WHERE event = 'unload'").fetchone() == (2,)
+        sources = dict(con.execute("SELECT model_name, weights_source FROM residency_events WHERE event = 'load'"))
+    assert set(sources) == {"gemma-b", "gemma-3-270m-q4_k_m"}
+    # The warm one is still in memory: its next load reads the page cache.
+    r = s.client.post("/v1/completions", headers=hdr, json={"model": "gemma-3-270m-q4_k_m", "prompt": "Hi",
+                                                            "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    with sqlite3.connect(data / "hearth.db") as con:
+        assert con.execute("SELECT weights_source FROM residency_events WHERE event = 'load' "
+                           "ORDER BY id DESC LIMIT 1").fetchone() == ("page_cache",)
