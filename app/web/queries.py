@@ -324,8 +324,11 @@ def load_breakdown(ev: ResidencyEvent) -> LoadBreakdown | None:
         return None
     phases = (ev.load_read_ms, ev.load_upload_ms, ev.load_context_ms)
     if all(v is None for v in phases):
-        return LoadBreakdown(ev.at, ev.cold_start_ms, (LoadPart("whole", "start to ready (not split)", ev.cold_start_ms),),
-                             split=False)
+        # Where the weights came from is still known: serve judged it before the start.
+        whole = LoadPart("whole", "start to ready (not split)", ev.cold_start_ms,
+                         f"weights in {TIER_WORDS[ev.weights_source]}" if ev.weights_source in ("page_cache", "disk")
+                         else None)
+        return LoadBreakdown(ev.at, ev.cold_start_ms, (whole,), split=False)
     read, upload, context = (v or 0.0 for v in phases)
     parts = [LoadPart("start", "process start", max(0.0, ev.cold_start_ms - read - upload - context)),
              LoadPart("read", "weights read", read, TIER_WORDS.get(ev.weights_source or "", None))]

@@ -84,13 +84,13 @@ def test_each_load_is_a_stacked_bar_with_the_tier_of_each_part(app, admin):
     # Hearth runner, weights from disk, KV restored from the disk tier, first prefill measured.
     _load(app, name, now - timedelta(minutes=2), cold_start_ms=4000.0, load_read_ms=2500.0, load_context_ms=300.0,
           first_prefill_ms=600.0, load_restore_ms=150.0, weights_source="disk", kv_source="disk")
-    # A stock llama-server: only start to ready.
-    _load(app, name, now - timedelta(minutes=1), cold_start_ms=2000.0)
+    # A stock llama-server: only start to ready, and where its weights were.
+    _load(app, name, now - timedelta(minutes=1), cold_start_ms=2000.0, weights_source="page_cache")
     page = _page(admin)
     bars = re.findall(r'<li class="load-split" data-total-ms="([\d.]+)">(.*?)</li>', page, re.S)
     assert len(bars) == 2
     (stock_total, stock), (split_total, split) = bars  # newest first
-    assert float(stock_total) == 2000.0 and "start to ready (not split)" in stock
+    assert float(stock_total) == 2000.0 and "start to ready (not split) 2 s <em>(weights in page cache)</em>" in stock
     assert "a stock llama-server tells only its start to ready" in stock
     # 4000 ms load = 1200 process start + 2500 read + 300 context, then 150 restore and 600 prefill.
     assert float(split_total) == 4750.0
@@ -99,7 +99,7 @@ def test_each_load_is_a_stacked_bar_with_the_tier_of_each_part(app, admin):
     assert "GPU upload" not in split  # no GPU layers: the part is absent
     # Widths to the longest load's scale: the 2500 ms read of a 4750 ms bar.
     assert 'class="load-part-read tier-disk" style="width: 52.63%"' in split
-    assert 'class="load-part-whole" style="width: 42.11%"' in stock
+    assert 'class="load-part-whole tier-weights-in-page-cache" style="width: 42.11%"' in stock
 
 
 def test_a_load_whose_weights_came_from_the_page_cache_and_its_gpu_upload_are_named(app, admin):
