@@ -204,6 +204,25 @@ def reload_round(command: list[str], path: str, warm: bool) -> dict:
             "first_prefill_ms": first.get("first_prefill_ms"), "first_ttft_s": ttft}
 
 
+def willneed_probe(path: str) -> dict:
+    """The warmer's choice measured: WILLNEED alone (the kernel may cap its read-ahead) against WILLNEED and a read."""
+    from app.residency.pagecache import cached_fraction, drop, read_ahead
+
+    drop(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        time.sleep(1.0)
+        alone = cached_fraction(path) or 0.0
+    finally:
+        os.close(fd)
+    drop(path)
+    t0 = time.perf_counter()
+    read_ahead(path)
+    return {"willneed_1s": alone, "read_through_ms": (time.perf_counter() - t0) * 1000,
+            "read_through": cached_fraction(path) or 0.0}
+
+
 def reload_bench(args, model: str) -> int:
     """`--reload`: the model's reload time with its weights warm (read ahead) vs cold (DONTNEED before the load),
     through the hearth runner, interleaved, median of --reps each."""
@@ -216,6 +235,7 @@ def reload_bench(args, model: str) -> int:
         # A copy of its own (synced: DONTNEED drops only clean pages), so other runners' pages of the file stay.
         path = str(shutil.copy(model, Path(folder) / Path(model).name))
         drop(path)
+        probe = willneed_probe(path)
         command = [sys.executable, "-m", "app.cli", "runner", "-m", path, "-c", str(args.ctx), "-np",
                    str(args.parallel), "-t", str(args.threads), "--cache-ram", "0"]
         for rnd in range(args.reps):
@@ -229,6 +249,9 @@ def reload_bench(args, model: str) -> int:
           f"{args.threads} threads, CPU only, --cache-ram 0; machine {json.dumps(machine())}")
     print("reload = hearth runner process start → /health ok, by the client; read/context = the runner's own "
           f"load_timings; first prefill of a short {QUESTIONS[0]!r} turn; median of {args.reps} (min–max), interleaved")
+    print(f"read-ahead: POSIX_FADV_WILLNEED alone left {100 * probe['willneed_1s']:.0f} % of the file in the page "
+          f"cache 1 s later; WILLNEED + reading it through (what the warmer does) {probe['read_through_ms']:.0f} ms "
+          f"to {100 * probe['read_through']:.0f} %")
     med = {}
     for name in ("cold", "warm"):
         figs = rounds[name]
@@ -243,8 +266,8 @@ def reload_bench(args, model: str) -> int:
           f"read {med[('warm', 'read_ms')] / med[('cold', 'read_ms')]:.3f}, first prefill "
           f"{med[('warm', 'first_prefill_ms')] / med[('cold', 'first_prefill_ms')]:.3f}")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"ctx": args.ctx, "threads": args.threads, "rounds": rounds},
-                                                   indent=1))
+        Path(args.json_path).write_text(json.dumps({"ctx": args.ctx, "threads": args.threads, "read_ahead": probe,
+                                                    "rounds": rounds}, indent=1))
     return 0
 
 
