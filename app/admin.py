@@ -149,6 +149,27 @@ def set_model_speculation(s, name: str, value: str) -> db.RunnerSettings:
     return rs
 
 
+def set_model_weights(s, name: str, value: str) -> db.RunnerSettings:
+    """Set a model's weights choice (pinned, warm or cold: its file in the page cache while no runner maps it)
+    on its runner settings (the caller commits). Stored as NULL for warm, the default. Raises AdminError for an
+    unknown model or value."""
+    from app.residency.pagecache import WEIGHTS_WARM, weights_problem
+
+    row = s.scalar(select(db.Model).where(db.Model.name == name))
+    if row is None:
+        raise AdminError(f"no model '{name}'; `hearth models list` scans the models folder and shows the names")
+    value = value.strip().lower()
+    problem = weights_problem(value)
+    if problem:
+        raise AdminError(f"weights '{value}': {problem}")
+    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
+    if rs is None:
+        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
+        s.add(rs)
+    rs.weights = None if value == WEIGHTS_WARM else value
+    return rs
+
+
 def run(args) -> int:
     """Dispatch `hearth models|classes|settings ...`."""
     data = data_dir()

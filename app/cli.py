@@ -284,6 +284,9 @@ def _add_bench_tiers(bench_sub: argparse._SubParsersAction) -> None:
                    help="--serve --cost: household requests at once (default %(default)s)")
     t.add_argument("--turns", type=int, default=24,
                    help="--serve: user/assistant pairs of the long conversation, ~400 tokens each (default %(default)s)")
+    t.add_argument("--reload", action="store_true",
+                   help="instead: the model's reload time with its weights warm in the page cache vs cold "
+                        "(DONTNEED before the load), median of --reps each")
 
 
 def _add_bench_engine(bench_sub: argparse._SubParsersAction) -> None:

@@ -9,6 +9,8 @@ loopback (a lab figure), `--reps` repetitions, each on a fresh disk folder, the 
 - disk tier: the runner is restarted (SIGTERM: it writes its prefixes), and the next turn reads them back;
 - optionally stock llama-server after its own restart (its --cache-ram lives and dies with the process).
 
+`--reload` instead: the model's reload with its weights warm in the page cache vs cold (dropped before the load).
+
 TTFT is the client's: request sent → first streamed token with text. The reload time (process start → /health
 ok) is printed beside the disk arm, since the issue's target is TTFT ≤ reload + 0.1 × a full prefill.
 """
@@ -178,6 +180,97 @@ def cost(args, hearth: list[str]) -> int:
     return 0
 
 
+def reload_round(command: list[str], path: str, warm: bool) -> dict:
+    """One reload of the model at `path`: its pages read in first (warm) or dropped (cold), then the runner
+    started, timed by the client (process start → /health ok), its own load_timings read, one short turn asked."""
+    from app.residency.pagecache import cached_fraction, drop, read_ahead
+
+    if warm:
+        read_ahead(path)
+    else:
+        drop(path)
+    before = cached_fraction(path)
+    s = Server(command)
+    try:
+        loaded = httpx.get(f"{s.url}/health", timeout=10).json().get("load_timings") or {}
+        # A short turn: its prefill is where pages the load left unread would be faulted in, not a long prompt's.
+        ttft = s.ask(f"User: {QUESTIONS[0]}\nAssistant:", n_predict=4)["ttft_s"]
+        first = httpx.get(f"{s.url}/health", timeout=10).json().get("load_timings") or {}
+    finally:
+        s.stop()
+    return {"weights": "warm" if warm else "cold", "cached_before": before, "reload_s": s.ready_s,
+            "read_ms": loaded.get("read_ms"), "context_ms": loaded.get("context_ms"),
+            "engine_ms": loaded.get("engine_ms"), "load_ms": loaded.get("load_ms"),
+            "first_prefill_ms": first.get("first_prefill_ms"), "first_ttft_s": ttft}
+
+
+def willneed_probe(path: str) -> dict:
+    """The warmer's choice measured: WILLNEED alone (the kernel may cap its read-ahead) against WILLNEED and a read."""
+    from app.residency.pagecache import cached_fraction, drop, read_ahead
+
+    drop(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        time.sleep(1.0)
+        alone = cached_fraction(path) or 0.0
+    finally:
+        os.close(fd)
+    drop(path)
+    t0 = time.perf_counter()
+    read_ahead(path)
+    return {"willneed_1s": alone, "read_through_ms": (time.perf_counter() - t0) * 1000,
+            "read_through": cached_fraction(path) or 0.0}
+
+
+def reload_bench(args, model: str) -> int:
+    """`--reload`: the model's reload time with its weights warm (read ahead) vs cold (DONTNEED before the load),
+    through the hearth runner, interleaved, median of --reps each."""
+    import shutil
+
+    from app.residency.pagecache import drop
+
+    rounds: dict[str, list[dict]] = {"warm": [], "cold": []}
+    with tempfile.TemporaryDirectory(prefix="hearth-reload-") as folder:
+        # A copy of its own (synced: DONTNEED drops only clean pages), so other runners' pages of the file stay.
+        path = str(shutil.copy(model, Path(folder) / Path(model).name))
+        drop(path)
+        probe = willneed_probe(path)
+        command = [sys.executable, "-m", "app.cli", "runner", "-m", path, "-c", str(args.ctx), "-np",
+                   str(args.parallel), "-t", str(args.threads), "--cache-ram", "0"]
+        for rnd in range(args.reps):
+            for name in (("cold", "warm") if rnd % 2 == 0 else ("warm", "cold")):
+                fig = reload_round(command, path, warm=name == "warm")
+                rounds[name].append(fig)
+                print(f"  round {rnd + 1} {name}: in page cache before {100 * (fig['cached_before'] or 0):.0f} %, "
+                      f"reload {fig['reload_s']:.2f} s (read {fig['read_ms']:.0f} ms, context {fig['context_ms']:.0f}"
+                      f" ms), first prefill {fig['first_prefill_ms']:.0f} ms", file=sys.stderr, flush=True)
+    print(f"model {Path(model).name} sha256 {file_sha256(model)[:16]}…, ctx {args.ctx}, {args.parallel} slots, "
+          f"{args.threads} threads, CPU only, --cache-ram 0; machine {json.dumps(machine())}")
+    print("reload = hearth runner process start → /health ok, by the client; read/context = the runner's own "
+          f"load_timings; first prefill of a short {QUESTIONS[0]!r} turn; median of {args.reps} (min–max), interleaved")
+    print(f"read-ahead: POSIX_FADV_WILLNEED alone left {100 * probe['willneed_1s']:.0f} % of the file in the page "
+          f"cache 1 s later; WILLNEED + reading it through (what the warmer does) {probe['read_through_ms']:.0f} ms "
+          f"to {100 * probe['read_through']:.0f} %")
+    med = {}
+    for name in ("cold", "warm"):
+        figs = rounds[name]
+        line = []
+        for key in ("reload_s", "read_ms", "context_ms", "first_prefill_ms", "first_ttft_s"):
+            values = [f[key] for f in figs if f[key] is not None]
+            m = statistics.median(values) if values else float("nan")
+            med[(name, key)] = m
+            line.append(f"{key} {m:.3f} ({min(values, default=m):.3f}–{max(values, default=m):.3f})")
+        print(f"{name:<5} " + ", ".join(line))
+    print(f"warm/cold reload {med[('warm', 'reload_s')] / med[('cold', 'reload_s')]:.3f}, "
+          f"read {med[('warm', 'read_ms')] / med[('cold', 'read_ms')]:.3f}, first prefill "
+          f"{med[('warm', 'first_prefill_ms')] / med[('cold', 'first_prefill_ms')]:.3f}")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"ctx": args.ctx, "threads": args.threads, "read_ahead": probe,
+                                                    "rounds": rounds}, indent=1))
+    return 0
+
+
 def file_sha256(path: str) -> str:
     """The model file's hash, for the header."""
     h = hashlib.sha256()
@@ -200,6 +293,8 @@ def main(args) -> int:
     hearth = [sys.executable, "-m", "app.cli", "runner", *common]
     if args.cost:
         return cost(args, hearth)
+    if getattr(args, "reload", False):
+        return reload_bench(args, model)
     stock = None
     if args.llama_server:
         if not Path(args.llama_server).is_file():

@@ -8,6 +8,7 @@ import functools
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 
 import llama_cpp
@@ -142,7 +143,22 @@ class LlamaModel:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers
         mparams.use_extra_bufts = config.repack_enabled
+        # The load's phases (the Models page's cold-start split): reading the weights, then with GPU layers
+        # the tensors' copy into device buffers, which llama.cpp reports through the progress callback
+        # (its first call ends the metadata and mapping, the last one the tensors' upload).
+        t0 = time.perf_counter()
+        progress_at: list[float] = []
+
+        def progress(_fraction: float, _user) -> bool:
+            if not progress_at:
+                progress_at.append(time.perf_counter())
+            return True
+
+        on_progress = llama_cpp.llama_progress_callback(progress)
+        if config.n_gpu_layers > 0:
+            mparams.progress_callback = on_progress
         self._model = llama_cpp.llama_model_load_from_file(config.path.encode(), mparams)
+        t_read = time.perf_counter()
         if not self._model:
             raise ValueError(f"llama.cpp could not load {config.path} (not a GGUF model it supports?)")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -171,7 +187,16 @@ class LlamaModel:
         cparams.n_threads = config.n_threads
         cparams.n_threads_batch = config.n_threads
         cparams.no_perf = True
+        t_ctx = time.perf_counter()
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        t_done = time.perf_counter()
+        first = progress_at[0] if progress_at else t_read
+        # upload_ms is None without GPU layers: there is no upload, and no part of the read is one.
+        self.load_timings = {
+            "read_ms": ((first if config.n_gpu_layers > 0 else t_read) - t0) * 1000,
+            "upload_ms": (t_read - first) * 1000 if config.n_gpu_layers > 0 else None,
+            "context_ms": (t_done - t_ctx) * 1000,
+        }
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
             raise ValueError(

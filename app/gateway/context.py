@@ -29,9 +29,10 @@ from app.gateway.refusals import Refusals
 from app.gateway.routing import Router
 from app.gateway.tokens import principal_loader
 from app.residency.library import Library
-from app.residency.manager import ResidencyManager
+from app.residency.manager import RESIDENT_STATES, ResidencyManager, weights_files
+from app.residency.pagecache import Warmer
 from app.services.catalog import Catalog, pull_refusal
-from app.services.records import Recorder, record_residency_event
+from app.services.records import Recorder, complete_load_event, record_residency_event
 from app.services.settings import SettingsCache, budget_bytes
 from app.services.targets import TargetSizer
 from app.store.models import RequestRecord, utcnow
@@ -67,10 +68,14 @@ class Services:
     people: People
     proxy_watch: ProxyWatch
     targets: TargetSizer
+    # Keeps stopped models' weights in the page cache by their choice (None: nothing is warmed).
+    warmer: Warmer | None = None
 
     def shutdown(self) -> None:
         """Stop every runner, then flush the refusal counts and the store."""
         self.residency.shutdown()
+        if self.warmer is not None:
+            self.warmer.close()
         self.refusals.flush()
         self.writer.stop(timeout_s=10)
 
@@ -109,9 +114,15 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
     settings = SettingsCache(sessions)
     catalog = Catalog.open(data_dir, sessions, settings, default_model, models_dir_override)
     admission = Admission(max_in_flight_total=int(settings.get("max_in_flight_total")))
+    # The warmer asks the residency manager what is up; the manager tells the warmer what stopped.
+    holder: list[ResidencyManager] = []
+    warmer = Warmer(lambda: weights_files(catalog.model_specs()),
+                    lambda: {m["name"] for m in holder[0].status() if m["state"] in RESIDENT_STATES})
     residency = ResidencyManager(catalog.model_specs, partial(budget_bytes, settings),
                                  partial(record_residency_event, writer),
-                                 busy_wait_s=lambda: float(settings.get("model_swap_wait_s")))
+                                 busy_wait_s=lambda: float(settings.get("model_swap_wait_s")),
+                                 on_first_use=partial(complete_load_event, writer), on_stopped=warmer.stopped)
+    holder.append(residency)
     sampler = Sampler(writer, residency.status, admission.snapshot)
     metrics = GatewayMetrics(residency.status, admission.snapshot, sampler, writer.health)
     tokens = TokenCache(principal_loader(sessions))
@@ -131,7 +142,7 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
         library=Library(catalog.models_dir, partial(pull_refusal, settings), lambda path: catalog.rescan(),
                         endpoint=lambda: settings.get("hf_endpoint")),
         refusals=Refusals(writer, metrics.observe), usage=seeded_usage(sessions), people=People(sessions, writer),
-        proxy_watch=ProxyWatch(), targets=targets,
+        proxy_watch=ProxyWatch(), targets=targets, warmer=warmer,
     )
 
 

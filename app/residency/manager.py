@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -15,6 +16,7 @@ from enum import StrEnum
 from typing import Literal
 
 from app.policy import MODEL_POLICIES, ModelPolicy
+from app.residency.pagecache import WEIGHTS_CHOICES, WEIGHTS_WARM, WeightsFile
 from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, RunnerStartFailed, new_runner_key
 
 log = logging.getLogger(__name__)
@@ -52,10 +54,14 @@ class ModelSpec:
     remote: tuple[tuple[str, str], ...] = ()
     # How the runner's slots and KV cells were chosen when the admin set none (size_runner's reason).
     sizing_note: str | None = None
+    # The weights in the page cache while no runner maps them (app.residency.pagecache): pinned, warm or cold.
+    weights: str = WEIGHTS_WARM
 
     def __post_init__(self):
         if self.policy not in MODEL_POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {MODEL_POLICIES}")
+        if self.weights not in WEIGHTS_CHOICES:
+            raise ValueError(f"unknown weights choice {self.weights!r}; choose from {WEIGHTS_CHOICES}")
         object.__setattr__(self, "remote", tuple((url, label) for url, label in self.remote))
 
 
@@ -72,6 +78,20 @@ class ResidencyEvent:
     measured_bytes: int | None = None
     pid: int | None = None
     at: float = field(default_factory=time.time)
+    # A load's split in ms (see app.residency.supervisor.LoadSplit): None where it was not measured.
+    load_read_ms: float | None = None
+    load_context_ms: float | None = None
+    load_upload_ms: float | None = None
+    load_restore_ms: float | None = None
+    first_prefill_ms: float | None = None
+    weights_source: str | None = None  # page_cache | disk
+    kv_source: str | None = None  # ram | disk | none
+
+
+def weights_files(specs: dict[str, ModelSpec]) -> list[WeightsFile]:
+    """The files each local model's runner maps (its GGUF, its projector), with the model's weights choice."""
+    return [WeightsFile(spec.name, spec.weights, (spec.runner.model_path,) + ((spec.runner.mmproj,) if spec.runner.mmproj else ()))
+            for spec in specs.values() if spec.runner is not None]
 
 
 class ResidencyError(Exception):
@@ -176,6 +196,8 @@ class _Model:
         self.in_flight = 0
         self.last_used: float | None = None
         self.cold_start_ms: float | None = None
+        # The load event of the current runner, until its first request has completed it (hearth runners).
+        self.first_use: ResidencyEvent | None = None
         self.measured_bytes: int | None = None
         self.error: str | None = None
         self.error_log: list[str] = []
@@ -225,11 +247,17 @@ class ResidencyManager:
     def __init__(self, models: Callable[[], dict[str, ModelSpec]], budget_bytes: Callable[[], int],
                  on_event: Callable[[ResidencyEvent], None], clock: Callable[[], float] = time.monotonic,
                  start_timeout_s: float = 120, node_cooldown_s: float = 10.0,
-                 busy_wait_s: Callable[[], float] = lambda: 0.0):
+                 busy_wait_s: Callable[[], float] = lambda: 0.0,
+                 on_first_use: Callable[[ResidencyEvent], None] | None = None,
+                 on_stopped: Callable[[str], None] | None = None):
+        # on_first_use: a load's event again, completed with its first request's KV restore and prefill (the
+        # store updates the load's row). on_stopped: a model's local runner has exited (the weights warmer).
         # models() is called on every acquire: it must be cheap (a cached catalog).
         self._models_fn = models
         self._budget_fn = budget_bytes
         self._on_event = on_event
+        self._on_first_use = on_first_use
+        self._on_stopped = on_stopped
         self._clock = clock
         self.start_timeout_s = start_timeout_s
         self.node_cooldown_s = node_cooldown_s
@@ -427,9 +455,12 @@ class ResidencyManager:
                 m.cold_start_ms, m.measured_bytes = runner.cold_start_ms, measured
                 m.error, m.error_log, m.returncode = None, [], None
                 m.last_used = self._clock()
-                events.append(ResidencyEvent(m.name, "load", reason, node=LOCAL, cold_start_ms=runner.cold_start_ms,
-                                             estimate_bytes=spec.estimate_bytes, measured_bytes=measured,
-                                             pid=runner.pid))
+                split = runner.load_split
+                load_event = ResidencyEvent(m.name, "load", reason, node=LOCAL, cold_start_ms=runner.cold_start_ms,
+                                            estimate_bytes=spec.estimate_bytes, measured_bytes=measured,
+                                            pid=runner.pid, **split.event_fields())
+                events.append(load_event)
+                m.first_use = load_event if split.measured_by_runner else None
                 # It may have died before it was ours to watch: its exit report found nobody.
                 if not runner.alive:
                     events.append(self._mark_crashed(m, runner))
@@ -493,12 +524,37 @@ class ResidencyManager:
             m.in_flight -= 1
             m.last_used = self._clock()
             self._idle.notify_all()
+            first_use = None
+            if m.first_use is not None and m.runner is not None and lease.pid == m.runner.pid:
+                first_use, m.first_use = (m.first_use, m.runner), None
             if m.in_flight == 0 and m.state == ModelState.READY and _ttl_s(m) == 0:
                 why = "on demand" if m.client_keep_alive_s is None else "keep_alive 0 from a client"
                 runner, event = self._detach(m, "unload", f"{why}: the last request finished")
+        if first_use is not None and self._on_first_use is not None:
+            # Before a stop below: one loopback GET, after the answer went out, on the releasing request's greenlet.
+            self._complete_load(*first_use)
         if runner is not None:
             self._emit([event])
-            runner.stop()
+            self._stop(runner)
+
+    def _complete_load(self, load_event: ResidencyEvent, runner: RunnerProcess) -> None:
+        """Read the runner's load timings once its first request is done and hand on the completed load event."""
+        split = runner.read_load_split()
+        if split is None or split.first_prefill_ms is None:
+            return
+        try:
+            self._on_first_use(dataclasses.replace(load_event, **split.event_fields()))
+        except Exception:
+            log.exception("completing the load event of %s failed", load_event.model_name)
+
+    def _stop(self, runner: RunnerProcess) -> None:
+        """Stop a runner and tell on_stopped once it has exited (its file's pages are then no one's mapping)."""
+        runner.stop()
+        if self._on_stopped is not None:
+            try:
+                self._on_stopped(runner.spec.model_name)
+            except Exception:
+                log.exception("on_stopped of %s failed", runner.spec.model_name)
 
     # --- failures ----------------------------------------------------------------------------
 
@@ -538,6 +594,7 @@ class ResidencyManager:
         tail = runner.log_tail(ERROR_LOG_LINES)
         m.state, m.runner, m.local, m.last_runner = ModelState.CRASHED, None, None, runner
         m.resident_bytes = 0
+        m.first_use = None
         m.returncode = runner.poll()
         m.error = f"runner exited with code {m.returncode}"
         m.error_log = tail
@@ -568,6 +625,7 @@ class ResidencyManager:
                             measured_bytes=runner.rss_bytes(), pid=runner.pid)
         m.state, m.runner, m.local, m.resident_bytes = ModelState.UNLOADED, None, None, 0
         m.client_keep_alive_s = None
+        m.first_use = None
         return runner, ev
 
     def expire_idle(self) -> list[str]:
@@ -627,7 +685,7 @@ class ResidencyManager:
                 raise ModelBusy(f"{name} is serving {m.in_flight} request(s); unload it when they finish")
             runner, event = self._detach(m, "unload", reason)
         self._emit([event])
-        runner.stop()
+        self._stop(runner)
         return True
 
     def start_pinned(self) -> dict[str, str | None]:
@@ -661,9 +719,8 @@ class ResidencyManager:
         self._emit(events)
         self._stop_all(stops)
 
-    @staticmethod
-    def _stop_all(runners: Iterable[RunnerProcess]) -> None:
-        threads = [threading.Thread(target=r.stop, name=f"stop-{r.spec.model_name}") for r in runners]
+    def _stop_all(self, runners: Iterable[RunnerProcess]) -> None:
+        threads = [threading.Thread(target=self._stop, args=(r,), name=f"stop-{r.spec.model_name}") for r in runners]
         for t in threads:
             t.start()
         for t in threads:

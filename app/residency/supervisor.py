@@ -30,6 +30,7 @@ from app.engine.speculation import NGRAM_TYPES, SpecConfig
 from app.exposition import parse_exposition
 from app.hardware import cpu_has_amx, usable_cores
 from app.policy import RUNNER_KINDS, RunnerKind
+from app.residency.pagecache import PAGE_CACHE_SHARE, cached_fraction
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +251,54 @@ def runner_args_problem(text: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class LoadSplit:
+    """A load's time taken apart, in ms; None where it was not measured.
+
+    A hearth runner measures its own phases (its /health's load_timings): the weights read, the GPU upload
+    (with GPU layers only), the context build, then its first request's KV restore and prefill. Of a stock
+    llama-server only the whole (process start → /health ok, cold_start_ms) is known. The weights' source
+    is judged by serve from the file's share in the page cache just before the runner started."""
+
+    read_ms: float | None = None
+    context_ms: float | None = None
+    upload_ms: float | None = None
+    restore_ms: float | None = None
+    first_prefill_ms: float | None = None
+    weights_cached: float | None = None  # the GGUF's share in the page cache before the load (0..1)
+    kv_source: str | None = None
+    measured_by_runner: bool = False
+
+    @property
+    def weights_source(self) -> str | None:
+        """page_cache when nearly all of the file was in memory before the load, else disk; None: unknown."""
+        if self.weights_cached is None:
+            return None
+        return "page_cache" if self.weights_cached >= PAGE_CACHE_SHARE else "disk"
+
+    def event_fields(self) -> dict:
+        """The residency event's columns."""
+        return {"load_read_ms": self.read_ms, "load_context_ms": self.context_ms, "load_upload_ms": self.upload_ms,
+                "load_restore_ms": self.restore_ms, "first_prefill_ms": self.first_prefill_ms,
+                "weights_source": self.weights_source, "kv_source": self.kv_source}
+
+    @classmethod
+    def from_timings(cls, timings: dict | None, weights_cached: float | None) -> LoadSplit:
+        """The split from a runner's load_timings (absent or not a dict: only the weights' source is known)."""
+        if not isinstance(timings, dict):
+            return cls(weights_cached=weights_cached)
+
+        def ms(name: str) -> float | None:
+            v = timings.get(name)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else None
+
+        kv = timings.get("kv_source")
+        return cls(read_ms=ms("read_ms"), context_ms=ms("context_ms"), upload_ms=ms("upload_ms"),
+                   restore_ms=ms("restore_ms"), first_prefill_ms=ms("first_prefill_ms"),
+                   weights_cached=weights_cached, kv_source=kv if kv in ("ram", "disk", "none") else None,
+                   measured_by_runner=True)
+
+
 class RunnerStartFailed(Exception):
     """The runner exited, reported a failed load, or was not ready in time."""
 
@@ -402,6 +451,9 @@ class RunnerProcess:
         self.api_key = api_key
         self.port: int | None = None
         self.cold_start_ms: float | None = None
+        # The load taken apart (known once start() returned): its phases as far as the runner reports them.
+        self.load_split = LoadSplit()
+        self._weights_cached: float | None = None
         self.returncode: int | None = None
         self._proc: subprocess.Popen | None = None
         self._log: collections.deque[str] = collections.deque(maxlen=LOG_LINES)
@@ -528,6 +580,8 @@ class RunnerProcess:
         env.update(key_environment(self.spec.kind, self.api_key))
         if self.api_key:
             _remember_key(self.url, self.api_key)
+        # Just before the start: did the weights come from memory or the disk (mincore, a few ms for a big file)?
+        self._weights_cached = cached_fraction(self.spec.model_path)
         t0 = time.monotonic()
         try:
             self._proc = _spawner.popen(
@@ -576,6 +630,7 @@ class RunnerProcess:
                 except httpx.TransportError:
                     r = None
                 if r is not None and r.status_code == 200:
+                    self.load_split = LoadSplit.from_timings(_json_field(r, "load_timings"), self._weights_cached)
                     with self._lock:
                         # The watcher checks the flag under the same lock: one of us reports an exit.
                         if not self._exited.is_set() and not self._stopping:
@@ -652,6 +707,28 @@ class RunnerProcess:
                 pass
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(5)
+
+
+    def read_load_split(self) -> LoadSplit | None:
+        """The load's split as the runner reports it now (its first request's parts once that one is done);
+        None when it cannot be asked or tells none (a stock llama-server)."""
+        if not self.alive or self.url is None:
+            return None
+        try:
+            r = httpx.get(f"{self.url}/health", timeout=2.0, headers=self.headers)
+        except httpx.HTTPError:
+            return None
+        timings = _json_field(r, "load_timings") if r.status_code == 200 else None
+        return LoadSplit.from_timings(timings, self._weights_cached) if timings is not None else None
+
+
+def _json_field(r: httpx.Response, name: str):
+    """A field of a JSON object answer, or None (no JSON, not an object, no such field)."""
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    return body.get(name) if isinstance(body, dict) else None
 
 
 def _error_message(r: httpx.Response) -> str:

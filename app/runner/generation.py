@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from app.engine.engine import Engine
 from app.engine.request import ContextOverflow, Delta, Finished, Progress, QueueFull, Request
@@ -52,7 +52,8 @@ def generation_error(fin: Finished) -> ApiError:
                     code="generation_failed", err_type="server_error")
 
 
-def watched(environ: Mapping, engine: Engine, request: Request) -> Iterator[Delta | Progress | Finished]:
+def watched(environ: Mapping, engine: Engine, request: Request,
+            on_finished: Callable[[Finished], None] | None = None) -> Iterator[Delta | Progress | Finished]:
     """The request's events; cancels it when the client goes away (the events then stop)."""
     done = False
     next_check_s = time.monotonic() + CLIENT_CHECK_S
@@ -68,6 +69,8 @@ def watched(environ: Mapping, engine: Engine, request: Request) -> Iterator[Delt
                 continue
             if isinstance(ev, Finished):
                 done = True
+                if on_finished is not None and not ev.error:
+                    on_finished(ev)
             yield ev
     finally:
         if not done:
@@ -90,7 +93,7 @@ def whole(state: RunnerState, environ: Mapping, jobs: list[Job]) -> list[dict]:
 
 def _whole_one(state: RunnerState, environ: Mapping, engine: Engine, job: Job, request: Request) -> dict:
     writer = writer_for(job, state)
-    for ev in watched(environ, engine, request):
+    for ev in watched(environ, engine, request, state.note_finished):
         if isinstance(ev, Finished):
             if ev.error:
                 raise generation_error(ev)
@@ -104,7 +107,7 @@ def stream(state: RunnerState, environ: Mapping, job: Job) -> Iterator[dict]:
     """The job's streamed pieces; submitted now, so a refusal is the answer's status, not a piece."""
     engine = state.ready()
     request = submit(engine, job)
-    return _pieces(writer_for(job, state), watched(environ, engine, request))
+    return _pieces(writer_for(job, state), watched(environ, engine, request, state.note_finished))
 
 
 def _pieces(writer: Writer, events: Iterable[Delta | Progress | Finished]) -> Iterator[dict]:

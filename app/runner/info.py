@@ -25,8 +25,10 @@ def on_health(state: RunnerState, req: HttpRequest) -> Response:
     """GET /health: ok with the slots' use, 503 while loading, 500 when loading failed."""
     if state.status == "ok":
         snap = state.engine.snapshot()
+        # Hearth's load_timings beside llama-server's fields: serve reads the load's split from the answer it waits for.
         return json_response({"status": "ok", "slots_idle": snap.n_seq_max - snap.num_running,
-                              "slots_processing": snap.num_running, "requests_waiting": snap.num_waiting})
+                              "slots_processing": snap.num_running, "requests_waiting": snap.num_waiting,
+                              "load_timings": state.load_timings})
     if state.status == "loading":
         return json_response({"status": "loading", "error": {"code": 503, "message": "Loading model"}}, 503)
     return json_response({"status": "error", "error": {"code": 500, "message": state.error}}, 500)
@@ -70,6 +72,7 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
         "mode": snap.mode,
         "token_budget": snap.token_budget,
         "load_s": state.load_s,
+        "load_timings": state.load_timings,
         "kv_cache_bytes": model.kv_cache_bytes(),
         "model": model.describe(),
         "chat_template": template.source if template else None,

@@ -77,6 +77,12 @@ class RunnerState:
         self.trigger_tokens: tuple[int, ...] = ()
         self.default_grammar: Grammar | None = None
         self.load_s: float | None = None
+        # The load's phases in ms (/health and /props' load_timings): the model's read_ms, upload_ms (None
+        # without GPU layers) and context_ms, engine_ms for the rest (template, projector, engine), and once
+        # the first request after the load finished, its KV restore (restore_ms, kv_source) and first_prefill_ms.
+        self.load_timings: dict[str, Any] = {}
+        self._first_seen = False
+        self._first_lock = threading.Lock()
         self._embedder = None
         self._embedder_lock = threading.Lock()
 
@@ -112,12 +118,35 @@ class RunnerState:
             ).start()
             self.metrics = RunnerMetrics(self.engine)
             self.load_s = time.monotonic() - t0
+            self.load_timings = load_phases(getattr(self.model, "load_timings", None), self.load_s * 1000)
             self.status = "ok"
             log.info("model %s loaded in %.2f s", cfg.model.path, self.load_s)
         except Exception as exc:
             log.exception("loading %s failed", cfg.model.path)
             self.error = str(exc)
             self.status = "error"
+
+    def note_finished(self, fin) -> None:
+        """A request finished: the first one after the load adds its KV restore and prefill to the load's timings."""
+        stats = fin.stats
+        with self._first_lock:
+            if self._first_seen or self.engine is None:
+                return
+            self._first_seen = True
+        tiers = self.engine.tiers
+        c = tiers.counters if tiers is not None else None
+        restore_ms = c.restore_seconds_total * 1000 if c is not None else 0.0
+        if c is None or not c.restored_tokens_total:
+            kv_source = "none"
+        else:
+            kv_source = "disk" if c.disk_restored_tokens_total else "ram"
+        # Restoring happens at admission, between the request's scheduling and its first token.
+        until_ms = stats.ttft_ms if stats.ttft_ms is not None else stats.total_ms
+        self.load_timings = {**self.load_timings, "restore_ms": restore_ms, "kv_source": kv_source,
+                             "restored_tokens": c.restored_tokens_total if c is not None else 0,
+                             "first_prefill_ms": max(0.0, until_ms - stats.queue_ms - restore_ms),
+                             "first_prompt_tokens": stats.num_prompt_tokens,
+                             "first_cached_tokens": stats.num_cached_tokens}
 
     def _disk_tier(self) -> DiskTier | None:
         """The disk tier for this model, template and KV settings (--cache-disk), or None."""
@@ -191,3 +220,12 @@ class RunnerState:
             raise ApiError(500, f"the model failed to load: {self.error}", code="load_failed", err_type="server_error")
         assert self.engine is not None
         return self.engine
+
+
+def load_phases(model_timings: dict | None, load_ms: float) -> dict[str, Any]:
+    """The runner's load split: the model's own phases (a fake model has none: all of it is engine_ms) and the rest."""
+    t = dict(model_timings or {})
+    read, upload, context = t.get("read_ms"), t.get("upload_ms"), t.get("context_ms")
+    known = sum(v for v in (read, upload, context) if v is not None)
+    return {"read_ms": read, "upload_ms": upload, "context_ms": context,
+            "engine_ms": max(0.0, load_ms - known), "load_ms": load_ms}

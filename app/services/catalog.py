@@ -21,6 +21,7 @@ from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import RunnerSizing, estimate_memory, size_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
+from app.residency.pagecache import WEIGHTS_WARM
 from app.residency.supervisor import (
     DEFAULT_CACHE_DISK_MIB,
     DEFAULT_CACHE_RAM_MIB,
@@ -266,6 +267,7 @@ class Catalog:
                         keep_alive_s=row.keep_alive_s, runner=spec,
                         remote=tuple((n.url, n.label or n.url) for n in nodes),
                         sizing_note=sizing.reason if sizing else None,
+                        weights=(rs.weights if rs else None) or WEIGHTS_WARM,
                     )
                     if row.alias:
                         aliases[row.alias] = e.name

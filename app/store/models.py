@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS
+from app.residency.pagecache import WEIGHTS_CHOICES
 from app.residency.supervisor import SPECULATION_SETTINGS
 
 MODEL_SOURCES = ("default", "folder", "remote")
@@ -130,6 +131,7 @@ class RunnerSettings(Base):
         CheckConstraint(_one_of("kind", RUNNER_KINDS), name="kind"),
         CheckConstraint(f"mode IS NULL OR {_one_of('mode', MODES)}", name="mode"),
         CheckConstraint(f"speculation IS NULL OR {_one_of('speculation', SPECULATION_SETTINGS)}", name="speculation"),
+        CheckConstraint(f"weights IS NULL OR {_one_of('weights', WEIGHTS_CHOICES)}", name="weights"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -145,6 +147,9 @@ class RunnerSettings(Base):
     mode: Mapped[str | None] = mapped_column(String(16))
     # Speculative decoding (SPECULATION_SETTINGS): auto, off or an n-gram type; None means auto. Migration 0013.
     speculation: Mapped[str | None] = mapped_column(String(16))
+    # The weights in the page cache while the runner is stopped (WEIGHTS_CHOICES): pinned, warm or cold;
+    # None means warm. Migration 0014.
+    weights: Mapped[str | None] = mapped_column(String(8))
 
 
 class Node(Base):
@@ -177,6 +182,17 @@ class ResidencyEvent(Base):
     estimate_bytes: Mapped[int | None] = mapped_column(BigInteger)
     measured_bytes: Mapped[int | None] = mapped_column(BigInteger)
     pid: Mapped[int | None] = mapped_column(Integer)
+    # A load's split (migration 0014), in ms; None where it was not measured (a stock llama-server tells
+    # only cold_start_ms; upload without GPU layers; the first prefill until a request came).
+    load_read_ms: Mapped[float | None] = mapped_column(Float)
+    load_context_ms: Mapped[float | None] = mapped_column(Float)
+    load_upload_ms: Mapped[float | None] = mapped_column(Float)
+    load_restore_ms: Mapped[float | None] = mapped_column(Float)
+    first_prefill_ms: Mapped[float | None] = mapped_column(Float)
+    # Where the weights came from (page_cache | disk, from the file's share in the page cache just before
+    # the load) and the KV the first request got back (ram | disk | none).
+    weights_source: Mapped[str | None] = mapped_column(String(16))
+    kv_source: Mapped[str | None] = mapped_column(String(8))
 
 
 class RequestClass(Base):

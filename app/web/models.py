@@ -15,11 +15,12 @@ import time
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
-from app.admin import AdminError, set_model_policy, set_model_speculation
+from app.admin import AdminError, set_model_policy, set_model_speculation, set_model_weights
 from app.gateway.context import services
 from app.policy import MODEL_POLICIES
 from app.protocols.openai import ApiError
 from app.residency.manager import RESIDENT_STATES, ModelBusy, ModelState, ResidencyError
+from app.residency.pagecache import WEIGHTS_CHOICES, weights_problem
 from app.residency.supervisor import SPECULATION_SETTINGS, speculation_problem
 from app.services.settings import budget_bytes
 from app.web.auth import login_required
@@ -51,6 +52,21 @@ SPECULATION_HELP = (
     "the batch fills (the Overview shows its decision). Applies when the model's runner next starts."
 )
 
+# The weights choices (app.residency.pagecache.WEIGHTS_CHOICES), in the admin's words.
+WEIGHTS_LABELS = {
+    "pinned": "Pinned: kept in the page cache always, re-read whenever RAM is checked",
+    "warm": "Warm: kept in the page cache after its runner stops, while RAM is free",
+    "cold": "Cold: dropped from the page cache as soon as its runner stops",
+}
+assert tuple(WEIGHTS_LABELS) == WEIGHTS_CHOICES, "a weights choice without its label"
+WEIGHTS_HELP = (
+    "Where the model file waits while no runner has it loaded. Warm and pinned weights are read ahead into "
+    "the page cache (the kernel's file cache in RAM), so the next load reads memory instead of the disk; "
+    "warming never takes RAM another process needs (only what is free beyond a margin) and the kernel takes "
+    "it back first when something needs it. Pinned is not locked in memory (no mlock): it is re-read every "
+    "minute if the kernel dropped it. Cold gives the RAM back at once."
+)
+
 
 def _errors() -> dict[str, str]:
     """Per model, why the last background load from this page failed (shown on its card until the next action)."""
@@ -74,7 +90,8 @@ def _render_card(name: str, status: int = 200, message: str | None = None, messa
         return _page({name: outcome}), status
     card = card or _card(name)
     body = render_template("models/_card.html", m=card, load_error=_errors().get(name), policies=POLICY_LABELS,
-                           speculations=SPECULATION_LABELS, speculation_help=SPECULATION_HELP, **outcome)
+                           speculations=SPECULATION_LABELS, speculation_help=SPECULATION_HELP,
+                           weights_choices=WEIGHTS_LABELS, weights_help=WEIGHTS_HELP, **outcome)
     # The page's tiles (resident, memory) change with the card: they ride along as an out-of-band swap.
     return body + render_template("models/_tiles.html", oob=True, **_summary()), status
 
@@ -93,6 +110,7 @@ def _page(outcomes: dict[str, dict] | None = None, pull_source: str | None = Non
         events = recent_events(s, EVENT_LIMIT)
     return render_template("models/index.html", events=events, models_dir=svc.catalog.models_dir, errors=_errors(),
                            policies=POLICY_LABELS, speculations=SPECULATION_LABELS, speculation_help=SPECULATION_HELP,
+                           weights_choices=WEIGHTS_LABELS, weights_help=WEIGHTS_HELP,
                            outcomes=outcomes or {}, pulls=svc.library.pulls(),
                            pull_source=pull_source, **_summary())
 
@@ -238,6 +256,30 @@ def speculation(name: str):
     if state in RESIDENT_STATES:
         message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
     return _render_card(name, message=message)
+
+
+@bp.post("/models/<name>/weights")
+@login_required
+def weights(name: str):
+    """The model's weights choice: pinned, warm or cold in the page cache while no runner maps them (applies now)."""
+    card = _card(name)
+    svc = services()
+    value = request.form.get("weights", "").strip().lower()
+    form = {"policy": card.policy, "keep_alive_s": int(card.keep_alive_s), "weights": value}
+    problem = weights_problem(value) if value else f"choose one of: {', '.join(WEIGHTS_CHOICES)}"
+    if problem is None:
+        try:
+            with svc.sessions() as s:
+                set_model_weights(s, name, value)
+                s.commit()
+        except AdminError as exc:
+            problem = str(exc)
+    if problem:
+        return _render_card(name, 422, form=form, form_errors={"weights": f"Weights: {problem}."})
+    svc.catalog.rescan()
+    if svc.warmer is not None:
+        svc.warmer.check()
+    return _render_card(name, message=f"Saved: weights {WEIGHTS_LABELS[value].split(':')[0].lower()}.")
 
 
 @bp.post("/models/pull")

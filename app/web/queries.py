@@ -22,6 +22,7 @@ from app.engine.prefix_cache import reuse_note
 from app.gateway.tokens import TokenInfo, list_tokens
 from app.residency.estimate import MemoryEstimate, estimate_memory
 from app.residency.manager import ModelState
+from app.residency.pagecache import cached_fraction
 from app.services.catalog import Catalog
 from app.store.models import (
     REQUEST_STATUSES,
@@ -44,6 +45,7 @@ EVENT_LIMIT = 20
 LOG_LINES_SHOWN = 20
 # Cold starts averaged per model for the "usual" figure and the load-progress estimate.
 COLD_START_HISTORY = 10
+LOADS_SHOWN = 5  # the last loads taken apart on a model's card
 
 
 def utc_now(clock=None) -> datetime:
@@ -283,18 +285,78 @@ def recent_events(session: Session, limit: int = EVENT_LIMIT, model: str | None 
     return list(session.scalars(query))
 
 
+@dataclass(frozen=True)
+class LoadPart:
+    """One part of a load's time: what it was, how long, and the tier it came from (None: no tier)."""
+
+    key: str  # start | read | upload | context | restore | prefill | whole
+    label: str
+    ms: float
+    tier: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadBreakdown:
+    """One load taken apart for the Models page's stacked bar: the runner's start to ready, then its first request."""
+
+    at: datetime
+    cold_start_ms: float
+    parts: tuple[LoadPart, ...]
+    split: bool  # False: a stock llama-server, only its start to /health ok is known
+
+    @property
+    def total_ms(self) -> float:
+        """The load and its first request's restore and prefill: the width of the whole bar."""
+        return sum(p.ms for p in self.parts)
+
+    def pct(self, part: LoadPart, scale_ms: float) -> float:
+        """The part's width in percent of `scale_ms` (the longest load shown, so loads compare by length)."""
+        return 100.0 * part.ms / scale_ms if scale_ms > 0 else 0.0
+
+
+TIER_WORDS = {"page_cache": "page cache", "disk": "disk", "ram": "host RAM", "none": None}
+
+
+def load_breakdown(ev: ResidencyEvent) -> LoadBreakdown | None:
+    """The parts of one load event (None: no cold start recorded). The runner's own phases sit inside cold_start_ms;
+    what they leave of it is the process start (Python, llama.cpp, the engine); restore and prefill come after."""
+    if ev.cold_start_ms is None:
+        return None
+    phases = (ev.load_read_ms, ev.load_upload_ms, ev.load_context_ms)
+    if all(v is None for v in phases):
+        # Where the weights came from is still known: serve judged it before the start.
+        whole = LoadPart("whole", "start to ready (not split)", ev.cold_start_ms,
+                         f"weights in {TIER_WORDS[ev.weights_source]}" if ev.weights_source in ("page_cache", "disk")
+                         else None)
+        return LoadBreakdown(ev.at, ev.cold_start_ms, (whole,), split=False)
+    read, upload, context = (v or 0.0 for v in phases)
+    parts = [LoadPart("start", "process start", max(0.0, ev.cold_start_ms - read - upload - context)),
+             LoadPart("read", "weights read", read, TIER_WORDS.get(ev.weights_source or "", None))]
+    if ev.load_upload_ms is not None:
+        parts.append(LoadPart("upload", "GPU upload", upload, "GPU"))
+    parts.append(LoadPart("context", "context built", context))
+    if ev.load_restore_ms is not None and ev.kv_source not in (None, "none"):
+        parts.append(LoadPart("restore", "KV restored", ev.load_restore_ms, TIER_WORDS.get(ev.kv_source)))
+    if ev.first_prefill_ms is not None:
+        parts.append(LoadPart("prefill", "first prefill", ev.first_prefill_ms))
+    return LoadBreakdown(ev.at, ev.cold_start_ms, tuple(parts), split=True)
+
+
 def load_history(session: Session, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Per model: its last COLD_START_HISTORY cold starts and measured footprints, and its last event kind."""
-    out: dict[str, dict[str, Any]] = {n: {"cold_starts_ms": [], "measured_bytes": None, "last_event": None}
-                                      for n in names}
+    """Per model: its last COLD_START_HISTORY cold starts and measured footprints, its last loads taken apart
+    (LOADS_SHOWN), and its last event kind."""
+    out: dict[str, dict[str, Any]] = {n: {"cold_starts_ms": [], "measured_bytes": None, "last_event": None,
+                                          "loads": []} for n in names}
     for name in names:
-        loads = session.execute(
-            select(ResidencyEvent.cold_start_ms, ResidencyEvent.measured_bytes)
+        events = list(session.scalars(
+            select(ResidencyEvent)
             .where(ResidencyEvent.model_name == name, ResidencyEvent.event == "load")
             .order_by(ResidencyEvent.at.desc()).limit(COLD_START_HISTORY)
-        ).all()
+        ))
+        loads = [(ev.cold_start_ms, ev.measured_bytes) for ev in events]
         out[name]["cold_starts_ms"] = [ms for ms, _ in loads if ms is not None]
         out[name]["measured_bytes"] = next((b for _, b in loads if b), None)
+        out[name]["loads"] = [b for b in (load_breakdown(ev) for ev in events[:LOADS_SHOWN]) if b is not None]
         out[name]["last_event"] = session.scalar(
             select(ResidencyEvent.event).where(ResidencyEvent.model_name == name)
             .order_by(ResidencyEvent.at.desc(), ResidencyEvent.id.desc()).limit(1)
@@ -362,6 +424,15 @@ class ModelCard:
     runner_kind: str = "hearth"
     spec_type: str | None = None
     draft_rows: int = 0
+    # Warm weights: the model's choice (warm when unset) and its GGUF's share in the page cache now (None: unknown).
+    weights: str = "warm"
+    page_cache_pct: float | None = None
+    loads: list[LoadBreakdown] = field(default_factory=list)
+
+    @property
+    def loads_scale_ms(self) -> float:
+        """The longest of the loads shown: every bar is drawn to this one's scale."""
+        return max((b.total_ms for b in self.loads), default=0.0)
 
     @property
     def usual_cold_start_ms(self) -> float | None:
@@ -449,6 +520,11 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
         )
         rs = runner_rows.get(row.id) if row else None
         card.speculation = (rs.speculation if rs else None) or "auto"
+        card.weights = (rs.weights if rs else None) or "warm"
+        card.loads = hist["loads"]
+        if e.usable:
+            frac = cached_fraction(e.path)
+            card.page_cache_pct = None if frac is None else 100.0 * frac
         if spec is not None and spec.runner is not None:
             card.runner_kind = spec.runner.kind
             card.spec_type = spec.runner.effective_spec_type

@@ -10,7 +10,7 @@ def test_load_a_model_from_the_models_page(page, served):
     page.goto("/models")
     card = page.locator("article.model-card:not(.unusable)").first
     name = card.locator("h2").inner_text()
-    assert card.locator("text=Weights").count() == 1  # the estimate breakdown is shown
+    assert card.locator("table.estimate >> text=Weights").count() == 1  # the estimate breakdown is shown
     if card.get_attribute("data-state") == "ready":
         # Another test's traffic loaded it already: unload first, through the page.
         card.locator("button", has_text="Unload").click()

@@ -434,3 +434,40 @@ def test_client_keep_alive_sets_the_ttl_but_never_unpins(harness, gemma_path):
     h.manager.acquire("p").release()
     h.now += 10**6
     assert h.manager.expire_idle() == ["a"] and h.state("p")["state"] == ModelState.READY
+
+
+def test_stops_are_told_once_the_runner_is_gone_and_the_first_request_completes_its_load(gemma_path, tmp_path):
+    catalog = {"a": spec("a", gemma_path, policy="on_demand"), "b": spec("b", model_file(gemma_path, tmp_path, "b"))}
+    events, completed, stopped = [], [], []
+    pids: dict[str, int] = {}
+
+    def on_stopped(name: str) -> None:
+        # Told after the exit: the process (its mapping of the file) is gone.
+        stopped.append((name, gone(pids[name])))
+
+    manager = ResidencyManager(lambda: catalog, lambda: 400 * MiB, events.append, on_first_use=completed.append,
+                               on_stopped=on_stopped)
+    try:
+        # On demand: its first (and only) request completes the load, read before the runner stops.
+        with manager.acquire("a") as lease:
+            pids["a"] = lease.pid
+            complete(lease)
+        assert [(e.model_name, e.event) for e in events] == [("a", "load"), ("a", "unload")]
+        [first] = completed
+        assert first.event == "load" and first.pid == pids["a"] and first.first_prefill_ms > 0
+        assert first.kv_source == "none" and first.load_read_ms == events[0].load_read_ms
+        assert stopped == [("a", True)]
+        # Eviction: B's load makes A's room; a second request on B completes nothing more.
+        catalog["a"] = spec("a", gemma_path)
+        with manager.acquire("a") as lease:
+            pids["a"] = lease.pid
+        for _ in range(2):
+            with manager.acquire("b") as lease:
+                pids["b"] = lease.pid
+                complete(lease)
+        assert ("a", "evict") in [(e.model_name, e.event) for e in events]
+        assert stopped == [("a", True), ("a", True)]
+        assert [c.model_name for c in completed] == ["a", "b"]  # A's second load had no request: nothing to complete
+    finally:
+        manager.shutdown()
+    assert stopped[-1] == ("b", True)

@@ -7,7 +7,11 @@ from tests.runner.streams import loads
 
 def test_health_slots_props_and_models_describe_the_loaded_runner(make_runner):
     c = make_runner(alias="fake-a,fake-b")
-    assert loads(c.get("/health")) == {"status": "ok", "slots_idle": 4, "slots_processing": 0, "requests_waiting": 0}
+    health = loads(c.get("/health"))
+    timings = health.pop("load_timings")
+    assert health == {"status": "ok", "slots_idle": 4, "slots_processing": 0, "requests_waiting": 0}
+    # The fake model reports no phases of its own: its whole load is the engine's part.
+    assert timings["read_ms"] is None and timings["upload_ms"] is None and timings["engine_ms"] == timings["load_ms"]
     slots = loads(c.get("/slots"))
     assert [s["id"] for s in slots] == [0, 1, 2, 3] and {s["id_task"] for s in slots} == {-1}
     props = loads(c.get("/props"))
@@ -26,3 +30,15 @@ def test_metrics_count_what_was_generated(make_runner):
     assert float(lines['hearth:requests_finished_total{reason="stop"}']) == 1
     assert "hearth:prefix_cache_entries" in lines and "hearth:last_iteration_outside_decode_ratio" in lines
     assert float(lines["llamacpp:n_tokens_max"]) > 11
+
+
+def test_the_first_request_after_the_load_adds_its_prefill_and_restore_to_the_load_timings(make_runner):
+    c = make_runner(replies={"Say hi": "Hello there", "Again": "Hi"})
+    assert "first_prefill_ms" not in loads(c.get("/props"))["load_timings"]
+    loads(c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Say hi"}]}))
+    first = loads(c.get("/props"))["load_timings"]
+    assert first["first_prefill_ms"] >= 0 and first["kv_source"] == "none" and first["restore_ms"] == 0
+    assert first["first_prompt_tokens"] > 0
+    # Only the first one: a later request leaves the load's figures as they were.
+    loads(c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Again"}]}))
+    assert loads(c.get("/health"))["load_timings"] == first

@@ -129,7 +129,9 @@ def test_events_history_and_state_labels(sessions):
         assert [e.event for e in events] == ["evict", "load", "unload"]
         history = load_history(s, ["m", "never-loaded"])
     assert history["m"]["cold_starts_ms"] == [3000.0, 1000.0] and history["m"]["last_event"] == "evict"
-    assert history["never-loaded"] == {"cold_starts_ms": [], "measured_bytes": None, "last_event": None}
+    assert history["never-loaded"] == {"cold_starts_ms": [], "measured_bytes": None, "last_event": None, "loads": []}
+    # Loads recorded without a split (before migration 0014, or a stock llama-server) are one part each.
+    assert [[(p.key, p.ms) for p in b.parts] for b in history["m"]["loads"]] == [[("whole", 3000.0)], [("whole", 1000.0)]]
     assert state_label(None, "evict") == (ModelState.UNLOADED, "not loaded", "neutral")
     assert state_label({"state": ModelState.UNLOADED}, "evict") == (ModelState.UNLOADED, "evicted to make room", "warn")
     assert state_label({"state": ModelState.READY, "in_flight": 2}, None) == (ModelState.READY, "resident · serving 2", "ok")
