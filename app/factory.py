@@ -83,6 +83,7 @@ def schedule_jobs(scheduler: BackgroundScheduler, svc: Services, rescan_s: int) 
         ("prune_requests", svc.rollups.prune_requests, {"hours": 1}),
         ("flush_refusals", svc.refusals.flush, {"seconds": 10}),
         ("size_targets", svc.targets.run, {"seconds": 15}),
+        ("preload_models", svc.preload.run, {"minutes": 1}),
     )
     for job_id, job, every in jobs:
         scheduler.add_job(job, "interval", id=job_id, **every)

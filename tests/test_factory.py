@@ -24,6 +24,7 @@ def test_jobs_are_bound_methods_of_their_services_under_explicit_ids(tmp_path, g
             "prune_requests": svc.rollups.prune_requests,
             "flush_refusals": svc.refusals.flush,
             "size_targets": svc.targets.run,
+            "preload_models": svc.preload.run,
         }
     finally:
         shutdown_app(app)

@@ -31,6 +31,7 @@ from app.gateway.tokens import principal_loader
 from app.residency.library import Library
 from app.residency.manager import ResidencyManager
 from app.services.catalog import Catalog, pull_refusal
+from app.services.preload import Preloader
 from app.services.records import Recorder, record_residency_event
 from app.services.settings import SettingsCache, budget_bytes
 from app.services.targets import TargetSizer
@@ -67,6 +68,7 @@ class Services:
     people: People
     proxy_watch: ProxyWatch
     targets: TargetSizer
+    preload: Preloader
 
     def shutdown(self) -> None:
         """Stop every runner, then flush the refusal counts and the store."""
@@ -130,7 +132,7 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
         library=Library(catalog.models_dir, partial(pull_refusal, settings), lambda path: catalog.rescan(),
                         endpoint=lambda: settings.get("hf_endpoint")),
         refusals=Refusals(writer, metrics.observe), usage=seeded_usage(sessions), people=People(sessions, writer),
-        proxy_watch=ProxyWatch(), targets=targets,
+        proxy_watch=ProxyWatch(), targets=targets, preload=Preloader(sessions, residency),
     )
 
 
