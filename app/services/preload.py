@@ -330,14 +330,12 @@ def recommend(session: Session, specs: dict[str, ModelSpec], budget_bytes: int, 
         beside = [x for x in accepted if x.model != line.model and _overlaps(x, line)]
         together = pinned_bytes + line.estimate_bytes + sum(x.estimate_bytes for x in {x.model: x for x in beside}.values())
         names = sorted({x.model for x in beside} | set(pinned))
+        beside_text = f" with {', '.join(names)}" if names else ""
         if together <= budget_bytes:
             accepted.append(line)
-            note = f"fits: {_mib(together)} with {', '.join(names)} of {_mib(budget_bytes)}" if names else \
-                f"fits: {_mib(line.estimate_bytes)} of {_mib(budget_bytes)}"
-            lines.append(_with(line, True, note))
+            lines.append(_with(line, True, f"{_mib(together)}{beside_text} of the {_mib(budget_bytes)} budget"))
         else:
-            lines.append(_with(line, False, f"does not fit: {_mib(together)} with {', '.join(names) or 'nothing else'} "
-                                            f"over the budget of {_mib(budget_bytes)}"))
+            lines.append(_with(line, False, f"{_mib(together)}{beside_text}: over the {_mib(budget_bytes)} budget"))
     lines.sort(key=lambda x: (PRELOAD_DAYS.index(x.days), x.preload_at, x.model))
     if not candidates and not notes:
         notes.append("No model was wanted at the same time on most days.")

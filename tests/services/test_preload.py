@@ -157,14 +157,18 @@ def test_windows_that_do_not_fit_the_budget_together_are_kept_out_strongest_firs
     by = {(x.model, x.days, x.window_start): x for x in rec.lines}
     chat = by[("chat", "weekdays", 390)]
     voice = by[("voice", "weekdays", 390)]
-    assert chat.fits and chat.memory_note == "fits: 3,000 MiB of 3,200 MiB"
-    assert not voice.fits and voice.memory_note == "does not fit: 3,300 MiB with chat over the budget of 3,200 MiB"
+    assert chat.fits and chat.memory_note == "3,000 MiB of the 3,200 MiB budget"
+    assert not voice.fits and voice.memory_note == "3,300 MiB with chat: over the 3,200 MiB budget"
     assert voice not in rec.applicable and chat in rec.applicable
     # Pinned models count against every window.
     with household() as s:
         rec = recommend(s, {**SPECS, "big": spec("big", 3900, policy="pinned")}, 4096 * MiB, NOW, 14, TZ)
     assert not any(x.fits for x in rec.lines if x.estimate_bytes > 196 * MiB)
     assert "with big" in rec.lines[0].memory_note
+    # A model bigger than the whole budget fits nowhere, alone or not.
+    with household() as s:
+        rec = recommend(s, {**SPECS, "story": spec("story", 5000)}, 4096 * MiB, NOW, 14, TZ)
+    assert next(x for x in rec.lines if x.model == "story").memory_note == "5,000 MiB: over the 4,096 MiB budget"
 
 
 def test_preload_minute_rounds_the_lead_down_to_a_slot():
