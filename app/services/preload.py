@@ -404,7 +404,7 @@ def remove_entry(session: Session, entry_id: int) -> PreloadEntry:
 class Outcome:
     """What one due entry led to: loaded, already resident, or the manager's refusal."""
 
-    at: datetime
+    at: datetime  # the due minute, UTC
     model: str
     scheduled: str
     result: str

@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime, timedelta, timezone
 import pytest
 
 from app.gateway.context import services
-from app.services.preload import schedule
+from app.services.preload import Outcome, schedule
 from app.store.models import PreloadEntry, RequestRecord, ResidencyEvent
 
 TZ = timezone(timedelta(hours=2))
@@ -50,11 +50,15 @@ def test_panel_shows_the_heat_strip_and_the_recommended_schedule(app, admin, wan
     assert '<a href="/preload" class="active" aria-current="page">Preload</a>' in html
     row = re.search(rf'<div class="heat-row" role="listitem" data-model="{re.escape(wanted)}" data-days="weekdays">(.*?)</div>\s*</div>',
                     html, re.S).group(1)
-    cells = re.findall(r'<span class="heat-cell( in-window)?" style="--share: (\d+)%" data-share="([\d.]+)"\s+title="([^"]+)"', row)
+    cells = re.findall(r'<span class="heat-cell( in-window)?( preload-at)?" style="--share: (\d+)%" data-share="([\d.]+)"'
+                       r'\s+title="([^"]+)"', row)
     assert len(cells) == 96
-    # 06:30 is slot 26: 9 of the 10 weekdays, and the one slot of the recommended window.
-    assert cells[26] == (" in-window", "90", "0.90", "06:30–06:45: wanted on 9 of 10 weekdays, 9 requests")
-    assert [i for i, c in enumerate(cells) if c[0]] == [26] and {c[2] for i, c in enumerate(cells) if i != 26} == {"0.00"}
+    # 06:30 is slot 26: 9 of the 10 weekdays, and the one slot of the recommended window; its load is at 06:15.
+    assert cells[26] == (" in-window", "", "90", "0.90", "06:30–06:45: wanted on 9 of 10 weekdays, 9 requests")
+    assert cells[25] == ("", " preload-at", "0", "0.00",
+                         "06:15–06:30: wanted on 0 of 10 weekdays, 0 requests; recommended load at 06:15")
+    assert [i for i, c in enumerate(cells) if c[0]] == [26] and [i for i, c in enumerate(cells) if c[1]] == [25]
+    assert {c[3] for i, c in enumerate(cells) if i != 26} == {"0.00"}
     assert "UTC+02:00" in html and "weekdays and weekends apart: 10 weekdays and 4 weekend days of data" in html
     assert (f'<tr data-key="{wanted}|weekdays|06:15">' in html and "wanted on 9 of 10 weekdays between 06:30 and 06:45 "
             "(9 requests); cold start 2.0 s (median of 3 loads) → load at 06:15") in html
@@ -69,8 +73,12 @@ def test_apply_stores_the_schedule_and_remove_takes_an_entry_out(app, admin, wan
         [e] = schedule(s)
         assert (e.model_name, e.days, e.at_minute, e.window_start_minute, e.window_end_minute, e.applied_by) == (
             wanted, "weekdays", 375, 390, 405, "admin")
+    # What the job did is shown beside the schedule.
+    services(app).preload.outcomes.appendleft(Outcome(NOW.astimezone(UTC), wanted, "06:15", "refused", "not enough memory for it"))
     html = admin.get("/preload").get_data(as_text=True)
     assert f"Preload schedule applied: {wanted} at 06:15 on weekdays" in html
+    assert (f"2026-11-30 10:00 UTC · {wanted} (06:15): <span class=\"badge badge-bad\">refused</span> "
+            "not enough memory for it") in html
     assert f'<tr data-entry="{e.id}">' in html and "Apply: 1 load, replacing the 1 applied</button>" in html
     r = admin.post(f"/preload/{e.id}/remove", data={"csrf_token": token, "days": "14"})
     assert r.status_code == 302
