@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
 
-from sqlalchemy import func, select
+from sqlalchemy import Integer, cast, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.residency.manager import RESIDENT_STATES, ModelSpec, ResidencyError
@@ -145,16 +145,18 @@ def read_profile(session: Session, now: datetime, lookback_days: int = DEFAULT_L
     """Count the requests of the last `lookback_days` per model and local 15-minute slot (tz None: the box's zone)."""
     check_lookback(lookback_days)
     since = now - timedelta(days=lookback_days)
-    # Grouped by UTC minute in SQL (every zone's offset is a whole number of minutes), placed in local slots here.
-    minute = func.strftime("%Y-%m-%d %H:%M", RequestRecord.arrival_at)
+    # Grouped in SQL by 15-minute bucket of UTC time, placed in local slots here: every zone's offset from UTC
+    # today is a whole number of quarter hours (Nepal's +5:45 and Chatham's +12:45 too), so a UTC bucket is
+    # exactly one local slot.
+    bucket = cast(func.strftime("%s", RequestRecord.arrival_at), Integer) // (SLOT_MIN * 60)
     rows = session.execute(
-        select(RequestRecord.model, minute, func.count())
+        select(RequestRecord.model, bucket, func.count())
         .where(RequestRecord.arrival_at >= since, RequestRecord.arrival_at < now)
-        .group_by(RequestRecord.model, minute)).all()
+        .group_by(RequestRecord.model, bucket)).all()
     logged: dict[str, set[date]] = {"weekdays": set(), "weekends": set()}
     by_model: dict[str, list[tuple[date, int, int]]] = {}
-    for model, text, n in rows:
-        local = datetime.strptime(text, "%Y-%m-%d %H:%M").replace(tzinfo=UTC).astimezone(tz)
+    for model, b, n in rows:
+        local = datetime.fromtimestamp(int(b) * SLOT_MIN * 60, UTC).astimezone(tz)
         d = local.date()
         logged[day_kind(d)].add(d)
         if model:

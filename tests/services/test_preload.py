@@ -327,3 +327,12 @@ def test_job_skips_a_resident_model_and_respects_the_managers_refusal(sessions):
     assert outcome.result == "refused" and "busy: 1 in flight" in outcome.detail
     # The hold is taken back: the model was not loaded.
     assert refused.keep_alive == {"voice": None} and list(job.outcomes) == [outcome]
+
+
+def test_slots_are_the_local_quarter_hours_in_a_zone_offset_by_45_minutes(sessions):
+    nepal = timezone(timedelta(hours=5, minutes=45))
+    # 06:29 and 06:30 local (00:44 and 00:45 UTC) fall in different local slots.
+    add_requests(sessions, "voice", [datetime(2026, 11, 29, 6, 29, tzinfo=nepal), datetime(2026, 11, 29, 6, 30, tzinfo=nepal)])
+    with sessions() as s:
+        [strip] = read_profile(s, NOW, 14, nepal).strips
+    assert strip.requests[25] == 1 and strip.requests[26] == 1 and strip.total_requests == 2
