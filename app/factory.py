@@ -84,6 +84,7 @@ def schedule_jobs(scheduler: BackgroundScheduler, svc: Services, rescan_s: int) 
         ("flush_refusals", svc.refusals.flush, {"seconds": 10}),
         ("size_targets", svc.targets.run, {"seconds": 15}),
         ("check_weights", svc.warmer.check, {"seconds": 60}),
+        ("preload_models", svc.preload.run, {"minutes": 1}),
     )
     for job_id, job, every in jobs:
         scheduler.add_job(job, "interval", id=job_id, **every)

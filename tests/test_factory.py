@@ -25,6 +25,7 @@ def test_jobs_are_bound_methods_of_their_services_under_explicit_ids(tmp_path, g
             "flush_refusals": svc.refusals.flush,
             "size_targets": svc.targets.run,
             "check_weights": svc.warmer.check,
+            "preload_models": svc.preload.run,
         }
     finally:
         shutdown_app(app)

@@ -32,6 +32,7 @@ from app.residency.library import Library
 from app.residency.manager import RESIDENT_STATES, ResidencyManager, weights_files
 from app.residency.pagecache import Warmer
 from app.services.catalog import Catalog, pull_refusal
+from app.services.preload import Preloader
 from app.services.records import Recorder, complete_load_event, record_residency_event
 from app.services.settings import SettingsCache, budget_bytes
 from app.services.targets import TargetSizer
@@ -68,6 +69,7 @@ class Services:
     people: People
     proxy_watch: ProxyWatch
     targets: TargetSizer
+    preload: Preloader
     # Keeps stopped models' weights in the page cache by their choice (None: nothing is warmed).
     warmer: Warmer | None = None
 
@@ -143,6 +145,7 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
                         endpoint=lambda: settings.get("hf_endpoint")),
         refusals=Refusals(writer, metrics.observe), usage=seeded_usage(sessions), people=People(sessions, writer),
         proxy_watch=ProxyWatch(), targets=targets, warmer=warmer,
+        preload=Preloader(sessions, residency),
     )
 
 

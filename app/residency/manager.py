@@ -669,9 +669,11 @@ class ResidencyManager:
         with self._lock:
             self._sync(spec).client_keep_alive_s = keep_alive_s
 
-    def load(self, name: str) -> None:
-        """Make `name` resident without leasing it (the dashboard's Load); raises ResidencyError."""
-        self._serve(name, want_lease=False, why="loaded by the admin")
+    def load(self, name: str, reason: str = "loaded by the admin") -> None:
+        """Make `name` resident without leasing it (the dashboard's Load, a preload); raises ResidencyError.
+
+        `reason` is the load event's (a restart after a crash or a failed load says so instead)."""
+        self._serve(name, want_lease=False, why=reason)
 
     def unload(self, name: str, reason: str = "unloaded by the admin") -> bool:
         """Stop `name`'s local runner now; False if it was not resident; ModelBusy while loading or serving."""

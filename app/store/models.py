@@ -474,3 +474,33 @@ class BenchApplied(Base):
     recommendation: Mapped[Any] = mapped_column(JSON)
     # {field: [before, after]} on the model's runner_settings row.
     changes: Mapped[Any] = mapped_column(JSON)
+
+
+# Which days a preload schedule entry acts on (the local calendar of the box).
+PRELOAD_DAYS = ("daily", "weekdays", "weekends")
+
+
+class PreloadEntry(Base):
+    """A time-of-day preload the admin applied: load `model_name` at `at_minute` (local time) on `days`.
+
+    The window and the evidence are the recommendation's own (app.services.preload), kept so the schedule
+    still says why after the request log has moved on. Migration 0015.
+    """
+
+    __tablename__ = "preload_schedule"
+    __table_args__ = (
+        UniqueConstraint("model_name", "days", "at_minute"),
+        CheckConstraint(_one_of("days", PRELOAD_DAYS), name="days"),
+        CheckConstraint("at_minute >= 0 AND at_minute < 1440", name="at_minute"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_name: Mapped[str] = mapped_column(String(255))
+    days: Mapped[str] = mapped_column(String(16))
+    # Minutes after local midnight.
+    at_minute: Mapped[int] = mapped_column(Integer)
+    window_start_minute: Mapped[int] = mapped_column(Integer)
+    window_end_minute: Mapped[int] = mapped_column(Integer)
+    evidence: Mapped[str] = mapped_column(Text)
+    applied_by: Mapped[str] = mapped_column(String(128))
+    applied_at: Mapped[datetime] = mapped_column(default=utcnow)

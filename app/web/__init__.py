@@ -35,6 +35,7 @@ BLUEPRINTS = (
     "app.web.members",
     "app.web.requests",
     "app.web.models",
+    "app.web.preload",
     "app.web.bench",
     "app.web.progress",
 )
@@ -43,6 +44,7 @@ BLUEPRINTS = (
 NAV = (
     ("Overview", "/"),
     ("Models", "/models"),
+    ("Preload", "/preload"),
     ("Classes", "/classes"),
     ("Requests", "/requests"),
     ("Members", "/members"),

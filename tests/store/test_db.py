@@ -17,9 +17,9 @@ from app.store.models import ApiToken, Base, Model, Node, RequestRecord, RunnerS
 HEAD_TABLES = {
     "alembic_version", "models", "runner_settings", "nodes", "residency_events", "request_classes",
     "members", "api_tokens", "requests", "settings", "series", "samples", "rollups_1m", "rollups_1h",
-    "bench_sessions", "bench_runs", "bench_requests", "bench_applied", "refusals",
+    "bench_sessions", "bench_runs", "bench_requests", "bench_applied", "refusals", "preload_schedule",
 }
-HEAD = "0013"
+HEAD = "0015"
 
 
 def test_database_path_is_in_the_data_folder(tmp_path):
