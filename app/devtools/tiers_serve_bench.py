@@ -112,21 +112,34 @@ class Household:
                 "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                 "text": "".join(text)}
 
-    def last_load_ms(self, model: str) -> float | None:
-        """serve's own cold_start_ms of the model's latest load (what the Models page shows)."""
+    def last_load(self, model: str) -> dict:
+        """serve's own record of the model's latest load, as the Models page shows it: cold start and its parts."""
         from sqlalchemy import select
 
         from app.store.db import open_store
         from app.store.models import ResidencyEvent
         engine, sessions = open_store(self.data)
+        deadline = time.monotonic() + 10  # the first request's parts are written after its lease is released
         try:
-            with sessions() as s:
-                row = s.scalars(select(ResidencyEvent).where(ResidencyEvent.model_name == model,
-                                                             ResidencyEvent.event == "load")
-                                .order_by(ResidencyEvent.id.desc()).limit(1)).first()
-                return row.cold_start_ms if row is not None else None
+            while True:
+                with sessions() as s:
+                    row = s.scalars(select(ResidencyEvent).where(ResidencyEvent.model_name == model,
+                                                                 ResidencyEvent.event == "load")
+                                    .order_by(ResidencyEvent.id.desc()).limit(1)).first()
+                if row is None:
+                    return {}
+                if row.first_prefill_ms is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            return {"serve_load_ms": row.cold_start_ms, "read_ms": row.load_read_ms,
+                    "context_ms": row.load_context_ms, "restore_ms": row.load_restore_ms,
+                    "first_prefill_ms": row.first_prefill_ms, "weights_source": row.weights_source,
+                    "kv_source": row.kv_source}
         finally:
             engine.dispose()
+
+
+LOAD_PARTS = ("serve_load_ms", "read_ms", "context_ms", "restore_ms", "first_prefill_ms", "weights_source", "kv_source")
 
 
 def voice(question: str) -> list[dict]:
@@ -144,13 +157,13 @@ def one_rep(model: Path, budget_mb: int, threads: int | None, turns: int, rep: i
             out["full prefill"] = h.chat(VOICE, voice(QUESTIONS[0]))
             out["KV hit"] = h.chat(VOICE, voice(QUESTIONS[1]))
             h.chat(OTHER, hi, 2)  # evicts the voice model
-            out["reload (one word)"] = {**h.chat(VOICE, hi, 2), "serve_load_ms": h.last_load_ms(VOICE)}
+            out["reload (one word)"] = {**h.chat(VOICE, hi, 2), **h.last_load(VOICE)}
             h.chat(OTHER, hi, 2)
-            out["after a swap"] = {**h.chat(VOICE, voice(QUESTIONS[2])), "serve_load_ms": h.last_load_ms(VOICE)}
+            out["after a swap"] = {**h.chat(VOICE, voice(QUESTIONS[2])), **h.last_load(VOICE)}
             h.stop()
             h.start()
             out["after a serve restart"] = {**h.chat(VOICE, voice(QUESTIONS[3])),
-                                            "serve_load_ms": h.last_load_ms(VOICE)}
+                                            **h.last_load(VOICE)}
             conv = conversation(turns)
             first = h.chat(VOICE, conv + [{"role": "user", "content": "Summarise what we should do first."}],
                            16, "chat")
@@ -160,12 +173,14 @@ def one_rep(model: Path, budget_mb: int, threads: int | None, turns: int, rep: i
                      {"role": "assistant", "content": first["text"]}]
             out["8k conversation: after a swap"] = {
                 **h.chat(VOICE, conv + [{"role": "user", "content": "And after that?"}], 16, "chat"),
-                "serve_load_ms": h.last_load_ms(VOICE)}
+                **h.last_load(VOICE)}
         finally:
             h.stop()
     for name, fig in out.items():
+        parts = ", ".join(f"{k} {fig[k]:.0f}" if isinstance(fig[k], float) else f"{k} {fig[k]}"
+                          for k in LOAD_PARTS if fig.get(k) is not None)
         print(f"  rep {rep + 1} {name}: TTFT {fig['ttft_s']:.3f} s, prompt {fig['prompt_tokens']}, "
-              f"cached {fig['cached_tokens']}", file=sys.stderr, flush=True)
+              f"cached {fig['cached_tokens']}{'; load: ' + parts if parts else ''}", file=sys.stderr, flush=True)
     return out
 
 
@@ -238,6 +253,13 @@ def main(args, model: str) -> int:
           f"0.1 × {full:.3f} = {bound:.3f} s: after a swap {med('after a swap')[0]:.3f} s "
           f"({'met' if med('after a swap')[0] <= bound else 'MISSED'}), after a restart "
           f"{med('after a serve restart')[0]:.3f} s ({'met' if med('after a serve restart')[0] <= bound else 'MISSED'})")
+    for name in ("after a swap", "after a serve restart"):
+        # Stricter: against serve's own cold start of the very load the turn waited for (no eviction in it).
+        own = [r[name]["ttft_s"] - r[name]["serve_load_ms"] / 1000 for r in reps if r[name].get("serve_load_ms")]
+        if own:
+            beyond = statistics.median(own)
+            print(f"  {name}: TTFT beyond serve's own cold start of that load {beyond:.3f} s = "
+                  f"{beyond / full:.3f} × full prefill ({'met' if beyond <= 0.1 * full else 'MISSED'} against 0.1)")
     swap8k = med("8k conversation: after a swap")[0]
     print(f"target: the 8k conversation after a swap ≤ 0.1 × its full prefill = {0.1 * conv_full:.3f} s: "
           f"{swap8k:.3f} s = {swap8k / conv_full:.3f}× ({'met' if swap8k <= 0.1 * conv_full else 'MISSED'}; "
