@@ -5,16 +5,24 @@ its runner started with --mmproj, /api/show lists `vision`, and images arrive th
 from __future__ import annotations
 
 import base64
+import re
 import shutil
+import time
 
+import httpx
 import ollama
 import pytest
 
 from app.devtools.mmproj import cached_mmproj
+from tests.helpers import setup_code
 from tests.images import data_url, image_bytes, image_message
 
 VISION = "gemma-vision-Q4_K_M"
 QUESTION = "Describe this picture in one sentence."
+ADMIN_PASSWORD = "vision admin password"
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+# The Requests page's images line: the count and the encode time, as _log.html writes them.
+IMAGES_CELL = re.compile(r'class="small muted images"[^>]*>(\d+) images? · <span class="image-encode-ms">([\d.,]+)</span>')
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +75,60 @@ def test_openai_and_anthropic_images_through_the_gateway(vserve):
     bad = vserve.client.post("/v1/chat/completions", headers=headers, json={
         "model": "gemma-3-270m-q4_k_m", "max_tokens": 4, "messages": [image_message(QUESTION, data_url(png))]})
     assert bad.status_code == 400 and "--mmproj" in bad.json()["error"]["message"]
+
+
+@pytest.fixture()
+def admin(vserve):
+    """An httpx client logged in to the serve's dashboard (its first-run /setup done with the setup code)."""
+    with httpx.Client(base_url=vserve.url, timeout=60) as c:
+        page = c.get("/setup", follow_redirects=True).text
+        if 'name="setup_code"' in page:
+            token = CSRF.search(page).group(1)
+            r = c.post("/setup", data={"password": ADMIN_PASSWORD, "confirm": ADMIN_PASSWORD, "csrf_token": token,
+                                       "setup_code": setup_code(vserve.data)})
+        else:  # set up already by another test of the module: log in
+            token = CSRF.search(c.get("/login").text).group(1)
+            r = c.post("/login", data={"password": ADMIN_PASSWORD, "csrf_token": token})
+        assert r.status_code == 302, r.text
+        yield c
+
+
+def _metric(text: str, name: str, klass: str) -> float:
+    """One sample of serve's /metrics for a class (0 when absent)."""
+    m = re.search(rf'^{re.escape(name)}{{class="{klass}"}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_the_requests_page_and_metrics_show_the_runners_encode_time(vserve, admin):
+    # Class voice (alice may ask for it): the other tests here send chat, so the row and the metrics are this one's.
+    headers = {"Authorization": f"Bearer {vserve.tokens['alice']}", "X-Hearth-Class": "voice"}
+    before = vserve.client.get("/metrics").text
+    png = image_bytes(seed=21, size=(96, 64))
+    question = "What colour dominates this picture?"
+    t0 = time.perf_counter()
+    r = vserve.client.post("/v1/chat/completions", headers=headers, json={
+        "model": VISION, "max_tokens": 3, "temperature": 0,
+        "messages": [image_message(question, data_url(png))]})
+    stopwatch_ms = (time.perf_counter() - t0) * 1000
+    assert r.status_code == 200, r.text
+    runner = r.json()["timings"]
+    assert runner["num_images"] == 1 and runner["image_encode_ms"] > 0
+    assert runner["image_encode_ms"] <= stopwatch_ms
+
+    shown = None
+    deadline = time.monotonic() + 30
+    while shown is None and time.monotonic() < deadline:  # the row reaches the store through the writer thread
+        page = admin.get("/requests", params={"model": VISION, "class": "voice"}).text
+        shown = IMAGES_CELL.search(page)
+    assert shown is not None, "no row with an image on the Requests page"
+    assert shown.group(1) == "1"
+    assert shown.group(2) == f"{runner['image_encode_ms']:,.1f}"
+    assert float(shown.group(2).replace(",", "")) <= stopwatch_ms
+
+    klass = "voice"
+    after = vserve.client.get("/metrics").text
+    assert _metric(after, "hearth:gateway_images_total", klass) - _metric(before, "hearth:gateway_images_total",
+                                                                          klass) == 1
+    encoded_s = (_metric(after, "hearth:gateway_image_encode_seconds_sum", klass)
+                 - _metric(before, "hearth:gateway_image_encode_seconds_sum", klass))
+    assert encoded_s == pytest.approx(runner["image_encode_ms"] / 1000, rel=1e-6)
