@@ -239,6 +239,10 @@ def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
     vis.add_argument("--skip-oracle", action="store_true", help="no oracle against stock llama-server")
     vis.add_argument("--skip-memory", action="store_true", help="no RSS of runners without and with the projector")
     vis.add_argument("--skip-pause", action="store_true", help="no pause arms (and no memory part)")
+    vis.add_argument("--memory-only", action="store_true",
+                     help="only the projectors' memory: measured RSS against the estimate, per projector")
+    vis.add_argument("--memory-projectors", default=None,
+                     help="comma-separated mmproj files for --memory-only (default: the tiny and base random shapes)")
     vis.add_argument("--llama-server", help="stock llama-server binary (default: the built one, if any)")
     vis.add_argument("--json", dest="json_path", help="write every figure and raw gap here")
 
