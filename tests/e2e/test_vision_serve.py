@@ -132,3 +132,31 @@ def test_the_requests_page_and_metrics_show_the_runners_encode_time(vserve, admi
     encoded_s = (_metric(after, "hearth:gateway_image_encode_seconds_sum", klass)
                  - _metric(before, "hearth:gateway_image_encode_seconds_sum", klass))
     assert encoded_s == pytest.approx(runner["image_encode_ms"] / 1000, rel=1e-6)
+
+
+def test_a_model_without_a_projector_says_what_to_add_in_every_api(vserve, client):
+    headers = {"Authorization": f"Bearer {vserve.tokens['alice']}"}
+    text_model = "gemma-3-270m-q4_k_m"
+    b64 = base64.b64encode(image_bytes(seed=9)).decode()
+    answers = {
+        "ollama chat": vserve.client.post("/api/chat", headers=headers, json={
+            "model": text_model, "stream": False, "messages": [{"role": "user", "content": QUESTION, "images": [b64]}]}),
+        "ollama generate": vserve.client.post("/api/generate", headers=headers, json={
+            "model": text_model, "stream": False, "prompt": QUESTION, "images": [b64]}),
+        "anthropic": vserve.client.post("/v1/messages", headers=headers, json={
+            "model": text_model, "max_tokens": 4, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": QUESTION},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}]}]}),
+        "responses": vserve.client.post("/v1/responses", headers=headers, json={
+            "model": text_model, "max_output_tokens": 16, "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": QUESTION},
+                {"type": "input_image", "image_url": f"data:image/png;base64,{b64}"}]}]}),
+    }
+    for api, r in answers.items():
+        assert r.status_code == 400, (api, r.text)
+        body = r.json()
+        message = body["error"] if isinstance(body["error"], str) else body["error"]["message"]
+        assert "mmproj-<model name>.gguf" in message, (api, message)
+    # The model keeps serving text.
+    assert client.chat(model=text_model, messages=[{"role": "user", "content": "hi"}],
+                       options={"num_predict": 2}).message.content is not None

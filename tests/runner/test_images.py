@@ -125,6 +125,17 @@ def test_a_runner_without_a_projector_says_what_to_add(make_runner):
     assert r.status_code == 400
     err = r.get_json()["error"]
     assert err["param"] == WHERE and "--mmproj" in err["message"] and err["code"] == "images_unsupported"
+    b64 = base64.b64encode(image_bytes()).decode()
+    # Anthropic's image block and Responses' input_image, in their own error shapes, say the same.
+    m = client.post("/v1/messages", json={"max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}]}]})
+    assert m.status_code == 400 and m.get_json()["type"] == "error"
+    assert "--mmproj" in m.get_json()["error"]["message"] and "mmproj-<model name>.gguf" in m.get_json()["error"]["message"]
+    resp = client.post("/v1/responses", json={"max_output_tokens": 16, "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is this?"},
+        {"type": "input_image", "image_url": f"data:image/png;base64,{b64}"}]}]})
+    assert resp.status_code == 400 and "--mmproj" in resp.get_json()["error"]["message"]
     # Nothing else disturbed: the next text request is answered.
     assert client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                      "max_tokens": 2}).status_code == 200
