@@ -20,7 +20,10 @@ class ImageLimits:
     # http(s) image URLs are fetched only when this is on (--image-url-fetch): off, a prompt cannot make
     # the server reach into the household's network.
     fetch_urls: bool = False
+    # The whole fetch (resolve, connect, every redirect, the body) within this; only public addresses are
+    # reached, and these hosts on the LAN or this machine besides (app.netguard.HostPolicy's syntax).
     fetch_timeout_s: float = 10.0
+    fetch_allowed_hosts: str = ""
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,19 @@ def test_the_projectors_compute_comes_from_its_header(tmp_path, shape, logged_mi
     bigger.parent.mkdir()
     make_mmproj(replace(shape, image_size=shape.image_size * 2), model, bigger)
     assert projector_compute_bytes(bigger, 64) > compute
+
+
+def test_image_url_fetching_reaches_a_vision_runner_only_when_the_setting_is_on(tmp_path):
+    from app.services.catalog import RUNNER_DEFAULTS, runner_spec
+
+    write_model(tmp_path / "cam-Q4_K_M.gguf")
+    write_model(tmp_path / "mmproj-cam-f16.gguf", architecture="clip")
+    write_model(tmp_path / "text-Q4_K_M.gguf")
+    entries = by_name(scan(tmp_path, None))
+    defaults = {k: None for k in RUNNER_DEFAULTS} | {"batch": 512, "threads": 2}
+    assert "--image-url-fetch" not in runner_spec(entries["cam-Q4_K_M"], None, defaults).command(8081)
+    on = defaults | {"image_url_fetch": True, "image_url_hosts": "camera.lan"}
+    cmd = runner_spec(entries["cam-Q4_K_M"], None, on).command(8081)
+    assert "--image-url-fetch" in cmd and cmd[cmd.index("--image-url-hosts") + 1] == "camera.lan"
+    # A model without a projector takes no images: nothing to fetch for.
+    assert "--image-url-fetch" not in runner_spec(entries["text-Q4_K_M"], None, on).command(8081)
