@@ -30,11 +30,11 @@ from app.protocols import sse
 from app.protocols.adapter import Adapter
 from app.protocols.openai import (
     FIM_CLASS,
-    MAX_BODY_BYTES,
     ApiError,
     ChatBody,
     EmbeddingBody,
     InfillBody,
+    body_limit,
     parse_body,
     too_large,
     validation_error,
@@ -141,12 +141,27 @@ def translate_stream(adapter: Adapter, chunks: Iterable[bytes]) -> Iterator[byte
         pass
 
 
+def limit_body() -> None:
+    """Before a route reads its body: the route's limit (generations make room for an image) set on the request,
+    and a body whose Content-Length is over it refused before a byte is read (the blueprints' before_request)."""
+    limit = body_limit(request.path)
+    request.max_content_length = limit
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large(limit)
+
+
+def body_over_limit(_exc) -> ApiError:
+    """The ApiError for a body that went over its limit while it was read (chunked, no Content-Length)."""
+    return too_large(body_limit(request.path))
+
+
 def _parse(schema: type[BaseModel], adapter: Adapter | None, model: str | None) -> tuple[BaseModel, dict]:
     """The request body validated by the route's schema: the client's own, or the adapter's OpenAI request."""
     if adapter is None:
-        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-            raise too_large()
-        return parse_body(request.get_data(cache=False), schema)
+        limit = body_limit(request.path)
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large(limit)
+        return parse_body(request.get_data(cache=False), schema, limit)
     raw = adapter.to_openai()
     if model is not None:
         raw["model"] = model

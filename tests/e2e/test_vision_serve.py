@@ -5,15 +5,21 @@ its runner started with --mmproj, /api/show lists `vision`, and images arrive th
 from __future__ import annotations
 
 import base64
+import http.client
+import io
+import json
 import re
 import shutil
 import time
 
 import httpx
+import numpy as np
 import ollama
 import pytest
+from PIL import Image
 
 from app.devtools.mmproj import cached_mmproj
+from app.protocols.openai import MAX_GENERATION_BODY_BYTES, MAX_IMAGE_BYTES
 from tests.helpers import setup_code
 from tests.images import data_url, image_bytes, image_message
 
@@ -160,3 +166,54 @@ def test_a_model_without_a_projector_says_what_to_add_in_every_api(vserve, clien
     # The model keeps serving text.
     assert client.chat(model=text_model, messages=[{"role": "user", "content": "hi"}],
                        options={"num_predict": 2}).message.content is not None
+
+
+def _noise_png(side: int) -> bytes:
+    """An uncompressed PNG of noise, side × side: 3 bytes a pixel and a little more."""
+    pixels = np.random.default_rng(side).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG", compress_level=0)
+    return out.getvalue()
+
+
+def test_an_image_just_under_the_limit_is_answered_and_one_over_is_a_400_naming_it(vserve):
+    headers = {"Authorization": f"Bearer {vserve.tokens['alice']}"}
+    under, over = _noise_png(2640), _noise_png(2650)
+    assert len(under) < MAX_IMAGE_BYTES < len(over)
+    # Base64 of the largest image fits a generation's body: the image limit, not a generic 413, answers.
+    assert len(data_url(over)) < MAX_GENERATION_BODY_BYTES
+    ok = vserve.client.post("/v1/chat/completions", headers=headers, json={
+        "model": VISION, "max_tokens": 2, "temperature": 0, "messages": [image_message(QUESTION, data_url(under))]})
+    assert ok.status_code == 200, ok.text[:500]
+    assert ok.json()["timings"]["num_images"] == 1
+    bad = vserve.client.post("/v1/chat/completions", headers=headers, json={
+        "model": VISION, "max_tokens": 2, "messages": [image_message(QUESTION, data_url(over))]})
+    assert bad.status_code == 400, bad.text[:500]
+    err = bad.json()["error"]
+    assert err["code"] == "image_too_large" and f"image limit of {MAX_IMAGE_BYTES:,} bytes" in err["message"]
+
+
+@pytest.mark.parametrize(("path", "message_at"), [
+    ("/v1/chat/completions", ("error", "message")), ("/v1/messages", ("error", "message")),
+    ("/v1/responses", ("error", "message")), ("/api/chat", ("error",)), ("/api/generate", ("error",))])
+def test_a_body_over_the_generation_limit_is_a_413_in_the_apis_shape(vserve, path, message_at):
+    # Only the headers are sent: the limit is checked on the Content-Length, before the body is read.
+    conn = http.client.HTTPConnection("127.0.0.1", vserve.port, timeout=30)
+    try:
+        conn.putrequest("POST", path)
+        conn.putheader("Authorization", f"Bearer {vserve.tokens['alice']}")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(MAX_GENERATION_BODY_BYTES + 1))
+        conn.endheaders()
+        resp = conn.getresponse()
+        status, body = resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+    assert status == 413
+    message = body
+    for key in message_at:
+        message = message[key]
+    assert f"limit of {MAX_GENERATION_BODY_BYTES:,} bytes" in message
+    assert f"one image of up to {MAX_IMAGE_BYTES:,} bytes" in message
+    if path == "/v1/messages":
+        assert body["type"] == "error" and body["error"]["type"] == "request_too_large"
