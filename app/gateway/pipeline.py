@@ -30,6 +30,7 @@ from app.protocols import sse
 from app.protocols.adapter import Adapter
 from app.protocols.openai import (
     FIM_CLASS,
+    MAX_BODY_BYTES,
     ApiError,
     ChatBody,
     EmbeddingBody,
@@ -145,6 +146,10 @@ def limit_body() -> None:
     """Before a route reads its body: the route's limit (generations make room for an image) set on the request,
     and a body whose Content-Length is over it refused before a byte is read (the blueprints' before_request)."""
     limit = body_limit(request.path)
+    if limit > MAX_BODY_BYTES and (request.content_length is None or request.content_length > MAX_BODY_BYTES):
+        # A body beyond the ordinary limit is read only for a caller who may generate: a client without a token
+        # cannot make serve hold an image-sized body on each of its connections.
+        authenticate()
     request.max_content_length = limit
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)

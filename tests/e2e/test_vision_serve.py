@@ -217,3 +217,17 @@ def test_a_body_over_the_generation_limit_is_a_413_in_the_apis_shape(vserve, pat
     assert f"one image of up to {MAX_IMAGE_BYTES:,} bytes" in message
     if path == "/v1/messages":
         assert body["type"] == "error" and body["error"]["type"] == "request_too_large"
+
+
+def test_an_image_sized_body_is_read_only_for_a_caller_with_a_token(vserve):
+    conn = http.client.HTTPConnection("127.0.0.1", vserve.port, timeout=30)
+    try:
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(MAX_IMAGE_BYTES))
+        conn.endheaders()  # no body follows: the answer comes from the headers alone
+        resp = conn.getresponse()
+        status, body = resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+    assert status == 401 and body["error"]["code"] == "missing_token"
