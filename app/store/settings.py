@@ -190,8 +190,10 @@ REGISTRY = {
         SettingDef("runner_cache_disk_mib", 4096, "disk space on the data volume each model's cached prefixes may take, so a stable system prompt survives model swaps and restarts (0 off, -1 no limit); applies when a runner starts",
                    "int", "Models and runners", "KV kept on disk per model", "MiB", -1, 1_048_576),
         SettingDef("runner_image_url_fetch", False, "local hearth runners of vision models fetch the http(s) image URLs "
-                   "a request names (default: off, images must come inside the request as base64); public hosts only, "
-                   "unless runner_image_url_hosts allows a LAN one; applies when a runner starts",
+                   "a request names (default: off, images must come inside the request as base64, and serve refuses a "
+                   "URL before any runner sees it); public hosts only, unless runner_image_url_hosts allows a LAN one "
+                   "(a model on a stock llama-server or a remote node fetches URLs itself, without these checks); "
+                   "applies when a runner starts",
                    "bool", "Network and access", "Fetch image URLs", restart=True),
         SettingDef("runner_image_url_hosts", None, "hosts an image URL may reach although they are on the LAN or this "
                    "machine, e.g. a camera: names, addresses or networks, comma-separated (default: none); applies when "

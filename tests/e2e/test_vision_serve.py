@@ -10,7 +10,9 @@ import io
 import json
 import re
 import shutil
+import threading
 import time
+from wsgiref.simple_server import make_server
 
 import httpx
 import numpy as np
@@ -231,3 +233,31 @@ def test_an_image_sized_body_is_read_only_for_a_caller_with_a_token(vserve):
     finally:
         conn.close()
     assert status == 401 and body["error"]["code"] == "missing_token"
+
+
+def test_an_image_url_is_refused_at_the_gateway_while_fetching_is_off(vserve):
+    """Refused before any runner sees it: a stock llama-server would fetch it, wherever it points."""
+    hits = []
+
+    def app(environ, start_response):
+        hits.append(environ["PATH_INFO"])
+        start_response("200 OK", [("Content-Type", "image/png")])
+        return [image_bytes(seed=3)]
+
+    server = make_server("127.0.0.1", 0, app)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/cam.png"
+        headers = {"Authorization": f"Bearer {vserve.tokens['alice']}"}
+        r = vserve.client.post("/v1/chat/completions", headers=headers, json={
+            "model": VISION, "max_tokens": 2, "messages": [image_message(QUESTION, url)]})
+        m = vserve.client.post("/v1/responses", headers=headers, json={
+            "model": VISION, "max_output_tokens": 16, "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": QUESTION}, {"type": "input_image", "image_url": url}]}]})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.status_code == 400 and r.json()["error"]["code"] == "image_url_fetch_off"
+    assert "runner_image_url_fetch" in r.json()["error"]["message"]
+    assert m.status_code == 400 and "runner_image_url_fetch" in m.json()["error"]["message"]
+    assert hits == []
