@@ -146,7 +146,13 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     mm.add_argument("--image-max-pixels", type=int, default=ImageLimits.max_pixels,
                     help="largest image a request may send, in pixels (default %(default)s)")
     mm.add_argument("--image-url-fetch", action="store_true",
-                    help="fetch http(s) image URLs named in requests (default: off, only data URLs are taken)")
+                    help="fetch http(s) image URLs named in requests (default: off, only data URLs are taken); public "
+                         "addresses only, unless --image-url-hosts allows a LAN host")
+    mm.add_argument("--image-url-hosts", default="",
+                    help="hosts an image URL may reach although they are on the LAN or this machine: names, addresses or "
+                         "networks, comma-separated (default: none)")
+    mm.add_argument("--image-url-timeout", type=float, default=ImageLimits.fetch_timeout_s,
+                    help="seconds a whole image fetch may take (default %(default)s)")
     sp = p.add_argument_group("speculative decoding (llama-server's --spec-* flags)")
     sp.add_argument("--spec-type", default="none",
                     help="draft source: none, ngram-lookup (Hearth's), ngram-simple, ngram-map-k, ngram-map-k4v, "
@@ -239,6 +245,10 @@ def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
     vis.add_argument("--skip-oracle", action="store_true", help="no oracle against stock llama-server")
     vis.add_argument("--skip-memory", action="store_true", help="no RSS of runners without and with the projector")
     vis.add_argument("--skip-pause", action="store_true", help="no pause arms (and no memory part)")
+    vis.add_argument("--memory-only", action="store_true",
+                     help="only the projectors' memory: measured RSS against the estimate, per projector")
+    vis.add_argument("--memory-projectors", default=None,
+                     help="comma-separated mmproj files for --memory-only (default: the tiny and base random shapes)")
     vis.add_argument("--llama-server", help="stock llama-server binary (default: the built one, if any)")
     vis.add_argument("--json", dest="json_path", help="write every figure and raw gap here")
 
@@ -993,6 +1003,12 @@ def _runner(args) -> int:
     # The environment's key, as llama-server reads LLAMA_API_KEY: a key on the command line is shown by `ps`.
     from_env = os.environ.pop(RUNNER_KEY_ENV, "")
     api_keys = tuple(k.strip() for v in [*args.api_key, from_env] for k in v.split(",") if k.strip())
+    from app.netguard import HostPolicy
+
+    try:
+        HostPolicy.parse(args.image_url_hosts)
+    except ValueError as exc:
+        raise SystemExit(f"hearth runner: --image-url-hosts: {exc}")
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
                            n_outputs_extra=spec.draft_max if spec.enabled else 0,
@@ -1026,7 +1042,8 @@ def _runner(args) -> int:
         grammar=grammar,
         mmproj=None if args.no_mmproj or not args.mmproj else _existing(args.mmproj, "--mmproj"),
         images=ImageLimits(max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
-                           fetch_urls=args.image_url_fetch),
+                           fetch_urls=args.image_url_fetch, fetch_allowed_hosts=args.image_url_hosts,
+                           fetch_timeout_s=args.image_url_timeout),
     )
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)

@@ -267,12 +267,57 @@ def memory(model: str, projector: Path, threads: int, ctx: int, image_size: int)
                     c.post("/v1/chat/completions", json={"max_tokens": 1, "messages": [_message(_data_url(
                         _png(5, (image_size, image_size)), "image/png"))]}).raise_for_status()
                     row["rss_after_image"] = worker.memory_info().rss
+                else:
+                    # A first request touches the text model's compute buffers: the vision arm's after-image
+                    # figure is compared with this, so only the image's own memory is left in the difference.
+                    c.post("/v1/chat/completions", json={"max_tokens": 1, "messages": [
+                        {"role": "user", "content": QUESTION}]}).raise_for_status()
+                    row["rss_after_request"] = worker.memory_info().rss
                 out[arm] = row
         finally:
             proc.terminate()
             proc.wait(30)
     out["projector_file_bytes"] = projector.stat().st_size
     return out
+
+
+def memory_table(model: str, projectors: list[Path], threads: int, ctx: int) -> list[dict]:
+    """Per projector: the runner worker's RSS with it, less the RSS without it (after the load, after one image of
+    its own size), beside app.residency.estimate's figures for its weights and its compute."""
+    from app.devtools.mmproj import text_embedding_length
+    from app.gguf_meta import read_metadata
+    from app.residency.estimate import projector_compute_bytes, vision_facts
+
+    rows = []
+    for projector in projectors:
+        facts = vision_facts(projector)
+        if facts is None:
+            raise SystemExit(f"hearth bench vision: {projector} has no vision tower in its header")
+        mem = memory(model, projector, threads, ctx, facts.image_size)
+        weights = projector.stat().st_size
+        compute = projector_compute_bytes(projector, text_embedding_length(model))
+        rows.append({"projector": str(projector), "name": read_metadata(projector).fields.get("general.name"),
+                     "facts": facts.__dict__, "file_bytes": weights, "estimate_compute_bytes": compute,
+                     "estimate_bytes": weights + compute,
+                     "measured_after_load_bytes": mem["vision"]["rss_after_load"] - mem["text"]["rss_after_load"],
+                     "measured_after_image_bytes": mem["vision"]["rss_after_image"] - mem["text"]["rss_after_request"],
+                     "raw": mem})
+    return rows
+
+
+def _print_memory(rows: list[dict]) -> None:
+    mib = 2**20
+    print("projector memory: runner worker RSS with --mmproj less without it (MiB), against the estimate "
+          "(app/residency/estimate.py: weights = file, compute = tower buffer + one image)")
+    print(f"  {'projector':28} {'px':>4} {'patch':>5} {'width':>5} {'blocks':>6} {'file':>7} {'compute':>8} "
+          f"{'estimate':>9} {'load':>7} {'image':>7} {'error':>6}")
+    for r in rows:
+        f = r["facts"]
+        err = 100 * (r["estimate_bytes"] - r["measured_after_image_bytes"]) / r["measured_after_image_bytes"]
+        print(f"  {str(r['name'] or Path(r['projector']).name)[:28]:28} {f['image_size']:>4} {f['patch_size']:>5} "
+              f"{f['n_embd']:>5} {f['n_layer']:>6} {r['file_bytes'] / mib:>7.1f} {r['estimate_compute_bytes'] / mib:>8.1f} "
+              f"{r['estimate_bytes'] / mib:>9.1f} {r['measured_after_load_bytes'] / mib:>7.1f} "
+              f"{r['measured_after_image_bytes'] / mib:>7.1f} {err:>+5.0f}%")
 
 
 def run_from_args(args, model: str) -> int:
@@ -282,6 +327,12 @@ def run_from_args(args, model: str) -> int:
     print(f"model {Path(model).name} (first MiB sha256 {model_hash}), threads {args.threads}, ctx {args.ctx}, "
           f"slots 2; machine {machine()}")
     out: dict = {"model": model, "threads": args.threads, "ctx": args.ctx, "machine": machine()}
+    if args.memory_only:
+        projectors = [Path(p) for p in args.memory_projectors.split(",") if p] if args.memory_projectors else [
+            cached_mmproj(model, name) for name in ("mmproj-gemma3-tiny", "mmproj-gemma3-base")]
+        out["projector_memory"] = rows = memory_table(model, projectors, args.threads, args.ctx)
+        _print_memory(rows)
+        return _write(args, out)
     binary = Path(args.llama_server) if args.llama_server else stock_llama_server()
     if not args.skip_oracle:
         small = cached_mmproj(model, "mmproj-gemma3-tiny")

@@ -178,6 +178,10 @@ class RequestStats:
     # Speculative decoding: draft tokens verified for this request and how many of them were kept.
     num_draft_tokens: int = 0
     num_draft_accepted: int = 0
+    # Images in the prompt, and the time the projector spent encoding them (those reused from the prefix
+    # cache are not encoded: 0 ms), as MediaStep measured it around each encode.
+    num_images: int = 0
+    image_encode_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for JSON responses."""
@@ -293,4 +297,6 @@ class Request:
             finish_reason=self.status.finish_reason or "unknown",
             num_draft_tokens=self.drafter.num_drafted if self.drafter is not None else 0,
             num_draft_accepted=self.drafter.num_accepted if self.drafter is not None else 0,
+            num_images=self.media.num_images if self.media is not None else 0,
+            image_encode_ms=self.media.encode_ms if self.media is not None else 0.0,
         )

@@ -6,10 +6,11 @@ from __future__ import annotations
 import ipaddress
 
 from flask import Blueprint, Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from app.gateway.auth import bearer_token
 from app.gateway.context import services
-from app.gateway.pipeline import authenticate, error_response, serve_generation
+from app.gateway.pipeline import authenticate, body_over_limit, error_response, limit_body, serve_generation
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, EmbeddingBody, InfillBody
 
 bp = Blueprint("gateway", __name__)
@@ -18,6 +19,10 @@ bp = Blueprint("gateway", __name__)
 @bp.errorhandler(ApiError)
 def _api_error(err: ApiError):
     return error_response(err)
+
+
+bp.before_request(limit_body)
+bp.register_error_handler(RequestEntityTooLarge, lambda exc: _api_error(body_over_limit(exc)))
 
 
 @bp.get("/metrics")

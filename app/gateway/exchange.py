@@ -32,6 +32,13 @@ def _count(value) -> int | None:
     return int(value)
 
 
+def _ms(value) -> float | None:
+    """A duration from a runner's timings, or None when it is absent or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
 class Exchange:
     """A request from its arrival at the gateway to its row in the request log."""
 
@@ -159,6 +166,9 @@ class Exchange:
             # llama-server's names in the final timings; absent when the request did not draft.
             draft_tokens=_count(t.get("draft_n")),
             draft_accepted=_count(t.get("draft_n_accepted")),
+            # The runner's own figures (hearth runner's timings; a stock llama-server sends none): NULL without images.
+            images=_count(t.get("num_images")) or None,
+            image_encode_ms=_ms(t.get("image_encode_ms")) if _count(t.get("num_images")) else None,
         )
 
     def _log(self, **fields) -> None:

@@ -24,11 +24,12 @@ from typing import Any
 
 from flask import Blueprint, Response, request, stream_with_context
 from sqlalchemy import select
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from app.engine.formats import detect
 from app.gateway.auth import Principal
 from app.gateway.context import services
-from app.gateway.pipeline import authenticate, serve_generation
+from app.gateway.pipeline import authenticate, body_over_limit, limit_body, serve_generation
 from app.gguf_meta import GgufArray, GgufError
 from app.protocols import ollama
 from app.protocols.ollama import DEFAULT_TAG, NDJSON, hearth_name, ollama_name, parse_keep_alive
@@ -54,6 +55,10 @@ NEVER = datetime(2318, 1, 1, tzinfo=UTC)
 def _api_error(err: ApiError):
     status, body = ollama.error_body(err)
     return Response(json.dumps(body), status=status, headers=err.headers, mimetype="application/json")
+
+
+bp.before_request(limit_body)
+bp.register_error_handler(RequestEntityTooLarge, lambda exc: _api_error(body_over_limit(exc)))
 
 
 # -- endpoints -------------------------------------------------------------------------------------

@@ -10,7 +10,15 @@ from functools import cache
 
 from pydantic.json_schema import models_json_schema
 
-from app.protocols.openai import MAX_BODY_BYTES, UNSUPPORTED, ChatBody, CompletionBody, InfillBody
+from app.protocols.openai import (
+    MAX_BODY_BYTES,
+    MAX_GENERATION_BODY_BYTES,
+    MAX_IMAGE_BYTES,
+    UNSUPPORTED,
+    ChatBody,
+    CompletionBody,
+    InfillBody,
+)
 
 REF = "#/components/schemas/{model}"
 
@@ -19,7 +27,8 @@ _ERRORS = {
     "401": "Missing, invalid or revoked API token",
     "403": "The token may not use the requested class",
     "404": "Unknown model, or a model file that cannot be served",
-    "413": f"Request body larger than {MAX_BODY_BYTES} bytes",
+    "413": f"Request body larger than {MAX_GENERATION_BODY_BYTES:,} bytes on a generation route (room for one image of "
+           f"{MAX_IMAGE_BYTES:,} bytes as base64), {MAX_BODY_BYTES:,} on the others",
     "429": "The class's queue is full (see Retry-After)",
     "502": "The model's runner failed while answering; it is restarted on the next request",
     "503": "Queue timeout, model still loading or not enough memory (see Retry-After)",

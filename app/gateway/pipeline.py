@@ -35,6 +35,7 @@ from app.protocols.openai import (
     ChatBody,
     EmbeddingBody,
     InfillBody,
+    body_limit,
     parse_body,
     too_large,
     validation_error,
@@ -141,12 +142,31 @@ def translate_stream(adapter: Adapter, chunks: Iterable[bytes]) -> Iterator[byte
         pass
 
 
+def limit_body() -> None:
+    """Before a route reads its body: the route's limit (generations make room for an image) set on the request,
+    and a body whose Content-Length is over it refused before a byte is read (the blueprints' before_request)."""
+    limit = body_limit(request.path)
+    if limit > MAX_BODY_BYTES and (request.content_length is None or request.content_length > MAX_BODY_BYTES):
+        # A body beyond the ordinary limit is read only for a caller who may generate: a client without a token
+        # cannot make serve hold an image-sized body on each of its connections.
+        authenticate()
+    request.max_content_length = limit
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large(limit)
+
+
+def body_over_limit(_exc) -> ApiError:
+    """The ApiError for a body that went over its limit while it was read (chunked, no Content-Length)."""
+    return too_large(body_limit(request.path))
+
+
 def _parse(schema: type[BaseModel], adapter: Adapter | None, model: str | None) -> tuple[BaseModel, dict]:
     """The request body validated by the route's schema: the client's own, or the adapter's OpenAI request."""
     if adapter is None:
-        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-            raise too_large()
-        return parse_body(request.get_data(cache=False), schema)
+        limit = body_limit(request.path)
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large(limit)
+        return parse_body(request.get_data(cache=False), schema, limit)
     raw = adapter.to_openai()
     if model is not None:
         raw["model"] = model
@@ -167,6 +187,24 @@ def _max_tokens(body: BaseModel, policy: ClassPolicy) -> int:
     return requested or policy.default_max_tokens
 
 
+def _refuse_image_urls(raw: dict) -> None:
+    """A 400 for an http(s) image URL while fetching is off: checked here, before any runner sees the request,
+    because a stock llama-server or a remote node fetches such URLs itself, wherever they point."""
+    messages = raw.get("messages")
+    for i, m in enumerate(messages if isinstance(messages, list) else ()):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                continue
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if isinstance(url, str) and url[:8].lower().startswith(("http://", "https://")):
+                param = f"messages.{i}.content.{j}.image_url.url"
+                raise ApiError(400, f"'{param}': this server does not fetch image URLs; send the image itself as a "
+                                    "base64 data URL (data:image/png;base64,...), or the admin turns on the setting "
+                                    "runner_image_url_fetch", param=param, code="image_url_fetch_off")
+
+
 def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None = None, *,
                      model: str | None = None, principal: Principal | None = None) -> Response:
     """Relay one generation to the runner's `path`; an adapter reads the body and writes the answer in its API.
@@ -181,6 +219,8 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
     # A token trusted to name its users: the person behind the request is the member from here on.
     principal = svc.people.behind(principal, request.headers)
     body, raw = _parse(schema, adapter, model)
+    if schema is ChatBody and not svc.settings.get("runner_image_url_fetch"):
+        _refuse_image_urls(raw)
     features = tuple(body.features)
     policy = choose_class(principal, raw.get("hearth_class"), fim="fim" in features)
     model_name = svc.router.resolve(body.model, policy)

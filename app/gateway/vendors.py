@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 
 from flask import Blueprint, Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
-from app.gateway.pipeline import error_response, serve_generation
+from app.gateway.pipeline import body_over_limit, error_response, limit_body, serve_generation
 from app.protocols import anthropic, responses
 from app.protocols.openai import ApiError, ChatBody
 
@@ -29,6 +30,10 @@ def _api_error(err: ApiError):
         status, body = anthropic.error_body(err)
         return Response(json.dumps(body), status=status, headers=err.headers, mimetype="application/json")
     return error_response(err)
+
+
+bp.before_request(limit_body)
+bp.register_error_handler(RequestEntityTooLarge, lambda exc: _api_error(body_over_limit(exc)))
 
 
 def _body() -> dict:

@@ -629,17 +629,38 @@ def _is_field(part) -> bool:
 
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+# The largest image a request may send (the runner's default --image-max-bytes): a phone's photo as it was taken.
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+# A generation's body may hold one image at that limit as base64 (4 bytes for every 3) beside MAX_BODY_BYTES of
+# text: 27,962,028 + 4,194,304 = 32,156,332 bytes. Without it a 3 MiB photo was a generic 413 before the image
+# limit was ever looked at. Other routes keep MAX_BODY_BYTES, and a body over either limit is refused by its
+# Content-Length before a byte of it is read.
+MAX_GENERATION_BODY_BYTES = MAX_BODY_BYTES + 4 * -(-MAX_IMAGE_BYTES // 3)
+# The routes that generate (gateway and runner, every API): the ones that take images.
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+                              "/completion", "/v1/messages", "/v1/responses", "/api/chat", "/api/generate"})
 
 
-def too_large() -> ApiError:
-    """413 for a body over MAX_BODY_BYTES."""
-    return ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+def body_limit(path: str) -> int:
+    """The largest body a route takes: generations make room for an image."""
+    return MAX_GENERATION_BODY_BYTES if path in GENERATION_PATHS else MAX_BODY_BYTES
 
 
-def parse_body(raw: bytes, schema: type[BaseModel]) -> tuple[BaseModel, dict]:
-    """A request body validated by schema, and the raw JSON object; every failure is a clear 400."""
-    if len(raw) > MAX_BODY_BYTES:
-        raise too_large()
+def too_large(limit: int = MAX_BODY_BYTES) -> ApiError:
+    """413 for a body over its route's limit, naming it."""
+    if limit == MAX_GENERATION_BODY_BYTES:
+        hint = (f" (room for one image of up to {MAX_IMAGE_BYTES:,} bytes as base64 beside the text): send images "
+                "smaller (scaled down or recompressed), or fewer in one request")
+    else:
+        hint = ": send less"
+    return ApiError(413, f"the request body is larger than the limit of {limit:,} bytes{hint}", code="body_too_large")
+
+
+def parse_body(raw: bytes, schema: type[BaseModel], max_bytes: int = MAX_BODY_BYTES) -> tuple[BaseModel, dict]:
+    """A request body validated by schema, and the raw JSON object; every failure is a clear 400 (413 when it is
+    over max_bytes)."""
+    if len(raw) > max_bytes:
+        raise too_large(max_bytes)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

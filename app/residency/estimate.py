@@ -11,11 +11,30 @@ llama.cpp logged KV 72 MiB, compute buffer 25.77 MiB, output buffer 8 MiB; `hear
 measured the runner worker at 415 MiB RSS idle and 472 MiB at its peak under 8 concurrent
 requests, for 235 MiB of weights. With n_outputs_max = n_batch the compute buffer was 514 MiB
 (commit ca9c986), which pins down the logits term below.
+
+Vision projectors (projector_compute_bytes; random Gemma 3 projectors of `hearth models random`'s shapes and
+four more written with app.devtools.mmproj, CPU, flash attention on as clip.cpp's warmup chooses): stock
+llama-server logged clip's compute buffer as 0.47 MiB (tiny: 64 px, patch 4, width 64, ff 128), 8.62 (base:
+224 px, patch 14, width 768, ff 3072), 1.19 (112 px, width 256, ff 1024), 3.45 (448 px, width 64, ff 128),
+13.25 (448 px, width 512, ff 2048), 13.78 (896 px, width 128, ff 256). The largest two phases fit all six
+within 2 %: the patch embedding (the f32 image and its f16 im2col: exact for the 448 and 896 px towers of
+width 64 and 128) and a block (5.45 × patches × width + width × ff / 3 + 526 × width floats); the number of
+blocks does not matter (ggml reuses a block's memory for the next). `hearth bench vision --memory-only
+--memory-projectors ...` measured the runner worker's RSS with the projector less without it: after the load
+file + 6 to 25 MiB (the buffer is only partly touched before the first encode), and after one image of the tower's
+own size (a noise PNG) against a text runner after one request: file + buffer + 10.7 (tiny), 14.9 (base),
+11.1 (112 px), 30.3 and 30.0 (448 px), 64.6 MiB (896 px). 16 MiB + 64 bytes per pixel of the tower's image
+size covers those within -2.1 / +5.7 MiB; estimate against measured after the image (a second run): 17.2 /
+12.0 MiB (tiny), 356.5 / 352.4 (base), 25.2 / 19.5 (112 px), 32.5 / 34.5 and 57.9 / 60.0 (448 px), 81.9 / 79.9
+(896 px). An image sent larger than the tower's size is decoded at its own
+size first (Pillow and stb, 3 bytes a pixel each, transiently): the pixel limit (--image-max-pixels) bounds it.
 """
 
+import functools
 import os
 from dataclasses import dataclass
 
+from app.gguf_meta import GgufError, read_metadata
 from app.residency.catalog import CatalogEntry
 
 MIB = 1024 * 1024
@@ -45,6 +64,17 @@ SERVING_HEADROOM_BYTES = 24 * MIB
 # text→id map) and small model state; over Gemma's 262,144 tokens that is ~180 bytes a token.
 VOCAB_BYTES_PER_TOKEN = 180
 
+# Gemma 3's merge (clip.cpp's default when the header names no projector.scale_factor): 4×4 patches a token.
+DEFAULT_VISION_MERGE = 4
+# The vision tower's compute buffer (projector_compute_bytes; the calibration is in the module docstring).
+VISION_IM2COL_BYTES = 2  # f16
+VISION_PATCH_ACTIVATIONS = 5.45
+VISION_FF_DIVISOR = 3
+VISION_EMBD_FLOATS = 526
+# RSS after the first image beyond the weights and the buffer (fitted, see the calibration).
+MTMD_CONTEXT_BYTES = 16 * MIB
+IMAGE_BYTES_PER_PIXEL = 64
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
@@ -56,8 +86,10 @@ class MemoryEstimate:
     overhead_bytes: int
     total_bytes: int
     # The paired vision projector's weights (its file; an image's positions are KV cells like tokens', so
-    # they are in kv_bytes). The vision tower's compute buffer is not estimated yet.
+    # they are in kv_bytes), and its vision tower's compute buffer plus one image's working set
+    # (projector_compute_bytes, from the projector's header; in total_bytes too).
     projector_bytes: int = 0
+    projector_compute_bytes: int = 0
 
 
 def bytes_per_token(entry: CatalogEntry, kv_type_bytes: float = 2.0) -> int:
@@ -101,14 +133,86 @@ def estimate_memory(
     vocab_bytes = VOCAB_BYTES_PER_TOKEN * (entry.n_vocab or 0)
     overhead_bytes = RUNNER_BASELINE_BYTES + SERVING_HEADROOM_BYTES + vocab_bytes
     projector_bytes = _file_bytes(entry.mmproj) if entry.mmproj is not None else 0
+    projector_compute = projector_compute_bytes(entry.mmproj, entry.n_embd) if entry.mmproj is not None else 0
     return MemoryEstimate(
         weights_bytes=entry.weights_bytes,
         kv_bytes=kv_bytes,
         compute_bytes=compute_bytes,
         overhead_bytes=overhead_bytes,
-        total_bytes=entry.weights_bytes + kv_bytes + compute_bytes + overhead_bytes + projector_bytes,
+        total_bytes=entry.weights_bytes + kv_bytes + compute_bytes + overhead_bytes + projector_bytes
+        + projector_compute,
         projector_bytes=projector_bytes,
+        projector_compute_bytes=projector_compute,
     )
+
+
+@dataclass(frozen=True)
+class VisionFacts:
+    """What a projector's header says of its vision tower (clip.vision.* keys)."""
+
+    image_size: int
+    patch_size: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_merge: int
+
+    @property
+    def n_patches(self) -> int:
+        """Patches of one image: the tower's sequence length."""
+        return (self.image_size // self.patch_size) ** 2
+
+
+def vision_facts(path) -> VisionFacts | None:
+    """The vision tower's shape from a projector's header; None when the file cannot be read or says none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _vision_facts(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _vision_facts(path: str, size: int, mtime_ns: int) -> VisionFacts | None:
+    # Keyed by size and mtime too: a replaced file is read again (the Models page asks on every render).
+    try:
+        fields = read_metadata(path).fields
+    except (GgufError, OSError):
+        return None
+
+    def key(name: str, default: int | None = None) -> int | None:
+        value = fields.get(f"clip.vision.{name}", default)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    facts = [key("image_size"), key("patch_size"), key("embedding_length"), key("feed_forward_length"),
+             key("block_count"), key("projector.scale_factor", DEFAULT_VISION_MERGE)]
+    if any(f is None for f in facts):
+        return None
+    return VisionFacts(*facts)
+
+
+def projector_compute_bytes(path, n_embd_text: int | None) -> int:
+    """Estimates the memory a projector takes beyond its weights: clip.cpp's compute buffer (reserved at load by
+    its warmup) and what encoding one image adds (see the calibration in the module docstring); 0 when its
+    header gives no vision tower."""
+    v = vision_facts(path)
+    if v is None:
+        return 0
+    p = v.n_patches
+    # ggml's allocator reuses memory between the graph's nodes (and from one block to the next, so the
+    # number of blocks does not matter): the buffer is the larger of two phases.
+    # The patch embedding: the f32 image (3 channels) and its f16 im2col (3·patch² values a patch).
+    patch_phase = (3 * v.image_size**2 * FLOAT32_BYTES
+                   + p * 3 * v.patch_size**2 * VISION_IM2COL_BYTES)
+    # A block: fitted to llama.cpp's logged buffers as live float32 activations of
+    # 5.45 × n_patches × n_embd, plus n_embd × n_ff / 3 and 526 × n_embd (see the calibration).
+    layer_phase = FLOAT32_BYTES * (VISION_PATCH_ACTIVATIONS * p * v.n_embd + v.n_embd * v.n_ff / VISION_FF_DIVISOR
+                                   + VISION_EMBD_FLOATS * v.n_embd)
+    buffer = max(patch_phase, layer_phase)
+    # Beyond the buffer: libmtmd's context and the encode worker, and one image's copies on its way in (the
+    # request's base64, the decoded bytes, Pillow's and stb's pixels, the f32 preprocessed image), counted at
+    # the projector's own image size.
+    return round(buffer + MTMD_CONTEXT_BYTES + IMAGE_BYTES_PER_PIXEL * v.image_size**2)
 
 
 def _file_bytes(path) -> int:

@@ -108,6 +108,9 @@ class RunnerSpec:
     # The model's vision projector (the catalog's pairing): --mmproj for either kind, unless runner_args
     # name --mmproj or --no-mmproj themselves (theirs win).
     mmproj: str | None = None
+    # hearth runners with a projector: fetch http(s) image URLs (public hosts, plus these LAN ones).
+    image_url_fetch: bool = False
+    image_url_hosts: str | None = None
 
     def __post_init__(self):
         if self.kind not in RUNNER_KINDS:
@@ -191,6 +194,8 @@ class RunnerSpec:
         cmd += ["--cache-ram", str(self.cache_ram_mib)]
         if self.cache_disk_dir:
             cmd += ["--cache-disk", self.cache_disk_dir, "--cache-disk-mib", str(self.cache_disk_mib)]
+        if self.image_url_fetch and self.mmproj_flag:
+            cmd += ["--image-url-fetch"] + (["--image-url-hosts", self.image_url_hosts] if self.image_url_hosts else [])
         return cmd + self.mmproj_flag + self.spec_flag + list(self.extra_args)
 
 

@@ -22,7 +22,7 @@ from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
 from app.protocols import anthropic
-from app.protocols.openai import MAX_BODY_BYTES, ApiError
+from app.protocols.openai import ApiError, body_limit
 from app.runner import apis, completions, embedding, info, rerank, tokens
 from app.runner.config import RunnerConfig
 from app.runner.state import Backend, RunnerState, llama_backend
@@ -100,7 +100,7 @@ class RunnerApp:
 
     def __call__(self, environ, start_response):
         req = HttpRequest(environ)
-        req.max_content_length = MAX_BODY_BYTES
+        req.max_content_length = body_limit(req.path)
         cors = self.state.config.cors_origins != CORS_NONE
         if req.method == "OPTIONS" and cors:
             # A browser's preflight carries no credentials: answered before the key check, as llama-server.

@@ -8,19 +8,23 @@ from pathlib import Path
 from app.engine.model_config import ModelConfig
 from app.engine.speculation import NO_SPEC, SpecConfig
 from app.policy import Mode
+from app.protocols.openai import MAX_IMAGE_BYTES
 
 
 @dataclass(frozen=True)
 class ImageLimits:
     """What one request's images may be (llama-server has no such limits; these keep a household box safe)."""
 
-    max_bytes: int = 20 * 2**20
+    max_bytes: int = MAX_IMAGE_BYTES  # what a generation's body limit makes room for (app.protocols.openai)
     max_pixels: int = 8192 * 8192
     max_images: int = 16
     # http(s) image URLs are fetched only when this is on (--image-url-fetch): off, a prompt cannot make
     # the server reach into the household's network.
     fetch_urls: bool = False
+    # The whole fetch (resolve, connect, every redirect, the body) within this; only public addresses are
+    # reached, and these hosts on the LAN or this machine besides (app.netguard.HostPolicy's syntax).
     fetch_timeout_s: float = 10.0
+    fetch_allowed_hosts: str = ""
 
 
 @dataclass(frozen=True)

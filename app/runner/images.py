@@ -2,7 +2,10 @@
 
 OpenAI's `image_url` parts carry a base64 data URL (or raw base64, as Ollama sends its `images`); an
 http(s) URL is fetched only where the runner allows it (--image-url-fetch, off by default: a
-household server should not fetch what a prompt names). Each image is checked with Pillow: one of
+household server should not fetch what a prompt names), and then from public hosts only: every hop is
+resolved, each address checked and the connection made to a checked one (app.netguard, which model
+pulls use too), so a prompt cannot reach the router, the NAS's own services or a cloud metadata
+address; the bytes and the whole fetch's time are limited. Each image is checked with Pillow: one of
 PNG, JPEG or WebP, within the byte and pixel limits, and decodable to its end (a truncated file is
 refused here, not half-read by the vision tower). Every refusal is a 400 naming the part and what
 to send instead. libmtmd decodes the bytes again itself, as llama-server does, so both see the same
@@ -13,16 +16,22 @@ from __future__ import annotations
 
 import base64
 import binascii
+import http.client
 import io
+import time
 import warnings
+from urllib.parse import urljoin, urlsplit
 
 from PIL import Image, UnidentifiedImageError
 
 from app.engine.template_inputs import MEDIA_MARKER
+from app.netguard import AddressRefused, HostPolicy, PinnedHTTPConnection, PinnedHTTPSConnection
 from app.protocols.openai import ApiError
 from app.runner.config import ImageLimits
 
 FORMATS = ("PNG", "JPEG", "WEBP")
+MAX_IMAGE_REDIRECTS = 3
+FETCH_CHUNK_BYTES = 64 * 1024
 
 
 def image_parts(messages: list[dict]) -> list[tuple[str, str]]:
@@ -129,24 +138,76 @@ def check_image(data: bytes, param: str, limits: ImageLimits) -> str:
 
 
 def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
-    """An http(s) image, where the runner allows fetching; at most max_bytes are read."""
+    """An http(s) image, where the runner allows fetching: public hosts only (app.netguard, as model pulls), every
+    hop resolved and checked and connected at the checked address, at most max_bytes read, all within the timeout."""
     if not limits.fetch_urls:
         raise ApiError(400, f"'{param}': this server does not fetch image URLs; send the image itself as a base64 "
-                            "data URL (data:image/png;base64,...), or start the runner with --image-url-fetch",
-                       param=param, code="image_url_fetch_off")
-    import httpx
-
-    try:
-        with httpx.stream("GET", url, timeout=limits.fetch_timeout_s, follow_redirects=True) as resp:
-            if resp.status_code != 200:
-                raise ApiError(400, f"'{param}': fetching the image answered HTTP {resp.status_code}", param=param,
+                            "data URL (data:image/png;base64,...), or start the runner with --image-url-fetch "
+                            "(hearth serve: the setting runner_image_url_fetch)", param=param, code="image_url_fetch_off")
+    hosts = HostPolicy.parse(limits.fetch_allowed_hosts)
+    deadline = time.monotonic() + limits.fetch_timeout_s
+    for _ in range(MAX_IMAGE_REDIRECTS + 1):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ApiError(400, f"'{param}': {url[:200]!r} is not an http(s) URL", param=param, code="image_url_failed")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            addresses = hosts.connect_addresses(parts.hostname, port)
+        except AddressRefused as exc:
+            raise ApiError(400, f"'{param}': refused to fetch from {exc.host} ({exc.ip}, a {exc.kind} address): image "
+                                "URLs reach public hosts only; send the image itself as a data URL, or allow the host "
+                                "with --image-url-hosts (hearth serve: runner_image_url_hosts)", param=param,
+                           code="image_url_refused")
+        except OSError as exc:
+            raise ApiError(400, f"'{param}': the image's host could not be resolved ({exc})", param=param,
+                           code="image_url_failed")
+        left = _time_left(deadline, param, limits)
+        conn_class = PinnedHTTPSConnection if parts.scheme == "https" else PinnedHTTPConnection
+        conn = conn_class(parts.hostname, port, addresses, connect_timeout_s=left, timeout=left)
+        resp = None
+        try:
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            conn.request("GET", target, headers={"User-Agent": "hearth-runner", "Accept": "image/*",
+                                                 "Accept-Encoding": "identity"})
+            sock = conn.sock  # kept: the connection lets go of it once a response that closes is read
+            resp = conn.getresponse()
+            if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
+                url = urljoin(url, resp.getheader("Location"))  # the next hop is checked before a byte goes to it
+                continue
+            if resp.status != 200:
+                raise ApiError(400, f"'{param}': fetching the image answered HTTP {resp.status}", param=param,
                                code="image_url_failed")
+            length = resp.getheader("Content-Length")
+            if length and length.isdigit() and int(length) > limits.max_bytes:
+                raise _too_big(param, limits)
             data = bytearray()
-            for piece in resp.iter_bytes():
+            while True:
+                sock.settimeout(_time_left(deadline, param, limits))
+                piece = resp.read1(FETCH_CHUNK_BYTES)
+                if not piece:
+                    return bytes(data)
                 data += piece
                 if len(data) > limits.max_bytes:
                     raise _too_big(param, limits)
-            return bytes(data)
-    except httpx.HTTPError as exc:
-        raise ApiError(400, f"'{param}': the image could not be fetched ({exc})", param=param,
-                       code="image_url_failed")
+        except TimeoutError:
+            raise _too_slow(param, limits)
+        except (OSError, http.client.HTTPException) as exc:
+            raise ApiError(400, f"'{param}': the image could not be fetched ({exc})", param=param,
+                           code="image_url_failed")
+        finally:
+            if resp is not None:
+                resp.close()
+            conn.close()
+    raise ApiError(400, f"'{param}': more than {MAX_IMAGE_REDIRECTS} redirects", param=param, code="image_url_failed")
+
+
+def _time_left(deadline: float, param: str, limits: ImageLimits) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _too_slow(param, limits)
+    return left
+
+
+def _too_slow(param: str, limits: ImageLimits) -> ApiError:
+    return ApiError(400, f"'{param}': fetching the image took longer than the limit of {limits.fetch_timeout_s:g} s: "
+                         "send the image itself as a data URL", param=param, code="image_url_timeout")

@@ -10,7 +10,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
-from app.protocols.openai import ApiError, parse_body, too_large
+from app.protocols.openai import ApiError, body_limit, parse_body, too_large
 
 # An error as an API answers it: HTTP status and body (OpenAI's shape unless a route names another).
 ErrorShape = Callable[[ApiError], tuple[int, dict]]
@@ -42,8 +42,8 @@ def read_body(req: HttpRequest, schema: type[BaseModel]):
     try:
         raw = req.get_data(cache=False)
     except RequestEntityTooLarge:
-        raise too_large()
-    return parse_body(raw, schema)[0]
+        raise too_large(body_limit(req.path))
+    return parse_body(raw, schema, body_limit(req.path))[0]
 
 
 class _AnyObject(BaseModel):
@@ -57,5 +57,5 @@ def read_object(req: HttpRequest) -> dict:
     try:
         raw = req.get_data(cache=False)
     except RequestEntityTooLarge:
-        raise too_large()
-    return parse_body(raw, _AnyObject)[1]
+        raise too_large(body_limit(req.path))
+    return parse_body(raw, _AnyObject, body_limit(req.path))[1]

@@ -36,7 +36,8 @@ from app.store.settings import get_setting
 
 log = logging.getLogger(__name__)
 
-RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache", "args", "cache_ram_mib", "cache_disk_mib")  # the stored runner_* settings a spec falls back on
+RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache", "args", "cache_ram_mib", "cache_disk_mib",
+                   "image_url_fetch", "image_url_hosts")  # the stored runner_* settings a spec falls back on
 
 
 class ModelNotServable(Exception):
@@ -175,6 +176,8 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         cache_disk_dir=str(kv_dir) if kv_dir is not None and _int_or(defaults.get("cache_disk_mib"), 0) else None,
         cache_disk_mib=_int_or(defaults.get("cache_disk_mib"), DEFAULT_CACHE_DISK_MIB),
         mmproj=str(entry.mmproj) if entry.mmproj else None,
+        image_url_fetch=bool(defaults.get("image_url_fetch")),
+        image_url_hosts=defaults.get("image_url_hosts") or None,
     )
 
 

@@ -308,6 +308,10 @@ class RequestRecord(Base):
     # timings' draft_n and draft_n_accepted); NULL when it did not draft. Migration 0013.
     draft_tokens: Mapped[int | None] = mapped_column(Integer)
     draft_accepted: Mapped[int | None] = mapped_column(Integer)
+    # Images in the prompt and the time the runner's projector spent encoding them (its final timings'
+    # num_images and image_encode_ms); NULL for a request without images. Migration 0017.
+    images: Mapped[int | None] = mapped_column(Integer)
+    image_encode_ms: Mapped[float | None] = mapped_column(Float)
 
 
 class Refusal(Base):

@@ -191,6 +191,16 @@ REGISTRY = {
                    "int", "Models and runners", "KV kept on disk per model", "MiB", -1, 1_048_576),
         SettingDef("model_swap_wait_s", 30.0, "a request for a model that does not fit beside the resident ones waits this long for the busy models in its way to finish their requests (then they are evicted), instead of being refused with 503 at once",
                    "float", "Models and runners", "Wait for a busy model to swap", "s", 0, 600),
+        SettingDef("runner_image_url_fetch", False, "local hearth runners of vision models fetch the http(s) image URLs "
+                   "a request names (default: off, images must come inside the request as base64, and serve refuses a "
+                   "URL before any runner sees it); public hosts only, unless runner_image_url_hosts allows a LAN one "
+                   "(a model on a stock llama-server or a remote node fetches URLs itself, without these checks); "
+                   "applies when a runner starts",
+                   "bool", "Network and access", "Fetch image URLs", restart=True),
+        SettingDef("runner_image_url_hosts", None, "hosts an image URL may reach although they are on the LAN or this "
+                   "machine, e.g. a camera: names, addresses or networks, comma-separated (default: none); applies when "
+                   "a runner starts", "str", "Network and access", "Image URLs may reach these LAN hosts",
+                   restart=True, check=_pull_hosts),
         SettingDef("hf_endpoint", None, "Hugging Face endpoint models are pulled from (a mirror's URL; default: $HF_ENDPOINT, else huggingface.co)",
                    "str", "Models and runners", "Hugging Face endpoint"),
         SettingDef("pull_allowed_hosts", None, "hosts a model pull may reach although they are on the LAN or this machine "

@@ -14,6 +14,9 @@ from app.store.writer import LOSS_REASONS
 from app.telemetry.sampler import Sampler
 
 QUEUE_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+# An image's encode: tens of ms for a small projector on a GPU, seconds for a 4B model's tower on a NAS CPU
+# (a reused image is encoded in 0 s: it falls in the first bucket).
+IMAGE_ENCODE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
 class _ResidencyCollector:
@@ -91,6 +94,11 @@ class GatewayMetrics:
                                     registry=r)
         self.draft_accepted = Counter("hearth:gateway_draft_accepted_tokens", "Draft tokens runners kept, by class",
                                       ["class"], registry=r)
+        # Images as the request log records them: how many each class sent, and the runners' encode time.
+        self.images = Counter("hearth:gateway_images", "Images in requests' prompts, by class", ["class"], registry=r)
+        self.image_encode = Histogram("hearth:gateway_image_encode_seconds",
+                                      "Time a runner's projector spent encoding one request's images, by class",
+                                      ["class"], buckets=IMAGE_ENCODE_BUCKETS_S, registry=r)
         self.ttft = Histogram("hearth:gateway_ttft_seconds",
                               "Arrival at the gateway to the first generated token sent to the client (streamed or whole)", ["class"],
                               buckets=TTFT_BUCKETS_S, registry=r)
@@ -113,6 +121,10 @@ class GatewayMetrics:
         if values.get("draft_tokens"):
             self.draft_tokens.labels(klass).inc(values["draft_tokens"])
             self.draft_accepted.labels(klass).inc(values.get("draft_accepted") or 0)
+        if values.get("images"):
+            self.images.labels(klass).inc(values["images"])
+            if values.get("image_encode_ms") is not None:
+                self.image_encode.labels(klass).observe(values["image_encode_ms"] / 1000)
         for hist, key in ((self.ttft, "ttft_ms"), (self.tpot, "tpot_ms"), (self.queue, "queue_ms")):
             if values.get(key) is not None:
                 hist.labels(klass).observe(values[key] / 1000)

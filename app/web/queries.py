@@ -415,6 +415,8 @@ class ModelCard:
     chat_format: str | None = None
     native_tools: bool = False
     reasoning: bool = False
+    # The vision projector the catalog paired with it (its runner gets --mmproj), None: text only.
+    mmproj: str | None = None
     error: str | None = None
     log_tail: list[str] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
@@ -517,6 +519,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             n_batch=spec.runner.n_batch if spec and spec.runner else None,
             sizing_note=spec.sizing_note if spec else None,
             chat_format=e.chat_format, native_tools=e.native_tools, reasoning=e.reasoning,
+            mmproj=str(e.mmproj) if e.mmproj is not None else None,
         )
         rs = runner_rows.get(row.id) if row else None
         card.speculation = (rs.speculation if rs else None) or "auto"

@@ -8,6 +8,7 @@ import time
 import httpx
 import pytest
 
+from app.protocols.openai import MAX_BODY_BYTES, MAX_GENERATION_BODY_BYTES
 from tests.helpers import wait_until
 
 
@@ -153,10 +154,18 @@ def test_prompt_longer_than_context_names_the_counts(runner):
 
 
 def test_body_over_the_size_limit_is_413(runner):
+    # A generation makes room for an image: 5 MiB of prompt is read (and is too long for the context: a 400) ...
     r = runner.client.post("/v1/completions", content=b'{"prompt": "' + b"a" * (5 * 1024 * 1024) + b'"}',
                            headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    # ... more than its limit is a 413 naming it, and other routes keep the 4 MiB limit.
+    r = runner.client.post("/v1/completions", content=b'{"prompt": "' + b"a" * MAX_GENERATION_BODY_BYTES + b'"}',
+                           headers={"content-type": "application/json"})
     assert r.status_code == 413
-    assert "larger than" in r.json()["error"]["message"]
+    assert f"limit of {MAX_GENERATION_BODY_BYTES:,} bytes" in r.json()["error"]["message"]
+    r = runner.client.post("/v1/embeddings", content=b'{"input": "' + b"a" * (5 * 1024 * 1024) + b'"}',
+                           headers={"content-type": "application/json"})
+    assert r.status_code == 413 and f"limit of {MAX_BODY_BYTES:,} bytes" in r.json()["error"]["message"]
     assert_serving(runner)
 
 

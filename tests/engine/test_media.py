@@ -97,6 +97,9 @@ def test_an_image_is_evaluated_once_at_its_place_and_never_enters_a_token_batch(
     starts = [(e.start_pos, len(e.tokens)) for batch in model.batches for e in batch]
     assert starts[:2] == [(0, 3), (3 + N_IMAGE, 2)]  # text up to the image, then the text after it
     assert fin.stats.num_prompt_tokens == len(tokens)
+    # The request's stats carry its images and the encode time MediaStep measured around the projector.
+    assert fin.stats.num_images == 1
+    assert fin.stats.image_encode_ms == media.spans[0].encode_ms > 0
     assert model.violations == []
     assert only_cache_left(with_engine, model)
 
@@ -141,6 +144,8 @@ def test_the_same_image_again_reuses_its_cells_and_a_different_one_does_not(make
     assert fin.error is None
     assert projector.encoded == [image_key(b"garage")] and len(projector.decoded) == 1
     assert fin.stats.num_cached_tokens >= again.spans[0].end
+    # Reused, not encoded: the image is counted and took no encode time.
+    assert fin.stats.num_images == 1 and fin.stats.image_encode_ms == 0.0
     other_tokens, other = image_prompt(b"door", system, [82, 83, 84])
     _, fin = collect(engine.submit(other_tokens, greedy(2, ignore_eos=True), media=other))
     assert fin.error is None

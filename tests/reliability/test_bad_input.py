@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
+from app.protocols.openai import MAX_BODY_BYTES, MAX_GENERATION_BODY_BYTES
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -93,8 +95,10 @@ CASES = [
          param="prompt", path=COMPLETIONS),
     Case("prompt-longer-than-context", {"prompt": "word " * 1500, "max_tokens": 2}, 400, f"{N_CTX} tokens",
          param="prompt", code="context_length_exceeded", path=COMPLETIONS),
-    Case("body-over-size-limit", b'{"prompt": "' + b"a" * (5 * 1024 * 1024) + b'"}', 413, "larger than",
-         code="body_too_large", path=COMPLETIONS),
+    Case("body-over-size-limit", b'{"prompt": "' + b"a" * MAX_GENERATION_BODY_BYTES + b'"}', 413,
+         f"limit of {MAX_GENERATION_BODY_BYTES:,} bytes", code="body_too_large", path=COMPLETIONS),
+    Case("body-over-size-limit-not-generating", b'{"input": "' + b"a" * (MAX_BODY_BYTES + 1) + b'"}', 413,
+         f"limit of {MAX_BODY_BYTES:,} bytes", code="body_too_large", path="/v1/embeddings"),
     Case("unknown-model", chat_body(model="no-such-model"), 404, "unknown model", param="model",
          code="model_not_found", runner=False),
     Case("model-path-traversal", chat_body(model="../../../etc/passwd"), 404, "unknown model", param="model",

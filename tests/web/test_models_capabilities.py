@@ -97,3 +97,25 @@ def test_the_models_page_shows_what_each_model_can_do(app):
     card = page[page.index('<h2>plain</h2>'):]
     card = card[:card.index("</article>")]
     assert "format <code>generic</code>" in card and ">generic envelope</span>" in card and ">no reasoning</span>" in card
+
+
+def test_the_models_page_shows_vision_and_the_paired_projector(tmp_path, standin_model):
+    from app.devtools.mmproj import MMPROJ_SHAPES, make_mmproj
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write_gguf(folder / "cam.gguf", PLAIN)
+    write_gguf(folder / "plain.gguf", PLAIN)
+    projector = folder / "mmproj-cam-f32.gguf"
+    make_mmproj(MMPROJ_SHAPES["mmproj-gemma3-tiny"], folder / "cam.gguf", projector)
+    with dashboard_app(tmp_path, standin_model) as app:
+        admin = app.test_client()
+        set_up_admin(admin)
+        page = admin.get("/models").get_data(as_text=True)
+    card = page[page.index('<h2>cam</h2>'):]
+    card = card[:card.index("</article>")]
+    assert ">vision</span>" in card and f"projector <code>{projector}</code>" in card
+    assert "Vision projector (weights + image compute)" in card
+    card = page[page.index('<h2>plain</h2>'):]
+    card = card[:card.index("</article>")]
+    assert ">text only</span>" in card and "mmproj-plain.gguf" in card and "Vision projector" not in card

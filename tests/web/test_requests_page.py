@@ -98,3 +98,17 @@ def test_htmx_filter_returns_only_the_log(app, admin):
 
 def test_needs_login(client):
     assert client.get("/requests").status_code == 302
+
+
+def test_a_request_with_images_shows_their_count_and_encode_time(app, admin):
+    with services(app).sessions() as s:
+        s.add_all([
+            RequestRecord(arrival_at=NOW - timedelta(minutes=1), member_name="alice", class_name="chat", model="cam",
+                          status="ok", http_status=200, prompt_tokens=300, completion_tokens=5, images=2,
+                          image_encode_ms=1234.56),
+            RequestRecord(arrival_at=NOW - timedelta(minutes=2), member_name="alice", class_name="chat", model="text",
+                          status="ok", http_status=200, prompt_tokens=30, completion_tokens=5)])
+        s.commit()
+    html = admin.get("/requests").get_data(as_text=True)
+    assert re.search(r'2 images · <span class="image-encode-ms">1,234.6</span> ms encode', html)
+    assert html.count('class="small muted images"') == 1  # the text request shows no images line
