@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from app.protocols.openai import MAX_BODY_BYTES, MAX_GENERATION_BODY_BYTES
+from tests.images import data_url, image_bytes
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -58,7 +59,7 @@ CASES = [
     Case("content-wrong-type", {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content",
          param="messages.0.content"),
     Case("image-to-a-model-without-projector", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "--mmproj",
+        {"type": "image_url", "image_url": {"url": data_url(image_bytes())}}]}]}, 400, "--mmproj",
          param="messages.0.content.0", code="images_unsupported"),
     Case("unknown-content-part", {"messages": [{"role": "user", "content": [
         {"type": "video_url", "video_url": {"url": "http://x/y.mp4"}}]}]}, 400, "'image_url'",
