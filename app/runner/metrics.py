@@ -182,10 +182,19 @@ class _EngineCollector:
         """The prefix cache's use, and the last iteration's time outside llama_decode."""
         pc = self.engine.scheduler.cache.counters
         yield gauge("hearth:kv_cells_cached", "KV cache cells held only by the prefix cache (evictable)", snap.kv_cached)
-        yield counter("hearth:prefix_cache_query_tokens", "Prompt tokens of admitted requests looked up in the prefix cache",
-                      pc.query_tokens_total)
-        yield counter("hearth:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache instead of computed",
+        yield counter("hearth:prefix_cache_query_tokens",
+                      "Prompt tokens of admitted requests, once each (looked up in the prefix cache unless cache_prompt "
+                      "was false)", pc.query_tokens_total)
+        yield counter("hearth:prefix_cache_hit_tokens",
+                      "Prompt tokens not computed: served from the KV cache or restored from a tier (cached_tokens)",
                       pc.hit_tokens_total)
+        restored = CounterMetricFamily(
+            "hearth:prefix_cache_restored_tokens",
+            "Of the hit tokens, those a KV tier restored at the request's first admission (hit minus these: the KV cache)",
+            labels=["tier"])
+        restored.add_metric(["ram"], pc.restored_tokens_total - pc.disk_restored_tokens_total)
+        restored.add_metric(["disk"], pc.disk_restored_tokens_total)
+        yield restored
         yield counter("hearth:prefix_cache_evictions", "Cached prefixes evicted to make room", pc.evictions_total)
         yield gauge("hearth:prefix_cache_entries", "Cached prefixes (leaves of the radix tree)", snap.prefix_cache_entries)
         last = snap.last_iteration
