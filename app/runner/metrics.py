@@ -239,10 +239,20 @@ class _EngineCollector:
         held.add_metric(["ram"], tiers.num_bytes if tiers is not None else 0)
         held.add_metric(["disk"], disk.num_bytes if disk else 0)
         yield held
+        budget = GaugeMetricFamily("hearth:kv_tier_budget_bytes",
+                                   "Bytes a tier may hold (--cache-ram, --cache-disk-mib): -1 no limit, 0 off", labels=["tier"])
+        budget.add_metric(["ram"], _budget(tiers.ram.max_bytes) if tiers is not None else 0)
+        budget.add_metric(["disk"], _budget(disk.max_bytes) if disk else 0)
+        yield budget
         entries = GaugeMetricFamily("hearth:kv_tier_entries", "Saved prefixes a tier holds", labels=["tier"])
         entries.add_metric(["ram"], len(tiers.ram) if tiers is not None else 0)
         entries.add_metric(["disk"], len(disk) if disk else 0)
         yield entries
+
+
+def _budget(max_bytes: int | None) -> int:
+    """A tier's byte budget for /metrics: -1 for no limit."""
+    return -1 if max_bytes is None else max_bytes
 
 
 class RunnerMetrics:

@@ -137,6 +137,8 @@ TIER_TOTALS = {
     "ram_entries": ("hearth:kv_tier_entries", "ram"),
     "disk_entries": ("hearth:kv_tier_entries", "disk"),
     "restore_seconds": ("hearth:kv_tier_restore_seconds_total", None),
+    "ram_budget_bytes": ("hearth:kv_tier_budget_bytes", "ram"),
+    "disk_budget_bytes": ("hearth:kv_tier_budget_bytes", "disk"),
 }
 
 
