@@ -16,6 +16,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.residency.budget import KIND_RAM, counted_bytes, counts_ram_tier
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import RunnerSizing, estimate_memory, size_runner
@@ -29,7 +30,7 @@ from app.residency.supervisor import (
     parse_runner_args,
     spec_type_for,
 )
-from app.services.settings import SettingsCache, budget_bytes
+from app.services.settings import SettingsCache, budget_bytes, memory_budget
 from app.store import models as db
 from app.store.settings import get_setting
 
@@ -136,7 +137,7 @@ def record_catalog(session: Session, entries: list[CatalogEntry], now: datetime)
 
 
 def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict,
-                  budget: int) -> RunnerSizing | None:
+                  budget: int, budget_kind: str = KIND_RAM) -> RunnerSizing | None:
     """Slots and cells from the memory budget and the model where neither the model nor the defaults set them."""
     parallel = (rs and rs.parallel) or defaults.get("parallel")
     n_ctx = (rs and rs.n_ctx) or defaults.get("ctx")
@@ -144,10 +145,11 @@ def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: d
         return None
     n_batch = (rs and rs.n_batch) or int(defaults["batch"])
     gpu = bool(rs and rs.gpu_layers)
-    # The draft rows the runner will reserve (speculation on) count against the budget like the rest.
-    extra = runner_spec(entry, rs, defaults).n_outputs_extra
+    # The draft rows the runner will reserve (speculation on) and its RAM tier count against the budget like the rest.
+    plain = runner_spec(entry, rs, defaults)
     return size_runner(entry, budget, n_batch, gpu, int(parallel) if parallel else None,
-                       int(n_ctx) if n_ctx else None, n_outputs_extra=extra)
+                       int(n_ctx) if n_ctx else None, n_outputs_extra=plain.n_outputs_extra,
+                       ram_tier_mib=plain.ram_tier_mib if counts_ram_tier(budget_kind) else 0)
 
 
 def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict,
@@ -251,18 +253,20 @@ class Catalog:
             aliases: dict[str, str] = {}
             with self.sessions() as s:
                 defaults = {k: get_setting(s, f"runner_{k}") for k in RUNNER_DEFAULTS}
-                budget = budget_bytes(self.settings)
+                memory = memory_budget(self.settings)
+                budget = memory.usable_bytes
                 for e, row in zip(entries, record_catalog(s, entries, datetime.now(UTC))):
                     if not e.usable:
                         continue
                     rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
-                    sizing = runner_sizing(e, rs, defaults, budget)
+                    sizing = runner_sizing(e, rs, defaults, budget, memory.kind)
                     spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
-                                               n_outputs_extra=spec.n_outputs_extra)
+                                               n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib)
                     nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()
                     specs[e.name] = ModelSpec(
-                        name=e.name, path=str(e.path), estimate_bytes=estimate.total_bytes, policy=row.policy,
+                        name=e.name, path=str(e.path), estimate_bytes=counted_bytes(estimate, memory.kind),
+                        policy=row.policy,
                         keep_alive_s=row.keep_alive_s, runner=spec,
                         remote=tuple((n.url, n.label or n.url) for n in nodes),
                         sizing_note=sizing.reason if sizing else None,
