@@ -30,7 +30,7 @@ from app.residency.supervisor import (
     parse_runner_args,
     spec_type_for,
 )
-from app.services.settings import SettingsCache, budget_bytes, memory_budget
+from app.services.settings import SettingsCache, memory_budget
 from app.store import models as db
 from app.store.settings import get_setting
 
@@ -81,7 +81,12 @@ class ModelEmbedded(ModelNotServable):
 def pull_refusal(settings: SettingsCache, metadata) -> str | None:
     """Why a model being pulled (its header arrived) cannot be served or would not fit the budget; None if it can."""
     ctx, parallel, batch = (settings.get(f"runner_{k}") for k in ("ctx", "parallel", "batch"))
-    return budget_refusal(metadata, ctx, parallel, int(batch), budget_bytes(settings))
+    memory = memory_budget(settings)
+    # The hearth runner's RAM tier as the settings give it (a pulled model gets no runner_args yet).
+    tier = _int_or(settings.get("runner_cache_ram_mib"), DEFAULT_CACHE_RAM_MIB) if settings.get("runner_prefix_cache") \
+        is not False else 0
+    return budget_refusal(metadata, ctx, parallel, int(batch), memory.usable_bytes,
+                          ram_tier_mib=tier if counts_ram_tier(memory.kind) else 0)
 
 
 # Names an alias can never take: what a request sends to mean the household's default model.

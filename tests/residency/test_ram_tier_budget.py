@@ -123,3 +123,16 @@ def test_the_budgets_in_bounds_are_kept():
     assert validate("runner_cache_ram_mib", "-1") == -1
     assert validate("runner_cache_ram_mib", "0") == 0
     assert validate("runner_cache_disk_mib", "10240") == 10240
+
+
+def test_a_pull_is_refused_when_the_ram_tier_leaves_no_room_and_the_message_says_which_setting(gemma_path):
+    from app.gguf_meta import read_metadata
+    from app.residency.library import budget_refusal
+
+    meta = read_metadata(gemma_path)
+    entry = scan(None, gemma_path)[0]
+    alone = estimate_memory(entry, 1024, 2).total_bytes
+    budget = alone + 100 * MIB
+    assert budget_refusal(meta, 1024, 2, 512, budget) is None
+    refusal = budget_refusal(meta, 1024, 2, 512, budget, ram_tier_mib=512)
+    assert refusal is not None and "RAM tier 512 MiB" in refusal and "lower runner_cache_ram_mib" in refusal
