@@ -123,3 +123,18 @@ def test_a_request_that_asked_not_to_use_the_cache_is_counted_as_computed(engine
 def test_a_stock_llama_server_has_no_parts_and_no_tiers():
     scrape = parse_exposition("# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 10\n")
     assert prompt_parts(scrape) is None and tier_totals(scrape) is None
+
+
+def test_an_empty_disk_tier_still_reports_its_budget_and_the_entries_it_dropped(engines, tmp_path):
+    first = DiskTier(tmp_path, KEY, max_bytes=None)
+    bad = first.dir / ("0" * 32 + ".kv")
+    first.close()
+    bad.write_bytes(b"not an entry")
+    disk = DiskTier(tmp_path, dict(KEY), max_bytes=64 * 2**20)  # drops the bad file at its scan: no entry left
+    engine = engines(fake_model(), cache_ram_bytes=2**20, cache_disk=disk)
+    scrape = parse_exposition(RunnerMetrics(engine).render().decode())
+    assert len(disk) == 0
+    assert tier_totals(scrape)["disk_budget_bytes"] == 64 * 2**20
+    assert tier_totals(scrape)["ram_budget_bytes"] == 2**20
+    assert scrape.value("hearth:kv_tier_unreadable_total", {"tier": "disk"}) == 1
+    disk.close()
