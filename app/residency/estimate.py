@@ -197,12 +197,14 @@ def size_runner(entry: CatalogEntry, budget_bytes: int, n_batch: int = 512, gpu:
             continue
         # A slot holds at most the trained context; all slots together get at least AUTO_MIN_CELLS.
         cells = n_ctx or min(max(p * AUTO_CELLS_PER_SLOT, AUTO_MIN_CELLS), trained * p)
-        options.append((p, cells, estimate_memory(entry, cells, p, n_batch, n_outputs_extra=n_outputs_extra,
-                                                  ram_tier_mib=ram_tier_mib).total_bytes))
-    # Within the share one model may take; else within the whole budget (it will be alone); else the smallest.
+        est = estimate_memory(entry, cells, p, n_batch, n_outputs_extra=n_outputs_extra, ram_tier_mib=ram_tier_mib)
+        options.append((p, cells, est.total_bytes, est.at_load_bytes))
+    # Within the share one model may take, its RAM tier included; else within the whole budget without the tier
+    # (it will be alone, and the catalog gives the tier what is left: app.services.catalog.fit_ram_tier); else the
+    # smallest.
     share = int(budget_bytes * AUTO_BUDGET_SHARE)
-    p, cells, need = next((o for o in options if o[2] <= share), None) or \
-        next((o for o in options if o[2] <= budget_bytes), options[-1])
+    p, cells, need, _ = next((o for o in options if o[2] <= share), None) or \
+        next((o for o in options if o[3] <= budget_bytes), options[-1])
     why = []
     if parallel is None:
         hw = "a GPU keeps gaining beyond 8" if gpu else "where a CPU's batching gain levels off"

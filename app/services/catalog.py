@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.residency.budget import KIND_RAM, counted_bytes, counts_ram_tier
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
-from app.residency.estimate import RunnerSizing, estimate_memory, size_runner
+from app.residency.estimate import MIB, MemoryEstimate, RunnerSizing, estimate_memory, size_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
 from app.residency.supervisor import (
@@ -184,6 +184,25 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
     )
 
 
+def fit_ram_tier(entry: CatalogEntry, spec: RunnerSpec, estimate: MemoryEstimate, budget: int,
+                 kind: str) -> tuple[RunnerSpec, MemoryEstimate, str | None]:
+    """A hearth runner whose RAM tier alone keeps it from fitting the (RAM) budget gets the tier the budget leaves
+    instead of the setting's, down to off, so a model that fits without the tier still loads; (spec, estimate,
+    a note for the Models page, or None when nothing changed). A --cache-ram of the model's runner_args stands."""
+    if (not counts_ram_tier(kind) or spec.kind != "hearth" or spec.ram_tier_mib == 0 or spec.ram_tier_mib != spec.cache_ram_mib
+            or (not estimate.ram_tier_unbounded and estimate.total_bytes <= budget)):
+        return spec, estimate, None
+    room_mib = max(0, (budget - estimate.at_load_bytes) // MIB)
+    if not estimate.ram_tier_unbounded and room_mib >= spec.cache_ram_mib:
+        return spec, estimate, None
+    wanted = "no limit" if estimate.ram_tier_unbounded else f"{spec.cache_ram_mib:,} MiB"
+    fitted = replace(spec, cache_ram_mib=int(room_mib))
+    estimate = estimate_memory(entry, fitted.n_ctx, fitted.parallel, fitted.n_batch,
+                               n_outputs_extra=fitted.n_outputs_extra, ram_tier_mib=fitted.ram_tier_mib)
+    return fitted, estimate, (f"RAM tier {room_mib:,} MiB instead of runner_cache_ram_mib's {wanted}: what the "
+                              f"{budget // MIB:,} MiB memory budget leaves beside the rest of the runner")
+
+
 def _int_or(value, default: int) -> int:
     return default if value is None else int(value)
 
@@ -268,13 +287,14 @@ class Catalog:
                     spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
                                                n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib)
+                    spec, estimate, tier_note = fit_ram_tier(e, spec, estimate, budget, memory.kind)
                     nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()
                     specs[e.name] = ModelSpec(
                         name=e.name, path=str(e.path), estimate_bytes=counted_bytes(estimate, memory.kind),
                         policy=row.policy,
                         keep_alive_s=row.keep_alive_s, runner=spec,
                         remote=tuple((n.url, n.label or n.url) for n in nodes),
-                        sizing_note=sizing.reason if sizing else None,
+                        sizing_note="; ".join(n for n in (sizing.reason if sizing else None, tier_note) if n) or None,
                     )
                     if row.alias:
                         aliases[row.alias] = e.name

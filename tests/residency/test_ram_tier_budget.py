@@ -6,6 +6,7 @@ starts empty).
 """
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -45,15 +46,16 @@ def test_a_ram_budget_reserves_the_tier_and_a_vram_budget_does_not():
     assert counted_bytes(est, KIND_VRAM) == est.total_bytes - 1024 * MIB
 
 
-def test_sizing_leaves_room_for_the_tier():
+def test_sizing_counts_the_tier_in_a_model_s_share_but_never_trades_slots_for_it():
     e = gemma()
-    budget = 2 * 1024 * MIB
+    budget = 8 * 1024 * MIB
     without = size_runner(e, budget)
-    with_tier = size_runner(e, budget, ram_tier_mib=DEFAULT_CACHE_RAM_MIB)
-    # 8 slots fit half the budget alone; with a 2 GiB tier nothing fits half, the smallest option is taken.
-    assert without.parallel == 8 and with_tier.parallel < without.parallel
-    assert with_tier.estimate_bytes == estimate_memory(e, with_tier.n_ctx, with_tier.parallel,
-                                                       ram_tier_mib=DEFAULT_CACHE_RAM_MIB).total_bytes
+    with_tier = size_runner(e, budget, ram_tier_mib=512)
+    assert with_tier.parallel == without.parallel == 8
+    assert with_tier.estimate_bytes == without.estimate_bytes + 512 * MIB
+    # A tier as large as the budget: the slots stay; the catalog gives the tier what is left (fit_ram_tier).
+    small = 2 * 1024 * MIB
+    assert size_runner(e, small, ram_tier_mib=2048).parallel == size_runner(e, small).parallel
 
 
 @pytest.mark.parametrize("spec, mib", [
@@ -105,6 +107,33 @@ def test_a_changed_ram_budget_applies_to_the_runners_started_after_it(store, gem
     cmd = spec.runner.command(8081)
     assert cmd[cmd.index("--cache-ram") + 1] == "256"
     assert first.estimate_bytes - spec.estimate_bytes == (DEFAULT_CACHE_RAM_MIB - 256) * MIB
+    assert spec.sizing_note is None  # 256 MiB fit: nothing to say
+
+
+def test_a_tier_larger_than_the_budget_leaves_gets_what_is_left_and_the_model_still_loads(store, gemma_path,
+                                                                                         monkeypatch):
+    from app.residency import budget as budget_mod
+
+    data, sessions = store
+    monkeypatch.setattr(budget_mod, "gpu_memory", lambda nvml=None: ([], "no NVIDIA driver"))
+    put(sessions, "runner_ctx", "1024")
+    put(sessions, "runner_parallel", "2")
+    put(sessions, "memory_limit_mb", "1024")  # the model takes ~500 MiB: the 2 GiB default tier cannot fit
+    catalog = Catalog.open(data, sessions, SettingsCache(sessions), default_model=gemma_path)
+    spec = catalog.model_specs()[catalog.entries[0].name]
+    at_load = spec.estimate_bytes - spec.runner.cache_ram_mib * MIB
+    assert 0 < spec.runner.cache_ram_mib < DEFAULT_CACHE_RAM_MIB
+    assert spec.runner.cache_ram_mib == (1024 * MIB - at_load) // MIB
+    assert spec.estimate_bytes <= 1024 * MIB
+    cmd = spec.runner.command(8081)
+    assert cmd[cmd.index("--cache-ram") + 1] == str(spec.runner.cache_ram_mib)
+    assert f"RAM tier {spec.runner.cache_ram_mib:,} MiB instead of runner_cache_ram_mib's 2,048 MiB" in spec.sizing_note
+    # A VRAM budget would not reserve the tier at all: nothing to fit.
+    monkeypatch.setattr(budget_mod, "gpu_memory", lambda nvml=None: (
+        [SimpleNamespace(name="GPU", total_bytes=1024 * MIB, free_bytes=1024 * MIB)], "NVML"))
+    catalog.rescan()
+    spec = catalog.model_specs()[catalog.entries[0].name]
+    assert spec.runner.cache_ram_mib == DEFAULT_CACHE_RAM_MIB and spec.sizing_note is None
 
 
 @pytest.mark.parametrize("name, raw, words", [
