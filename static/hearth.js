@@ -130,15 +130,24 @@
         this.sparse = sparse;
         this.names = [];
       }
-      const names = Object.keys(json.series || {});
-      const data = [json.t || []].concat(names.map((name) => json.series[name]));
+      let names = json.order || Object.keys(json.series || {});
+      let data = [json.t || []].concat(names.map((name) => json.series[name]));
       this.data = data;
+      this.stacked = Boolean(json.stacked);
+      if (this.stacked) [names, data] = stack(names, data);
       if (!this.plot || names.join("\u0000") !== this.names.join("\u0000")) {
         this.build(names, data);
       } else {
         this.plot.setData(data);
       }
       this.message(this.points() > 0 ? "" : this.emptyText);
+    }
+
+    /* A stacked chart's part at a point: series `si` as drawn (top of the stack first) back to its own value. */
+    partValue(si, idx) {
+      const part = this.data.length - si; // drawn series si is the part at this index of this.data
+      const v = this.data[part] ? this.data[part][idx] : null;
+      return v === undefined ? null : v;
     }
 
     build(names, data) {
@@ -171,12 +180,14 @@
         series: [{}].concat(
           names.map((name, i) => ({
             label: name,
-            stroke: colors[name] || PALETTE[i % PALETTE.length],
+            stroke: colors[name] || PALETTE[(this.stacked ? names.length - 1 - i : i) % PALETTE.length],
             width: 1.5,
             // Sparse series (request percentiles per bucket) draw their points and bridge empty buckets.
             spanGaps: this.sparse,
             points: this.sparse ? { show: true, size: 5 } : { show: false },
-            value: (u, v) => format(v, unit()),
+            // A stack's legend gives each part's own value, not the running sum it is drawn at.
+            value: (u, v, si, idx) => format(this.stacked && idx !== null && idx !== undefined ? this.partValue(si, idx) : v, unit()),
+            fill: this.stacked ? (colors[name] || PALETTE[(names.length - 1 - i) % PALETTE.length]) + "66" : undefined,
           }))
         ),
       };
@@ -184,6 +195,25 @@
       this.el.appendChild(this.overlay);
     }
   }
+
+  /* A stack: each part drawn at the sum of itself and the parts before it, the top of the stack first (uPlot
+     fills each line down to zero, so the later, lower ones stay visible). A point where no part has a value
+     stays a gap; where some have, the missing ones count as 0. */
+  function stack(names, data) {
+    const sums = [];
+    const running = data[0].map(() => null);
+    for (let i = 1; i < data.length; i += 1) {
+      for (let j = 0; j < running.length; j += 1) {
+        const v = data[i][j];
+        if (v !== null && v !== undefined) running[j] = (running[j] || 0) + v;
+      }
+      sums.push(running.slice());
+    }
+    const any = data[0].map((_, j) => data.slice(1).some((d) => d[j] !== null && d[j] !== undefined));
+    const filled = sums.map((line) => line.map((v, j) => (any[j] ? v || 0 : null)));
+    return [names.slice().reverse(), [data[0]].concat(filled.reverse())];
+  }
+  Hearth.stack = stack;
 
   /* A live chart in `el` from `url`; returns the chart object (also kept in Hearth.charts). */
   Hearth.chart = function (el, url, options) {

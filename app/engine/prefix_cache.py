@@ -128,8 +128,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class PrefixCacheCounters:
     """Monotonic totals since start, for /metrics."""
 
-    query_tokens_total: int = 0  # prompt tokens of admitted requests that looked for a prefix
-    hit_tokens_total: int = 0  # of those, tokens served from the cache
+    # Prompt tokens of admitted requests, counted once at a request's first admission (those that asked not to
+    # use the cache, cache_prompt false, with no hit): the client's prompt_tokens, all requests together.
+    query_tokens_total: int = 0
+    hit_tokens_total: int = 0  # of those, tokens not computed: the client's cached_tokens
+    # Of the hits, tokens a KV tier restored (app/engine/kv_tiers.py), and of those, tokens read from the disk
+    # tier; hit - restored came straight from the KV cache, so the parts add up to query_tokens_total.
+    restored_tokens_total: int = 0
+    disk_restored_tokens_total: int = 0
     evicted_tokens_total: int = 0  # cells freed by evicting cache entries
     evictions_total: int = 0
 
@@ -287,10 +293,14 @@ class PrefixCache:
                 self.entries[h] = now
         return node.end
 
-    def count_query(self, num_prompt: int, num_hit: int) -> None:
-        """Count an admission's lookup for /metrics."""
-        self.counters.query_tokens_total += num_prompt
-        self.counters.hit_tokens_total += num_hit
+    def count_query(self, num_prompt: int, num_hit: int, num_restored: int = 0, num_disk: int = 0) -> None:
+        """Count a request's first admission for /metrics: its prompt, the tokens it did not compute, and of those
+        the ones a tier restored (num_disk of them from the disk tier)."""
+        c = self.counters
+        c.query_tokens_total += num_prompt
+        c.hit_tokens_total += num_hit
+        c.restored_tokens_total += num_restored
+        c.disk_restored_tokens_total += num_disk
 
     def extend(self, slot: int, tokens: list[int]) -> None:
         """Record that a slot's next tokens were computed (their cells now exist)."""

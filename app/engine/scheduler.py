@@ -337,15 +337,18 @@ class Scheduler:
             candidate.slot = self.free_slots.pop(0)
             candidate.status = RequestStatus.RUNNING
             candidate.admitted_s = now
-            candidate.num_computed = self.cache.attach(candidate.slot, match)
+            candidate.num_computed = num_kv = self.cache.attach(candidate.slot, match)
+            num_disk = 0
             if self.tiers is not None and lookup:
+                disk_before = self.tiers.counters.disk_restored_tokens_total
                 candidate.num_computed = self.tiers.restore(candidate.slot, candidate.all_tokens[:-1],
                                                             candidate.num_computed)
+                num_disk = self.tiers.counters.disk_restored_tokens_total - disk_before
             if candidate.first_scheduled_s is None:
                 candidate.first_scheduled_s = now
                 candidate.num_cached_tokens = candidate.num_computed
-                if candidate.cache_prompt:
-                    self.cache.count_query(candidate.num_tokens, candidate.num_computed)
+                self.cache.count_query(candidate.num_tokens, candidate.num_computed,
+                                       candidate.num_computed - num_kv, num_disk)
             self.running.append(candidate)
         if self.config.mode is Mode.STATIC and self.running:
             self._static_closed = True

@@ -50,6 +50,17 @@ class MemoryBudget:
         return max(0, min(within_budget, free_now))
 
 
+def counts_ram_tier(kind: str) -> bool:
+    """Whether a budget of this kind reserves the runners' RAM tiers: a RAM budget does (host RAM the runner may
+    fill with evicted prompt KV); a VRAM budget does not (the tier never takes GPU memory)."""
+    return kind == KIND_RAM
+
+
+def counted_bytes(estimate, kind: str) -> int:
+    """The part of a runner's estimate (app.residency.estimate.MemoryEstimate) a budget of this kind reserves."""
+    return estimate.total_bytes if counts_ram_tier(kind) else estimate.total_bytes - estimate.ram_tier_bytes
+
+
 def detect_budget(
     reserve_bytes: int | None = None,
     limit_bytes: int | None = None,

@@ -90,6 +90,16 @@ class MemoryEstimate:
     # (projector_compute_bytes, from the projector's header; in total_bytes too).
     projector_bytes: int = 0
     projector_compute_bytes: int = 0
+    # The RAM tier's budget (--cache-ram): host RAM the runner fills with prompt KV evicted from its KV cache, empty
+    # at load, so the footprint grows towards it as the household's prompts are evicted. Unbounded (-1) cannot be
+    # counted: 0 here, and ram_tier_unbounded says so.
+    ram_tier_bytes: int = 0
+    ram_tier_unbounded: bool = False
+
+    @property
+    def at_load_bytes(self) -> int:
+        """The footprint right after a load, before the RAM tier holds anything: what a load's measured RSS checks."""
+        return self.total_bytes - self.ram_tier_bytes
 
 
 def bytes_per_token(entry: CatalogEntry, kv_type_bytes: float = 2.0) -> int:
@@ -111,11 +121,13 @@ def estimate_memory(
     n_batch: int = 512,
     kv_type_bytes: float = 2.0,
     n_outputs_extra: int = 0,
+    ram_tier_mib: int = 0,
 ) -> MemoryEstimate:
     """Estimates a runner's footprint for n_ctx cells shared by `parallel` slots.
 
     `n_outputs_extra`: logit rows the runner reserves beyond one per slot (a hearth runner that drafts
-    reserves its draft_max: app.residency.supervisor.RunnerSpec.n_outputs_extra)."""
+    reserves its draft_max: app.residency.supervisor.RunnerSpec.n_outputs_extra). `ram_tier_mib`: its RAM
+    tier's budget (RunnerSpec.ram_tier_mib; -1 no limit, 0 none), counted whole: the runner may fill it."""
     if not entry.usable or entry.weights_bytes is None:
         reason = entry.unusable_reason or "no header facts"
         raise ValueError(f"cannot estimate {entry.name}: {reason}")
@@ -125,6 +137,9 @@ def estimate_memory(
         )
     if n_outputs_extra < 0:
         raise ValueError(f"n_outputs_extra must be 0 or more (got {n_outputs_extra})")
+    if ram_tier_mib < -1:
+        raise ValueError(f"ram_tier_mib must be -1 (no limit), 0 (none) or a size in MiB (got {ram_tier_mib})")
+    ram_tier_bytes = max(ram_tier_mib, 0) * MIB
     cells = -(-n_ctx // KV_CELL_PADDING) * KV_CELL_PADDING
     kv_bytes = bytes_per_token(entry, kv_type_bytes) * cells
     # Each extra logit row costs n_vocab floats twice: in the compute buffer's logits phase and in the
@@ -140,9 +155,11 @@ def estimate_memory(
         compute_bytes=compute_bytes,
         overhead_bytes=overhead_bytes,
         total_bytes=entry.weights_bytes + kv_bytes + compute_bytes + overhead_bytes + projector_bytes
-        + projector_compute,
+        + projector_compute + ram_tier_bytes,
         projector_bytes=projector_bytes,
         projector_compute_bytes=projector_compute,
+        ram_tier_bytes=ram_tier_bytes,
+        ram_tier_unbounded=ram_tier_mib == -1,
     )
 
 
@@ -271,10 +288,11 @@ class RunnerSizing:
 
 
 def size_runner(entry: CatalogEntry, budget_bytes: int, n_batch: int = 512, gpu: bool = False,
-                parallel: int | None = None, n_ctx: int | None = None, n_outputs_extra: int = 0) -> RunnerSizing:
+                parallel: int | None = None, n_ctx: int | None = None, n_outputs_extra: int = 0,
+                ram_tier_mib: int = 0) -> RunnerSizing:
     """Slots and KV cells for a runner where the admin set none (parallel / n_ctx None): the household's
     overlap, as far as AUTO_BUDGET_SHARE of the memory budget and the model's trained context allow
-    (`n_outputs_extra`: the draft rows of speculative decoding, as estimate_memory)."""
+    (`n_outputs_extra`: the draft rows of speculative decoding, `ram_tier_mib` the RAM tier, as estimate_memory)."""
     trained = entry.n_ctx_train or AUTO_MIN_CELLS
     target = parallel or min(AUTO_SLOTS_GPU if gpu else AUTO_SLOTS_CPU, n_batch)
     options = []
@@ -283,11 +301,14 @@ def size_runner(entry: CatalogEntry, budget_bytes: int, n_batch: int = 512, gpu:
             continue
         # A slot holds at most the trained context; all slots together get at least AUTO_MIN_CELLS.
         cells = n_ctx or min(max(p * AUTO_CELLS_PER_SLOT, AUTO_MIN_CELLS), trained * p)
-        options.append((p, cells, estimate_memory(entry, cells, p, n_batch, n_outputs_extra=n_outputs_extra).total_bytes))
-    # Within the share one model may take; else within the whole budget (it will be alone); else the smallest.
+        est = estimate_memory(entry, cells, p, n_batch, n_outputs_extra=n_outputs_extra, ram_tier_mib=ram_tier_mib)
+        options.append((p, cells, est.total_bytes, est.at_load_bytes))
+    # Within the share one model may take, its RAM tier included; else within the whole budget without the tier
+    # (it will be alone, and the catalog gives the tier what is left: app.services.catalog.fit_ram_tier); else the
+    # smallest.
     share = int(budget_bytes * AUTO_BUDGET_SHARE)
-    p, cells, need = next((o for o in options if o[2] <= share), None) or \
-        next((o for o in options if o[2] <= budget_bytes), options[-1])
+    p, cells, need, _ = next((o for o in options if o[2] <= share), None) or \
+        next((o for o in options if o[3] <= budget_bytes), options[-1])
     why = []
     if parallel is None:
         hw = "a GPU keeps gaining beyond 8" if gpu else "where a CPU's batching gain levels off"

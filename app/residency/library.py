@@ -455,21 +455,24 @@ def header_entry(metadata: GgufMetadata, name: str):
 
 
 def budget_refusal(metadata: GgufMetadata, n_ctx: int | None, parallel: int | None, n_batch: int,
-                   budget_bytes: int) -> str | None:
+                   budget_bytes: int, ram_tier_mib: int = 0) -> str | None:
     """Why a model known by its header cannot be served, or would not fit the memory budget with these
-    runner settings (None: sized as app.residency.estimate.size_runner would); None when it can be served and fits."""
+    runner settings (None: sized as app.residency.estimate.size_runner would) and the RAM tier the budget
+    reserves for its runner; None when it can be served and fits."""
     from app.residency.estimate import estimate_memory, size_runner
 
     entry = header_entry(metadata, metadata.path)
     if not entry.usable:
         return f"{entry.name} cannot be served: {entry.unusable_reason}"
     if n_ctx is None or parallel is None:
-        sized = size_runner(entry, budget_bytes, n_batch, parallel=parallel, n_ctx=n_ctx)
+        sized = size_runner(entry, budget_bytes, n_batch, parallel=parallel, n_ctx=n_ctx, ram_tier_mib=ram_tier_mib)
         n_ctx, parallel = sized.n_ctx, sized.parallel
-    need = estimate_memory(entry, n_ctx, parallel, n_batch).total_bytes
+    need = estimate_memory(entry, n_ctx, parallel, n_batch, ram_tier_mib=ram_tier_mib).total_bytes
     if need > budget_bytes:
-        return (f"{entry.name} would need {_gib(need)} resident (ctx {n_ctx} × {parallel} slots) and the memory budget "
-                f"is {_gib(budget_bytes)}: pull a smaller quantisation or raise memory_limit_mb")
+        tier = f", RAM tier {ram_tier_mib} MiB" if ram_tier_mib > 0 else ""
+        return (f"{entry.name} would need {_gib(need)} resident (ctx {n_ctx} × {parallel} slots{tier}) and the memory "
+                f"budget is {_gib(budget_bytes)}: pull a smaller quantisation, raise memory_limit_mb"
+                + (" or lower runner_cache_ram_mib" if tier else ""))
     return None
 
 

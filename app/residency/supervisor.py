@@ -83,6 +83,11 @@ def speculation_problem(kind: RunnerKind, setting: str | None) -> str | None:
     return None
 
 
+# llama-server's own --cache-ram default (llama-server --help of the pinned build): it keeps evicted prompt KV
+# in host RAM too, and serve passes it no --cache-ram.
+LLAMA_SERVER_CACHE_RAM_MIB = 8192
+
+
 @dataclass(frozen=True)
 class RunnerSpec:
     """How to run one model locally."""
@@ -147,6 +152,20 @@ class RunnerSpec:
     def effective_spec_type(self) -> str | None:
         """The --spec-type the runner gets: runner_args' own, else the setting's; None: the runner's default."""
         return self._arg("--spec-type") or self.spec_type
+
+    @property
+    def ram_tier_mib(self) -> int:
+        """The host RAM, in MiB, the runner's RAM tier may fill with evicted prompt KV (-1: no limit, 0: none):
+        its --cache-ram (runner_args' own wins), a stock llama-server's default when none is passed."""
+        if self.kind == "hearth" and not self.prefix_cache:
+            return 0  # the tiers hold prefix-cache entries: none without the cache
+        own = self._arg("--cache-ram", "-cram")
+        if own is not None:
+            try:
+                return int(own)
+            except ValueError:
+                pass  # a value the runner refuses: it will not start, and the setting's figure stands
+        return LLAMA_SERVER_CACHE_RAM_MIB if self.kind == "llama-server" else self.cache_ram_mib
 
     @property
     def n_outputs_extra(self) -> int:

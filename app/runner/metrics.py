@@ -182,10 +182,19 @@ class _EngineCollector:
         """The prefix cache's use, and the last iteration's time outside llama_decode."""
         pc = self.engine.scheduler.cache.counters
         yield gauge("hearth:kv_cells_cached", "KV cache cells held only by the prefix cache (evictable)", snap.kv_cached)
-        yield counter("hearth:prefix_cache_query_tokens", "Prompt tokens of admitted requests looked up in the prefix cache",
-                      pc.query_tokens_total)
-        yield counter("hearth:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache instead of computed",
+        yield counter("hearth:prefix_cache_query_tokens",
+                      "Prompt tokens of admitted requests, once each (looked up in the prefix cache unless cache_prompt "
+                      "was false)", pc.query_tokens_total)
+        yield counter("hearth:prefix_cache_hit_tokens",
+                      "Prompt tokens not computed: served from the KV cache or restored from a tier (cached_tokens)",
                       pc.hit_tokens_total)
+        restored = CounterMetricFamily(
+            "hearth:prefix_cache_restored_tokens",
+            "Of the hit tokens, those a KV tier restored at the request's first admission (hit minus these: the KV cache)",
+            labels=["tier"])
+        restored.add_metric(["ram"], pc.restored_tokens_total - pc.disk_restored_tokens_total)
+        restored.add_metric(["disk"], pc.disk_restored_tokens_total)
+        yield restored
         yield counter("hearth:prefix_cache_evictions", "Cached prefixes evicted to make room", pc.evictions_total)
         yield gauge("hearth:prefix_cache_entries", "Cached prefixes (leaves of the radix tree)", snap.prefix_cache_entries)
         last = snap.last_iteration
@@ -200,6 +209,7 @@ class _EngineCollector:
         """The KV tiers below the KV cache: hits, bytes held, save and restore time (all 0 when off)."""
         tiers = self.engine.tiers
         c = tiers.counters if tiers is not None else TierCounters()
+        # `is not None`, not truth: a disk tier with no entry yet has a length of 0, and its counters still count.
         disk = tiers.disk if tiers is not None else None
         ram_hits = c.hits_total - c.disk_hits_total
         for name, doc, ram, on_disk in (
@@ -208,18 +218,18 @@ class _EngineCollector:
             ("hearth:kv_tier_restored_tokens", "Prompt tokens restored from a tier instead of prefilled",
              c.restored_tokens_total - c.disk_restored_tokens_total, c.disk_restored_tokens_total),
             ("hearth:kv_tier_saves", "Prefix-cache entries written to a tier",
-             c.saves_total, disk.num_written if disk else 0),
+             c.saves_total, disk.num_written if disk is not None else 0),
             ("hearth:kv_tier_dropped", "Entries a tier dropped to stay within its budget",
-             c.dropped_total, disk.num_dropped if disk else 0),
+             c.dropped_total, disk.num_dropped if disk is not None else 0),
             ("hearth:kv_tier_unreadable", "Entries dropped as unreadable, truncated or corrupted (prefilled instead)",
-             c.failures_total, disk.num_bad if disk else 0),
+             c.failures_total, disk.num_bad if disk is not None else 0),
         ):
             m = CounterMetricFamily(name, doc, labels=["tier"])
             m.add_metric(["ram"], ram)
             m.add_metric(["disk"], on_disk)
             yield m
         yield counter("hearth:kv_tier_disk_write_failures", "Disk tier writes that failed (a full disk): the entry stays in RAM",
-                      disk.num_failed_writes if disk else 0)
+                      disk.num_failed_writes if disk is not None else 0)
         yield counter("hearth:kv_tier_restore_seconds", "Time spent restoring KV cells from the tiers (disk reads included)",
                       c.restore_seconds_total + c.disk_read_seconds_total)
         yield counter("hearth:kv_tier_disk_read_seconds", "Time spent reading and checking disk tier entries",
@@ -228,12 +238,22 @@ class _EngineCollector:
                       c.save_seconds_total)
         held = GaugeMetricFamily("hearth:kv_tier_bytes", "Bytes of KV state a tier holds", labels=["tier"])
         held.add_metric(["ram"], tiers.num_bytes if tiers is not None else 0)
-        held.add_metric(["disk"], disk.num_bytes if disk else 0)
+        held.add_metric(["disk"], disk.num_bytes if disk is not None else 0)
         yield held
+        budget = GaugeMetricFamily("hearth:kv_tier_budget_bytes",
+                                   "Bytes a tier may hold (--cache-ram, --cache-disk-mib): -1 no limit, 0 off", labels=["tier"])
+        budget.add_metric(["ram"], _budget(tiers.ram.max_bytes) if tiers is not None else 0)
+        budget.add_metric(["disk"], _budget(disk.max_bytes) if disk is not None else 0)
+        yield budget
         entries = GaugeMetricFamily("hearth:kv_tier_entries", "Saved prefixes a tier holds", labels=["tier"])
         entries.add_metric(["ram"], len(tiers.ram) if tiers is not None else 0)
-        entries.add_metric(["disk"], len(disk) if disk else 0)
+        entries.add_metric(["disk"], len(disk) if disk is not None else 0)
         yield entries
+
+
+def _budget(max_bytes: int | None) -> int:
+    """A tier's byte budget for /metrics: -1 for no limit."""
+    return -1 if max_bytes is None else max_bytes
 
 
 class RunnerMetrics:

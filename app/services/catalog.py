@@ -9,16 +9,17 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.residency.budget import KIND_RAM, counted_bytes, counts_ram_tier
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
-from app.residency.estimate import RunnerSizing, estimate_memory, size_runner
+from app.residency.estimate import MIB, MemoryEstimate, RunnerSizing, estimate_memory, size_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
 from app.residency.pagecache import WEIGHTS_WARM
@@ -30,7 +31,7 @@ from app.residency.supervisor import (
     parse_runner_args,
     spec_type_for,
 )
-from app.services.settings import SettingsCache, budget_bytes
+from app.services.settings import SettingsCache, memory_budget
 from app.store import models as db
 from app.store.settings import get_setting
 
@@ -82,7 +83,12 @@ class ModelEmbedded(ModelNotServable):
 def pull_refusal(settings: SettingsCache, metadata) -> str | None:
     """Why a model being pulled (its header arrived) cannot be served or would not fit the budget; None if it can."""
     ctx, parallel, batch = (settings.get(f"runner_{k}") for k in ("ctx", "parallel", "batch"))
-    return budget_refusal(metadata, ctx, parallel, int(batch), budget_bytes(settings))
+    memory = memory_budget(settings)
+    # The hearth runner's RAM tier as the settings give it (a pulled model gets no runner_args yet).
+    tier = _int_or(settings.get("runner_cache_ram_mib"), DEFAULT_CACHE_RAM_MIB) if settings.get("runner_prefix_cache") \
+        is not False else 0
+    return budget_refusal(metadata, ctx, parallel, int(batch), memory.usable_bytes,
+                          ram_tier_mib=tier if counts_ram_tier(memory.kind) else 0)
 
 
 # Names an alias can never take: what a request sends to mean the household's default model.
@@ -138,7 +144,7 @@ def record_catalog(session: Session, entries: list[CatalogEntry], now: datetime)
 
 
 def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict,
-                  budget: int) -> RunnerSizing | None:
+                  budget: int, budget_kind: str = KIND_RAM) -> RunnerSizing | None:
     """Slots and cells from the memory budget and the model where neither the model nor the defaults set them."""
     parallel = (rs and rs.parallel) or defaults.get("parallel")
     n_ctx = (rs and rs.n_ctx) or defaults.get("ctx")
@@ -146,10 +152,11 @@ def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: d
         return None
     n_batch = (rs and rs.n_batch) or int(defaults["batch"])
     gpu = bool(rs and rs.gpu_layers)
-    # The draft rows the runner will reserve (speculation on) count against the budget like the rest.
-    extra = runner_spec(entry, rs, defaults).n_outputs_extra
+    # The draft rows the runner will reserve (speculation on) and its RAM tier count against the budget like the rest.
+    plain = runner_spec(entry, rs, defaults)
     return size_runner(entry, budget, n_batch, gpu, int(parallel) if parallel else None,
-                       int(n_ctx) if n_ctx else None, n_outputs_extra=extra)
+                       int(n_ctx) if n_ctx else None, n_outputs_extra=plain.n_outputs_extra,
+                       ram_tier_mib=plain.ram_tier_mib if counts_ram_tier(budget_kind) else 0)
 
 
 def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict,
@@ -179,6 +186,25 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         image_url_fetch=bool(defaults.get("image_url_fetch")),
         image_url_hosts=defaults.get("image_url_hosts") or None,
     )
+
+
+def fit_ram_tier(entry: CatalogEntry, spec: RunnerSpec, estimate: MemoryEstimate, budget: int,
+                 kind: str) -> tuple[RunnerSpec, MemoryEstimate, str | None]:
+    """A hearth runner whose RAM tier alone keeps it from fitting the (RAM) budget gets the tier the budget leaves
+    instead of the setting's, down to off, so a model that fits without the tier still loads; (spec, estimate,
+    a note for the Models page, or None when nothing changed). A --cache-ram of the model's runner_args stands."""
+    if (not counts_ram_tier(kind) or spec.kind != "hearth" or spec.ram_tier_mib == 0 or spec.ram_tier_mib != spec.cache_ram_mib
+            or (not estimate.ram_tier_unbounded and estimate.total_bytes <= budget)):
+        return spec, estimate, None
+    room_mib = max(0, (budget - estimate.at_load_bytes) // MIB)
+    if not estimate.ram_tier_unbounded and room_mib >= spec.cache_ram_mib:
+        return spec, estimate, None
+    wanted = "no limit" if estimate.ram_tier_unbounded else f"{spec.cache_ram_mib:,} MiB"
+    fitted = replace(spec, cache_ram_mib=int(room_mib))
+    estimate = estimate_memory(entry, fitted.n_ctx, fitted.parallel, fitted.n_batch,
+                               n_outputs_extra=fitted.n_outputs_extra, ram_tier_mib=fitted.ram_tier_mib)
+    return fitted, estimate, (f"RAM tier {room_mib:,} MiB instead of runner_cache_ram_mib's {wanted}: what the "
+                              f"{budget // MIB:,} MiB memory budget leaves beside the rest of the runner")
 
 
 def _int_or(value, default: int) -> int:
@@ -255,21 +281,24 @@ class Catalog:
             aliases: dict[str, str] = {}
             with self.sessions() as s:
                 defaults = {k: get_setting(s, f"runner_{k}") for k in RUNNER_DEFAULTS}
-                budget = budget_bytes(self.settings)
+                memory = memory_budget(self.settings)
+                budget = memory.usable_bytes
                 for e, row in zip(entries, record_catalog(s, entries, datetime.now(UTC))):
                     if not e.usable:
                         continue
                     rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
-                    sizing = runner_sizing(e, rs, defaults, budget)
+                    sizing = runner_sizing(e, rs, defaults, budget, memory.kind)
                     spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
-                                               n_outputs_extra=spec.n_outputs_extra)
+                                               n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib)
+                    spec, estimate, tier_note = fit_ram_tier(e, spec, estimate, budget, memory.kind)
                     nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()
                     specs[e.name] = ModelSpec(
-                        name=e.name, path=str(e.path), estimate_bytes=estimate.total_bytes, policy=row.policy,
+                        name=e.name, path=str(e.path), estimate_bytes=counted_bytes(estimate, memory.kind),
+                        policy=row.policy,
                         keep_alive_s=row.keep_alive_s, runner=spec,
                         remote=tuple((n.url, n.label or n.url) for n in nodes),
-                        sizing_note=sizing.reason if sizing else None,
+                        sizing_note="; ".join(n for n in (sizing.reason if sizing else None, tier_note) if n) or None,
                         weights=(rs.weights if rs else None) or WEIGHTS_WARM,
                     )
                     if row.alias:

@@ -10,7 +10,7 @@ from typing import Any
 from cachetools import TTLCache
 from sqlalchemy.orm import sessionmaker
 
-from app.residency.budget import detect_budget
+from app.residency.budget import MemoryBudget, detect_budget
 from app.store.settings import REGISTRY, get_setting
 
 MIB = 1024 * 1024
@@ -46,12 +46,16 @@ class SettingsCache:
             self._cache.clear()
 
 
-def budget_bytes(settings: SettingsCache) -> int:
-    """Memory resident models may use, under the stored limit and reserve."""
+def memory_budget(settings: SettingsCache) -> MemoryBudget:
+    """The memory budget (kind, usable bytes) under the stored limit and reserve."""
     limit = settings.get("memory_limit_mb")
     reserve = settings.get("memory_reserve_mb")
-    budget = detect_budget(
+    return detect_budget(
         reserve_bytes=None if reserve is None else int(reserve) * MIB,
         limit_bytes=None if limit is None else int(limit) * MIB,
     )
-    return budget.usable_bytes
+
+
+def budget_bytes(settings: SettingsCache) -> int:
+    """Memory resident models may use, under the stored limit and reserve."""
+    return memory_budget(settings).usable_bytes

@@ -98,6 +98,7 @@ class SettingDef:
     restart: bool = False  # read once when hearth serve starts
     env: str | None = None  # an environment variable that wins over the stored value
     check: Callable[[str], str | None] | None = None  # a "str" value's extra rule: the problem, or None
+    special: str = ""  # what the values at the bounds' edge mean ("-1: no limit, 0: off"), said with a refusal
 
     def bounds(self) -> str:
         """The allowed range in words ("256 to 1048576 cells"), or "" when there is none."""
@@ -185,10 +186,12 @@ REGISTRY = {
                    "float", "Bench verdict", "Flat gain step", "×", 1, 100),
         SettingDef("runner_prefix_cache", True, "local hearth runners reuse the KV cells of prompt prefixes shared across requests (a resent system prompt, a growing chat); applies when a runner starts",
                    "bool", "Models and runners", "Prefix cache", restart=True),
-        SettingDef("runner_cache_ram_mib", 2048, "host RAM each local hearth runner may keep prefix-cache entries in after they leave the KV cache, so a prompt seen before is restored instead of prefilled (llama-server's --cache-ram: -1 no limit, 0 off); applies when a runner starts",
-                   "int", "Models and runners", "KV kept in RAM per runner", "MiB", -1, 1_048_576),
+        SettingDef("runner_cache_ram_mib", 2048, "host RAM each local hearth runner may keep prefix-cache entries in after they leave the KV cache, so a prompt seen before is restored instead of prefilled (llama-server's --cache-ram: -1 no limit, 0 off); counted in the runner's memory estimate under a RAM budget; applies when a runner starts",
+                   "int", "Models and runners", "KV kept in RAM per runner", "MiB", -1, 1_048_576,
+                   special="-1: no limit, 0: off"),
         SettingDef("runner_cache_disk_mib", 4096, "disk space on the data volume each model's cached prefixes may take, so a stable system prompt survives model swaps and restarts (0 off, -1 no limit); applies when a runner starts",
-                   "int", "Models and runners", "KV kept on disk per model", "MiB", -1, 1_048_576),
+                   "int", "Models and runners", "KV kept on disk per model", "MiB", -1, 1_048_576,
+                   special="-1: no limit, 0: off"),
         SettingDef("model_swap_wait_s", 30.0, "a request for a model that does not fit beside the resident ones waits this long for the busy models in its way to finish their requests (then they are evicted), instead of being refused with 503 at once",
                    "float", "Models and runners", "Wait for a busy model to swap", "s", 0, 600),
         SettingDef("runner_image_url_fetch", False, "local hearth runners of vision models fetch the http(s) image URLs "
@@ -275,10 +278,11 @@ def _typed(d: SettingDef, raw: Any) -> Any:
 def _within(d: SettingDef, value: Any, raw: Any) -> None:
     """Raise Invalid when a typed value breaks the setting's bounds or rules (no I/O, no run-time choices)."""
     if d.kind in ("int", "float"):
+        meaning = f" ({d.special})" if d.special else ""
         if d.minimum is not None and value < d.minimum:
-            raise Invalid(f"{d.name} must be at least {_number(d.minimum)} (got {raw})")
+            raise Invalid(f"{d.name} must be at least {_number(d.minimum)}{meaning} (got {raw})")
         if d.maximum is not None and value > d.maximum:
-            raise Invalid(f"{d.name} must be at most {_number(d.maximum)} (got {raw})")
+            raise Invalid(f"{d.name} must be at most {_number(d.maximum)}{meaning} (got {raw})")
     if d.kind == "choice" and d.choices and value not in d.choices:
         raise Invalid(f"{d.name} must be one of {', '.join(d.choices)} (got {raw})")
     if d.kind == "path" and not Path(value).expanduser().is_absolute():

@@ -50,6 +50,7 @@ class _ResidencyCollector:
                 model, _, node = source.removeprefix("runner:").partition("@")
                 kv.add_metric([model, node], values["kv_used_pct"])
         yield kv
+        yield from self._tiers()
         scrape_failures = CounterMetricFamily(
             "hearth:runner_scrape_failures", "Failed 1-s scrapes of a runner's /metrics (unreachable, error, unreadable)",
             labels=["model", "node"])
@@ -72,6 +73,30 @@ class _ResidencyCollector:
         failing = GaugeMetricFamily("hearth:telemetry_failing", "1 while writes to the store are failing")
         failing.add_metric([], 1.0 if health["failing"] else 0.0)
         yield from (lost, written, failing)
+
+
+    def _tiers(self):
+        """The KV tiers per model, node and tier, from the sampler's latest scrape of each hearth runner (totals
+        since the runner started, as its own /metrics says; a model unloaded leaves the families)."""
+        hits = CounterMetricFamily("hearth:model_kv_tier_hits",
+                                   "Admissions that got KV cells back from a tier instead of prefilling, latest scrape",
+                                   labels=["model", "node", "tier"])
+        restored = CounterMetricFamily("hearth:model_kv_tier_restored_tokens",
+                                       "Prompt tokens restored from a tier instead of prefilled, latest scrape",
+                                       labels=["model", "node", "tier"])
+        held = GaugeMetricFamily("hearth:model_kv_tier_bytes", "Bytes of KV state a tier holds, latest scrape",
+                                 labels=["model", "node", "tier"])
+        seconds = CounterMetricFamily("hearth:model_kv_tier_restore_seconds",
+                                      "Time spent restoring KV cells from the tiers (disk reads included), latest scrape",
+                                      labels=["model", "node"])
+        for source, t in sorted(self.sampler.tiers.items()):
+            model, _, node = source.removeprefix("runner:").partition("@")
+            for tier in ("ram", "disk"):
+                hits.add_metric([model, node, tier], t[f"{tier}_hits"])
+                restored.add_metric([model, node, tier], t[f"{tier}_restored_tokens"])
+                held.add_metric([model, node, tier], t[f"{tier}_bytes"])
+            seconds.add_metric([model, node], t["restore_seconds"])
+        yield from (hits, restored, held, seconds)
 
 
 class GatewayMetrics:

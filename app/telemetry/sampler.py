@@ -66,6 +66,12 @@ METRICS = {
         Metric("gen_tok_s", "tok/s", "tokens generated per second"),
         Metric("prompt_tok_s", "tok/s", "prompt tokens processed per second"),
         Metric("prompt_cached_tok_s", "tok/s", "prompt tokens per second served from the prefix cache instead of computed"),
+        Metric("prompt_kv_tok_s", "tok/s", "prompt tokens of admitted requests per second served from the KV cache (a prefix hit)"),
+        Metric("prompt_ram_tok_s", "tok/s", "prompt tokens of admitted requests per second restored from the RAM tier"),
+        Metric("prompt_disk_tok_s", "tok/s", "prompt tokens of admitted requests per second restored from the disk tier"),
+        Metric("prompt_computed_tok_s", "tok/s", "prompt tokens of admitted requests per second computed (prefilled); with the three reused parts, the clients' prompt tokens"),
+        Metric("kv_tier_ram_bytes", "B", "KV state the RAM tier holds (evicted prefixes kept in host RAM)"),
+        Metric("kv_tier_disk_bytes", "B", "KV state the disk tier holds on the data volume"),
         Metric("running", "seqs", "sequences being decoded"),
         Metric("waiting", "seqs", "requests waiting for a slot or KV space"),
         Metric("kv_used_pct", "%", "KV cache cells held by running sequences"),
@@ -112,6 +118,52 @@ RUNNER_SECONDS = {
     "hearth:prefill_token_seconds": "prefill_token_ms",
     "hearth:budget_reachable_tpot_seconds": "reachable_tpot_ms",
 }
+RUNNER_LABELLED_GAUGES = {
+    ("hearth:kv_tier_bytes", "ram"): "kv_tier_ram_bytes",
+    ("hearth:kv_tier_bytes", "disk"): "kv_tier_disk_bytes",
+}
+QUERY_TOKENS = "hearth:prefix_cache_query_tokens_total"
+HIT_TOKENS = "hearth:prefix_cache_hit_tokens_total"
+RESTORED_TOKENS = "hearth:prefix_cache_restored_tokens_total"
+# The hearth runner's KV tiers, read whole from each scrape (counters as totals since the runner started) for
+# serve's /metrics and the overview's tier card: name -> (exposition sample, its tier label or None).
+TIER_TOTALS = {
+    "ram_hits": ("hearth:kv_tier_hits_total", "ram"),
+    "disk_hits": ("hearth:kv_tier_hits_total", "disk"),
+    "ram_restored_tokens": ("hearth:kv_tier_restored_tokens_total", "ram"),
+    "disk_restored_tokens": ("hearth:kv_tier_restored_tokens_total", "disk"),
+    "ram_bytes": ("hearth:kv_tier_bytes", "ram"),
+    "disk_bytes": ("hearth:kv_tier_bytes", "disk"),
+    "ram_entries": ("hearth:kv_tier_entries", "ram"),
+    "disk_entries": ("hearth:kv_tier_entries", "disk"),
+    "restore_seconds": ("hearth:kv_tier_restore_seconds_total", None),
+    "ram_budget_bytes": ("hearth:kv_tier_budget_bytes", "ram"),
+    "disk_budget_bytes": ("hearth:kv_tier_budget_bytes", "disk"),
+}
+
+
+def prompt_parts(scrape) -> dict[str, float] | None:
+    """A hearth runner's admitted prompt tokens so far, split four ways that add up to them: served from the KV
+    cache, restored from the RAM tier, restored from the disk tier, computed. None when the runner does not say
+    (a stock llama-server, or a hearth runner from before the restored-tokens counter)."""
+    query, hit = scrape.value(QUERY_TOKENS), scrape.value(HIT_TOKENS)
+    ram, disk = scrape.value(RESTORED_TOKENS, {"tier": "ram"}), scrape.value(RESTORED_TOKENS, {"tier": "disk"})
+    if query is None or hit is None or ram is None or disk is None:
+        return None
+    # The runner counts each admission's parts together (app/engine/scheduler.py, count_query), so every
+    # difference below only grows: a rate of it is never negative.
+    return {"prompt_kv_tok_s": hit - ram - disk, "prompt_ram_tok_s": ram, "prompt_disk_tok_s": disk,
+            "prompt_computed_tok_s": query - hit}
+
+
+def tier_totals(scrape) -> dict[str, float] | None:
+    """The KV tiers' figures of one scrape (TIER_TOTALS); None when the runner exports none (tiers unknown to it)."""
+    if "hearth:kv_tier_hits_total" not in scrape:
+        return None
+    return {name: scrape.value(sample, {"tier": tier} if tier else None) or 0.0
+            for name, (sample, tier) in TIER_TOTALS.items()}
+
+
 # A hearth runner with speculative decoding configured says so here; only then is /props read for its decision.
 SPEC_ENABLED = "hearth:spec_enabled"
 SPEC_DRAFTING = "hearth:spec_drafting"
@@ -299,11 +351,13 @@ def _busy_slots(body: str) -> int:
 
 def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rates: RateTracker,
                    now: float, failures: ScrapeFailures | None = None,
-                   speculation: SpeculationNotes | None = None) -> list[Reading]:
+                   speculation: SpeculationNotes | None = None,
+                   tiers: dict[str, dict[str, float]] | None = None) -> list[Reading]:
     """Scrape /metrics and /slots of every healthy node of every ready model; failed scrapes are counted and skipped.
 
     A node whose /metrics says speculative decoding is configured also has its /props read, when due,
-    into `speculation` (the decision in words, which /metrics cannot carry)."""
+    into `speculation` (the decision in words, which /metrics cannot carry). A node with KV tiers has their
+    totals put in `tiers`, by source."""
     failures = failures if failures is not None else ScrapeFailures()
     drafting_sources: list[str] = []
     readings: list[Reading] = []
@@ -333,10 +387,22 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
                     rate = rates.rate((source, metric), now, value)
                     if rate is not None:
                         readings.append((source, metric, rate))
+            for metric, value in (prompt_parts(scrape) or {}).items():
+                seen.append((source, metric))
+                rate = rates.rate((source, metric), now, value)
+                if rate is not None:
+                    readings.append((source, metric, rate))
             for name, metric in RUNNER_GAUGES.items():
                 value = scrape.value(name)
                 if value is not None:
                     readings.append((source, metric, value))
+            for (name, tier), metric in RUNNER_LABELLED_GAUGES.items():
+                value = scrape.value(name, {"tier": tier})
+                if value is not None:
+                    readings.append((source, metric, value))
+            totals = tier_totals(scrape)
+            if tiers is not None and totals is not None:
+                tiers[source] = totals
             used, total = scrape.value("hearth:kv_cells_used"), scrape.value("hearth:kv_cells_total")
             if used is not None and total:
                 readings.append((source, "kv_used_pct", 100.0 * used / total))
@@ -429,12 +495,16 @@ class Sampler:
         # Readers (status page, overview) use these; they never trigger a collection.
         self.latest: dict[str, dict[str, float]] = {}
         self.latest_at: float | None = None
+        # Each runner's KV tier totals from the latest scrape (tier_totals), by source; replaced whole per sample.
+        self.tiers: dict[str, dict[str, float]] = {}
+        self._tiers_next: dict[str, dict[str, float]] = {}
 
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
         readings = sample_host(self.ps) + sample_gpus(self.nvml) + sample_gateway(self.gateway_status())
+        self._tiers_next = {}
         readings += sample_runners(self.runner_status(), self.http_get, self.rates, now, self.scrape_failures,
-                                   self.speculation)
+                                   self.speculation, self._tiers_next)
         return readings
 
     def sample_all(self) -> int:
@@ -445,7 +515,7 @@ class Sampler:
         latest: dict[str, dict[str, float]] = {}
         for source, metric, value in readings:
             latest.setdefault(source, {})[metric] = value
-        self.latest, self.latest_at = latest, at
+        self.latest, self.latest_at, self.tiers = latest, at, self._tiers_next
         self.writer.submit(lambda session: store_readings(session, at, readings))
         return len(readings)
 

@@ -22,7 +22,7 @@ from app.protocols.openai import ApiError
 from app.residency.manager import RESIDENT_STATES, ModelBusy, ModelState, ResidencyError
 from app.residency.pagecache import WEIGHTS_CHOICES, weights_problem
 from app.residency.supervisor import SPECULATION_SETTINGS, speculation_problem
-from app.services.settings import budget_bytes
+from app.services.settings import memory_budget
 from app.web.auth import login_required
 from app.web.queries import EVENT_LIMIT, model_cards, recent_events
 
@@ -76,7 +76,7 @@ def _errors() -> dict[str, str]:
 def _card(name: str):
     svc = services()
     with svc.sessions() as s:
-        cards = model_cards(svc.catalog, svc.residency.status(), s, only=name)
+        cards = model_cards(svc.catalog, svc.residency.status(), s, only=name, budget_kind=memory_budget(svc.settings).kind)
     if not cards:
         abort(404, description=f"no model '{name}' in the catalog; the page lists the models Hearth found")
     return cards[0]
@@ -98,10 +98,11 @@ def _render_card(name: str, status: int = 200, message: str | None = None, messa
 
 def _summary() -> dict:
     svc = services()
+    budget = memory_budget(svc.settings)
     with svc.sessions() as s:
-        cards = model_cards(svc.catalog, svc.residency.status(), s)
-    resident = sum(c.estimate.total_bytes for c in cards if c.state in RESIDENT_STATES and c.estimate)
-    return {"cards": cards, "resident_bytes": resident, "budget_bytes": budget_bytes(svc.settings)}
+        cards = model_cards(svc.catalog, svc.residency.status(), s, budget_kind=budget.kind)
+    resident = sum(c.counted_bytes for c in cards if c.state in RESIDENT_STATES and c.estimate)
+    return {"cards": cards, "resident_bytes": resident, "budget_bytes": budget.usable_bytes}
 
 
 def _page(outcomes: dict[str, dict] | None = None, pull_source: str | None = None) -> str:

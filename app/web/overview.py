@@ -19,7 +19,7 @@ from app.store.models import Series
 from app.telemetry.feasibility import class_costs, hardware_of
 from app.web.auth import login_required
 from app.web.queries import Acceptance, class_acceptance, utc_now
-from app.web.series import RANGES
+from app.web.series import RANGES, source_label
 
 bp = Blueprint("overview", __name__)
 
@@ -192,6 +192,39 @@ def admission_policy(svc: Services, models: list[dict], acceptance: dict[str, Ac
     }
 
 
+@dataclass(frozen=True)
+class TierCard:
+    """One runner's KV tiers as its latest scrape said them (totals since the runner started)."""
+
+    label: str
+    ram_bytes: float
+    ram_budget_bytes: float  # -1: no limit, 0: off
+    disk_bytes: float
+    disk_budget_bytes: float
+    ram_entries: float
+    disk_entries: float
+    ram_hits: float
+    disk_hits: float
+    ram_restored_tokens: float
+    disk_restored_tokens: float
+    restore_seconds: float
+
+    @property
+    def mean_restore_ms(self) -> float | None:
+        """Time per restore, disk reads included (None before the first)."""
+        hits = self.ram_hits + self.disk_hits
+        return 1000 * self.restore_seconds / hits if hits else None
+
+
+def tier_cards(svc: Services) -> list[TierCard]:
+    """Each scraped hearth runner's KV tiers from the sampler's latest batch (never collects)."""
+    cards = []
+    for source, t in sorted(svc.sampler.tiers.items()):
+        cards.append(TierCard(label=source_label(source), **{f.name: t.get(f.name, 0.0) for f in fields(TierCard)
+                                                             if f.name != "label"}))
+    return cards
+
+
 def range_acceptance(svc: Services, range_key: str) -> dict[str, Acceptance]:
     """Draft tokens kept per class over the overview's range, from the request log (one aggregate)."""
     end = utc_now(current_app.config.get("HEARTH_CLOCK"))
@@ -214,6 +247,7 @@ def index():
     return render_template(
         "overview/index.html", live=live, gpu=has_gpu(svc, live),
         policy=admission_policy(svc, live.models, range_acceptance(svc, range_key)), range=range_key, MIB=MIB,
+        tiers=tier_cards(svc),
     )
 
 
@@ -234,3 +268,10 @@ def policy_panel():
     range_key = _range_arg()
     return render_template("overview/_policy.html", range=range_key,
                            policy=admission_policy(svc, svc.residency.status(), range_acceptance(svc, range_key)))
+
+
+@bp.get("/partials/overview/tiers")
+@login_required
+def tiers_panel():
+    """The KV tier card, polled every 5 s."""
+    return render_template("overview/_tiers.html", tiers=tier_cards(services()))

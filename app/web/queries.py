@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.engine.prefix_cache import reuse_note
 from app.gateway.tokens import TokenInfo, list_tokens
+from app.residency.budget import KIND_RAM, KIND_VRAM, counted_bytes, counts_ram_tier
 from app.residency.estimate import MemoryEstimate, estimate_memory
 from app.residency.manager import ModelState
 from app.residency.pagecache import cached_fraction
@@ -435,6 +436,15 @@ class ModelCard:
     def loads_scale_ms(self) -> float:
         """The longest of the loads shown: every bar is drawn to this one's scale."""
         return max((b.total_ms for b in self.loads), default=0.0)
+    # Whether the memory budget reserves the RAM tier's budget (a RAM budget does; a VRAM one does not).
+    ram_tier_counted: bool = True
+
+    @property
+    def counted_bytes(self) -> int | None:
+        """What the memory budget reserves for this model's runner (its estimate, the RAM tier as the kind says)."""
+        if self.estimate is None:
+            return None
+        return counted_bytes(self.estimate, KIND_RAM if self.ram_tier_counted else KIND_VRAM)
 
     @property
     def usual_cold_start_ms(self) -> float | None:
@@ -443,10 +453,12 @@ class ModelCard:
 
     @property
     def estimate_error_pct(self) -> float | None:
-        """(measured − estimate) / estimate, in percent, when both are known."""
+        """(measured − estimate at load) / estimate at load, in percent, when both are known: a load is measured before
+        its RAM tier holds anything, so the tier's budget is left out of the comparison."""
         if self.estimate is None or not self.measured_bytes:
             return None
-        return 100.0 * (self.measured_bytes - self.estimate.total_bytes) / self.estimate.total_bytes
+        at_load = self.estimate.at_load_bytes
+        return 100.0 * (self.measured_bytes - at_load) / at_load
 
     @property
     def dom_id(self) -> str:
@@ -490,8 +502,10 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
-def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, only: str | None = None) -> list[ModelCard]:
-    """Catalog entries (usable and not) joined with their policy, estimate, residency state and history."""
+def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, only: str | None = None,
+                budget_kind: str = KIND_RAM) -> list[ModelCard]:
+    """Catalog entries (usable and not) joined with their policy, estimate, residency state and history
+    (`budget_kind`: the memory budget's, which decides whether the RAM tier is reserved)."""
     entries = [e for e in catalog.entries if only is None or e.name == only]
     rows = {m.name: m for m in session.scalars(select(ModelRow).where(ModelRow.name.in_([e.name for e in entries])))}
     runner_rows = {rs.model_id: rs for rs in session.scalars(
@@ -505,7 +519,8 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
         estimate = None
         if e.usable and spec is not None and spec.runner is not None:
             estimate = estimate_memory(e, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch,
-                                       n_outputs_extra=spec.runner.n_outputs_extra)
+                                       n_outputs_extra=spec.runner.n_outputs_extra,
+                                       ram_tier_mib=spec.runner.ram_tier_mib)
         state, label, badge = state_label(status, hist["last_event"])
         card = ModelCard(
             name=e.name, source=e.source, usable=e.usable, unusable_reason=e.unusable_reason,
@@ -520,6 +535,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             sizing_note=spec.sizing_note if spec else None,
             chat_format=e.chat_format, native_tools=e.native_tools, reasoning=e.reasoning,
             mmproj=str(e.mmproj) if e.mmproj is not None else None,
+            ram_tier_counted=counts_ram_tier(budget_kind),
         )
         rs = runner_rows.get(row.id) if row else None
         card.speculation = (rs.speculation if rs else None) or "auto"

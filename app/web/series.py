@@ -64,16 +64,10 @@ def _align(lines: dict[str, dict[int, float]]) -> tuple[list[int], dict[str, lis
     return times, {label: [points.get(t) for t in times] for label, points in lines.items()}
 
 
-def read_series(session, metrics: list[str], range_name: str, end_s: int,
-                source_prefix: str | None = None) -> dict:
-    """Chart data of `metrics` from every source (or those starting with `source_prefix`) over the range."""
-    length = RANGES[range_name]
-    start_s = end_s - int(length.total_seconds())
+def _range_query(range_name: str, end_s: int) -> tuple[int, str, int, int, str]:
+    """(start_s, table, step_s, first bucket, SQL of one series' points) for a range ending at end_s."""
+    start_s = end_s - int(RANGES[range_name].total_seconds())
     table = resolution(datetime.fromtimestamp(start_s, UTC), datetime.fromtimestamp(end_s, UTC))
-    query = select(Series.id, Series.source, Series.metric).where(Series.metric.in_(metrics))
-    if source_prefix:
-        query = query.where(Series.source.startswith(source_prefix, autoescape=True))
-    rows = sorted(session.execute(query), key=lambda r: (metrics.index(r.metric), r.source))
     if table == "samples":
         step = RAW_STEP_S[range_name]
         lo = start_s // step * step
@@ -85,6 +79,17 @@ def read_series(session, metrics: list[str], range_name: str, end_s: int,
         lo = start_s // step * step
         sql = (f"SELECT bucket, sum / count FROM {table}"
                " WHERE series_id = :s AND bucket >= :lo AND bucket <= :hi ORDER BY bucket")
+    return start_s, table, step, lo, sql
+
+
+def read_series(session, metrics: list[str], range_name: str, end_s: int,
+                source_prefix: str | None = None) -> dict:
+    """Chart data of `metrics` from every source (or those starting with `source_prefix`) over the range."""
+    start_s, table, step, lo, sql = _range_query(range_name, end_s)
+    query = select(Series.id, Series.source, Series.metric).where(Series.metric.in_(metrics))
+    if source_prefix:
+        query = query.where(Series.source.startswith(source_prefix, autoescape=True))
+    rows = sorted(session.execute(query), key=lambda r: (metrics.index(r.metric), r.source))
     lines: dict[str, dict[int, float]] = {}
     several_metrics = len({r.metric for r in rows}) > 1
     several_sources = len({r.source for r in rows}) > 1
@@ -101,6 +106,37 @@ def read_series(session, metrics: list[str], range_name: str, end_s: int,
     units = {METRICS[m].unit for m in metrics if m in METRICS}
     return {"t": t, "series": series, "unit": units.pop() if len(units) == 1 else "",
             "range": range_name, "resolution": table, "step_s": step, "start_s": start_s, "end_s": end_s}
+
+
+# Where the prompt tokens of admitted requests came from, bottom of the stack first (app/telemetry/sampler.py,
+# prompt_parts): the four add up to the clients' prompt tokens.
+PROMPT_PARTS = {
+    "prompt_kv_tok_s": "KV cache",
+    "prompt_ram_tok_s": "RAM tier",
+    "prompt_disk_tok_s": "disk tier",
+    "prompt_computed_tok_s": "computed",
+}
+
+
+def read_stacked(session, parts: dict[str, str], range_name: str, end_s: int) -> dict:
+    """Chart data of a stack: one line per metric of `parts` (named by its label), summed over every runner.
+
+    A point is the sum of the runners that have one then (null when none has); `"stacked": true` tells the chart
+    to pile the lines up, in the order `"order"` lists them, with each part's own value in the legend."""
+    start_s, table, step, lo, sql = _range_query(range_name, end_s)
+    rows = session.execute(select(Series.id, Series.metric).where(Series.metric.in_(list(parts)),
+                                                                   Series.source.startswith("runner:")))
+    lines: dict[str, dict[int, float]] = {label: {} for label in parts.values()}
+    for series_id, metric in rows:
+        points = lines[parts[metric]]
+        for t, v in session.execute(text(sql), {"s": series_id, "lo": lo, "hi": end_s}):
+            points[int(t)] = points.get(int(t), 0.0) + float(v)
+    if not any(lines.values()):
+        lines = {}
+    t, series = _align(lines)
+    # JSON objects carry no order (jsonify sorts their keys): the stack's order travels beside them.
+    return {"t": t, "series": series, "order": list(series), "unit": "tok/s", "stacked": True, "range": range_name, "resolution": table,
+            "step_s": step, "start_s": start_s, "end_s": end_s}
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -161,6 +197,16 @@ def series_json():
     range_name, _ = parse_range(request.args.get("range"))
     with services().sessions() as session:
         return jsonify(read_series(session, metrics, range_name, _now_s(), request.args.get("source")))
+
+
+@bp.get("/api/prompt_parts")
+@login_required
+def prompt_parts_json():
+    """`?range=…`: prompt tokens/s of admitted requests by where they came from (KV cache, RAM tier, disk tier,
+    computed), all runners together, stacked."""
+    range_name, _ = parse_range(request.args.get("range"))
+    with services().sessions() as session:
+        return jsonify(read_stacked(session, PROMPT_PARTS, range_name, _now_s()))
 
 
 @bp.get("/api/latency")

@@ -39,11 +39,12 @@ def test_a_prefix_cached_before_a_serve_restart_is_restored_from_the_data_volume
 
 def test_a_prefix_cached_before_its_model_was_swapped_out_is_restored_when_it_comes_back(start_serve, gemma_path,
                                                                                           models_dir):
+    from app.engine.kv_tiers import DEFAULT_CACHE_RAM_MIB
     from app.residency.catalog import scan
     from app.residency.estimate import estimate_memory
     from tests.helpers import SMALL_RUNNERS
 
-    one = estimate_memory(scan(None, gemma_path)[0], 512, 2).total_bytes
+    one = estimate_memory(scan(None, gemma_path)[0], 512, 2, ram_tier_mib=DEFAULT_CACHE_RAM_MIB).total_bytes
     s = start_serve(models_dir, settings={**SMALL_RUNNERS, "memory_limit_mb": int(one * 1.5 / 2**20)})
     hdr = {"Authorization": f"Bearer {s.tokens['alice']}"}
     body = {"max_tokens": 4, "temperature": 0}

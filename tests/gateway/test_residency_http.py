@@ -5,13 +5,15 @@ import signal
 
 import psutil
 
+from app.engine.kv_tiers import DEFAULT_CACHE_RAM_MIB
 from app.residency.catalog import scan
 from app.residency.estimate import estimate_memory
 from tests.helpers import SMALL_RUNNERS, query, wait_until
 
 
 def test_budget_that_fits_one_model_evicts_the_idle_one(start_serve, gemma_path, models_dir):
-    one = estimate_memory(scan(None, gemma_path)[0], 512, 2).total_bytes
+    # The RAM tier at its default budget is part of each runner's footprint.
+    one = estimate_memory(scan(None, gemma_path)[0], 512, 2, ram_tier_mib=DEFAULT_CACHE_RAM_MIB).total_bytes
     s = start_serve(models_dir, settings={**SMALL_RUNNERS, "memory_limit_mb": int(one * 1.5 / 2**20)})
     hdr = {"Authorization": f"Bearer {s.tokens['alice']}"}
     for model in ("gemma-3-270m-q4_k_m", "gemma-b", "gemma-3-270m-q4_k_m"):

@@ -155,7 +155,9 @@ def test_a_model_that_does_not_fit_is_refused_with_sizes_and_the_other_keeps_ser
         db.add(RunnerSettings(model_id=row.id, kind="hearth", n_ctx=131072))  # KV alone: far over budget
         db.commit()
     engine.dispose()
-    s = start_serve(models=models, data=data, settings={**SMALL_RUNNERS, "memory_limit_mb": int(one * 2.5 / 2**20)})
+    # No RAM tier: its budget would count in both footprints and let the big one fit by evicting the small one.
+    s = start_serve(models=models, data=data, settings={**SMALL_RUNNERS, "runner_cache_ram_mib": 0,
+                                                        "memory_limit_mb": int(one * 2.5 / 2**20)})
     token = s.tokens["alice"]
     assert chat(s, token).status_code == 200
     r = chat(s, token, model="gemma-big")

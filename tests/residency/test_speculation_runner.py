@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from app.engine.kv_tiers import DEFAULT_CACHE_RAM_MIB
 from app.engine.speculation import LOOKUP_DRAFT_MAX, NGRAM_TYPES
 from app.residency.catalog import CatalogEntry
 from app.residency.estimate import FLOAT32_BYTES, estimate_memory, size_runner
@@ -126,5 +127,7 @@ def test_the_catalog_estimate_and_sizing_follow_the_setting():
     auto = {**DEFAULTS, "ctx": None, "parallel": None}
     budget = 4 * 1024 * MIB
     sized = runner_sizing(e, settings(), auto, budget)
-    assert sized.estimate_bytes == size_runner(e, budget, 512, n_outputs_extra=LOOKUP_DRAFT_MAX).estimate_bytes
+    # (and the RAM tier's default budget: no cache_ram_mib among these defaults)
+    assert sized.estimate_bytes == size_runner(e, budget, 512, n_outputs_extra=LOOKUP_DRAFT_MAX,
+                                               ram_tier_mib=DEFAULT_CACHE_RAM_MIB).estimate_bytes
     assert sized.estimate_bytes > runner_sizing(e, settings(speculation="off"), auto, budget).estimate_bytes

@@ -44,3 +44,39 @@ def test_failed_runner_scrapes_are_exported_per_model_and_node(app, client):
     assert found.type == "counter"
     assert [(s.name, s.labels, s.value) for s in found.samples] == [
         ("hearth:runner_scrape_failures_total", {"model": "gemma", "node": "local"}, 2.0)]
+
+
+def test_the_kv_tiers_are_exported_per_model_node_and_tier_as_the_runner_said_them(app, client):
+    from app.engine.engine import Engine
+    from app.engine.request import Finished, SamplingParams
+    from app.exposition import parse_exposition
+    from app.runner.metrics import RunnerMetrics
+    from tests.engine.fake_model import FakeModel
+
+    hearth = services(app)
+    # A real engine on the fake model, 64 cells: the second prompt evicts the first to the RAM tier, the third
+    # brings it back.
+    model = FakeModel(n_ctx=64, n_batch=64, n_seq_max=2, transfer_seq=4)
+    engine = Engine(model, clock=model.clock, cache_ram_bytes=None).start()
+    try:
+        for tokens in ([1000 + i for i in range(40)], [2000 + i for i in range(40)], [1000 + i for i in range(43)]):
+            r = engine.submit(tokens, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+            assert next(ev for ev in engine.events(r) if isinstance(ev, Finished)).error is None
+        runner_text = RunnerMetrics(engine).render().decode()
+    finally:
+        engine.stop()
+    ready = [{"name": "gemma", "state": ModelState.READY,
+              "nodes": [{"label": "local", "url": "http://127.0.0.1:9", "healthy": True}]}]
+    hearth.sampler.tiers = {}
+    sample_runners(ready, lambda url, t: runner_text if url.endswith("/metrics") else "[]", RateTracker(), 1.0,
+                   tiers=hearth.sampler.tiers)
+    runner, served = parse_exposition(runner_text), parse_exposition(client.get("/metrics").get_data(as_text=True))
+    assert runner.value("hearth:kv_tier_hits_total", {"tier": "ram"}) == 1
+    for name in ("hearth:kv_tier_hits_total", "hearth:kv_tier_restored_tokens_total", "hearth:kv_tier_bytes"):
+        for tier in ("ram", "disk"):
+            want = runner.value(name, {"tier": tier})
+            got = served.value(name.replace("hearth:", "hearth:model_"), {"model": "gemma", "node": "local", "tier": tier})
+            assert got == want, (name, tier)
+    assert served.value("hearth:model_kv_tier_bytes", {"tier": "ram"}) > 0
+    assert served.value("hearth:model_kv_tier_restore_seconds_total", {"model": "gemma", "node": "local"}) == \
+        runner.value("hearth:kv_tier_restore_seconds_total") > 0
