@@ -208,15 +208,17 @@ def stock_rep(binary: str, model: Path, n_ctx: int, slots: int, threads: int, re
 
 
 def main(args, model: str) -> int:
+    from app.engine.kv_tiers import DEFAULT_CACHE_RAM_MIB
     from app.residency.catalog import scan
     from app.residency.estimate import estimate_memory, size_runner
 
     entry = scan(None, Path(model))[0]
-    # One model fits, two do not: the budget a default-sized runner of this model needs, and half as much again.
-    sized = size_runner(entry, 1 << 50)
-    one = estimate_memory(entry, sized.n_ctx, sized.parallel).total_bytes
+    # One model fits, two do not: the budget a default-sized runner of this model needs (its RAM tier's default
+    # budget counted, as serve counts it), and half as much again.
+    sized = size_runner(entry, 1 << 50, ram_tier_mib=DEFAULT_CACHE_RAM_MIB)
+    one = estimate_memory(entry, sized.n_ctx, sized.parallel, ram_tier_mib=DEFAULT_CACHE_RAM_MIB).total_bytes
     budget_mb = int(one * 1.5 / 2**20)
-    sized = size_runner(entry, budget_mb * 2**20)
+    sized = size_runner(entry, budget_mb * 2**20, ram_tier_mib=DEFAULT_CACHE_RAM_MIB)
     threads = args.threads
     reps, stock = [], []
     for i in range(args.reps):
