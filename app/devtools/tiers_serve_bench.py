@@ -189,18 +189,13 @@ def stock_rep(binary: str, model: Path, n_ctx: int, slots: int, threads: int, re
     cmd = [binary, "-m", str(model), "-c", str(n_ctx), "-np", str(slots), "-t", str(threads), "--kv-unified",
            "--no-webui"]
     out = {}
-    s = Server(cmd)
-    try:
-        out["llama-server: full prefill"] = {**s.ask(f"{SYSTEM}\nUser: {QUESTIONS[0]}\nAssistant:"),
-                                             "reload_s": s.ready_s}
-    finally:
-        s.stop()
-    s = Server(cmd)
-    try:
-        out["llama-server: after its restart"] = {**s.ask(f"{SYSTEM}\nUser: {QUESTIONS[3]}\nAssistant:"),
-                                                  "reload_s": s.ready_s}
-    finally:
-        s.stop()
+    for name, question in (("llama-server: full prefill", QUESTIONS[0]),
+                           ("llama-server: after its restart", QUESTIONS[3])):
+        s = Server(cmd)  # a new process each time: its --cache-ram is gone with the last one
+        try:
+            out[name] = {**s.ask(f"{SYSTEM}\nUser: {question}\nAssistant:"), "reload_s": s.ready_s}
+        finally:
+            s.stop()
     for name, fig in out.items():
         print(f"  rep {rep + 1} {name}: TTFT {fig['ttft_s']:.3f} s, computed {fig['prompt_n']}, cached "
               f"{fig['cache_n']}, reload {fig['reload_s']:.2f} s", file=sys.stderr, flush=True)

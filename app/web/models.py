@@ -232,28 +232,38 @@ def policy(name: str):
     return _render_card(name, message=message)
 
 
+def _save_choice(name: str, value: str, problem: str | None, store) -> tuple[object, str | None]:
+    """Stores one of a model's runner choices (`store(session, name, value)`) unless `problem`; (card, problem)."""
+    card = _card(name)
+    if problem is None:
+        try:
+            with services().sessions() as s:
+                store(s, name, value)
+                s.commit()
+        except AdminError as exc:
+            problem = str(exc)
+    if problem is None:
+        services().catalog.rescan()
+    return card, problem
+
+
+def _choice_refused(name: str, card, field: str, value: str, problem: str):
+    form = {"policy": card.policy, "keep_alive_s": int(card.keep_alive_s), field: value}
+    return _render_card(name, 422, form=form, form_errors={field: problem})
+
+
 @bp.post("/models/<name>/speculation")
 @login_required
 def speculation(name: str):
     """Speculative decoding for the model's runner: auto, off or an n-gram type (applies at its next start)."""
-    card = _card(name)
-    svc = services()
     value = request.form.get("speculation", "").strip().lower()
-    form = {"policy": card.policy, "keep_alive_s": int(card.keep_alive_s), "speculation": value}
     problem = (f"Choose one of: {', '.join(SPECULATION_SETTINGS)}." if value not in SPECULATION_SETTINGS
-               else speculation_problem(card.runner_kind, value))
-    if problem is None:
-        try:
-            with svc.sessions() as s:
-                set_model_speculation(s, name, value)
-                s.commit()
-        except AdminError as exc:
-            problem = str(exc)
+               else speculation_problem(_card(name).runner_kind, value))
+    card, problem = _save_choice(name, value, problem, set_model_speculation)
     if problem:
-        return _render_card(name, 422, form=form, form_errors={"speculation": problem})
-    svc.catalog.rescan()
+        return _choice_refused(name, card, "speculation", value, problem)
     message = f"Saved: speculative decoding {SPECULATION_LABELS[value].split(':')[0].lower()}."
-    state = next((m["state"] for m in svc.residency.status() if m["name"] == name), None)
+    state = next((m["state"] for m in services().residency.status() if m["name"] == name), None)
     if state in RESIDENT_STATES:
         message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
     return _render_card(name, message=message)
@@ -263,23 +273,13 @@ def speculation(name: str):
 @login_required
 def weights(name: str):
     """The model's weights choice: pinned, warm or cold in the page cache while no runner maps them (applies now)."""
-    card = _card(name)
-    svc = services()
     value = request.form.get("weights", "").strip().lower()
-    form = {"policy": card.policy, "keep_alive_s": int(card.keep_alive_s), "weights": value}
     problem = weights_problem(value) if value else f"choose one of: {', '.join(WEIGHTS_CHOICES)}"
-    if problem is None:
-        try:
-            with svc.sessions() as s:
-                set_model_weights(s, name, value)
-                s.commit()
-        except AdminError as exc:
-            problem = str(exc)
+    card, problem = _save_choice(name, value, problem, set_model_weights)
     if problem:
-        return _render_card(name, 422, form=form, form_errors={"weights": f"Weights: {problem}."})
-    svc.catalog.rescan()
-    if svc.warmer is not None:
-        svc.warmer.check()
+        return _choice_refused(name, card, "weights", value, f"Weights: {problem}.")
+    if services().warmer is not None:
+        services().warmer.check()
     return _render_card(name, message=f"Saved: weights {WEIGHTS_LABELS[value].split(':')[0].lower()}.")
 
 
