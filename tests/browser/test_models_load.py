@@ -29,7 +29,8 @@ def test_load_a_model_from_the_models_page(page, served):
     assert card.get_attribute("hx-trigger") is None  # polling stopped
     assert "Resident\n1" in page.locator("#model-tiles").inner_text()  # tiles swapped out of band
     assert card.locator("button", has_text="Unload").is_visible()
-    assert re.search(r"Measured after the last load\s+\d", card.inner_text())
+    assert re.search(r"Measured after the last load \(against the [\d.,]+ \w+ of a load: the RAM tier starts empty\)\s+\d",
+                     card.inner_text())
     assert "Cold start" in card.inner_text() and "last " in card.inner_text()
     card.locator("summary", has_text="Runner log").click()
     assert card.locator("pre.log-tail").inner_text().strip()
