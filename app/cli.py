@@ -722,6 +722,10 @@ def _bench(args) -> int:
 
         return run_spec_bench(args)
     if name == "tiers":
+        if args.serve:
+            from app.devtools import tiers_serve_bench
+
+            return tiers_serve_bench.run_from_args(args)
         from app.devtools.tiers_bench import main as run_tiers_bench
 
         return run_tiers_bench(args)

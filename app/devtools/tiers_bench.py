@@ -280,15 +280,17 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def main(args) -> int:
-    """Entry point of `hearth bench tiers`."""
+def model_path(args) -> str:
+    """--model, else the embedded Gemma 3 270M (assembled on first use)."""
     from app.paths import data_dir
     from app.residency.default_model import ensure_default_model
 
-    model = args.model or str(ensure_default_model(data_dir(), progress=True))
-    if args.serve:
-        from app.devtools import tiers_serve_bench
-        return tiers_serve_bench.cost(args, model) if args.cost else tiers_serve_bench.main(args, model)
+    return args.model or str(ensure_default_model(data_dir(), progress=True))
+
+
+def main(args) -> int:
+    """Entry point of `hearth bench tiers` (lab arms; --serve is app.devtools.tiers_serve_bench)."""
+    model = model_path(args)
     common = ["-m", model, "-c", str(args.ctx), "-np", str(args.parallel), "-t", str(args.threads)]
     hearth = [sys.executable, "-m", "app.cli", "runner", *common]
     if args.cost:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from app.devtools.serve_process import ServeProcess, prepare_data
-from app.devtools.tiers_bench import QUESTIONS, SYSTEM, Server, file_sha256
+from app.devtools.tiers_bench import QUESTIONS, SYSTEM, Server, file_sha256, model_path
 from app.hardware import machine
 from app.protocols import sse
 
@@ -315,3 +315,9 @@ def cost(args, model: str) -> int:
         Path(args.json_path).write_text(json.dumps({"runs": [{"target": r.target, "rep": r.rep, "summary": r.summary}
                                                              for r in runs]}, indent=1, default=str))
     return 0
+
+
+def run_from_args(args) -> int:
+    """Entry point of `hearth bench tiers --serve` (with --cost: the household mix, tiers off vs on)."""
+    model = model_path(args)
+    return cost(args, model) if args.cost else main(args, model)
