@@ -11,7 +11,13 @@ would start a llama-server runner of it, with the hearth runner's context, slots
 chat template; per format and image, llama-server's OpenAI chat answer against each of serve's image routes
 (OpenAI chat, Ollama chat and generate, Anthropic messages, Responses): the total prompt tokens, the generated
 tokens and whether the text is the same. The image goes before the text in every request, where Ollama's prompt
-puts its `images`.
+puts its `images`. Then the generated token ids: serve's runner's /completion of the prompt its /apply-template
+renders, with the image as multimodal_data, against llama-server's /completion of the same text. Differences that
+are the servers' own, not Hearth's, and how they are met: llama-server has no WebP decoder (it gets the PNG of the
+same pixels, which is what Hearth hands libmtmd too); its media marker is random per process (read from its
+/props); the embedded GGUF has no chat template, so llama-server is given the one serve's runner uses; Hearth's
+sliding-window cache is full-size (--swa-full). After the first API, serve's prefix cache holds the image's
+prompt, so the later APIs compute only its last token, and still answer the same.
 
 Pause (a lab figure of one runner driven directly): one voice-class stream (TPOT target 100 ms) decodes; after
 `--warm-tokens` of its tokens a second request arrives, in three arms interleaved over `--rounds`:
@@ -303,10 +309,14 @@ def serve_oracle(model: str, projector: Path, binary: Path, images: int, max_tok
 
     Serve's models folder holds a copy of `model` as SERVE_MODEL and `projector` beside it (paired by name).
     Per format and image: llama-server's answer once, then each API through serve, greedy, the image first."""
+    import base64
     import shutil
     import tempfile
 
+    import httpx
+
     from app.devtools.serve_process import ServeProcess, prepare_data
+    from app.engine.media import MEDIA_MARKER
     from app.runner.images import as_png
 
     root = Path(tempfile.mkdtemp(prefix="hearth-vision-serve-"))
@@ -317,7 +327,7 @@ def serve_oracle(model: str, projector: Path, binary: Path, images: int, max_tok
     shutil.copyfile(projector, models / f"mmproj-{SERVE_MODEL}-f32.gguf")
     token = prepare_data(data, tokens=[("bench", "chat", ["chat"])])["bench"]
     headers = {"Authorization": f"Bearer {token}"}
-    serve = proc = theirs = None
+    serve = proc = theirs = runner = None
     out: dict = {"model_name": SERVE_MODEL, "projector": str(projector), "max_tokens": max_tokens, "rows": []}
     try:
         serve = ServeProcess(data, models, Path(model), root / "serve.log", timeout_s=180)
@@ -326,6 +336,9 @@ def serve_oracle(model: str, projector: Path, binary: Path, images: int, max_tok
         if warm.status_code != 200:
             raise SystemExit(f"hearth bench vision --serve: serve did not load {SERVE_MODEL}: {warm.text[:500]}")
         proc, theirs, out["held"] = stock_beside(serve, SERVE_MODEL, binary, root)
+        runner = httpx.Client(base_url=serve.runner_url(), headers=serve.runner_headers(), timeout=300)
+        stock_marker = theirs.get("/props").json()["media_marker"]
+        out["ids"] = []
         for fmt, mime in (("PNG", "image/png"), ("JPEG", "image/jpeg"), ("WEBP", "image/webp")):
             for seed in range(images):
                 image = _encoded(_png(seed, (96, 64)), fmt)
@@ -346,7 +359,23 @@ def serve_oracle(model: str, projector: Path, binary: Path, images: int, max_tok
                         "stock_prompt_tokens": stock_prompt, "serve_completion_tokens": completion,
                         "stock_completion_tokens": stock_completion, "same_text": text == stock_text,
                         "serve_text": text, "stock_text": stock_text})
+                # The generated token ids too, where both servers return them: serve's runner's /completion of the
+                # prompt its /apply-template renders, and llama-server's of the same text (its own marker).
+                prompt = runner.post("/apply-template", json={"messages": api_body(
+                    "openai", SERVE_MODEL, QUESTION, image, mime, max_tokens)["messages"]}).json()["prompt"]
+                native = {"n_predict": max_tokens, "temperature": 0, "return_tokens": True}
+                ours = runner.post("/completion", json={**native, "prompt": {
+                    "prompt_string": prompt, "multimodal_data": [base64.b64encode(image).decode()]}}).json()
+                stock = theirs.post("/completion", json={**native, "prompt": {
+                    "prompt_string": prompt.replace(MEDIA_MARKER, stock_marker),
+                    "multimodal_data": [base64.b64encode(stock_image).decode()]}}).json()
+                out["ids"].append({"format": fmt, "seed": seed, "serve_ids": ours.get("tokens"),
+                                   "stock_ids": stock.get("tokens"), "serve_prompt_tokens": ours.get("tokens_evaluated"),
+                                   "stock_prompt_tokens": stock.get("tokens_evaluated"),
+                                   "same_ids": ours.get("tokens") is not None and ours.get("tokens") == stock.get("tokens")})
     finally:
+        if runner is not None:
+            runner.close()
         if theirs is not None:
             theirs.close()
         if proc is not None:
@@ -388,6 +417,10 @@ def print_serve_oracle(result: dict) -> None:
                   f"{same}/{len(rs)}")
     n = sum(identical(r) for r in rows)
     print(f"  {n} of {len(rows)} identical (prompt tokens, generated tokens and text)")
+    ids = result.get("ids", [])
+    same_ids = sum(r["same_ids"] and r["serve_prompt_tokens"] == r["stock_prompt_tokens"] for r in ids)
+    print(f"  token ids: serve's runner's /completion and llama-server's of the same prompt text and image: {same_ids} "
+          f"of {len(ids)} the same generated ids and prompt tokens")
     for r in rows:
         if not identical(r):
             print(f"  differs: {r['format']} image {r['seed']} {r['api']}: serve {r['serve_text']!r}, "
