@@ -237,12 +237,17 @@ def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
     vis.add_argument("--ctx", type=int, default=2048)
     vis.add_argument("--shape", default="mmproj-gemma3-base",
                      help="projector of the pause arms (app/devtools/mmproj.py; default %(default)s)")
-    vis.add_argument("--images", type=int, default=3, help="oracle images per format (default %(default)s)")
+    vis.add_argument("--images", type=int, default=None,
+                     help="oracle images per format (default 3; 2 with --serve)")
     vis.add_argument("--max-tokens", type=int, default=16, help="oracle tokens generated (default %(default)s)")
     vis.add_argument("--rounds", type=int, default=5, help="pause rounds, arms interleaved (default %(default)s)")
     vis.add_argument("--warm-tokens", type=int, default=16, help="stream tokens before the second request")
     vis.add_argument("--stream-tokens", type=int, default=160, help="tokens the voice stream generates")
     vis.add_argument("--skip-oracle", action="store_true", help="no oracle against stock llama-server")
+    vis.add_argument("--serve", action="store_true",
+                     help="only the serve oracle: one hearth serve (default settings) and its five image routes "
+                          "(OpenAI, Ollama chat and generate, Anthropic, Responses) against stock llama-server")
+    vis.add_argument("--keep", action="store_true", help="--serve: keep the data folder and the logs")
     vis.add_argument("--skip-memory", action="store_true", help="no RSS of runners without and with the projector")
     vis.add_argument("--skip-pause", action="store_true", help="no pause arms (and no memory part)")
     vis.add_argument("--memory-only", action="store_true",

@@ -5,6 +5,20 @@ mmproj-…`), ChatML template file and image, greedy, through `hearth runner` (i
 per format (PNG, JPEG, WebP; llama-server gets WebP as the PNG of its pixels, since it refuses WebP) the prompt
 token counts and whether the generated text is the same.
 
+Serve oracle (`--serve`, the product's figure): one `hearth serve` with default settings on a fresh data folder
+whose models folder holds a copy of the model and its random projector, and stock llama-server started as serve
+would start a llama-server runner of it, with the hearth runner's context, slots, batch, threads, projector and
+chat template; per format and image, llama-server's OpenAI chat answer against each of serve's image routes
+(OpenAI chat, Ollama chat and generate, Anthropic messages, Responses): the total prompt tokens, the generated
+tokens and whether the text is the same. The image goes before the text in every request, where Ollama's prompt
+puts its `images`. Then the generated token ids: serve's runner's /completion of the prompt its /apply-template
+renders, with the image as multimodal_data, against llama-server's /completion of the same text. Differences that
+are the servers' own, not Hearth's, and how they are met: llama-server has no WebP decoder (it gets the PNG of the
+same pixels, which is what Hearth hands libmtmd too); its media marker is random per process (read from its
+/props); the embedded GGUF has no chat template, so llama-server is given the one serve's runner uses; Hearth's
+sliding-window cache is full-size (--swa-full). After the first API, serve's prefix cache holds the image's
+prompt, so the later APIs compute only its last token, and still answer the same.
+
 Pause (a lab figure of one runner driven directly): one voice-class stream (TPOT target 100 ms) decodes; after
 `--warm-tokens` of its tokens a second request arrives, in three arms interleaved over `--rounds`:
   image   a chat request with one image (encoded in the MediaStep's worker thread, the default),
@@ -155,6 +169,262 @@ def oracle(model: str, projector: Path, threads: int, ctx: int, binary: Path, im
         proc.wait(15)
         _close(app)
     return rows
+
+
+# The APIs of the serve oracle, as (name, path): the four of issue 31, Ollama's by both of its routes.
+SERVE_APIS = (("openai", "/v1/chat/completions"), ("ollama-chat", "/api/chat"), ("ollama-generate", "/api/generate"),
+              ("anthropic", "/v1/messages"), ("responses", "/v1/responses"))
+# The name of the vision model in the serve oracle's models folder (its projector: mmproj-<name>-f32.gguf).
+SERVE_MODEL = "gemma-vision-Q4_K_M"
+
+
+def api_body(api: str, model: str, text: str, image: bytes, mime: str, max_tokens: int) -> dict:
+    """One user turn of an image then a text, greedy, in an API's own shape.
+
+    The image comes first in every API: Ollama's `images` have no place of their own, and its prompt puts them
+    before the message's text (app/protocols/ollama.py), so the others are sent in that order too."""
+    import base64
+
+    b64 = base64.b64encode(image).decode()
+    url = _data_url(image, mime)
+    if api == "openai":
+        return {"model": model, "max_tokens": max_tokens, "temperature": 0, "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}]}
+    if api in ("ollama-chat", "ollama-generate"):
+        body = {"model": model, "stream": False, "options": {"temperature": 0, "num_predict": max_tokens}}
+        if api == "ollama-generate":
+            return {**body, "prompt": text, "images": [b64]}
+        return {**body, "messages": [{"role": "user", "content": text, "images": [b64]}]}
+    if api == "anthropic":
+        return {"model": model, "max_tokens": max_tokens, "temperature": 0, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": mime, "data": b64}},
+            {"type": "text", "text": text}]}]}
+    if api == "responses":
+        return {"model": model, "max_output_tokens": max_tokens, "temperature": 0, "input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": url}, {"type": "input_text", "text": text}]}]}
+    raise ValueError(f"unknown API {api!r}")
+
+
+def api_answer(api: str, body: dict) -> tuple[str, int, int]:
+    """(generated text, TOTAL prompt tokens, generated tokens) of an API's whole answer.
+
+    Cached prompt tokens count in the total: Anthropic's input_tokens leave out what was read from the cache
+    (cache_read_input_tokens) and what was written to it; OpenAI's prompt_tokens, Ollama's prompt_eval_count and
+    Responses' input_tokens hold them."""
+    if api == "openai":
+        u = body["usage"]
+        return body["choices"][0]["message"]["content"], u["prompt_tokens"], u["completion_tokens"]
+    if api == "ollama-chat":
+        return body["message"]["content"], body["prompt_eval_count"], body["eval_count"]
+    if api == "ollama-generate":
+        return body["response"], body["prompt_eval_count"], body["eval_count"]
+    if api == "anthropic":
+        u = body["usage"]
+        text = "".join(b["text"] for b in body["content"] if b["type"] == "text")
+        prompt = u["input_tokens"] + u.get("cache_read_input_tokens", 0) + u.get("cache_creation_input_tokens", 0)
+        return text, prompt, u["output_tokens"]
+    if api == "responses":
+        u = body["usage"]
+        text = "".join(c["text"] for item in body["output"] if item["type"] == "message"
+                       for c in item["content"] if c["type"] == "output_text")
+        return text, u["input_tokens"], u["output_tokens"]
+    raise ValueError(f"unknown API {api!r}")
+
+
+def _flag(args: list[str], name: str) -> str:
+    """The value of `name` on a command line (`--name V`)."""
+    try:
+        return args[args.index(name) + 1]
+    except (ValueError, IndexError):
+        raise SystemExit(f"hearth bench vision: serve's runner has no {name} on its command line: "
+                         f"{' '.join(args)}") from None
+
+
+def _wait_stock(client, proc, log_path: Path, timeout_s: float = 300) -> None:
+    """Until stock llama-server answers /health with status ok (it answers 503 while it loads)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"hearth bench vision: stock llama-server exited:\n{log_path.read_text()[-3000:]}")
+        try:
+            if client.get("/health").json().get("status") == "ok":
+                return
+        except (httpx.TransportError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"hearth bench vision: stock llama-server did not become healthy in {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def stock_beside(serve, model_name: str, binary: Path, folder: Path):
+    """Stock llama-server started as serve would start a llama-server runner of model_name (RunnerSpec's
+    llama-server command line), with the context, slots, batch, threads, GPU layers and projector of serve's
+    running hearth runner of it, and the chat template that runner's /props reports (the embedded GGUF has
+    none: Hearth uses its built-in Gemma 3 template, stock llama-server would fall back to ChatML); plus
+    --swa-full, since Hearth's sliding-window cache is full-size. Returns (process, client, what was held)
+    once it is healthy; the caller stops the process."""
+    import subprocess
+
+    import httpx
+
+    from app.engine.chat import GEMMA3_TEMPLATE
+    from app.residency.supervisor import RunnerSpec
+
+    runner = next((cmd.split() for _, cmd in serve.runner_commands() if f"{model_name}.gguf" in cmd), None)
+    if runner is None:
+        raise SystemExit(f"hearth bench vision: serve runs no runner of {model_name}")
+    props = httpx.get(f"{serve.runner_url()}/props", headers=serve.runner_headers(), timeout=30).json()
+    spec = RunnerSpec(model_name=model_name, model_path=_flag(runner, "--model"), kind="llama-server",
+                      binary_path=str(binary), n_ctx=int(_flag(runner, "--ctx")),
+                      parallel=int(_flag(runner, "--parallel")), n_batch=int(_flag(runner, "--batch")),
+                      threads=int(_flag(runner, "--threads")), gpu_layers=int(_flag(runner, "--gpu-layers")),
+                      mmproj=_flag(runner, "--mmproj"))
+    template = folder / "template.jinja"
+    template.write_text(props["chat_template"])
+    port = free_port()
+    command = spec.command(port) + ["--jinja", "--chat-template-file", str(template), "--swa-full"]
+    held = {"n_ctx": spec.n_ctx, "slots": spec.parallel, "n_batch": spec.n_batch, "threads": spec.threads,
+            "gpu_layers": spec.gpu_layers, "runner_command": runner, "stock_command": command,
+            "template_is_builtin_gemma3": props["chat_template"] == GEMMA3_TEMPLATE}
+    log_path = folder / "llama-server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
+    try:
+        _wait_stock(client, proc, log_path)
+    except BaseException:
+        client.close()
+        proc.terminate()
+        proc.wait(15)
+        raise
+    return proc, client, held
+
+
+def serve_oracle(model: str, projector: Path, binary: Path, images: int, max_tokens: int,
+                 keep: bool = False) -> dict:
+    """Through one `hearth serve` with default settings, every image route, against stock llama-server's OpenAI
+    chat (started by stock_beside once serve's runner is loaded by a text request).
+
+    Serve's models folder holds a copy of `model` as SERVE_MODEL and `projector` beside it (paired by name).
+    Per format and image: llama-server's answer once, then each API through serve, greedy, the image first."""
+    import base64
+    import shutil
+    import tempfile
+
+    import httpx
+
+    from app.devtools.serve_process import ServeProcess, prepare_data
+    from app.engine.media import MEDIA_MARKER
+    from app.runner.images import as_png
+
+    root = Path(tempfile.mkdtemp(prefix="hearth-vision-serve-"))
+    data, models = root / "data", root / "models"
+    models.mkdir()
+    # A copy, not a link: the catalog lists one file once, however many names it has.
+    shutil.copyfile(model, models / f"{SERVE_MODEL}.gguf")
+    shutil.copyfile(projector, models / f"mmproj-{SERVE_MODEL}-f32.gguf")
+    token = prepare_data(data, tokens=[("bench", "chat", ["chat"])])["bench"]
+    headers = {"Authorization": f"Bearer {token}"}
+    serve = proc = theirs = runner = None
+    out: dict = {"model_name": SERVE_MODEL, "projector": str(projector), "max_tokens": max_tokens, "rows": []}
+    try:
+        serve = ServeProcess(data, models, Path(model), root / "serve.log", timeout_s=180)
+        warm = serve.client.post("/v1/chat/completions", headers=headers, json={
+            "model": SERVE_MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hello"}]})
+        if warm.status_code != 200:
+            raise SystemExit(f"hearth bench vision --serve: serve did not load {SERVE_MODEL}: {warm.text[:500]}")
+        proc, theirs, out["held"] = stock_beside(serve, SERVE_MODEL, binary, root)
+        runner = httpx.Client(base_url=serve.runner_url(), headers=serve.runner_headers(), timeout=300)
+        stock_marker = theirs.get("/props").json()["media_marker"]
+        out["ids"] = []
+        for fmt, mime in (("PNG", "image/png"), ("JPEG", "image/jpeg"), ("WEBP", "image/webp")):
+            for seed in range(images):
+                image = _encoded(_png(seed, (96, 64)), fmt)
+                # Stock llama-server decodes with stb_image, which has no WebP: it gets the PNG of the same pixels.
+                stock_image, stock_mime = (as_png(image), "image/png") if fmt == "WEBP" else (image, mime)
+                r = theirs.post("/v1/chat/completions",
+                                json=api_body("openai", SERVE_MODEL, QUESTION, stock_image, stock_mime, max_tokens))
+                r.raise_for_status()
+                stock_text, stock_prompt, stock_completion = api_answer("openai", r.json())
+                for api, path in SERVE_APIS:
+                    a = serve.client.post(path, headers=headers,
+                                          json=api_body(api, SERVE_MODEL, QUESTION, image, mime, max_tokens))
+                    if a.status_code != 200:
+                        raise SystemExit(f"hearth bench vision --serve: {api} answered {a.status_code}: {a.text[:500]}")
+                    text, prompt, completion = api_answer(api, a.json())
+                    out["rows"].append({
+                        "format": fmt, "seed": seed, "api": api, "serve_prompt_tokens": prompt,
+                        "stock_prompt_tokens": stock_prompt, "serve_completion_tokens": completion,
+                        "stock_completion_tokens": stock_completion, "same_text": text == stock_text,
+                        "serve_text": text, "stock_text": stock_text})
+                # The generated token ids too, where both servers return them: serve's runner's /completion of the
+                # prompt its /apply-template renders, and llama-server's of the same text (its own marker).
+                prompt = runner.post("/apply-template", json={"messages": api_body(
+                    "openai", SERVE_MODEL, QUESTION, image, mime, max_tokens)["messages"]}).json()["prompt"]
+                native = {"n_predict": max_tokens, "temperature": 0, "return_tokens": True}
+                ours = runner.post("/completion", json={**native, "prompt": {
+                    "prompt_string": prompt, "multimodal_data": [base64.b64encode(image).decode()]}}).json()
+                stock = theirs.post("/completion", json={**native, "prompt": {
+                    "prompt_string": prompt.replace(MEDIA_MARKER, stock_marker),
+                    "multimodal_data": [base64.b64encode(stock_image).decode()]}}).json()
+                out["ids"].append({"format": fmt, "seed": seed, "serve_ids": ours.get("tokens"),
+                                   "stock_ids": stock.get("tokens"), "serve_prompt_tokens": ours.get("tokens_evaluated"),
+                                   "stock_prompt_tokens": stock.get("tokens_evaluated"),
+                                   "same_ids": ours.get("tokens") is not None and ours.get("tokens") == stock.get("tokens")})
+    finally:
+        if runner is not None:
+            runner.close()
+        if theirs is not None:
+            theirs.close()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(15)
+        if serve is not None:
+            serve.stop()
+        if keep:
+            print(f"kept {root} (serve.log, llama-server.log, data)")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def identical(row: dict) -> bool:
+    """Whether a serve oracle row is the same as llama-server's: prompt tokens, generated tokens and text."""
+    return (row["serve_prompt_tokens"] == row["stock_prompt_tokens"] and row["same_text"]
+            and row["serve_completion_tokens"] == row["stock_completion_tokens"])
+
+
+def print_serve_oracle(result: dict) -> None:
+    """The table: format × API → prompt tokens serve / llama-server, same text, and the total identical."""
+    held = result["held"]
+    rows = result["rows"]
+    print(f"serve oracle: hearth serve (default settings, {result['model_name']} + {Path(result['projector']).name}) "
+          f"against stock llama-server with serve's runner's ctx {held['n_ctx']}, slots {held['slots']}, batch "
+          f"{held['n_batch']}, threads {held['threads']}, GPU layers {held['gpu_layers']}, its chat template"
+          f"{' (Hearth built-in Gemma 3)' if held['template_is_builtin_gemma3'] else ''}, "
+          f"--swa-full; greedy, {result['max_tokens']} tokens, the image before the text")
+    print("  llama-server is asked through its OpenAI chat route; WEBP reaches it as the PNG of the same pixels")
+    print(f"  {'format':6} {'api':16} {'prompt tokens serve / llama-server':>36} {'generated':>14} {'same text':>10}")
+    for fmt in dict.fromkeys(r["format"] for r in rows):
+        for api, _ in SERVE_APIS:
+            rs = [r for r in rows if r["format"] == fmt and r["api"] == api]
+            prompts = ", ".join(f"{r['serve_prompt_tokens']}/{r['stock_prompt_tokens']}" for r in rs)
+            generated = ", ".join(f"{r['serve_completion_tokens']}/{r['stock_completion_tokens']}" for r in rs)
+            same = sum(r["same_text"] for r in rs)
+            print(f"  {fmt:6} {api:16} {prompts:>36} {generated:>14} {'yes' if same == len(rs) else 'no':>5} "
+                  f"{same}/{len(rs)}")
+    n = sum(identical(r) for r in rows)
+    print(f"  {n} of {len(rows)} identical (prompt tokens, generated tokens and text)")
+    ids = result.get("ids", [])
+    same_ids = sum(r["same_ids"] and r["serve_prompt_tokens"] == r["stock_prompt_tokens"] for r in ids)
+    print(f"  token ids: serve's runner's /completion and llama-server's of the same prompt text and image: {same_ids} "
+          f"of {len(ids)} the same generated ids and prompt tokens")
+    for r in rows:
+        if not identical(r):
+            print(f"  differs: {r['format']} image {r['seed']} {r['api']}: serve {r['serve_text']!r}, "
+                  f"llama-server {r['stock_text']!r}")
 
 
 def _stream(engine, tokens: list[int], n: int, times: list[float], done: threading.Event) -> None:
@@ -328,8 +598,9 @@ def run_from_args(args, model: str) -> int:
     """Print the oracle's table and the pause arms' medians; write everything to --json."""
     with open(model, "rb") as f:
         model_hash = hashlib.sha256(f.read(1 << 20)).hexdigest()[:16]
-    print(f"model {Path(model).name} (first MiB sha256 {model_hash}), threads {args.threads}, ctx {args.ctx}, "
-          f"slots 2; machine {machine()}")
+    # --serve holds serve's own runner settings (printed with its table), not the command's --threads and --ctx.
+    held = "" if args.serve else f", threads {args.threads}, ctx {args.ctx}, slots 2"
+    print(f"model {Path(model).name} (first MiB sha256 {model_hash}){held}; machine {machine()}")
     out: dict = {"model": model, "threads": args.threads, "ctx": args.ctx, "machine": machine()}
     if args.memory_only:
         projectors = [Path(p) for p in args.memory_projectors.split(",") if p] if args.memory_projectors else [
@@ -338,14 +609,24 @@ def run_from_args(args, model: str) -> int:
         _print_memory(rows)
         return _write(args, out)
     binary = Path(args.llama_server) if args.llama_server else stock_llama_server()
+    if args.serve:
+        if binary is None:
+            raise SystemExit("hearth bench vision --serve: stock llama-server is not built "
+                             "(scripts/build_llama_tools.sh), or name it with --llama-server")
+        small = cached_mmproj(model, "mmproj-gemma3-tiny")
+        out["serve_oracle"] = result = serve_oracle(model, small, binary, args.images or 2, args.max_tokens,
+                                                    keep=args.keep)
+        print_serve_oracle(result)
+        return _write(args, out)
     if not args.skip_oracle:
         small = cached_mmproj(model, "mmproj-gemma3-tiny")
         if binary is None:
             print("oracle: skipped (stock llama-server is not built: scripts/build_llama_tools.sh)")
         else:
-            rows = oracle(model, small, args.threads, args.ctx, binary, args.images, args.max_tokens)
+            rows = oracle(model, small, args.threads, args.ctx, binary, args.images or 3, args.max_tokens)
             out["oracle"] = {"projector": str(small), "rows": rows}
-            print(f"oracle: projector {small.name}, {args.images} images a format, greedy, {args.max_tokens} tokens")
+            print(f"oracle: projector {small.name}, {args.images or 3} images a format, greedy, {args.max_tokens} "
+                  "tokens")
             for fmt, rs in rows.items():
                 same_count = sum(r["hearth_prompt_tokens"] == r["stock_prompt_tokens"] for r in rs)
                 same_text = sum(r["same_text"] and r["hearth_completion_tokens"] == r["stock_completion_tokens"]

@@ -60,11 +60,12 @@ def with_markers(messages: list[dict], marker: str) -> list[dict]:
     return out
 
 
-def load_image(url: str, where: str, limits: ImageLimits) -> tuple[bytes, bytes]:
+def load_image(url: str, where: str, limits: ImageLimits, param: str | None = None) -> tuple[bytes, bytes]:
     """One image part's URL (data URL, raw base64, or http(s) where allowed), checked: (the bytes as sent,
     the bytes for libmtmd). libmtmd's decoder (stb_image) has no WebP: a WebP image goes to it as the PNG of
-    its decoded pixels, so the vision tower sees exactly what Pillow decoded."""
-    param = f"{where}.image_url.url"
+    its decoded pixels, so the vision tower sees exactly what Pillow decoded. param: the field a refusal
+    names (default: the part's image_url.url)."""
+    param = param or f"{where}.image_url.url"
     if url.startswith(("http://", "https://")):
         data = _fetch(url, param, limits)
     else:

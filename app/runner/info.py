@@ -7,6 +7,7 @@ import time
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
+from app.engine.media import MEDIA_MARKER
 from app.protocols.openai import ApiError
 from app.runner.sampling import generation_settings
 from app.runner.state import RunnerState
@@ -65,6 +66,9 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
         "model_path": cfg.model.path,
         "model_alias": cfg.model_name,
         "modalities": {"vision": state.projector is not None, "video": False, "audio": False},
+        # Where /completion's prompt_string puts each of its multimodal_data images. llama-server's is random per
+        # process (<__media_…__>, LLAMA_MEDIA_MARKER pins it) and read here by its clients; Hearth's is fixed.
+        "media_marker": MEDIA_MARKER,
         "endpoint_slots": cfg.slots, "endpoint_props": False, "endpoint_metrics": cfg.metrics,
         "bos_token": template.bos_token if template else "", "eos_token": template.eos_token if template else "",
         "build_info": SYSTEM_FINGERPRINT, "is_sleeping": False,

@@ -28,7 +28,14 @@ from app.engine.reasoning_budget import UNLIMITED, ReasoningBudget
 from app.engine.request import SamplingParams
 from app.policy import NO_SLO, SLO_HEADER, SloTargets, parse_slo_header
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, InfillBody, NativeCompletionBody
-from app.runner.prompts import chat_prompt, fim_tokens, native_prompts, prompt_tokens, request_thinking
+from app.runner.prompts import (
+    chat_prompt,
+    fim_tokens,
+    native_media_prompt,
+    native_prompts,
+    prompt_tokens,
+    request_thinking,
+)
 from app.runner.sampling import request_params
 from app.runner.state import RunnerState
 
@@ -171,12 +178,21 @@ def text_job(state: RunnerState, body: CompletionBody, headers: Mapping) -> Job:
 
 
 def native_jobs(state: RunnerState, body: NativeCompletionBody, headers: Mapping) -> list[Job]:
-    """llama-server's /completion: a job per prompt (several are generated together, answered in order)."""
-    prompts = native_prompts(state.model, body.prompt)
+    """llama-server's /completion: a job per prompt (several are generated together, answered in order); a
+    prompt with multimodal_data is one job with its images."""
+    media = None
+    if isinstance(body.prompt, dict) and body.prompt.get("multimodal_data"):
+        prompt = native_media_prompt(state, body.prompt)
+        prompts, media = [prompt.tokens], prompt.media
+    else:
+        prompts = native_prompts(state.model, body.prompt)
     grammar = raw_grammar(body) or state.default_grammar
     job = _job(state, headers, body, NATIVE, prompts[0], grammar, body.n_probs or None,
                return_tokens=body.return_tokens, post_sampling=body.post_sampling_probs,
                response_fields=tuple(body.response_fields or ()))
+    if media is not None:
+        # As a chat job with images: no drafts (one copied from the context could be a placeholder id).
+        return [dataclasses.replace(job, media=media, params=dataclasses.replace(job.params, speculative_n_max=0))]
     if len(prompts) > 1 and body.stream:
         raise ApiError(400, "'prompt': several prompts cannot be streamed; send one per request", param="prompt")
     return [job] + [dataclasses.replace(job, index=i, tokens=tuple(tokens),

@@ -81,8 +81,11 @@ def chat_prompt(state: RunnerState, body: ChatBody, *, thinking: bool | None = N
     return ChatPrompt(model.tokenize(text, add_special=True, parse_special=True), tools, text)
 
 
-def _image_prompt(state: RunnerState, text: str, tools: list[dict], found: list[tuple[str, str]]) -> ChatPrompt:
-    """A prompt with images: each checked, then tokenized by the projector at its marker (llama-server's way)."""
+def _image_prompt(state: RunnerState, text: str, tools: list[dict], found: list[tuple[str, str]],
+                  field: str = ".image_url.url") -> ChatPrompt:
+    """A prompt with images: each checked, then tokenized by the projector at its marker (llama-server's way).
+
+    found: (image, where) in prompt order; a refusal of one names where + field."""
     from app.engine.media import MediaPrompt, image_key
     from app.engine.mtmd_model import ProjectorError
 
@@ -95,7 +98,7 @@ def _image_prompt(state: RunnerState, text: str, tools: list[dict], found: list[
     if len(found) > limits.max_images:
         raise ApiError(400, f"'messages': {len(found)} images, more than the limit of {limits.max_images} a request",
                        param="messages", code="too_many_images")
-    loaded = [images.load_image(url, at, limits) for url, at in found]
+    loaded = [images.load_image(url, at, limits, param=at + field) for url, at in found]
     try:
         # Named by the bytes as sent: the same image in a later turn finds its cells in the prefix cache.
         tokens, spans = state.projector.tokenize(text, [d for _, d in loaded], [image_key(sent) for sent, _ in loaded])
@@ -170,12 +173,30 @@ def prompt_tokens(model, prompt, param: str) -> list[int]:
     return tokens
 
 
+def native_media_prompt(state: RunnerState, prompt: dict) -> ChatPrompt:
+    """llama-server's {"prompt_string", "multimodal_data"}: a text with one <__media__> marker per image (raw
+    base64, in marker order), tokenized with its images as a chat prompt is (BOS added, specials parsed)."""
+    text, data = prompt.get("prompt_string"), prompt.get("multimodal_data")
+    if not isinstance(text, str):
+        raise ApiError(400, "'prompt.prompt_string' must be text", param="prompt")
+    if not isinstance(data, list) or not all(isinstance(d, str) and d for d in data):
+        raise ApiError(400, "'prompt.multimodal_data' must be a list of images as base64 strings, one for each "
+                            f"{MEDIA_MARKER} in prompt_string", param="prompt", code="invalid_image")
+    for i, d in enumerate(data):
+        if d.startswith(("http://", "https://")):
+            raise ApiError(400, f"'prompt.multimodal_data.{i}': the image itself as base64, not a URL (as "
+                                "llama-server takes it)", param="prompt", code="invalid_image")
+    if text.count(MEDIA_MARKER) != len(data):
+        raise ApiError(400, f"'prompt.prompt_string' has {text.count(MEDIA_MARKER)} {MEDIA_MARKER} markers for "
+                            f"{len(data)} images in multimodal_data: put one marker where each image goes",
+                       param="prompt", code="invalid_image")
+    return _image_prompt(state, text, [], [(d, f"prompt.multimodal_data.{i}") for i, d in enumerate(data)], field="")
+
+
 def native_prompts(model, prompt) -> list[list[int]]:
-    """llama-server's prompt forms: text, ids (mixed with text), a list of those, or {"prompt_string"}."""
+    """llama-server's prompt forms: text, ids (mixed with text), a list of those, or {"prompt_string"}
+    (with multimodal_data: native_media_prompt)."""
     if isinstance(prompt, dict):
-        if prompt.get("multimodal_data"):
-            raise ApiError(400, "'prompt': multimodal data is not supported by this model", param="prompt",
-                           code="multimodal_unsupported")
         text = prompt.get("prompt_string")
         if not isinstance(text, str):
             raise ApiError(400, "'prompt.prompt_string' must be text", param="prompt")
@@ -213,5 +234,7 @@ def fim_tokens(model, prefix: str | None, suffix: str, extra: list, after: str, 
 
 
 def detokenize(model, tokens) -> str:
-    """Tokens back to text (a broken character as U+FFFD)."""
-    return b"".join(model.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+    """Tokens back to text (a broken character as U+FFFD); an image's positions (placeholder ids, below 0) have
+    no text and are left out, as llama-server leaves them out of a prompt's text. Never a placeholder to llama.cpp:
+    it aborts the process on an id outside the vocabulary."""
+    return b"".join(model.token_bytes(t) for t in tokens if t >= 0).decode("utf-8", "replace")
