@@ -106,6 +106,19 @@ def turn(question: str) -> str:
     return f"{SYSTEM}\nUser: {question}\nAssistant:"
 
 
+def stock_restart(command: list[str]) -> tuple[dict, dict]:
+    """Stock llama-server's first turn, and its next turn after a restart (its --cache-ram dies with the process);
+    each with the process's reload time (start → /health ok)."""
+    turns = []
+    for question in (QUESTIONS[0], QUESTIONS[3]):
+        s = Server(command)
+        try:
+            turns.append({**s.ask(turn(question)), "reload_s": s.ready_s})
+        finally:
+            s.stop()
+    return turns[0], turns[1]
+
+
 def one_rep(hearth: list[str], llama_server: list[str] | None, rep: int) -> dict[str, dict]:
     """Every arm once; a fresh disk folder, so nothing from an earlier repetition is found."""
     out: dict[str, dict] = {}
@@ -125,16 +138,7 @@ def one_rep(hearth: list[str], llama_server: list[str] | None, rep: int) -> dict
         finally:
             r.stop()
     if llama_server:
-        s = Server(llama_server)
-        try:
-            s.ask(turn(QUESTIONS[0]))
-        finally:
-            s.stop()
-        s = Server(llama_server)
-        try:
-            out["llama-server (restarted)"] = {**s.ask(turn(QUESTIONS[3])), "reload_s": s.ready_s}
-        finally:
-            s.stop()
+        out["llama-server (restarted)"] = stock_restart(llama_server)[1]
     for name, fig in out.items():
         print(f"  rep {rep + 1} {name}: TTFT {fig['ttft_s']:.3f} s, cached {fig['cache_n']}, "
               f"computed {fig['prompt_n']}", file=sys.stderr, flush=True)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from app.devtools.serve_process import ServeProcess, prepare_data
-from app.devtools.tiers_bench import QUESTIONS, SYSTEM, Server, file_sha256, model_path
+from app.devtools.tiers_bench import QUESTIONS, SYSTEM, file_sha256, model_path, stock_restart
 from app.hardware import machine
 from app.protocols import sse
 
@@ -188,14 +188,8 @@ def stock_rep(binary: str, model: Path, n_ctx: int, slots: int, threads: int, re
     """Stock llama-server: first turn, then its next turn after a restart (same KV cells, slots and threads)."""
     cmd = [binary, "-m", str(model), "-c", str(n_ctx), "-np", str(slots), "-t", str(threads), "--kv-unified",
            "--no-webui"]
-    out = {}
-    for name, question in (("llama-server: full prefill", QUESTIONS[0]),
-                           ("llama-server: after its restart", QUESTIONS[3])):
-        s = Server(cmd)  # a new process each time: its --cache-ram is gone with the last one
-        try:
-            out[name] = {**s.ask(f"{SYSTEM}\nUser: {question}\nAssistant:"), "reload_s": s.ready_s}
-        finally:
-            s.stop()
+    first, restarted = stock_restart(cmd)
+    out = {"llama-server: full prefill": first, "llama-server: after its restart": restarted}
     for name, fig in out.items():
         print(f"  rep {rep + 1} {name}: TTFT {fig['ttft_s']:.3f} s, computed {fig['prompt_n']}, cached "
               f"{fig['cache_n']}, reload {fig['reload_s']:.2f} s", file=sys.stderr, flush=True)
