@@ -211,6 +211,8 @@ class Engine:
         self._cv = threading.Condition()
         self._cancels: set[Request] = set()
         self._held: list[tuple[Request, int]] = []  # STATIC mode: finished (with their slot), answered when their batch ends
+        # Events a verification holds back until its burst is complete (see _send); None: sent at once.
+        self._outbox: list[tuple[Request, object]] | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -527,6 +529,22 @@ class Engine:
             d.num_drafted += k
         per_pos = c.spec_accepted_per_pos
         kept = 0
+        # The burst's events go out together, so a stream reader wakes once for them (app.runner.generation).
+        self._outbox = []
+        try:
+            kept = self._verify_rows(r, draft, first_index, now, row, per_pos)
+        finally:
+            held, self._outbox = self._outbox, None
+            for req, ev in held:
+                req.events.put(ev)
+        if d is not None:
+            d.learn(k, kept)
+        return kept
+
+    def _verify_rows(self, r: Request, draft: list[int], first_index: int, now: float, row: list,
+                     per_pos: list) -> int:
+        c, d, k = self.counters, r.drafter, len(draft)
+        kept = 0
         for i in range(k + 1):
             if r.status is not RequestStatus.RUNNING:
                 break
@@ -547,9 +565,14 @@ class Engine:
                     self.scheduler.rollback(r, k - i)
             self._emit(r, token, first_index + i, now)
             break
-        if d is not None:
-            d.learn(k, kept)
         return kept
+
+    def _send(self, r: Request, ev) -> None:
+        """Hand a request its next event; a verification holds them until its whole burst is known."""
+        if self._outbox is None:
+            r.events.put(ev)
+        else:
+            self._outbox.append((r, ev))
 
     def _choose(self, r: Request, batch_index: int) -> int:
         if r.budget is None:
@@ -582,8 +605,8 @@ class Engine:
         # (a partial UTF-8 character or a possible stop-string prefix).
         started = r.first_scheduled_s if r.first_scheduled_s is not None else r.arrival_s
         first = r.first_token_s
-        r.events.put(Delta(text, 1, logprob, (token,), -1 if r.slot is None else r.slot, r.num_cached_tokens,
-                           max(0.0, (first - started) * 1000), (now - first) * 1000))
+        self._send(r, Delta(text, 1, logprob, (token,), -1 if r.slot is None else r.slot, r.num_cached_tokens,
+                            max(0.0, (first - started) * 1000), (now - first) * 1000))
         if hit:
             with self._cv:
                 self._finish(r, RequestStatus.FINISHED_STOP)
@@ -610,7 +633,7 @@ class Engine:
         if not hit:
             text += stops.flush()
         if text:
-            r.events.put(Delta(text, 0))
+            self._send(r, Delta(text, 0))
 
     def _finish(self, r: Request, status: RequestStatus, error: str | None = None) -> None:
         """Release a request from the engine and send its last event; caller holds the lock.
@@ -640,9 +663,9 @@ class Engine:
         self.counters.requests_finished[stats.finish_reason] += 1
         stops = r.text_state[1] if r.text_state is not None else None
         word = (stops.matched_stop or "") if stops is not None and stops.stopped else ""
-        r.events.put(Finished(stats.finish_reason, stats, r.error, -1 if slot is None else slot,
-                              tuple(r.output_tokens), word,
-                              r.budget.num_thought_tokens if r.budget is not None else 0))
+        self._send(r, Finished(stats.finish_reason, stats, r.error, -1 if slot is None else slot,
+                               tuple(r.output_tokens), word,
+                               r.budget.num_thought_tokens if r.budget is not None else 0))
         for listener in self.finished_listeners:
             try:
                 listener(stats)

@@ -193,10 +193,19 @@ def draft_length(p: float, cost_ratio: float, limit: int) -> int:
 MAX_COST_RATIO = 0.85  # below the longest lookup's prior (0.9): a verbatim match is always tried
 
 
+# A draft token's cost as a share of a plain iteration's yield while the fit cannot say (a small model on a CPU:
+# a logits row of a big vocabulary is a fair part of a decode step).
+PRIOR_COST_RATIO = 0.3
+
+
 def cost_ratio(num_decode: int, decode_only_ms: float, token_ms: float) -> float:
     """A verified draft token's cost as a share of what the batch yields per ms without drafts (see draft_length)."""
-    if num_decode <= 0 or decode_only_ms <= 0:
+    if num_decode <= 0:
         return 0.0
+    if decode_only_ms <= 0 or token_ms <= 0:
+        # The fit right after a long prompt's chunks can put a decode iteration at 0 ms or less: drafts are not
+        # free then (a first answer verified 9 tokens of a 2-token match that way, all rejected).
+        return PRIOR_COST_RATIO
     # At most MAX_COST_RATIO: a fit that finds no fixed cost per iteration (a loaded machine's noisy samples)
     # would otherwise say no draft ever pays, and the acceptance of a reliable source would never be tried again.
     return min(MAX_COST_RATIO, token_ms * num_decode / decode_only_ms)

@@ -45,10 +45,17 @@ def _answer(state: RunnerState, req: HttpRequest, adapter: Adapter, job: Job) ->
     return json_response(adapter.answer(generation.whole(state, req.environ, [job])[0]))
 
 
-def _adapted(adapter: Adapter, chunks: Iterable[dict]) -> Iterator[bytes]:
+def _adapted(adapter: Adapter, chunks: Iterable[dict | object]) -> Iterator[bytes]:
+    return generation.joined(_adapter_events(adapter, chunks))
+
+
+def _adapter_events(adapter: Adapter, chunks: Iterable[dict | object]) -> Iterator[bytes | object]:
     yield from adapter.start()
     for chunk in chunks:
-        yield from adapter.feed(chunk)
+        if chunk is generation.FLUSH:
+            yield chunk
+        else:
+            yield from adapter.feed(chunk)
     yield from adapter.end()
 
 

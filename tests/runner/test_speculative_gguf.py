@@ -8,6 +8,7 @@ import pytest
 from app.devtools.spec_bench import PROMPT
 from app.engine.model_config import ModelConfig
 from app.engine.speculation import SpecConfig
+from app.protocols import sse
 from app.runner.config import RunnerConfig
 from tests.runner.loaded import loaded_runner
 from tests.runner.streams import loads, payloads
@@ -44,6 +45,21 @@ def test_streamed_drafts_give_the_same_text_and_token_count(runner):
                                                        "cache_prompt": False, "stream": True}))
     assert "".join(e.get("content", "") for e in events) == whole["content"]
     assert events[-1]["timings"]["predicted_n"] == whole["timings"]["predicted_n"]
+
+
+def test_a_verified_burst_goes_out_in_one_write(runner):
+    # The WSGI body's items are the socket writes: a draft kept whole is many tokens in one iteration, written
+    # together (app.runner.generation.joined), each token still an event of its own.
+    body = {"prompt": PROMPT, "n_predict": 96, "temperature": 0, "cache_prompt": False, "stream": True}
+    resp = runner.post("/completion", json=body, buffered=False)
+    writes = [bytes(w) for w in resp.response]
+    resp.close()
+    events = [ev.json() for ev in sse.events([b"".join(writes)])]
+    tokens = [e for e in events if e.get("content")]
+    assert events[-1]["timings"]["draft_n_accepted"] > 0
+    assert all(w.endswith(b"\n\n") for w in writes), "a write ends with a whole event"
+    # Without the joining every token was a write of its own (and the final event one more).
+    assert len(writes) < len(tokens) - events[-1]["timings"]["draft_n_accepted"] // 2
 
 
 def test_stop_string_and_limit_are_exact_under_drafting(runner):
