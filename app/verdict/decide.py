@@ -27,7 +27,7 @@ from app.policy import MODES, ClassPolicy, Mode
 from app.telemetry.stats import median
 from app.verdict.overlap import DEFAULT_BURST_OVERLAP, LEVELS, MAX_LEVEL, TYPICAL_QUANTILE, describe_burst, is_rare, level_for
 from app.verdict.proposals import propose_targets
-from app.verdict.results import identity
+from app.verdict.results import NEAR_TIE_NATS, identity
 from app.verdict.spec import AUTO, OFF, SPEC_AUTO_HEARTH, is_off, split_label
 
 KV_ROOM = 0.8  # below this peak KV utilisation, more slots would still fit
@@ -473,6 +473,12 @@ def speculation(runs: list[dict], policies: dict[str, ClassPolicy], t: Threshold
         if split_label(label)[0] == "llama-server":
             # Stock llama-server's own arms are a reference, not the household's runner: said, not judged.
             reasons.append(line + "; stock llama-server, for reference")
+        elif e.get("near_ties_only"):
+            gaps = ", ".join(f"{x['margin']:.3f}" for x in e["differ"])
+            reasons.append(line + f": each at a near-tie of the model's own choice (its two likeliest tokens there "
+                           f"{gaps} nats apart, under {NEAR_TIE_NATS}): llama.cpp rounds a product of several token rows "
+                           "otherwise than a one-token decode, as when two requests decode together; the drafts were "
+                           "verified right")
         else:
             problems.append(line + ": drafting must never change greedy output")
     for label, e in same.items():

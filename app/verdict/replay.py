@@ -39,6 +39,7 @@ from app.verdict.targets import (
     stop_targets,
     warm_up,
 )
+from app.verdict.ties import mark_near_ties
 
 
 def levels_of(scenario: Scenario, levels: list[int]) -> list[int]:
@@ -60,6 +61,7 @@ def replay(scenario: Scenario, targets: list[Target], levels: list[int], policie
         planned = plan(scenario, level, cutter)
         here = [t for t in targets if once_levels is None or level in once_levels
                 or (t.mode not in ONCE_MODES and t.kind != "external")]
+        start = len(results)
         for rep in range(repeats):
             for target in (here if rep % 2 == 0 else list(reversed(here))):
                 run = run_level(target, planned, policies, level)
@@ -67,6 +69,8 @@ def replay(scenario: Scenario, targets: list[Target], levels: list[int], policie
                 results.append(run)
                 if progress is not None:
                     progress(run)
+        # A drafting arm's output that left its off arm's: how close a call it was there (app.verdict.ties).
+        mark_near_ties(results[start:], here, planned)
     return results
 
 
@@ -264,8 +268,13 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
                                                runner_plan)
                 with sessions() as s:
                     session_id = store.create_session(s, scenario.name, model_name, constants)
-            runs += replay(scenario, targets, list(group.levels), class_policies, cutter, progress=on_run,
-                           repeats=cfg.repeats, once_levels=group.once_levels)
+            group_runs = replay(scenario, targets, list(group.levels), class_policies, cutter, progress=on_run,
+                                repeats=cfg.repeats, once_levels=group.once_levels)
+            with sessions() as s:
+                for run in group_runs:
+                    if "near_ties" in run.summary and run.run_id is not None:
+                        store.save_summary(s, run)
+            runs += group_runs
             stop_targets(targets)
             targets = []
     except BaseException as exc:

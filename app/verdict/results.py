@@ -184,7 +184,12 @@ def output_digest(text: str | None) -> str | None:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12] if text is not None else None
 
 
-def _first_difference(a: str, b: str) -> int:
+# Log-probability gap (nats) below which the two likeliest tokens are a near-tie (app.verdict.ties): e**0.1 ≈ 1.1,
+# the two within 10 % of each other.
+NEAR_TIE_NATS = 0.1
+
+
+def first_difference(a: str, b: str) -> int:
     """The first character position where two texts differ (the shorter one's length if one extends the other)."""
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
@@ -230,12 +235,16 @@ def identity(runs: list[dict]) -> dict[str, dict]:
             if text == ref[idx]:
                 entry["identical"] += 1
             else:
-                at = _first_difference(text, ref[idx])
+                at = first_difference(text, ref[idx])
                 entry["differ"].append({"level": r["level"], "rep": r.get("rep", 0), "idx": int(idx), "at_char": at,
                                         "ours": text[max(0, at - 20): at + 40],
-                                        "off": ref[idx][max(0, at - 20): at + 40]})
+                                        "off": ref[idx][max(0, at - 20): at + 40],
+                                        "margin": (r["summary"].get("near_ties") or {}).get(idx)})
     for entry in out.values():
         entry["all_identical"] = entry["compared"] > 0 and entry["identical"] == entry["compared"]
+        margins = [d["margin"] for d in entry["differ"]]
+        # Every difference at a near-tie of the off arm's own distribution: rounding chose, not the drafts.
+        entry["near_ties_only"] = bool(margins) and all(m is not None and m <= NEAR_TIE_NATS for m in margins)
     return out
 
 

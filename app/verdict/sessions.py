@@ -60,6 +60,13 @@ def save_run(session: Session, session_id: int, run: RunResult) -> int:
     return row.id
 
 
+def save_summary(session: Session, run: RunResult) -> None:
+    """Store a saved run's summary again (notes added after it ran: the near-ties of its outputs). Commits."""
+    row = session.get(BenchRun, run.run_id)
+    row.summary = dict(run.summary)
+    session.commit()
+
+
 def finish_session(session: Session, session_id: int, verdict: dict | None, error: str | None = None) -> None:
     """Mark the session done (or failed) and keep its verdict. Commits."""
     row = session.get(BenchSession, session_id)

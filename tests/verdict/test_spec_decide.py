@@ -96,6 +96,29 @@ def test_a_changed_greedy_output_turns_it_off_whatever_the_gain():
     assert rec.numbers["identical"]["continuous+ngram-lookup"]["differ"][0]["idx"] == 0
 
 
+def _with_margin(runs, margin):
+    """The drafting arm's runs with a near-tie note on request 0, as app.verdict.ties leaves it."""
+    return [dict(r, summary={**r["summary"], "near_ties": {"0": margin}}) if r["target"] == "continuous+ngram-lookup"
+            else r for r in runs]
+
+
+def test_a_difference_at_a_near_tie_is_said_and_not_held_against_drafting():
+    changed = one_stream(on_outputs={"0": CODE.replace("result = []", "result = list()")})
+    rec = speculation(_with_margin(changed, 0.012), POLICIES, T, {"speculation": "off"})
+    assert rec.kind == "speculation_on" and rec.apply == {"speculation": "auto"}
+    line = next(r for r in rec.reasons if r.startswith("continuous+ngram-lookup's greedy output differs"))
+    assert "each at a near-tie of the model's own choice (its two likeliest tokens there 0.012, 0.012, 0.012 nats" in line
+    assert rec.numbers["identical"]["continuous+ngram-lookup"]["near_ties_only"] is True
+
+
+@pytest.mark.parametrize("margin", [0.5, None])
+def test_a_difference_with_a_clear_margin_or_none_measured_still_turns_it_off(margin):
+    changed = one_stream(on_outputs={"0": CODE.replace("result = []", "result = list()")})
+    rec = speculation(_with_margin(changed, margin), POLICIES, T, {})
+    assert rec.kind == "speculation_off" and rec.apply == {"speculation": "off"}
+    assert rec.numbers["identical"]["continuous+ngram-lookup"]["near_ties_only"] is False
+
+
 def test_stock_llama_servers_changed_output_is_reported_not_held_against_hearth():
     runs = [dict(r, summary={**r["summary"], "outputs": {"0": CODE + "x"}}) if r["target"] == "llama-server+ngram-mod"
             else r for r in one_stream()]
@@ -198,7 +221,8 @@ def test_outputs_survive_the_store_and_the_tables_compare_them(tmp_path):
     assert [r.requests[0]["output"] for r in back] == [CODE] * 4
     assert [r.summary for r in back] == [r.summary for r in live]
     assert identity(as_evidence(back)) == {"continuous+ngram-lookup": {
-        "against": "continuous+off", "compared": 2, "identical": 2, "differ": [], "all_identical": True}}
+        "against": "continuous+off", "compared": 2, "identical": 2, "differ": [], "all_identical": True,
+        "near_ties_only": False}}
     rows = {r["target"]: r for r in spec_rows(back)}
     on = rows["continuous+ngram-lookup"]
     assert on["ratio_to_off"] == pytest.approx(2.5 / 1.5) and on["acceptance"] == 0.9 and on["identical"] is True
