@@ -469,7 +469,9 @@ def speculation(runs: list[dict], policies: dict[str, ClassPolicy], t: Threshold
     for label, e in changed.items():
         d = e["differ"][0]
         line = (f"{label}'s greedy output differs from {e['against']} in {e['compared'] - e['identical']} of "
-                f"{e['compared']} requests (first at character {d['at_char']}: {d['ours']!r} against {d['off']!r})")
+                f"{e['compared']} requests (first at character {d['at_char']}: {d['ours']!r} against {d['off']!r}"
+                + (f"; there the off arm's token was {d['margin']:.3f} nats likelier" if d.get("margin") is not None
+                   else "") + ")")
         if split_label(label)[0] == "llama-server":
             # Stock llama-server's own arms are a reference, not the household's runner: said, not judged.
             reasons.append(line + "; stock llama-server, for reference")

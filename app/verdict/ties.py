@@ -21,29 +21,43 @@ from app.verdict.targets import Target
 
 __all__ = ["NEAR_TIE_NATS", "margin_at", "mark_near_ties"]
 
+TOP_N = 5  # candidates asked per token: the drafting arm's token is looked for among them
+LOOK_BACK = 3  # off-answer tokens before the first differing character where the choice may have been made
 
-def margin_at(target: Target, req: PlannedRequest, off_text: str, at_char: int, timeout_s: float = 600) -> float | None:
-    """The off target's top-1 minus top-2 log-probability at the token holding character at_char of its output.
 
-    None when it cannot say: no log-probabilities, or its output this time already differs before at_char."""
+def margin_at(target: Target, req: PlannedRequest, off_text: str, ours_text: str,
+              timeout_s: float = 600) -> float | None:
+    """How much likelier the off target's token was than the drafting arm's at the token where the outputs part.
+
+    The off arm's answer is asked again with its top log-probabilities per token. The parting token is the last
+    of the off answer's tokens that starts at or before the first differing character and where the drafting
+    arm's text goes on with another of the candidates (whitespace runs tokenize in pieces: the choice between a
+    4-space and an 8-space token starts before the first differing character). None when it cannot say: no
+    log-probabilities, its answer this time already differs before that point, or the drafting arm's token was
+    not among the candidates returned."""
+    at_char = first_difference(ours_text, off_text)
     body = {"model": target.model, "prompt": req.text, "max_tokens": req.max_tokens, "temperature": 0,
-            "logprobs": 2, "ignore_eos": True, "cache_prompt": False}
+            "logprobs": TOP_N, "ignore_eos": True, "cache_prompt": False}
     try:
         r = httpx.post(f"{target.url}/v1/completions", json=body, headers=target.headers or {}, timeout=timeout_s)
         r.raise_for_status()
         choice = r.json()["choices"][0]
         lp = choice.get("logprobs") or {}
-        offsets, tops = lp.get("text_offset") or [], lp.get("top_logprobs") or []
+        tokens, offsets, tops = lp.get("tokens") or [], lp.get("text_offset") or [], lp.get("top_logprobs") or []
     except (httpx.HTTPError, KeyError, IndexError, ValueError):
         return None
-    text = choice.get("text") or ""
-    if first_difference(text, off_text) < at_char or not offsets:
+    if first_difference(choice.get("text") or "", off_text) < at_char or not offsets:
         return None
-    i = max((k for k, off in enumerate(offsets) if off <= at_char), default=None)
-    if i is None or i >= len(tops) or len(tops[i] or {}) < 2:
+    last = max((k for k, off in enumerate(offsets) if off <= at_char), default=None)
+    if last is None:
         return None
-    best = sorted(tops[i].values(), reverse=True)
-    return float(best[0] - best[1])
+    for k in range(last, max(-1, last - LOOK_BACK), -1):
+        start, cands = offsets[k], tops[k] if k < len(tops) else {}
+        rest = ours_text[start:]
+        theirs = [(t, v) for t, v in (cands or {}).items() if t != tokens[k] and t and rest.startswith(t)]
+        if theirs and tokens[k] in cands:
+            return float(cands[tokens[k]] - max(v for _, v in theirs))
+    return None
 
 
 def mark_near_ties(runs: list[RunResult], targets: list[Target], planned: list[PlannedRequest]) -> None:
@@ -65,6 +79,6 @@ def mark_near_ties(runs: list[RunResult], targets: list[Target], planned: list[P
         ties: dict[str, float | None] = {}
         for idx, text in (run.summary.get("outputs") or {}).items():
             if idx in ref and text != ref[idx] and int(idx) in requests:
-                ties[idx] = margin_at(off_target, requests[int(idx)], ref[idx], first_difference(text, ref[idx]))
+                ties[idx] = margin_at(off_target, requests[int(idx)], ref[idx], text)
         if ties:
             run.summary["near_ties"] = ties
