@@ -475,6 +475,12 @@ def speculation(runs: list[dict], policies: dict[str, ClassPolicy], t: Threshold
         if split_label(label)[0] == "llama-server":
             # Stock llama-server's own arms are a reference, not the household's runner: said, not judged.
             reasons.append(line + "; stock llama-server, for reference")
+        elif e.get("explained") and any(x["off_varies"] for x in e["differ"]):
+            varies = sum(1 for x in e["differ"] if x["off_varies"])
+            reasons.append(line + f": the off arm's own repetitions answered {varies} of these {len(e['differ'])} "
+                           "requests in more than one way (requests decoded together round otherwise than alone, "
+                           "and each repetition batches them differently), the rest at near-ties: not held against "
+                           "drafting")
         elif e.get("near_ties_only"):
             gaps = ", ".join(f"{x['margin']:.3f}" for x in e["differ"])
             reasons.append(line + f": each at a near-tie of the model's own choice (its two likeliest tokens there "

@@ -119,6 +119,27 @@ def test_a_difference_with_a_clear_margin_or_none_measured_still_turns_it_off(ma
     assert rec.numbers["identical"]["continuous+ngram-lookup"]["near_ties_only"] is False
 
 
+def test_a_difference_where_the_off_arm_varies_itself_is_not_held_against_drafting():
+    # At 8 at once the off arm's repetitions answer a request differently (batch composition): a drafting arm's
+    # difference on that request is no evidence against drafting; one on a request off answers steadily is.
+    other = CODE.replace("result = []", "result = list()")
+    runs = [arm("serve+off", 8, 100.0, 0, outputs={"0": CODE, "1": CODE}, requests=2, slots=8),
+            arm("serve+off", 8, 100.0, 1, outputs={"0": other, "1": CODE}, requests=2, slots=8),
+            arm("serve+auto", 8, 110.0, 0, acceptance=0.5, per_draft=2.0, outputs={"0": other, "1": CODE}, requests=2,
+                slots=8),
+            arm("serve+auto", 8, 110.0, 1, acceptance=0.5, per_draft=2.0, outputs={"0": other, "1": CODE}, requests=2,
+                slots=8)] + one_stream()
+    rec = speculation(runs, POLICIES, T, {"speculation": "off"})
+    assert rec.kind == "speculation_on"
+    e = rec.numbers["identical"]["serve+auto"]
+    assert e["explained"] and all(d["off_varies"] for d in e["differ"])
+    assert any("the off arm's own repetitions answered 2 of these 2 requests in more than one way" in r
+               for r in rec.reasons)
+    steady = [dict(r, summary={**r["summary"], "outputs": {"0": CODE, "1": other}}) if r["target"] == "serve+auto"
+              else r for r in runs]
+    assert speculation(steady, POLICIES, T, {}).kind == "speculation_off"
+
+
 def test_stock_llama_servers_changed_output_is_reported_not_held_against_hearth():
     runs = [dict(r, summary={**r["summary"], "outputs": {"0": CODE + "x"}}) if r["target"] == "llama-server+ngram-mod"
             else r for r in one_stream()]
@@ -222,7 +243,7 @@ def test_outputs_survive_the_store_and_the_tables_compare_them(tmp_path):
     assert [r.summary for r in back] == [r.summary for r in live]
     assert identity(as_evidence(back)) == {"continuous+ngram-lookup": {
         "against": "continuous+off", "compared": 2, "identical": 2, "differ": [], "all_identical": True,
-        "near_ties_only": False}}
+        "near_ties_only": False, "explained": False}}
     rows = {r["target"]: r for r in spec_rows(back)}
     on = rows["continuous+ngram-lookup"]
     assert on["ratio_to_off"] == pytest.approx(2.5 / 1.5) and on["acceptance"] == 0.9 and on["identical"] is True
