@@ -14,7 +14,7 @@ from app.paths import data_dir
 from app.policy import MODEL_POLICIES, THINKING_MODES
 from app.residency.default_model import ensure_default_model
 from app.store import models as db
-from app.store.db import open_store
+from app.store.db import open_store, writing_sessions
 
 MIB = 1024 * 1024
 _TRUE = ("1", "true", "yes", "on")
@@ -178,7 +178,8 @@ def run(args) -> int:
         if args.command == "models" and args.models_command == "list":
             list_models(data, sessions)
             return 0
-        with sessions() as s:
+        # The write lock first (writing_sessions): serve's writer may commit while this command reads.
+        with writing_sessions(engine)() as s:
             handler = {"models": _models, "classes": _classes, "settings": _settings}[args.command]
             handler(args, s, data)
             s.commit()

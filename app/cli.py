@@ -872,11 +872,13 @@ def _token_member(session, args) -> None:
 def _token(args) -> int:
     from app.gateway.tokens import TokenError, create_token, list_tokens, revoke_token, set_token
     from app.paths import data_dir
-    from app.store.db import open_store
+    from app.store.db import open_store, writing_sessions
 
-    db_engine, sessions = open_store(data_dir())
+    db_engine, _ = open_store(data_dir())
     try:
-        with sessions() as session:
+        # The write lock first: serve's writer committing between this command's read and its write cannot
+        # make SQLite refuse the write.
+        with writing_sessions(db_engine)() as session:
             if args.token_command == "create":
                 allow = [c for c in args.allow.split(",") if c.strip()]
                 token, info = create_token(session, args.member, args.default_class, allow, may_manage=args.manage,

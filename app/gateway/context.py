@@ -36,6 +36,7 @@ from app.services.preload import Preloader
 from app.services.records import Recorder, complete_load_event, record_residency_event
 from app.services.settings import SettingsCache, budget_bytes
 from app.services.targets import TargetSizer
+from app.store.db import writing_sessions
 from app.store.models import RequestRecord, utcnow
 from app.store.writer import StoreWriter
 from app.telemetry.metrics import GatewayMetrics
@@ -50,7 +51,10 @@ class Services:
     """Everything the gateway, the scheduled jobs and the dashboard share."""
 
     data_dir: Path
+    # Plain sessions for reading; `write_sessions` for a unit of work that reads, then writes (it takes the write lock
+    # at BEGIN, so serve's store writer committing in between cannot make SQLite refuse the write).
     sessions: sessionmaker
+    write_sessions: sessionmaker
     writer: StoreWriter
     settings: SettingsCache
     catalog: Catalog
@@ -134,10 +138,11 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
         spec = catalog.model_specs().get(model)
         return spec.runner.parallel if spec is not None and spec.runner is not None else None
 
-    targets = TargetSizer(sessions, settings, lambda: sampler.latest, catalog.default_model_name, slots_of,
+    write_sessions = writing_sessions(engine)
+    targets = TargetSizer(write_sessions, settings, lambda: sampler.latest, catalog.default_model_name, slots_of,
                           classes.invalidate)
     return Services(
-        data_dir=data_dir, sessions=sessions, writer=writer, settings=settings, catalog=catalog,
+        data_dir=data_dir, sessions=sessions, write_sessions=write_sessions, writer=writer, settings=settings, catalog=catalog,
         residency=residency, router=Router(catalog, residency), recorder=Recorder(writer, metrics),
         admission=admission, classes=classes, tokens=tokens,
         sampler=sampler, rollups=Rollups(writer), metrics=metrics,

@@ -399,7 +399,7 @@ def copy():
         raise ApiError(400, "'destination' is required", param="destination")
     alias = destination.removesuffix(f":{DEFAULT_TAG}")
     svc = services()
-    with svc.sessions() as s:
+    with svc.write_sessions() as s:
         problem = alias_problem(s, alias, source)
         if problem:
             raise ApiError(400, f"'{destination}' cannot name '{source}': {problem}", param="destination",

@@ -128,8 +128,24 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
+def writing_sessions(engine: Engine) -> sessionmaker[Session]:
+    """Sessions whose transactions take the write lock when they begin (BEGIN IMMEDIATE).
+
+    For work that reads, then writes, beside another writer (serve's store writer, a `hearth token create` while
+    serve runs): a plain transaction reads a snapshot, and if another connection commits before it writes, SQLite
+    refuses the write at once ("database is locked", SQLITE_BUSY_SNAPSHOT) without waiting in the busy handler.
+    Keep these sessions short and open no other session inside one: while one is open, other writers wait (a
+    writing session opened inside it, on another connection, would wait for it until the busy timeout).
+    """
+    return session_factory(immediate(engine))
+
+
 def open_store(data_dir: Path) -> tuple[Engine, sessionmaker]:
-    """The data folder's database, migrated to head and seeded with the default classes."""
+    """The data folder's database, migrated to head and seeded with the default classes.
+
+    Its sessions are plain ones, for reading (one may be opened inside another); a unit of work that reads and then
+    writes beside a running serve takes `writing_sessions(engine)`.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(database_path(data_dir))
     upgrade(engine)

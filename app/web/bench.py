@@ -336,7 +336,7 @@ def run_evidence(run_id: int):
 @login_required
 def apply(session_id: int, index: int):
     """Apply one recommendation: runner settings change now, recorded with who and when."""
-    with services().sessions() as s:
+    with services().write_sessions() as s:
         try:
             row = store.apply_recommendation(s, session_id, index, applied_by="admin")
         except store.ApplyError as exc:

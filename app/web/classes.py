@@ -132,7 +132,7 @@ def save(name: str):
     if model and model not in _model_names():
         extra["default_model"] = f"no model '{model}'; choose one of {', '.join(_model_names()) or 'none'}, or leave empty"
     try:
-        with svc.sessions() as s:
+        with svc.write_sessions() as s:
             update_class(s, name, values)
             if extra:
                 raise ClassFieldErrors(extra)

@@ -181,7 +181,7 @@ def create():
         errors["default_class"] = "Choose the class this token's requests get by default."
     if not errors:
         try:
-            with services().sessions() as s:
+            with services().write_sessions() as s:
                 token, info = create_token(s, member, default_class, allow, may_manage=may_manage,
                                            trust_user_headers=trust)
         except TokenError as exc:
@@ -202,7 +202,7 @@ def revoke(token_id: int):
             abort(404, description=f"no token with id {token_id}")
         return render_template("members/confirm_revoke.html", token=token)
     try:
-        with services().sessions() as s:
+        with services().write_sessions() as s:
             info = revoke_token(s, str(token_id))
     except TokenError as exc:
         abort(404, description=str(exc))
@@ -220,7 +220,7 @@ def permissions(token_id: int):
         abort(400, description=f"unknown permission '{permission}'; known: {', '.join(PERMISSIONS)}")
     grant = request.form.get("grant") == "yes"
     try:
-        with services().sessions() as s:
+        with services().write_sessions() as s:
             info = set_token(s, str(token_id), **{permission: grant})
     except TokenError as exc:
         abort(404 if "no token" in str(exc) else 409, description=str(exc))
@@ -249,7 +249,7 @@ def limits(member_id: int):
     errors.update({k: v for k, v in check_limits({k: v for k, v in values.items() if k not in errors}).items()})
     if errors:
         return _render(422, limit_errors={member_id: errors}, limit_form={member_id: raw})
-    with services().sessions() as s:
+    with services().write_sessions() as s:
         set_member_limits(s, member.name, values)
     services().forget_members()
     return _render(changed=f"Limits of {member.name} saved: they apply to their next request.")

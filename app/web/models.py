@@ -215,7 +215,7 @@ def policy(name: str):
         errors["keep_alive_s"] = f"{form['keep_alive_s']!r} is not a whole number of seconds (e.g. 300 for five minutes)."
     if not errors:
         try:
-            with svc.sessions() as s:
+            with svc.write_sessions() as s:
                 set_model_policy(s, name, form["policy"], ttl)
                 s.commit()
         except AdminError as exc:
@@ -237,7 +237,7 @@ def _save_choice(name: str, value: str, problem: str | None, store) -> tuple[obj
     card = _card(name)
     if problem is None:
         try:
-            with services().sessions() as s:
+            with services().write_sessions() as s:
                 store(s, name, value)
                 s.commit()
         except AdminError as exc:

@@ -85,7 +85,7 @@ def apply():
         abort(409, description=f"The recommendation changed since the page was shown ({detail or 'its order'}); "
                                "nothing was applied. Reload the Preload page and look at it again.")
     svc = services()
-    with svc.sessions() as s:
+    with svc.write_sessions() as s:
         try:
             rows = apply_schedule(s, rec.applicable, svc.catalog.model_specs(), applied_by="admin")
         except PreloadError as exc:
@@ -100,7 +100,7 @@ def apply():
 @login_required
 def remove(entry_id: int):
     """Remove one entry of the applied schedule."""
-    with services().sessions() as s:
+    with services().write_sessions() as s:
         try:
             row = remove_entry(s, entry_id)
         except PreloadError as exc:

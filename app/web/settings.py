@@ -103,7 +103,7 @@ def save():
     """Validate every submitted setting with the registry; store them only when all are valid."""
     svc = services()
     values, errors = {}, {}
-    with svc.sessions() as session:
+    with svc.write_sessions() as session:
         for name, d in REGISTRY.items():
             if _env(d):
                 continue

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from app.store.db import open_store
+from app.store.db import open_store, writing_sessions
 from app.store.models import RequestRecord, utcnow
 from app.verdict import sessions as store
 from app.verdict.decide import HouseholdOverlap, Recommendation, Verdict
@@ -29,8 +29,8 @@ CHART = "metric => (Hearth.benchCharts || []).find(c => c.el.isConnected && c.el
 @pytest.fixture(scope="module")
 def bench_store(served):
     """The serve's own store (SQLite in WAL mode: this process writes, the serve reads)."""
-    engine, sessions = open_store(served.data)
-    yield sessions
+    engine, _ = open_store(served.data)
+    yield writing_sessions(engine)
     engine.dispose()
 
 

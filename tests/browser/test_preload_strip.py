@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from app.store.db import open_store
+from app.store.db import open_store, writing_sessions
 from app.store.models import Model, RequestRecord
 from tests.browser.conftest import shot
 
@@ -20,7 +20,8 @@ from tests.browser.conftest import shot
 @pytest.fixture(scope="module")
 def wanted(served):
     """The embedded model's name, requested at 06:35 local on each of the last 13 days."""
-    engine, sessions = open_store(served.data)
+    engine, _ = open_store(served.data)
+    sessions = writing_sessions(engine)
     today = datetime.now().astimezone().replace(hour=6, minute=35, second=0, microsecond=0)
     with sessions() as s:
         name = s.scalar(select(Model.name).where(Model.source == "default"))

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from app.gateway.tokens import create_token, set_member_limits
-from app.store.db import open_store
+from app.store.db import open_store, writing_sessions
 from tests.helpers import metric, query, store_now, wait_until
 
 DEFAULT = "gemma-3-270m-q4_k_m"
@@ -224,8 +224,9 @@ def test_runner_errors_pass_through_with_their_status(serve):
 
 def test_a_members_tokens_count_toward_their_limit_once_the_answer_ends(serve):
     # A member of its own, made in the running serve's store: serve reads new tokens as they come.
-    engine, sessions = open_store(serve.data)
-    with sessions() as s:
+    # Writing beside the running serve: its writer commits while this session reads (writing_sessions).
+    engine, _ = open_store(serve.data)
+    with writing_sessions(engine)() as s:
         token, _ = create_token(s, "counted", "chat")
         set_member_limits(s, "counted", {"max_tokens_per_min": 5})
     engine.dispose()

@@ -5,7 +5,7 @@ the runner's counts, and a class switched off sends the runner no drafts."""
 from __future__ import annotations
 
 from app.admin import update_class
-from app.store.db import open_store
+from app.store.db import open_store, writing_sessions
 from tests.helpers import query, wait_until
 
 # A list the model is asked to copy: its continuation is in the context, so n-gram lookup has drafts to offer.
@@ -22,9 +22,9 @@ def _complete(serve, klass: str) -> dict:
 
 
 def _switch(serve, name: str, value: bool) -> None:
-    engine, sessions = open_store(serve.data)
+    engine, _ = open_store(serve.data)
     try:
-        with sessions() as s:
+        with writing_sessions(engine)() as s:
             update_class(s, name, {"speculation": "on" if value else "off"})
             s.commit()
     finally:

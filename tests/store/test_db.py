@@ -9,7 +9,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import MetaData, inspect, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from app.store import db
 from app.store.models import ApiToken, Base, Model, Node, RequestRecord, RunnerSettings, Setting
@@ -242,3 +242,45 @@ def test_0011_gives_existing_tokens_no_permission_and_members_no_limits(make_sto
     db.downgrade(engine, "0010")
     assert "refusals" not in inspect(engine).get_table_names()
     assert "may_manage" not in {c["name"] for c in inspect(engine).get_columns("api_tokens")}
+
+
+def _read_then_write_after_another_commit(sessions, other_engine):
+    """A unit of work that reads, sees another connection commit, then writes (a token made while serve logs)."""
+    with sessions() as s:
+        s.scalar(select(Setting).where(Setting.key == "nothing"))  # the transaction's snapshot starts here
+        with other_engine.begin() as c:
+            c.execute(text("INSERT INTO settings (key, value, updated_at) VALUES ('other', '1', '2026-12-03 00:00:00')"))
+        s.add(Setting(key="mine", value="1"))
+        s.commit()
+
+
+def test_a_plain_session_that_read_is_refused_its_write_after_another_commit(tmp_path):
+    engine, plain = db.open_store(tmp_path)  # open_store's sessions are plain ones
+    other = db.make_engine(db.database_path(tmp_path))
+    # The commit waits for nothing: the plain session's snapshot is stale, so SQLite refuses at once.
+    with pytest.raises(OperationalError, match="database is locked"):
+        _read_then_write_after_another_commit(plain, other)
+    engine.dispose(), other.dispose()
+
+
+def test_a_writing_session_takes_the_lock_first_so_its_write_cannot_be_refused(tmp_path):
+    engine, _ = db.open_store(tmp_path)
+    sessions = db.writing_sessions(engine)
+    impatient = db.make_engine(db.database_path(tmp_path), busy_timeout_ms=0)
+    with sessions() as s:
+        s.scalar(select(Setting).where(Setting.key == "nothing"))
+        # The lock is held from BEGIN: another writer cannot commit in between (it would wait; this one does not).
+        with pytest.raises(OperationalError, match="database is locked"):
+            _insert(impatient)
+        s.add(Setting(key="mine", value="1"))
+        s.commit()
+    assert _insert(impatient)  # and it is free again once the session ends
+    with db.session_factory(engine)() as s:
+        assert {r.key for r in s.scalars(select(Setting))} >= {"mine", "other"}
+    engine.dispose(), impatient.dispose()
+
+
+def _insert(engine) -> bool:
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO settings (key, value, updated_at) VALUES ('other', '1', '2026-12-03 00:00:00')"))
+    return True
