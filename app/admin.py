@@ -325,6 +325,8 @@ def _models(args, s, data: Path) -> None:
                 setattr(rs, k, v)
         if rs.kind == "llama-server" and not rs.binary_path:
             raise AdminError("--runner llama-server needs --binary PATH (see scripts/build_llama_tools.sh)")
+    if getattr(args, "draft_model", None) is not None:
+        set_model_draft(s, args.name, args.draft_model)
     print(f"{args.name}: updated (hearth serve applies it at its next catalog rescan)")
 
 

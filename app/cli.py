@@ -286,6 +286,8 @@ def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
     spc.add_argument("--llama-types", default="none,ngram-simple,ngram-map-k,ngram-mod",
                      help="llama-server --spec-type arms")
     spc.add_argument("--hearth-args", default="", help="more hearth runner arguments, e.g. '--no-repack'")
+    spc.add_argument("--draft-model", help="draft model (-md) of the draft-simple arms of either kind, e.g. "
+                                           "`hearth models truncate`'s copy of the model")
     spc.add_argument("--json", dest="json_path", help="write every arm's figures and texts here")
 
 
@@ -614,6 +616,13 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     for flag in ("ctx", "parallel", "batch", "threads", "gpu-layers"):
         mset.add_argument(f"--{flag}", type=int)
     mset.add_argument("--mode", choices=[m.value for m in Mode])
+    mset.add_argument("--draft-model", help="the model that drafts for this one while speculation is auto (a smaller "
+                                            "model of the same vocabulary; 'none' removes it)")
+    mtrunc = models_sub.add_parser("truncate", help="write a copy of a GGUF with only its first N blocks: a smaller "
+                                                    "model of the same vocabulary, a stand-in draft model")
+    mtrunc.add_argument("source", help="the GGUF to copy")
+    mtrunc.add_argument("out", help="the GGUF file to write")
+    mtrunc.add_argument("--layers", type=int, default=6, help="blocks to keep (default %(default)s)")
     node = models_sub.add_parser("node", help="add or remove a remote node (OpenAI-compatible server) for a model")
     node.add_argument("action", choices=["add", "remove"])
     node.add_argument("name")
@@ -697,6 +706,14 @@ def main(argv: list[str] | None = None) -> int:
         from app.devtools.gguf_shapes import run_from_args as run_random_model
 
         return run_random_model(args)
+    if args.command == "models" and args.models_command == "truncate":
+        from app.devtools.draft_gguf import run_from_args as run_truncate
+
+        try:
+            return run_truncate(args, resolve_model(args.source))
+        except ValueError as exc:
+            print(f"hearth models truncate: {exc}", file=sys.stderr)
+            return 2
     if args.command == "models" and args.models_command == "default":
         print(resolve_model(None))
         return 0
