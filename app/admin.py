@@ -149,6 +149,28 @@ def set_model_speculation(s, name: str, value: str) -> db.RunnerSettings:
     return rs
 
 
+def set_model_draft(s, name: str, value: str) -> db.RunnerSettings:
+    """Set (or clear, with "" or "none") the model that drafts for a model, by catalog name, on its runner settings
+    (the caller commits). Raises AdminError for an unknown model, or a draft that is the model itself or unknown;
+    whether its vocabulary matches is the catalog's check (app.services.catalog.draft_problem), made by the caller
+    that has the files, and again by the runner when it loads."""
+    row = s.scalar(select(db.Model).where(db.Model.name == name))
+    if row is None:
+        raise AdminError(f"no model '{name}'; `hearth models list` scans the models folder and shows the names")
+    value = value.strip()
+    draft = None if value.lower() in ("", "none") else value
+    if draft == name:
+        raise AdminError(f"{name} cannot be its own draft model: choose a smaller model of its family")
+    if draft is not None and s.scalar(select(db.Model).where(db.Model.name == draft)) is None:
+        raise AdminError(f"no model '{draft}' to draft with; `hearth models list` shows the names")
+    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
+    if rs is None:
+        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
+        s.add(rs)
+    rs.draft_model = draft
+    return rs
+
+
 def set_model_weights(s, name: str, value: str) -> db.RunnerSettings:
     """Set a model's weights choice (pinned, warm or cold: its file in the page cache while no runner maps it)
     on its runner settings (the caller commits). Stored as NULL for warm, the default. Raises AdminError for an
@@ -304,6 +326,8 @@ def _models(args, s, data: Path) -> None:
                 setattr(rs, k, v)
         if rs.kind == "llama-server" and not rs.binary_path:
             raise AdminError("--runner llama-server needs --binary PATH (see scripts/build_llama_tools.sh)")
+    if getattr(args, "draft_model", None) is not None:
+        set_model_draft(s, args.name, args.draft_model)
     print(f"{args.name}: updated (hearth serve applies it at its next catalog rescan)")
 
 

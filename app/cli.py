@@ -156,13 +156,26 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     sp = p.add_argument_group("speculative decoding (llama-server's --spec-* flags)")
     sp.add_argument("--spec-type", default="none",
                     help="draft source: none, ngram-lookup (Hearth's), ngram-simple, ngram-map-k, ngram-map-k4v, "
-                         "ngram-mod (default %(default)s)")
+                         "ngram-mod, draft-simple (a draft model, -md) (default %(default)s)")
     sp.add_argument("--spec-draft-n-max", "--draft", "--draft-n", "--draft-max", dest="spec_n_max", type=int,
                     default=None, help="draft tokens per sequence per iteration at most (default: the type's own)")
     sp.add_argument("--spec-draft-n-min", "--draft-min", "--draft-n-min", dest="spec_n_min", type=int, default=0,
                     help="shorter drafts are not verified (default %(default)s)")
     sp.add_argument("--spec-draft-model", "-md", "--model-draft", dest="spec_draft_model", default=None,
-                    help="a draft model (not supported yet: Hearth drafts from the context)")
+                    help="draft model for --spec-type draft-simple: a smaller GGUF of the same vocabulary (without "
+                         "--spec-type draft-simple it is not used, as llama-server)")
+    sp.add_argument("--spec-draft-p-min", "--draft-p-min", dest="spec_p_min", type=float, default=0.0,
+                    help="draft-simple: a draft stops at a token the draft model gives a lower probability "
+                         "(default %(default)s)")
+    sp.add_argument("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="spec_draft_ngl",
+                    default="auto", help="draft model layers on the GPU: a number, 'all', or 'auto' (the target's "
+                                         "--gpu-layers) (default %(default)s)")
+    sp.add_argument("--spec-draft-threads", "-td", "--threads-draft", dest="spec_draft_threads", type=int,
+                    default=None, help="the draft model's CPU threads (default: --threads)")
+    sp.add_argument("--spec-draft-by-cost", dest="spec_draft_by_cost", action=argparse.BooleanOptionalAction,
+                    default=True, help="Hearth: the draft model drafts only while its measured costs say a draft "
+                                       "pays; --no-spec-draft-by-cost drafts every iteration up to "
+                                       "--spec-draft-n-max, as llama-server (default: on)")
     for kind in ("simple", "map-k", "map-k4v"):
         dest = kind.replace("-", "_")
         sp.add_argument(f"--spec-ngram-{kind}-size-n", dest=f"spec_{dest}_size_n", type=int, default=12,
@@ -273,6 +286,8 @@ def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
     spc.add_argument("--llama-types", default="none,ngram-simple,ngram-map-k,ngram-mod",
                      help="llama-server --spec-type arms")
     spc.add_argument("--hearth-args", default="", help="more hearth runner arguments, e.g. '--no-repack'")
+    spc.add_argument("--draft-model", help="draft model (-md) of the draft-simple arms of either kind, e.g. "
+                                           "`hearth models truncate`'s copy of the model")
     spc.add_argument("--json", dest="json_path", help="write every arm's figures and texts here")
 
 
@@ -601,6 +616,13 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     for flag in ("ctx", "parallel", "batch", "threads", "gpu-layers"):
         mset.add_argument(f"--{flag}", type=int)
     mset.add_argument("--mode", choices=[m.value for m in Mode])
+    mset.add_argument("--draft-model", help="the model that drafts for this one while speculation is auto (a smaller "
+                                            "model of the same vocabulary; 'none' removes it)")
+    mtrunc = models_sub.add_parser("truncate", help="write a copy of a GGUF with only its first N blocks: a smaller "
+                                                    "model of the same vocabulary, a stand-in draft model")
+    mtrunc.add_argument("source", help="the GGUF to copy")
+    mtrunc.add_argument("out", help="the GGUF file to write")
+    mtrunc.add_argument("--layers", type=int, default=6, help="blocks to keep (default %(default)s)")
     node = models_sub.add_parser("node", help="add or remove a remote node (OpenAI-compatible server) for a model")
     node.add_argument("action", choices=["add", "remove"])
     node.add_argument("name")
@@ -684,6 +706,14 @@ def main(argv: list[str] | None = None) -> int:
         from app.devtools.gguf_shapes import run_from_args as run_random_model
 
         return run_random_model(args)
+    if args.command == "models" and args.models_command == "truncate":
+        from app.devtools.draft_gguf import run_from_args as run_truncate
+
+        try:
+            return run_truncate(args, resolve_model(args.source))
+        except ValueError as exc:
+            print(f"hearth models truncate: {exc}", file=sys.stderr)
+            return 2
     if args.command == "models" and args.models_command == "default":
         print(resolve_model(None))
         return 0
@@ -941,12 +971,16 @@ def _default_grammar(args) -> str | None:
 
 def spec_config(args):
     """The runner's speculative decoding settings from llama-server's --spec-* flags (SystemExit names a bad one)."""
-    from app.engine.speculation import SpecConfig
+    from app.engine.speculation import DRAFT_MODEL_TYPES, SpecConfig
 
-    if args.spec_draft_model:
-        raise SystemExit("hearth runner: --spec-draft-model: draft models are not supported yet; "
-                         "use --spec-type ngram-lookup (drafts from the context)")
     kind = args.spec_type
+    if kind in DRAFT_MODEL_TYPES and not args.spec_draft_model:
+        raise SystemExit(f"hearth runner: --spec-type {kind} needs a draft model: -md FILE (a smaller GGUF of the "
+                         "same vocabulary)")
+    if args.spec_draft_model and kind not in DRAFT_MODEL_TYPES:
+        # llama-server (this llama.cpp) loads such a draft model and never drafts with it: Hearth does not load it.
+        print(f"hearth runner: -md {args.spec_draft_model} is not used without --spec-type draft-simple "
+              f"(--spec-type is {kind})", file=sys.stderr)
     sizes = {"ngram-map-k": "map_k", "ngram-map-k4v": "map_k4v"}.get(kind, "simple")
     try:
         return SpecConfig(
@@ -954,9 +988,31 @@ def spec_config(args):
             ngram_size_n=getattr(args, f"spec_{sizes}_size_n"), ngram_size_m=getattr(args, f"spec_{sizes}_size_m"),
             ngram_min_hits=getattr(args, f"spec_{sizes}_min_hits"), mod_n_match=args.spec_mod_n_match,
             mod_n_min=args.spec_mod_n_min, mod_n_max=args.spec_mod_n_max, max_seqs=args.spec_max_seqs,
+            p_min=args.spec_p_min, draft_by_cost=args.spec_draft_by_cost,
         )
     except ValueError as exc:
         raise SystemExit(f"hearth runner: {exc}")
+
+
+def draft_model_config(args, spec):
+    """The draft model's load settings (-md, -ngld, -td): the target's slots, cells and batch; None without one."""
+    if not spec.uses_draft_model or not spec.enabled:
+        return None
+    ngl = args.spec_draft_ngl
+    if ngl == "auto":
+        layers = args.gpu_layers
+    elif ngl == "all":
+        layers = 999
+    else:
+        try:
+            layers = int(ngl)
+        except ValueError:
+            raise SystemExit(f"hearth runner: --spec-draft-ngl takes a number, 'auto' or 'all', not {ngl!r}")
+    if args.spec_draft_threads is not None and args.spec_draft_threads < 1:
+        raise SystemExit("hearth runner: --spec-draft-threads must be at least 1")
+    return model_config(args, _existing(args.spec_draft_model, "--spec-draft-model"), n_gpu_layers=layers,
+                        n_threads=args.spec_draft_threads or args.threads, n_ubatch=args.ubatch,
+                        flash_attn=args.flash_attn)
 
 
 def _existing(path: str, flag: str) -> str:
@@ -1029,6 +1085,7 @@ def _runner(args) -> int:
         cache_disk_mib=cache_disk_mib,
         mode=mode,
         spec=spec,
+        draft_model=draft_model_config(args, spec),
         token_budget=args.budget,
         max_waiting=args.max_waiting,
         alias=args.alias,

@@ -7,6 +7,7 @@ scores) are only skipped over, and weight pages are never touched. The layout fo
 ggml/src/gguf.cpp of the llama.cpp that the pinned llama-cpp-python vendors.
 """
 
+import hashlib
 import mmap
 import os
 import struct
@@ -90,6 +91,9 @@ class GgufMetadata:
     # Vocabulary text of every id named by a tokenizer.ggml.*_token_id key (BOS, EOS, PAD…):
     # templates need those strings, and decoding the whole vocabulary is what makes readers slow.
     special_token_texts: Mapping[int, str] = field(default_factory=dict)
+    # sha256 of the vocabulary's token strings as stored (tokenizer.ggml.tokens), and the tokenizer's model:
+    # two files with the same digest tokenize alike, so one can draft for the other. None without a vocabulary.
+    vocab_digest: str | None = None
 
     @property
     def architecture(self) -> str | None:
@@ -190,7 +194,7 @@ class _HeaderWalker:
                 f"corrupt header: it claims {n_keys} keys and {n_tensors} tensors "
                 f"in a {self._size}-byte file"
             )
-        fields, tokens_at = self._read_fields(n_keys)
+        fields, tokens_at, tokens_end = self._read_fields(n_keys)
         alignment = fields.get(KEY_ALIGNMENT, GGUF_DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
             raise GgufError(f"{KEY_ALIGNMENT} is {alignment!r}, not a power of two")
@@ -198,6 +202,11 @@ class _HeaderWalker:
         data_offset = -(-self._offset // alignment) * alignment
         self._check_data_fits(tensors, data_offset)
         special = self._special_token_texts(fields, tokens_at)
+        digest = None
+        if tokens_at is not None and tokens_end <= self._end:
+            h = hashlib.sha256(str(fields.get("tokenizer.ggml.model")).encode())
+            h.update(self._view[tokens_at[0]:tokens_end])
+            digest = h.hexdigest()
         return GgufMetadata(
             path=self._path,
             version=version,
@@ -207,12 +216,14 @@ class _HeaderWalker:
             fields=fields,
             tensors=tensors,
             special_token_texts=special,
+            vocab_digest=digest,
         )
 
-    def _read_fields(self, n_keys: int) -> tuple[dict[str, Any], tuple[int, int] | None]:
-        """Reads every key/value pair; returns them and where the vocabulary's strings start."""
+    def _read_fields(self, n_keys: int) -> tuple[dict[str, Any], tuple[int, int] | None, int]:
+        """Reads every key/value pair; returns them, where the vocabulary's strings start (and how many), and
+        where they end."""
         fields: dict[str, Any] = {}
-        tokens_at = None
+        tokens_at, tokens_end = None, 0
         for _ in range(n_keys):
             key = self._read_string()
             if key in fields:
@@ -227,9 +238,10 @@ class _HeaderWalker:
                     tokens_at = (self._offset, count)
                 fields[key] = GgufArray(item_type, count)
                 self._skip_array_items(item_type, count)
+                tokens_end = self._offset
             else:
                 fields[key] = self._read_value(value_type, key)
-        return fields, tokens_at
+        return fields, tokens_at, tokens_end
 
     def _read_tensor_infos(self, n_tensors: int) -> tuple[TensorInfo, ...]:
         """Reads name, shape, type and data offset of every tensor."""

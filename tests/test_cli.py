@@ -185,3 +185,25 @@ def test_runner_serves_metrics_only_when_asked_as_llama_server_and_serve_asks():
     assert p.parse_args(["runner", "--model", "m.gguf", "--metrics"]).metrics is True
     # The runners `hearth serve` starts: the load probe and the telemetry sampler read /metrics.
     assert "--metrics" in RunnerSpec(model_name="m", model_path="m.gguf").command(8080)
+
+
+def test_models_truncate_writes_a_draft_model_and_set_chooses_it(data, capsys):
+    from app.devtools.gguf_shapes import SHAPES, make_model
+    from app.gguf_meta import read_metadata
+
+    target = data / "models" / "target.gguf"
+    make_model(SHAPES["tiny"], target)
+    assert main(["models", "truncate", str(target), str(data / "models" / "small.gguf"), "--layers", "1"]) == 0
+    assert "target.gguf with its first 1 of 2 blocks" in capsys.readouterr().out
+    small = read_metadata(data / "models" / "small.gguf")
+    assert small.arch_value("block_count") == 1 and small.vocab_digest == read_metadata(target).vocab_digest
+    assert main(["models", "truncate", str(target), str(data / "x.gguf"), "--layers", "5"]) == 2
+    assert "has 2 blocks: keep 1 to 2, not 5" in capsys.readouterr().err
+    assert main(["models", "list"]) == 0  # the scan records both files
+    capsys.readouterr()
+    assert main(["models", "set", "target", "--draft-model", "small"]) == 0
+    assert query(data, "select draft_model from runner_settings") == [("small",)]
+    assert main(["models", "set", "target", "--draft-model", "target"]) == 2
+    assert "cannot be its own draft model" in capsys.readouterr().err
+    assert main(["models", "set", "target", "--draft-model", "none"]) == 0
+    assert query(data, "select draft_model from runner_settings") == [(None,)]

@@ -122,13 +122,21 @@ def _one(url: str, max_tokens: int) -> tuple[float, str, int, dict]:
 
 def run(model: str, threads: int, ctx: int, parallel: int, max_tokens: int, rounds: int,
         llama_server: str | None, hearth_arms=HEARTH_ARMS, llama_arms=LLAMA_ARMS,
-        hearth_extra: tuple[str, ...] = ()) -> list[Arm]:
-    """Every arm, `rounds` times, interleaved; returns the arms with their figures."""
+        hearth_extra: tuple[str, ...] = (), draft_model: str | None = None) -> list[Arm]:
+    """Every arm, `rounds` times, interleaved; returns the arms with their figures. draft-simple arms get
+    `-md draft_model`."""
     common = ["-m", model, "-c", str(ctx), "-np", str(parallel), "-t", str(threads)]
-    arms = [Arm(f"hearth {t}", [sys.executable, "-m", "app.cli", "runner", *common, "--spec-type", t,
+
+    def md(t: str) -> list[str]:
+        if t != "draft-simple":
+            return []
+        if not draft_model:
+            raise SystemExit("hearth bench spec: a draft-simple arm needs --draft-model")
+        return ["-md", draft_model]
+    arms = [Arm(f"hearth {t}", [sys.executable, "-m", "app.cli", "runner", *common, "--spec-type", t, *md(t),
                     *hearth_extra]) for t in hearth_arms]
     if llama_server:
-        arms += [Arm(f"llama-server {t}", [llama_server, *common, "--spec-type", t, "--no-webui"])
+        arms += [Arm(f"llama-server {t}", [llama_server, *common, "--spec-type", t, *md(t), "--no-webui"])
                  for t in llama_arms]
     for rnd in range(rounds):
         for arm in (arms if rnd % 2 == 0 else list(reversed(arms))):
@@ -181,7 +189,7 @@ def main(args) -> int:
         raise SystemExit(f"hearth bench spec: no llama-server at {server} (scripts/build_llama_tools.sh builds it)")
     arms = run(model, args.threads, args.ctx, args.parallel, args.max_tokens, args.rounds, server,
                hearth_arms=tuple(args.hearth_types.split(",")), llama_arms=tuple(args.llama_types.split(",")),
-               hearth_extra=tuple(args.hearth_args.split()))
+               hearth_extra=tuple(args.hearth_args.split()), draft_model=args.draft_model)
     print(f"one stream copying a function list: raw completion, greedy, {args.max_tokens} tokens, "
           f"ctx {args.ctx}, {args.parallel} slots, {args.threads} threads, median of {args.rounds} (lab figure: "
           "runners driven directly)")

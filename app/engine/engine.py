@@ -169,6 +169,7 @@ class Engine:
         cache_ram_bytes: int | None = 0,
         cache_disk: DiskTier | None = None,
         media=None,
+        draft_model=None,
     ):
         self.model = model
         # Images in prompts (app.engine.media.MediaStep), None when the model has no projector.
@@ -202,6 +203,13 @@ class Engine:
             ),
             memory=model,
         )
+        # draft-simple's second model (app.engine.draft_model.DraftModel): the scheduler asks it for drafts.
+        self.draft_model = draft_model
+        if spec.enabled and spec.uses_draft_model != (draft_model is not None):
+            raise ValueError(f"--spec-type {spec.type} needs a draft model (-md)" if spec.uses_draft_model
+                             else f"a draft model drafts only with --spec-type draft-simple, not {spec.type}")
+        if draft_model is not None and spec.enabled:
+            self.scheduler.attach_draft(draft_model)
         # The host-RAM tier under the prefix cache (0: off, None: no byte limit) and the disk tier under it;
         # None when both are off or the model cannot save states.
         self.tiers = attach_tiers(self.scheduler, model, cache_ram_bytes, clock, cache_disk)
@@ -387,6 +395,8 @@ class Engine:
                 self.tiers.persist()  # the disk tier keeps what the KV cache and RAM held
             # The model may outlive this engine (tests, a reload in-process): it gets its cells back.
             self.scheduler.cache.clear()
+            if self.draft_model is not None:
+                self.draft_model.clear()
 
     def _apply_cancels(self) -> None:
         for r in self._cancels:
@@ -457,6 +467,8 @@ class Engine:
             # token needs its own row of logits, as a decode token does: it costs as one.
             cost, iteration_ms = self.scheduler.cost, iteration_s * 1000
             num_decoded = schedule.num_decode_tokens + schedule.num_draft_tokens
+            # The draft model's time is its own cost (draft_model.py), not the target's tokens'.
+            iteration_ms -= schedule.draft_ms
             cost.observe(num_decoded, schedule.num_prompt_tokens, iteration_ms)
             if schedule.num_prompt_tokens:
                 self.scheduler.chunks.observe(schedule.num_prompt_tokens, iteration_ms - cost.decode_ms * num_decoded)

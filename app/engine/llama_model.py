@@ -286,6 +286,18 @@ class LlamaModel:
             "repack": self.config.repack_enabled,
         }
 
+    def vocab_facts(self) -> dict:
+        """What llama.cpp's draft/target compatibility check compares besides token texts (draft_model.vocab_mismatch)."""
+        v = self._vocab
+        return {"type": int(llama_cpp.llama_vocab_type(v)), "add_bos": bool(llama_cpp.llama_vocab_get_add_bos(v)),
+                "bos": llama_cpp.llama_vocab_bos(v), "add_eos": bool(llama_cpp.llama_vocab_get_add_eos(v)),
+                "eos": llama_cpp.llama_vocab_eos(v), "n_vocab": self.n_vocab}
+
+    def vocab_texts(self, start: int, end: int) -> list[bytes]:
+        """The vocabulary's raw token texts of ids [start, end) (llama_vocab_get_text)."""
+        get, v = llama_cpp.llama_vocab_get_text, self._vocab
+        return [get(v, i) or b"" for i in range(start, end)]
+
     def _meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
@@ -494,6 +506,16 @@ class LlamaModel:
         """The logits row at batch_index of the last decode (a view; valid until the next decode)."""
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def top_token(self, batch_index: int, with_p: bool = False, top_k: int = 10) -> tuple[int, float]:
+        """The most likely token at batch_index and, with_p, its probability among the top_k most likely (a draft
+        model's greedy step, as llama-server's top-k draft sampler; without with_p the probability is 1)."""
+        logits = self.logits(batch_index)
+        best = int(logits.argmax())
+        if not with_p:
+            return best, 1.0
+        top = np.partition(logits, -top_k)[-top_k:].astype(np.float64)
+        return best, float(1.0 / np.exp(top - logits[best]).sum())
 
     def logprob(self, batch_index: int, token: int, top_n: int) -> dict:
         """OpenAI's logprob entry of token: its log-probability and the top_n most likely tokens'."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from app.engine.prefix_cache import MIN_MATCH_TOKENS, NO_MATCH, KvMemory, Match, NoMemory, PrefixCache, common_prefix
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
-from app.engine.speculation import NO_SPEC, Drafter, ModTable, SpecConfig, cost_ratio, new_stats
+from app.engine.speculation import NO_SPEC, Drafter, ModTable, SpecConfig, cost_ratio, draft_length, new_stats
 from app.policy import Mode
 
 
@@ -222,6 +222,8 @@ class Schedule:
     num_draft_tokens: int = 0
     # Why no sequence drafted this iteration ("" when one did or speculation is off), for the overview.
     spec_note: str = ""
+    # Time the draft model took to propose this batch's drafts (inside schedule(), not the target's decode).
+    draft_ms: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -267,6 +269,14 @@ class Scheduler:
         self.spec_note = "off" if not spec.enabled else ""
         # KV tiers below the KV cache (app/engine/kv_tiers.py), set by the engine when they are on.
         self.tiers = None
+        # The draft model (app/engine/draft_model.py) for --spec-type draft-simple, set by attach_draft.
+        self.draft_model = None
+        self.draft_ms = 0.0
+
+    def attach_draft(self, draft_model) -> None:
+        """Draft with a second model (a DraftModel); its acceptance is learnt as the "draft" source's."""
+        self.draft_model = draft_model
+        self.spec_stats["draft"] = draft_model.acceptance
 
     # -- queue -------------------------------------------------------------------------
 
@@ -453,10 +463,11 @@ class Scheduler:
                 within = self.cost.prefill_within(r.slo.tpot_ms * self.config.slo_headroom, num_decode)
                 urgent = (r.priority, max(within, num_prompt))
         num_draft = 0
+        self.draft_ms = 0.0
         if self.config.spec.enabled:
             left = min(prefill_left, budget - num_prompt)
             num_draft, self.spec_note = self._add_drafts(chunks[:num_decode], num_decode, left, draft)
-        schedule = Schedule(chunks, num_decode, num_prompt, num_draft, self.spec_note)
+        schedule = Schedule(chunks, num_decode, num_prompt, num_draft, self.spec_note, self.draft_ms)
         self.make_room(schedule.num_tokens)
         return schedule
 
@@ -478,6 +489,8 @@ class Scheduler:
         room = min(room, spec.draft_max)
         if room <= 0:
             return 0, "standing aside: the TPOT budget leaves no room"
+        if self.draft_model is not None:
+            return self._add_model_drafts(decode_chunks, num_decode, room)
         # A verified draft token costs what a decode token does (it needs its own row of logits).
         ratio = cost_ratio(num_decode, self.cost.iteration_ms(num_decode, 0), self.cost.decode_ms)
         share = max(1, room // num_decode)
@@ -508,6 +521,58 @@ class Scheduler:
         if gated:
             return 0, "standing aside: drafts were not worth their cost at this load"
         return 0, "no draft: nothing in the context to copy"
+
+    def _add_model_drafts(self, decode_chunks: list[Chunk], num_decode: int, room: int) -> tuple[int, str]:
+        """Extend decode chunks with the draft model's tokens, every candidate sequence in one call (draft_model.py).
+
+        A draft token costs its verification plus its share of a draft step (one step drafts a token for every
+        drafting sequence); its length is what that cost and the "draft" source's acceptance make worth verifying,
+        unless draft_by_cost is off (then the limits alone, as llama-server). Drafts shorter than n_min are dropped."""
+        spec, dm = self.config.spec, self.draft_model
+        share = max(1, room // num_decode)
+        candidates: list[tuple[Chunk, int]] = []
+        assigned = 0
+        for c in decode_chunks:
+            r = c.request
+            limit = min(share, room - assigned, r.params.max_tokens - len(r.output_tokens) - 1,
+                        self.config.kv_cells - 1 - c.start_pos)
+            if r.params.speculative_n_max is not None:
+                limit = min(limit, r.params.speculative_n_max)
+            if limit > 0:
+                candidates.append((c, limit))
+                assigned += limit
+        if not candidates:
+            return 0, "no draft: no sequence may draft now"
+        stats = self.spec_stats["draft"]
+        if spec.draft_by_cost:
+            n = len(candidates)
+            decode_only_ms = self.cost.iteration_ms(num_decode, 0)
+            step_ms = dm.step_ms(n, self.cost.iteration_ms(n, 0))
+            # Verification as for every source (capped, see cost_ratio), then the draft step, which is no fit's
+            # noise but the draft model's own measured time: uncapped, so a draft too slow to pay stands aside.
+            ratio = (cost_ratio(num_decode, decode_only_ms, self.cost.decode_ms)
+                     + step_ms / n * num_decode / decode_only_ms)
+            worth = draft_length(stats.p, ratio, max(limit for _, limit in candidates))
+            if worth < max(spec.n_min, 1):
+                stats.age()
+                return 0, "standing aside: the draft model's tokens are not worth their cost at this load"
+            candidates = [(c, min(limit, worth)) for c, limit in candidates]
+        drafts = dm.propose([(c.request.slot, c.request.all_tokens, limit) for c, limit in candidates])
+        self.draft_ms = dm.last_ms
+        added = 0
+        for (c, _), proposal in zip(candidates, drafts):
+            if len(proposal) < max(spec.n_min, 1):
+                continue
+            r = c.request
+            if r.drafter is None:
+                r.drafter = Drafter(spec, stats=self.spec_stats)
+            r.drafter.last_source = "draft"
+            c.tokens = c.tokens + proposal
+            c.num_draft = len(proposal)
+            added += len(proposal)
+        if added:
+            return added, ""
+        return 0, "no draft: the draft model was not confident enough (p_min) or is catching up"
 
     def _prefill_limit(self, num_decode: int, now: float, priority: int | None = None) -> int:
         """Prefill tokens this iteration may carry: what the TPOT targets of the decoding sequences at least as

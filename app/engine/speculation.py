@@ -20,6 +20,8 @@ Draft sources, named as llama-server's `--spec-type`:
   ngram-map-k    as ngram-simple, proposed once the key has been seen min_hits times (k4v: the same here).
   ngram-mod      a hash of the last n_match tokens to the token that followed them, shared by every
                  sequence of the model and chained into a draft of n_min..n_max tokens.
+  draft-simple   a smaller model of the same vocabulary drafts greedily (app/engine/draft_model.py): all drafting
+                 sequences together, one draft decode per draft token; its own step time counts in the cost.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import math
 from dataclasses import dataclass, field
 
 NGRAM_TYPES = ("ngram-lookup", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
-SPEC_TYPES = ("none", *NGRAM_TYPES)
+# Types that draft with a second model (RunnerConfig.draft_model, llama-server's -md).
+DRAFT_MODEL_TYPES = ("draft-simple",)
+SPEC_TYPES = ("none", *NGRAM_TYPES, *DRAFT_MODEL_TYPES)
 # llama-server's types that Hearth does not draft with, and why (the runner refuses them by name).
 UNSUPPORTED_TYPES = {
     "ngram-cache": "needs lookup cache files; use ngram-mod or ngram-lookup",
-    "draft-simple": "draft models are not supported yet; use ngram-lookup",
     "draft-eagle3": "EAGLE-3 heads are not supported; use ngram-lookup",
     "draft-mtp": "MTP heads are not supported; use ngram-lookup",
     "draft-dflash": "not supported; use ngram-lookup",
@@ -44,6 +47,8 @@ LOOKUP_SIZES = (16, 8, 4, 2)
 LOOKUP_DRAFT_MAX = 64
 # ngram-mod's table: one per engine, reset when a quarter full (as llama.cpp does at 4 Mi entries).
 MOD_TABLE_MAX = 1 << 20
+# draft-simple: llama-server's --spec-draft-n-max default (common_params_speculative_draft.n_max).
+DRAFT_MODEL_N_MAX = 3
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,11 @@ class SpecConfig:
     mod_n_max: int = 64
     # Drafting stands aside while more sequences than this decode at once (the batch is the lever then).
     max_seqs: int = 4
+    # draft-simple: a draft stops at a token the draft model gives less than this probability (among its 10 most
+    # likely, llama-server's --spec-draft-p-min); and whether its length follows the measured costs (off: every
+    # iteration drafts up to n_max while the batch allows, as llama-server does; for oracles and tests).
+    p_min: float = 0.0
+    draft_by_cost: bool = True
 
     def __post_init__(self):
         if self.type in UNSUPPORTED_TYPES:
@@ -77,6 +87,8 @@ class SpecConfig:
             raise ValueError(f"--spec-draft-n-max must be ≥ 0, not {self.n_max}")
         if self.ngram_size_n < 1 or self.mod_n_match < 1:
             raise ValueError("an n-gram must hold at least one token")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise ValueError(f"--spec-draft-p-min must be within [0, 1], not {self.p_min}")
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +102,9 @@ class SpecConfig:
             return 0
         if self.type == "ngram-mod":
             own = self.mod_n_max
+        elif self.type in DRAFT_MODEL_TYPES:
+            # A draft model has no length of its own: --spec-draft-n-max is the length (llama-server's default 3).
+            return DRAFT_MODEL_N_MAX if self.n_max is None else self.n_max
         elif self.type in ("ngram-simple", "ngram-map-k", "ngram-map-k4v"):
             own = self.ngram_size_m
         else:
@@ -98,7 +113,15 @@ class SpecConfig:
 
     def as_dict(self) -> dict:
         """The settings, for /props and the dashboard."""
-        return {"type": self.type, "n_max": self.draft_max, "n_min": self.n_min, "max_seqs": self.max_seqs}
+        out = {"type": self.type, "n_max": self.draft_max, "n_min": self.n_min, "max_seqs": self.max_seqs}
+        if self.uses_draft_model:
+            out.update(p_min=self.p_min, draft_by_cost=self.draft_by_cost)
+        return out
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """True when the drafts come from a second model (draft-simple)."""
+        return self.type in DRAFT_MODEL_TYPES
 
 
 NO_SPEC = SpecConfig()

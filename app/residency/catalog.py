@@ -87,6 +87,8 @@ class CatalogEntry:
     head_dim_v: int | None = None
     n_swa: int | None = None
     n_vocab: int | None = None
+    # The vocabulary's digest (app.gguf_meta): a model of the same digest can be its draft model.
+    vocab_digest: str | None = None
     has_chat_template: bool = False
     # What its own chat template says it can do (app.engine.formats.detect, as llama.cpp decides): the
     # family's answer format, whether the template takes tools natively, whether the model thinks.
@@ -351,6 +353,7 @@ def _entry_from_metadata(
         head_dim_v=_int_or_none(metadata.arch_value("attention.value_length")) or default_head_dim,
         n_swa=_int_or_none(metadata.arch_value("attention.sliding_window")) or None,
         n_vocab=_n_vocab(metadata),
+        vocab_digest=metadata.vocab_digest,
         has_chat_template=has_template,
         chat_format=fmt.name if fmt else None,
         native_tools=bool(fmt and fmt.tools),

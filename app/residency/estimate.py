@@ -32,7 +32,7 @@ size first (Pillow and stb, 3 bytes a pixel each, transiently): the pixel limit 
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.gguf_meta import GgufError, read_metadata
 from app.residency.catalog import CatalogEntry
@@ -95,6 +95,9 @@ class MemoryEstimate:
     # counted: 0 here, and ram_tier_unbounded says so.
     ram_tier_bytes: int = 0
     ram_tier_unbounded: bool = False
+    # The draft model the runner loads beside it (-md): its weights, KV for the same cells and compute (in
+    # total_bytes too; see with_draft).
+    draft_bytes: int = 0
 
     @property
     def at_load_bytes(self) -> int:
@@ -112,6 +115,14 @@ def bytes_per_token(entry: CatalogEntry, kv_type_bytes: float = 2.0) -> int:
         return 0
     head_dims = entry.head_dim_k + (entry.head_dim_v or entry.head_dim_k)
     return round(entry.n_layers * entry.n_head_kv * head_dims * kv_type_bytes)
+
+
+def with_draft(estimate: MemoryEstimate, draft: CatalogEntry, n_ctx: int, parallel: int,
+               n_batch: int = 512) -> MemoryEstimate:
+    """A runner's estimate with its draft model added: the draft's own context has the target's cells and slots
+    (app.engine.draft_model), so it is estimated as a runner of its own with those settings, at load."""
+    extra = estimate_memory(draft, n_ctx, parallel, n_batch).at_load_bytes
+    return replace(estimate, draft_bytes=extra, total_bytes=estimate.total_bytes + extra)
 
 
 def estimate_memory(

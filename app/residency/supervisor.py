@@ -53,21 +53,27 @@ SPEC_OFF = "off"
 SPECULATION_SETTINGS = (SPEC_AUTO, SPEC_OFF, *NGRAM_TYPES)
 # What auto means for a hearth runner: Hearth's own n-gram lookup, drafting from the sequence's context.
 SPEC_AUTO_HEARTH = "ngram-lookup"
+# What auto means for either kind when the model has a draft model (runner_settings.draft_model): -md drafts.
+SPEC_DRAFT_MODEL = "draft-simple"
 # Hearth's own type, which a stock llama-server does not know (it refuses an unknown --spec-type).
 HEARTH_ONLY_SPEC_TYPES = frozenset({"ngram-lookup"})
 
 
-def spec_type_for(kind: RunnerKind, setting: str | None) -> str | None:
+def spec_type_for(kind: RunnerKind, setting: str | None, draft_model: bool = False) -> str | None:
     """The --spec-type a runner of `kind` is started with for a model's speculation setting; None: no flag.
 
     hearth: auto (or unset) is ngram-lookup, off is none, a type is that type. llama-server: auto leaves its
     own default (no flag), off is none, a type is that type, except Hearth's ngram-lookup (no flag: the
-    Models page refuses the pair, this keeps a stored one from stopping the runner's start)."""
+    Models page refuses the pair, this keeps a stored one from stopping the runner's start). With a draft model
+    chosen, auto is draft-simple for either kind (a hearth runner's drafts then stand aside while they do not pay);
+    an n-gram type chosen by hand stays that type."""
     value = setting or SPEC_AUTO
     if value not in SPECULATION_SETTINGS:
         raise ValueError(f"unknown speculation setting {value!r}; one of: {', '.join(SPECULATION_SETTINGS)}")
     if value == SPEC_OFF:
         return "none"
+    if value == SPEC_AUTO and draft_model:
+        return SPEC_DRAFT_MODEL
     if kind == "llama-server":
         return None if value == SPEC_AUTO or value in HEARTH_ONLY_SPEC_TYPES else value
     return SPEC_AUTO_HEARTH if value == SPEC_AUTO else value
@@ -113,6 +119,9 @@ class RunnerSpec:
     # The model's vision projector (the catalog's pairing): --mmproj for either kind, unless runner_args
     # name --mmproj or --no-mmproj themselves (theirs win).
     mmproj: str | None = None
+    # The draft model's file (runner_settings.draft_model, resolved by the catalog): -md while --spec-type is
+    # draft-simple, unless runner_args name a draft model themselves.
+    draft_model_path: str | None = None
     # hearth runners with a projector: fetch http(s) image URLs (public hosts, plus these LAN ones).
     image_url_fetch: bool = False
     image_url_hosts: str | None = None
@@ -147,6 +156,14 @@ class RunnerSpec:
         if self.spec_type is None or self._arg("--spec-type") is not None:
             return []
         return ["--spec-type", self.spec_type]
+
+    @property
+    def draft_flag(self) -> list[str]:
+        """-md with the draft model's file while the runner drafts with a model, unless runner_args give one."""
+        if (self.draft_model_path is None or self.effective_spec_type != SPEC_DRAFT_MODEL
+                or self._arg("--spec-draft-model", "-md", "--model-draft") is not None):
+            return []
+        return ["-md", self.draft_model_path]
 
     @property
     def effective_spec_type(self) -> str | None:
@@ -195,7 +212,7 @@ class RunnerSpec:
             if cpu_has_amx():
                 cmd.append("--no-repack")
             # `mode` is the hearth engine's scheduler; llama-server always batches continuously.
-            return cmd + self.mmproj_flag + self.spec_flag + list(self.extra_args)
+            return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + list(self.extra_args)
         cmd = [
             sys.executable, "-m", "app.cli", "runner", "--model", self.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--ctx", str(self.n_ctx),
@@ -215,7 +232,7 @@ class RunnerSpec:
             cmd += ["--cache-disk", self.cache_disk_dir, "--cache-disk-mib", str(self.cache_disk_mib)]
         if self.image_url_fetch and self.mmproj_flag:
             cmd += ["--image-url-fetch"] + (["--image-url-hosts", self.image_url_hosts] if self.image_url_hosts else [])
-        return cmd + self.mmproj_flag + self.spec_flag + list(self.extra_args)
+        return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + list(self.extra_args)
 
 
 # The flags serve sets on every runner itself (address, key, identity) or from settings of their own (slots,

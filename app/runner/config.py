@@ -77,6 +77,9 @@ class RunnerConfig:
     tags: tuple[str, ...] = ()
     # llama-server's --spec-type and friends: drafting from the context, switched by load.
     spec: SpecConfig = NO_SPEC
+    # llama-server's -md / --spec-draft-model with -ngld: the draft model of --spec-type draft-simple, loaded with
+    # the target's slots and n_ctx (app/engine/draft_model.py); None: no draft model.
+    draft_model: ModelConfig | None = None
     # llama-server's --mmproj: the model's multimodal projector (vision), loaded with libmtmd; None: text only.
     mmproj: str | None = None
     images: ImageLimits = ImageLimits()

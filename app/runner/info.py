@@ -95,14 +95,15 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
             "max_entries": engine.scheduler.cache.max_entries,
             "kv_cells_cached": snap.kv_cached,
         },
-        "speculative": speculative_info(engine, snap),
+        "speculative": speculative_info(engine, snap, state.draft),
         # What the SLO budget can keep on this hardware (app/engine/scheduler.py ChunkCosts).
         "budget": {"cost": snap.cost, **(snap.feasibility or {})},
     })
 
 
-def speculative_info(engine, snap) -> dict:
-    """Speculative decoding: the settings, the last iteration's decision, and the acceptance so far per class."""
+def speculative_info(engine, snap, draft=None) -> dict:
+    """Speculative decoding: the settings, the last iteration's decision, the acceptance so far per class, and the
+    draft model (draft-simple: its file, size, counters and measured step cost)."""
     c = engine.counters
     by_class = {name: {"drafts": d, "draft_tokens": n, "accepted_tokens": k,
                        "acceptance": round(k / n, 4) if n else None}
@@ -118,6 +119,7 @@ def speculative_info(engine, snap) -> dict:
         "acceptance": round(c.spec_accepted_tokens_total / c.spec_draft_tokens_total, 4)
         if c.spec_draft_tokens_total else None,
         "by_class": by_class,
+        "draft_model": None if draft is None else draft.stats(),
     }
 
 

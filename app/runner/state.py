@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from app.engine import formats
@@ -63,6 +64,8 @@ class RunnerState:
         self.error: str | None = None
         self.model = None
         self.engine: Engine | None = None
+        # The draft model (app.engine.draft_model.DraftModel) of --spec-type draft-simple, else None.
+        self.draft = None
         self.metrics = None
         self.template: ChatTemplate | None = None
         # The answer format detected from the template (C1), and what the engine needs of it: the special
@@ -111,10 +114,12 @@ class RunnerState:
 
                 self.projector = self.projector_backend(self.model, cfg)
                 media = MediaStep(self.projector, cfg.model.n_ubatch or min(cfg.model.n_batch, 512))
+            if cfg.draft_model is not None and cfg.spec.uses_draft_model:
+                self.draft = self._load_draft()
             self.engine = Engine(
                 self.model, mode=cfg.mode, token_budget=cfg.token_budget, max_waiting=cfg.max_waiting,
                 prefix_cache=cfg.prefix_cache, spec=cfg.spec, cache_ram_bytes=cache_ram_bytes(cfg.cache_ram_mib),
-                cache_disk=self._disk_tier(), media=media,
+                cache_disk=self._disk_tier(), media=media, draft_model=self.draft,
             ).start()
             self.metrics = RunnerMetrics(self.engine)
             self.load_s = time.monotonic() - t0
@@ -125,6 +130,26 @@ class RunnerState:
             log.exception("loading %s failed", cfg.model.path)
             self.error = str(exc)
             self.status = "error"
+
+    def _load_draft(self):
+        """The draft model, refused unless its vocabulary is the target's (llama.cpp's compatibility check)."""
+        from app.engine.draft_model import DraftModel, vocab_mismatch
+
+        cfg = self.config
+        path = cfg.draft_model.path
+        draft = self.backend(cfg.draft_model)
+        problem = vocab_mismatch(self.model, draft)
+        if problem is not None:
+            draft.close()
+            raise ValueError(f"the draft model {path} cannot draft for {cfg.model.path}: {problem} (a draft model "
+                             "must have the target's vocabulary)")
+        target_facts, facts = self.model.describe(), draft.describe()
+        size_ratio = facts["size_bytes"] / max(target_facts["size_bytes"], 1)
+        info = {"path": path, "name": Path(path).name, "desc": facts.get("desc"), "n_params": facts.get("n_params"),
+                "size_bytes": facts.get("size_bytes"), "n_gpu_layers": cfg.draft_model.n_gpu_layers,
+                "n_ctx": facts.get("n_ctx"), "n_seq_max": facts.get("n_seq_max")}
+        log.info("draft model %s loaded for %s (%.0f%% of its size)", path, cfg.model.path, 100 * size_ratio)
+        return DraftModel(draft, p_min=cfg.spec.p_min, size_ratio=size_ratio, info=info)
 
     def note_finished(self, fin) -> None:
         """A request finished: the first one after the load adds its KV restore and prefill to the load's timings."""

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.residency.budget import KIND_RAM, counted_bytes, counts_ram_tier
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
-from app.residency.estimate import MIB, MemoryEstimate, RunnerSizing, estimate_memory, size_runner
+from app.residency.estimate import MIB, MemoryEstimate, RunnerSizing, estimate_memory, size_runner, with_draft
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
 from app.residency.pagecache import WEIGHTS_WARM
@@ -159,11 +159,38 @@ def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: d
                        ram_tier_mib=plain.ram_tier_mib if counts_ram_tier(budget_kind) else 0)
 
 
+def draft_for(entry: CatalogEntry, rs: db.RunnerSettings | None,
+              entries: list[CatalogEntry]) -> tuple[CatalogEntry | None, str | None]:
+    """The model's draft model (runner_settings.draft_model) among the catalog's entries, and a note for the Models
+    page when one is chosen but cannot draft now (gone, unreadable, or of another vocabulary since it was chosen)."""
+    name = rs.draft_model if rs else None
+    if not name:
+        return None, None
+    draft = next((e for e in entries if e.name == name), None)
+    if draft is None or not draft.usable:
+        return None, f"draft model {name} is not in the models folder (or unreadable): no draft model"
+    problem = draft_problem(entry, draft)
+    if problem:
+        return None, f"draft model {name}: {problem}; no draft model"
+    return draft, None
+
+
+def draft_problem(entry: CatalogEntry, draft: CatalogEntry) -> str | None:
+    """Why `draft` cannot draft for `entry`, or None (the runner checks the token texts again when it loads)."""
+    if draft.name == entry.name:
+        return "a model cannot be its own draft model"
+    if entry.vocab_digest is None or draft.vocab_digest != entry.vocab_digest:
+        return (f"its vocabulary is not {entry.name}'s (a draft model must tokenize as the model does: a smaller "
+                "model of the same family)")
+    return None
+
+
 def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dict,
-                sizing: RunnerSizing | None = None, kv_dir: Path | None = None) -> RunnerSpec:
+                sizing: RunnerSizing | None = None, kv_dir: Path | None = None,
+                draft: CatalogEntry | None = None) -> RunnerSpec:
     """How a model's runner starts: its own runner settings where set, else the stored runner_* defaults,
     else the sizing (app.residency.estimate.size_runner). Speculation: the model's setting (auto when unset,
-    see app.residency.supervisor.spec_type_for)."""
+    see app.residency.supervisor.spec_type_for); `draft`: its draft model (draft_for), used while it is auto."""
     kind = rs.kind if rs else "hearth"
     return RunnerSpec(
         model_name=entry.name,
@@ -178,7 +205,8 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         mode=(rs and rs.mode) or "continuous",
         prefix_cache=bool(defaults.get("prefix_cache", True)),
         extra_args=parse_runner_args(defaults.get("args")).get(entry.name, ()),
-        spec_type=spec_type_for(kind, rs.speculation if rs else None),
+        spec_type=spec_type_for(kind, rs.speculation if rs else None, draft_model=draft is not None),
+        draft_model_path=str(draft.path) if draft is not None else None,
         cache_ram_mib=_int_or(defaults.get("cache_ram_mib"), DEFAULT_CACHE_RAM_MIB),
         cache_disk_dir=str(kv_dir) if kv_dir is not None and _int_or(defaults.get("cache_disk_mib"), 0) else None,
         cache_disk_mib=_int_or(defaults.get("cache_disk_mib"), DEFAULT_CACHE_DISK_MIB),
@@ -288,9 +316,12 @@ class Catalog:
                         continue
                     rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
                     sizing = runner_sizing(e, rs, defaults, budget, memory.kind)
-                    spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR)
+                    draft, draft_note = draft_for(e, rs, entries)
+                    spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR, draft=draft)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
                                                n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib)
+                    if spec.draft_flag:
+                        estimate = with_draft(estimate, draft, spec.n_ctx, spec.parallel, spec.n_batch)
                     spec, estimate, tier_note = fit_ram_tier(e, spec, estimate, budget, memory.kind)
                     nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()
                     specs[e.name] = ModelSpec(
@@ -298,7 +329,8 @@ class Catalog:
                         policy=row.policy,
                         keep_alive_s=row.keep_alive_s, runner=spec,
                         remote=tuple((n.url, n.label or n.url) for n in nodes),
-                        sizing_note="; ".join(n for n in (sizing.reason if sizing else None, tier_note) if n) or None,
+                        sizing_note="; ".join(n for n in (sizing.reason if sizing else None, tier_note, draft_note)
+                                              if n) or None,
                         weights=(rs.weights if rs else None) or WEIGHTS_WARM,
                     )
                     if row.alias:

@@ -150,6 +150,9 @@ class RunnerSettings(Base):
     # The weights in the page cache while the runner is stopped (WEIGHTS_CHOICES): pinned, warm or cold;
     # None means warm. Migration 0014.
     weights: Mapped[str | None] = mapped_column(String(8))
+    # The catalog name of the model that drafts for this one (a smaller model of the same vocabulary, loaded by
+    # its runner with -md); None: none. Used while speculation is auto. Migration 0018.
+    draft_model: Mapped[str | None] = mapped_column(String(255))
 
 
 class Node(Base):

@@ -15,13 +15,14 @@ import time
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
-from app.admin import AdminError, set_model_policy, set_model_speculation, set_model_weights
+from app.admin import AdminError, set_model_draft, set_model_policy, set_model_speculation, set_model_weights
 from app.gateway.context import services
 from app.policy import MODEL_POLICIES
 from app.protocols.openai import ApiError
 from app.residency.manager import RESIDENT_STATES, ModelBusy, ModelState, ResidencyError
 from app.residency.pagecache import WEIGHTS_CHOICES, weights_problem
 from app.residency.supervisor import SPECULATION_SETTINGS, speculation_problem
+from app.services.catalog import draft_problem
 from app.services.settings import memory_budget
 from app.web.auth import login_required
 from app.web.queries import EVENT_LIMIT, model_cards, recent_events
@@ -36,7 +37,8 @@ POLICY_LABELS = {"pinned": "Pinned: always resident", "keep_alive": "Keep alive:
                  "on_demand": "On demand: unload as soon as idle"}
 # The speculative decoding choices (app.residency.supervisor.SPECULATION_SETTINGS), in the admin's words.
 SPECULATION_LABELS = {
-    "auto": "Auto: n-gram lookup on Hearth's runner, llama-server's own default on a stock one",
+    "auto": "Auto: n-gram lookup on Hearth's runner (the draft model, when one is chosen below), llama-server's "
+            "own default on a stock one",
     "off": "Off: never draft",
     "ngram-lookup": "n-gram lookup (Hearth's): the longest recent n-gram that repeats, its continuation proposed",
     "ngram-simple": "ngram-simple: the last 12 tokens found earlier in the context, the 48 after them proposed",
@@ -267,6 +269,32 @@ def speculation(name: str):
     if state in RESIDENT_STATES:
         message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
     return _render_card(name, message=message)
+
+
+@bp.post("/models/<name>/draft")
+@login_required
+def draft(name: str):
+    """The model's draft model: a smaller catalog model of its vocabulary, or none (applies at its next start)."""
+    value = request.form.get("draft_model", "").strip()
+    card = _card(name)
+    problem = None
+    if value and value != "none" and value not in card.draft_choices:
+        other = next((e for e in services().catalog.entries if e.name == value), None)
+        problem = (f"No model '{value}' in the models folder." if other is None
+                   else f"{value} cannot draft for {name}: {draft_problem(_entry(name), other) or 'it is no smaller'}.")
+    card, problem = _save_choice(name, value, problem, set_model_draft)
+    if problem:
+        return _choice_refused(name, card, "draft_model", value, problem)
+    message = (f"Saved: {value} drafts for {name} while its speculative decoding is auto." if value and value != "none"
+               else "Saved: no draft model.")
+    state = next((m["state"] for m in services().residency.status() if m["name"] == name), None)
+    if state in RESIDENT_STATES:
+        message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
+    return _render_card(name, message=message)
+
+
+def _entry(name: str):
+    return next(e for e in services().catalog.entries if e.name == name)
 
 
 @bp.post("/models/<name>/weights")

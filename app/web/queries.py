@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session
 from app.engine.prefix_cache import reuse_note
 from app.gateway.tokens import TokenInfo, list_tokens
 from app.residency.budget import KIND_RAM, KIND_VRAM, counted_bytes, counts_ram_tier
-from app.residency.estimate import MemoryEstimate, estimate_memory
+from app.residency.estimate import MemoryEstimate, estimate_memory, with_draft
 from app.residency.manager import ModelState
 from app.residency.pagecache import cached_fraction
-from app.services.catalog import Catalog
+from app.services.catalog import Catalog, draft_problem
 from app.store.models import (
     REQUEST_STATUSES,
     TTFT_DELIVERED,
@@ -427,6 +427,11 @@ class ModelCard:
     runner_kind: str = "hearth"
     spec_type: str | None = None
     draft_rows: int = 0
+    # The draft model: the one chosen ("" none), the catalog's models that may draft for this one (same vocabulary,
+    # smaller file), and the file its runner gets with -md (None: it drafts without a model).
+    draft_model: str = ""
+    draft_choices: list[str] = field(default_factory=list)
+    draft_path: str | None = None
     # Warm weights: the model's choice (warm when unset) and its GGUF's share in the page cache now (None: unknown).
     weights: str = "warm"
     page_cache_pct: float | None = None
@@ -521,6 +526,9 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             estimate = estimate_memory(e, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch,
                                        n_outputs_extra=spec.runner.n_outputs_extra,
                                        ram_tier_mib=spec.runner.ram_tier_mib)
+            draft = next((d for d in catalog.entries if str(d.path) == spec.runner.draft_model_path), None)
+            if spec.runner.draft_flag and draft is not None:
+                estimate = with_draft(estimate, draft, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch)
         state, label, badge = state_label(status, hist["last_event"])
         card = ModelCard(
             name=e.name, source=e.source, usable=e.usable, unusable_reason=e.unusable_reason,
@@ -540,6 +548,11 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
         rs = runner_rows.get(row.id) if row else None
         card.speculation = (rs.speculation if rs else None) or "auto"
         card.weights = (rs.weights if rs else None) or "warm"
+        card.draft_model = (rs.draft_model if rs else None) or ""
+        if e.usable:
+            card.draft_choices = sorted((d.name for d in catalog.entries if d.usable and d.size_bytes < e.size_bytes
+                                         and draft_problem(e, d) is None),
+                                        key=lambda n: next(d.size_bytes for d in catalog.entries if d.name == n))
         card.loads = hist["loads"]
         if e.usable:
             frac = cached_fraction(e.path)
@@ -548,6 +561,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             card.runner_kind = spec.runner.kind
             card.spec_type = spec.runner.effective_spec_type
             card.draft_rows = spec.runner.n_outputs_extra
+            card.draft_path = spec.runner.draft_model_path if spec.runner.draft_flag else None
         if status is not None:
             card.in_flight = status.get("in_flight") or 0
             card.idle_s = status.get("idle_s")

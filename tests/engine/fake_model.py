@@ -129,6 +129,8 @@ class FakeModel:
         self.num_decode_calls = 0
         self.live_samplers = 0
         self._rows: dict[int, tuple[int, tuple[int, ...]]] = {}
+        # As a draft model (top_token): history → (token, probability); None: the scripts' own next token.
+        self.draft_rule: Callable[[tuple[int, ...]], tuple[int, float]] | None = None
 
     # -- KV cache and decode ----------------------------------------------------------------
 
@@ -317,6 +319,27 @@ class FakeModel:
             sampler.forced_at.add(sampler.steps)
             sampler.steps += 1
         return True
+
+    def top_token(self, batch_index: int, with_p: bool = False) -> tuple[int, float]:
+        """A draft model's greedy step at batch_index: draft_rule's pick, else what the script of the prompt the
+        history starts with says next (default_next_token without one), with probability 1."""
+        row = self._rows.get(batch_index)
+        if row is None:
+            self.violations.append(f"top_token() at batch index {batch_index}, which has no logits")
+            return self.eos_token, 1.0
+        _slot, history = row
+        if self.draft_rule is not None:
+            return self.draft_rule(history)
+        prompt = max((p for p in self.scripts if history[: len(p)] == p), key=len, default=())
+        return self.next_token(prompt, history), 1.0
+
+    def vocab_facts(self) -> dict:
+        """What the draft/target vocabulary check compares (draft_model.vocab_mismatch)."""
+        return {"type": 1, "add_bos": True, "bos": 1, "add_eos": False, "eos": self.eos_token, "n_vocab": 512}
+
+    def vocab_texts(self, start: int, end: int) -> list[bytes]:
+        """Token texts of ids [start, end)."""
+        return [self.token_bytes(t) for t in range(start, end)]
 
     def logprob(self, batch_index: int, token: int, top_n: int) -> dict:
         """A fixed log-probability entry (the real one comes from the logits)."""

@@ -203,7 +203,7 @@ def test_cost_ratio_grows_as_the_batch_fills():
     assert draft_length(0.9, full, 64) == 1
 
 
-@pytest.mark.parametrize("bad", [dict(type="draft-simple"), dict(type="nope"), dict(type="ngram-mod", n_max=-1)])
+@pytest.mark.parametrize("bad", [dict(type="draft-eagle3"), dict(type="draft-simple", p_min=1.5), dict(type="nope"), dict(type="ngram-mod", n_max=-1)])
 def test_bad_settings_are_refused_with_a_reason(bad):
     with pytest.raises(ValueError) as err:
         SpecConfig(**bad)

@@ -27,3 +27,5 @@ def loaded_runner(cfg: RunnerConfig) -> Iterator[Client]:
     finally:
         app.state.engine.stop()
         app.state.model.close()
+        if app.state.draft is not None:
+            app.state.draft.model.close()
