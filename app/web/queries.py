@@ -550,9 +550,8 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
         card.weights = (rs.weights if rs else None) or "warm"
         card.draft_model = (rs.draft_model if rs else None) or ""
         if e.usable:
-            card.draft_choices = sorted((d.name for d in catalog.entries if d.usable and d.size_bytes < e.size_bytes
-                                         and draft_problem(e, d) is None),
-                                        key=lambda n: next(d.size_bytes for d in catalog.entries if d.name == n))
+            card.draft_choices = [d.name for d in sorted(catalog.entries, key=lambda d: d.size_bytes)
+                                  if d.usable and d.size_bytes < e.size_bytes and draft_problem(e, d) is None]
         card.loads = hist["loads"]
         if e.usable:
             frac = cached_fraction(e.path)

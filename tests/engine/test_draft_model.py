@@ -6,8 +6,9 @@ from fake_model import FakeClock, FakeModel
 
 from app.engine.draft_model import DraftModel, vocab_mismatch
 from app.engine.engine import Engine
-from app.engine.request import Finished, SamplingParams
+from app.engine.request import SamplingParams
 from app.engine.speculation import SpecConfig
+from tests.engine.test_speculation import collect
 
 TIMEOUT_S = 10.0
 EOS = 2
@@ -15,16 +16,6 @@ BODY = list(range(10, 70))
 PROMPT = [1, *BODY, 5, *BODY[:6]]
 SCRIPT = BODY[6:] + [EOS]
 ALWAYS = SpecConfig(type="draft-simple", n_max=4, draft_by_cost=False)
-
-
-def collect(request):
-    """Generated token ids and the Finished event."""
-    tokens: list[int] = []
-    while True:
-        ev = request.events.get(timeout=TIMEOUT_S)
-        if isinstance(ev, Finished):
-            return tokens, ev
-        tokens.extend(ev.token_ids)
 
 
 def pair(scripts, n_ctx=512, n_batch=128, draft_step_s=0.001, draft_kw=None, **dm_kw):
