@@ -45,6 +45,7 @@ class RunnerConfig:
     # The disk tier's folder (None: off) and budget in MiB (-1: no limit): cached prefixes that survive restarts.
     cache_disk: str | None = None
     cache_disk_mib: int = 4096
+    cache_disk_max_age_s: float | None = None  # entries unused this long are deleted (None: never)
     # Sampling defaults for requests that name none (llama-server's --temp, --seed).
     default_temperature: float | None = None
     default_seed: int | None = None

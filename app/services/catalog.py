@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from sqlalchemy import select
@@ -31,6 +32,7 @@ from app.residency.supervisor import (
     parse_runner_args,
     spec_type_for,
 )
+from app.services.privacy import MAX_AGE_SETTING, expire_kv_cache
 from app.services.settings import SettingsCache, memory_budget
 from app.store import models as db
 from app.store.settings import get_setting
@@ -38,7 +40,7 @@ from app.store.settings import get_setting
 log = logging.getLogger(__name__)
 
 RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache", "args", "cache_ram_mib", "cache_disk_mib",
-                   "image_url_fetch", "image_url_hosts")  # the stored runner_* settings a spec falls back on
+                   "cache_disk_max_age_h", "image_url_fetch", "image_url_hosts")  # the stored runner_* settings a spec falls back on
 
 
 class ModelNotServable(Exception):
@@ -210,6 +212,7 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         cache_ram_mib=_int_or(defaults.get("cache_ram_mib"), DEFAULT_CACHE_RAM_MIB),
         cache_disk_dir=str(kv_dir) if kv_dir is not None and _int_or(defaults.get("cache_disk_mib"), 0) else None,
         cache_disk_mib=_int_or(defaults.get("cache_disk_mib"), DEFAULT_CACHE_DISK_MIB),
+        cache_disk_max_age_h=float(defaults.get("cache_disk_max_age_h") or 0),
         mmproj=str(entry.mmproj) if entry.mmproj else None,
         image_url_fetch=bool(defaults.get("image_url_fetch")),
         image_url_hosts=defaults.get("image_url_hosts") or None,
@@ -300,6 +303,10 @@ class Catalog:
         Path(entry.path).unlink(missing_ok=True)
         self.rescan()
         return Path(entry.path)
+
+    def expire_kv_cache(self) -> int:
+        """Delete the KV disk tier's entries unused for runner_cache_disk_max_age_h (the expire_kv_cache job)."""
+        return expire_kv_cache(self.data_dir, partial(self.settings.get, MAX_AGE_SETTING))
 
     def rescan(self) -> list[CatalogEntry]:
         """The `rescan_catalog` job: scan the folder, record every model in the store, rebuild what can be served."""
