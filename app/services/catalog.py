@@ -290,6 +290,22 @@ class Catalog:
         """Alias → model name, as the admin set them."""
         return self._scan.aliases
 
+    def pull_name_problem(self, name: str) -> str | None:
+        """Why a pulled file may not be served under `name` (its file name's stem), or None.
+
+        A model's name wins over an alias (an alias never shadows a model), so a pulled file named like an alias would
+        take the requests meant for the alias's model: refused, naming the alias."""
+        if name.lower() in RESERVED_NAMES:
+            return f"a pulled file cannot be called '{name}': requests use that name for the household's default model"
+        with self.sessions() as s:
+            rows = s.execute(select(db.Model.name, db.Model.alias).where(db.Model.alias.is_not(None))).all()
+        for model, alias in rows:
+            if name in (alias, alias.removesuffix(OLLAMA_DEFAULT_TAG)) and name != model:
+                return (f"'{name}' is the alias of the model '{model}': a pulled file under that name would take the "
+                        f"alias's requests. Change the alias first (hearth models set {model} --alias NEW, or on the "
+                        "Models page), or pull a file of another name")
+        return None
+
     def delete(self, name: str, residency: ResidencyManager) -> Path:
         """Delete a model file of the models folder (unloaded first); its path.
 
