@@ -148,6 +148,9 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                     help="largest image a request may send, in bytes (default %(default)s)")
     mm.add_argument("--image-max-pixels", type=int, default=ImageLimits.max_pixels,
                     help="largest image a request may send, in pixels (default %(default)s)")
+    mm.add_argument("--image-max-request-pixels", type=int, default=ImageLimits.max_request_pixels,
+                    help="Hearth: pixels a request's images may decode to, all together, after a JPEG's reduction on "
+                         "decode (default %(default)s)")
     mm.add_argument("--image-url-fetch", action="store_true",
                     help="fetch http(s) image URLs named in requests (default: off, only data URLs are taken); public "
                          "addresses only, unless --image-url-hosts allows a LAN host")
@@ -1122,6 +1125,7 @@ def _runner(args) -> int:
         grammar=grammar,
         mmproj=None if args.no_mmproj or not args.mmproj else _existing(args.mmproj, "--mmproj"),
         images=ImageLimits(max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
+                           max_request_pixels=args.image_max_request_pixels,
                            fetch_urls=args.image_url_fetch, fetch_allowed_hosts=args.image_url_hosts,
                            fetch_timeout_s=args.image_url_timeout),
     )
