@@ -545,6 +545,12 @@ class DiskTier:
                     raise ValueError("truncated or with trailing bytes")
             if hashlib.sha256(payload).hexdigest() != header["sha256"]:
                 raise ValueError("checksum mismatch")
+        except FileNotFoundError:
+            # Deleted by serve meanwhile (expired, or its member removed): forgotten, not unreadable.
+            log.info("KV disk tier: %s was removed meanwhile; its prompt will be prefilled", path.name)
+            with self._lock:
+                self._index.pop(path.name, None)
+            return None
         except (OSError, ValueError, KeyError, struct.error) as exc:
             self._drop_bad(path, exc)
             return None

@@ -32,7 +32,7 @@ from app.residency.supervisor import (
     parse_runner_args,
     spec_type_for,
 )
-from app.services.privacy import MAX_AGE_SETTING, expire_kv_cache
+from app.services.privacy import MAX_AGE_SETTING, expire_kv_cache, remove_orphans
 from app.services.settings import SettingsCache, memory_budget
 from app.store import models as db
 from app.store.settings import get_setting
@@ -321,8 +321,12 @@ class Catalog:
         return Path(entry.path)
 
     def expire_kv_cache(self) -> int:
-        """Delete the KV disk tier's entries unused for runner_cache_disk_max_age_h (the expire_kv_cache job)."""
-        return expire_kv_cache(self.data_dir, partial(self.settings.get, MAX_AGE_SETTING))
+        """Delete the KV disk tier's entries unused for runner_cache_disk_max_age_h, and those of removed members
+        (the expire_kv_cache job); returns how many."""
+        with self.sessions() as s:
+            members = set(s.scalars(select(db.Member.name)))
+        return expire_kv_cache(self.data_dir, partial(self.settings.get, MAX_AGE_SETTING)) + remove_orphans(
+            self.data_dir, members)
 
     def rescan(self) -> list[CatalogEntry]:
         """The `rescan_catalog` job: scan the folder, record every model in the store, rebuild what can be served."""

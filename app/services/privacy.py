@@ -20,6 +20,8 @@ from app.store.models import Member, Refusal, RequestRecord
 log = logging.getLogger(__name__)
 
 MAX_AGE_SETTING = "runner_cache_disk_max_age_h"
+# The owner app.gateway.pipeline gives tokenless LAN requests (LAN_MEMBER; no row of the store).
+LAN_OWNER = "lan"
 
 
 def expire_kv_cache(data_dir: Path, max_age_h: Callable[[], float], clock: Callable[[], float] = time.time) -> int:
@@ -30,6 +32,18 @@ def expire_kv_cache(data_dir: Path, max_age_h: Callable[[], float], clock: Calla
     removed = expire_entries(Path(data_dir) / KV_CACHE_DIR, hours * 3600, clock())
     if removed:
         log.info("KV disk tier: %d cached prefixes unused for %g h deleted", removed, hours)
+    return removed
+
+
+def remove_orphans(data_dir: Path, members: set[str]) -> int:
+    """Delete the KV disk-tier entries of members the store no longer has; returns how many.
+
+    A running runner may write a removed member's prefix after the removal (a request of theirs still in flight,
+    a copy it held in memory): serve's hourly job catches those."""
+    removed = remove_owner_entries(Path(data_dir) / KV_CACHE_DIR, lambda owner: owner not in members
+                                   and owner != LAN_OWNER)
+    if removed:
+        log.info("KV disk tier: %d cached prefixes of removed members deleted", removed)
     return removed
 
 

@@ -408,3 +408,16 @@ def test_a_private_class_s_prompt_is_never_written_to_disk_but_reused_from_memor
     files = [p for p in disk.dir.iterdir() if p.suffix == ".kv"]
     assert len(files) == 1 and disk.holds(long_prompt(2))
     disk.close()
+
+
+def test_an_entry_serve_deleted_meanwhile_is_forgotten_without_a_warning(make_engine, tmp_path, caplog):
+    first, disk = first_session(make_engine, tmp_path)
+    disk2 = DiskTier(tmp_path, dict(KEY), max_bytes=None)
+    only_file(disk2).unlink()  # serve's job, or a member's removal, while the runner runs
+    caplog.set_level(logging.INFO, logger="app.engine.kv_tiers")
+    engine = make_engine(small_model(), cache_ram_bytes=None, cache_disk=disk2)
+    again, cached = run(engine, long_prompt(1))
+    assert cached == 0 and again == first and disk2.num_bad == 0
+    assert "was removed meanwhile" in caplog.text and "dropping" not in caplog.text
+    engine.stop()
+    disk2.close()

@@ -76,3 +76,16 @@ def test_the_members_page_offers_removal(app, admin):
         create_token(s, "alice", "chat")
     html = admin.get("/members").get_data(as_text=True)
     assert "Remove alice" in html and "/remove" in html
+
+
+def test_serve_s_hourly_job_deletes_what_a_runner_wrote_for_a_removed_member(app):
+    """A runner may write a removed member's prefix after the removal (a request still in flight, a copy in memory):
+    the expire_kv_cache job deletes the entries of owners the store no longer has (the LAN's and untagged stay)."""
+    svc = services(app)
+    with svc.sessions() as s:
+        create_token(s, "bob", "chat")
+    kv = svc.data_dir / "kv-cache"
+    for i, owner in enumerate(("bob", "ghost", "lan", None)):
+        _kv_entry(kv, list(range(100 * i + 100, 100 * i + 140)), owner)
+    assert svc.catalog.expire_kv_cache() == 1
+    assert sorted(str(entry_owner(p)) for p in kv.glob("*/*.kv")) == ["None", "bob", "lan"]
