@@ -37,13 +37,23 @@ def private_dir(path: str | os.PathLike) -> Path:
     path = Path(path)
     path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     if stat.S_IMODE(path.stat().st_mode) != PRIVATE_DIR_MODE:
-        os.chmod(path, PRIVATE_DIR_MODE)
+        _chmod(path, PRIVATE_DIR_MODE)
     return path
 
 
+def _chmod(path: str | os.PathLike | int, mode: int) -> bool:
+    """chmod (or fchmod, given a descriptor); False where this user may not (a folder another user owns, shared by
+    an ACL: TrueNAS runs apps as 568 on a dataset root owns), which serve's start check reports."""
+    try:
+        os.fchmod(path, mode) if isinstance(path, int) else os.chmod(path, mode)
+        return True
+    except PermissionError:
+        return False
+
+
 def private_file(path: str | os.PathLike) -> None:
-    """Make an existing file owner-only (0600)."""
-    os.chmod(path, PRIVATE_FILE_MODE)
+    """Make an existing file owner-only (0600), where this user may."""
+    _chmod(path, PRIVATE_FILE_MODE)
 
 
 def open_private(path: str | os.PathLike, mode: str = "wb"):
@@ -51,7 +61,7 @@ def open_private(path: str | os.PathLike, mode: str = "wb"):
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
     fd = os.open(path, flags, PRIVATE_FILE_MODE)
     try:
-        os.fchmod(fd, PRIVATE_FILE_MODE)
+        _chmod(fd, PRIVATE_FILE_MODE)
         return os.fdopen(fd, mode)
     except BaseException:
         os.close(fd)
@@ -59,7 +69,8 @@ def open_private(path: str | os.PathLike, mode: str = "wb"):
 
 
 def mend_private(data: str | os.PathLike) -> list[tuple[Path, int]]:
-    """Make the data folder and its private entries owner-only; returns each path mended with its old mode."""
+    """Make the data folder and its private entries owner-only; returns each path found open with its old mode
+    (still open afterwards where this user may not change it: see `private_mode`)."""
     mended = []
 
     def mend(path: Path, wanted: int) -> None:
@@ -71,7 +82,7 @@ def mend_private(data: str | os.PathLike) -> list[tuple[Path, int]]:
             return  # never follow a link out of the data folder
         old = stat.S_IMODE(st.st_mode)
         if old != wanted:
-            os.chmod(path, wanted)
+            _chmod(path, wanted)
             mended.append((path, old))
 
     root = Path(data)
@@ -88,6 +99,11 @@ def mend_private(data: str | os.PathLike) -> list[tuple[Path, int]]:
         else:
             mend(top, PRIVATE_FILE_MODE)
     return mended
+
+
+def private_mode(path: Path) -> bool:
+    """True when a path is owner-only (nothing for the group or others)."""
+    return not path.lstat().st_mode & 0o077
 
 
 def sha256_of(path: str | os.PathLike) -> str:

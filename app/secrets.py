@@ -20,7 +20,10 @@ def secrets_dir(data_dir: Path) -> Path:
     path = Path(data_dir) / SECRETS_DIR
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     if path.stat().st_mode & 0o077:
-        os.chmod(path, 0o700)  # made before by something else, or under another umask
+        try:
+            os.chmod(path, 0o700)  # made before by something else, or under another umask
+        except PermissionError:
+            pass  # another user's folder this one may write (an ACL): serve's start check says so
     return path
 
 

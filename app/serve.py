@@ -24,7 +24,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
-from app.paths import data_dir, mend_private
+from app.paths import data_dir, mend_private, private_mode
 from app.sockets import no_delay
 
 DEFAULT_BIND = "127.0.0.1:8080"
@@ -239,6 +239,10 @@ def check_private_files(data: Path) -> list[str]:
     """Make the data folder's private files owner-only, warning about each one found open; returns the warnings."""
     lines = [f"{path} was readable by other users of this machine (mode {old:04o}); it holds the household's "
              f"words or secrets, so it is now owner-only ({'0700' if path.is_dir() else '0600'})"
+             if private_mode(path) else
+             f"{path} is readable by other users of this machine (mode {old:04o}) and this user (uid {os.getuid()}) "
+             f"may not change it: it holds the household's words or secrets; make it owner-only "
+             f"(chmod {'700' if path.is_dir() else '600'}) as its owner"
              for path, old in mend_private(data)]
     for line in lines:
         log.warning(line)

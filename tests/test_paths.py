@@ -96,3 +96,27 @@ def test_serve_s_start_check_mends_open_files_with_a_warning(tmp_path, caplog):
     assert mode(models / "gemma.gguf") == 0o644
     assert mode(tmp_path) == outside  # a link is never followed out of the data folder
     assert mend_private(data) == []  # mended once: the next start finds nothing
+
+
+def test_a_folder_this_user_may_not_change_is_reported_and_serve_starts(tmp_path, monkeypatch, caplog):
+    """TrueNAS runs apps as uid 568 on a dataset root owns, shared by an ACL: chmod is refused there."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    os.chmod(data, 0o755)
+    real = os.chmod
+
+    def chmod(path, mode, **kwargs):
+        if os.fspath(path) == os.fspath(data):
+            raise PermissionError(1, "Operation not permitted")
+        return real(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "chmod", chmod)
+    with caplog.at_level(logging.WARNING, logger="app.serve"):
+        lines = check_private_files(data)
+    engine, _ = open_store(data)  # the store still opens, owner-only itself
+    engine.dispose()
+    assert mode(data / "hearth.db") == 0o600
+    assert lines == [f"{data} is readable by other users of this machine (mode 0755) and this user (uid {os.getuid()}) "
+                     "may not change it: it holds the household's words or secrets; make it owner-only (chmod 700) "
+                     "as its owner"]
+    assert lines[0] in caplog.text

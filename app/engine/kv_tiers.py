@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Protocol
 
 from app.engine.prefix_cache import MIN_MATCH_TOKENS, UNTAGGED, PrefixCache, common_prefix
-from app.paths import open_private, private_dir
+from app.paths import open_private, private_dir, private_file
 
 log = logging.getLogger(__name__)
 
@@ -452,7 +452,7 @@ class DiskTier:
                 header, tokens = self._read_head(path)
                 st = path.stat()
                 if st.st_mode & 0o077:
-                    os.chmod(path, 0o600)  # written by an older Hearth, readable by every local user
+                    private_file(path)  # written by an older Hearth, readable by every local user
                 self._index[path.name] = DiskEntry(path.name, tokens, st.st_size, st.st_mtime, owner=header.get("owner"))
             except (OSError, ValueError) as exc:
                 self._drop_bad(path, exc)

@@ -45,6 +45,8 @@ def create_private(path: Path) -> None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE)
     try:
         os.fchmod(fd, PRIVATE_FILE_MODE)
+    except PermissionError:
+        pass  # another user's file this one may write (an ACL): serve's start check says so
     finally:
         os.close(fd)
 
