@@ -45,6 +45,8 @@ CLASS_FIELDS = {
     "thinking": _thinking,
     # Speculative decoding for the class's requests: on (the runner drafts where it pays) or off.
     "speculation": _flag,
+    # Private: the class's prompts are never written to the runners' KV disk tier.
+    "private": _flag,
 }
 # (lowest allowed value, what the field means) for the numeric fields; checked after conversion.
 CLASS_LIMITS = {
@@ -335,12 +337,12 @@ def _classes(args, s, data: Path) -> None:
     if args.classes_command == "list":
         rows = s.scalars(select(db.RequestClass).order_by(db.RequestClass.priority, db.RequestClass.name)).all()
         print(f"{'class':<11} {'prio':>4} {'TTFT ms':>8} {'TPOT ms':>8} {'tokens':>11} {'conc':>5} {'queue':>6} "
-              f"{'weight':>6} {'preempt':>8} {'timeout':>8} {'thinking':>8} {'drafts':>6}  model")
+              f"{'weight':>6} {'preempt':>8} {'timeout':>8} {'thinking':>8} {'drafts':>6} {'private':>7}  model")
         for r in rows:
             print(f"{r.name:<11} {r.priority:>4} {r.ttft_target_ms:>8} {r.tpot_target_ms:>8} "
                   f"{f'{r.default_max_tokens}/{r.max_output_tokens}':>11} {r.max_concurrent:>5} {r.max_queue:>6} "
                   f"{r.weight:>6g} {'yes' if r.preemptible else 'no':>8} {r.queue_timeout_s:>7g}s {r.thinking:>8} "
-                  f"{'yes' if r.speculation else 'no':>6}  "
+                  f"{'yes' if r.speculation else 'no':>6} {'yes' if r.private else 'no':>7}  "
                   f"{r.default_model or '(household default)'}")
         return
     values = {}

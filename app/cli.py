@@ -121,6 +121,9 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                         "keyed by the model file, its template and the KV settings (default: off)")
     g.add_argument("--cache-disk-mib", type=int, default=None,
                    help="Hearth: disk budget of --cache-disk in MiB, -1 no limit (default 4096)")
+    g.add_argument("--cache-disk-max-age-h", type=float, default=None,
+                   help="Hearth: an entry of --cache-disk not used for this many hours is deleted, 0 never "
+                        "(default 72: the words of a conversation do not lie on disk for good)")
     g.add_argument("-cb", "--cont-batching", dest="cont_batching", action=argparse.BooleanOptionalAction,
                    default=None, help="--no-cont-batching is --mode serial")
     g.add_argument("--reasoning", choices=("on", "off", "auto"), default="auto",
@@ -145,6 +148,9 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                     help="largest image a request may send, in bytes (default %(default)s)")
     mm.add_argument("--image-max-pixels", type=int, default=ImageLimits.max_pixels,
                     help="largest image a request may send, in pixels (default %(default)s)")
+    mm.add_argument("--image-max-request-pixels", type=int, default=ImageLimits.max_request_pixels,
+                    help="Hearth: pixels a request's images may decode to, all together, after a JPEG's reduction on "
+                         "decode (default %(default)s)")
     mm.add_argument("--image-url-fetch", action="store_true",
                     help="fetch http(s) image URLs named in requests (default: off, only data URLs are taken); public "
                          "addresses only, unless --image-url-hosts allows a LAN host")
@@ -1054,10 +1060,18 @@ def _runner(args) -> int:
         raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
     grammar = _default_grammar(args)
     spec = spec_config(args)
-    from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB, cache_ram_bytes
+    from app.engine.kv_tiers import (
+        DEFAULT_CACHE_DISK_MAX_AGE_H,
+        DEFAULT_CACHE_DISK_MIB,
+        DEFAULT_CACHE_RAM_MIB,
+        cache_ram_bytes,
+    )
 
     cache_ram = DEFAULT_CACHE_RAM_MIB if args.cache_ram is None else args.cache_ram
     cache_disk_mib = DEFAULT_CACHE_DISK_MIB if args.cache_disk_mib is None else args.cache_disk_mib
+    max_age_h = DEFAULT_CACHE_DISK_MAX_AGE_H if args.cache_disk_max_age_h is None else args.cache_disk_max_age_h
+    if not max_age_h >= 0:
+        raise SystemExit(f"hearth runner: --cache-disk-max-age-h must be 0 (never) or hours, not {max_age_h}")
     try:
         cache_ram_bytes(cache_ram)
         if cache_disk_mib < -1 or cache_disk_mib == 0:
@@ -1083,6 +1097,7 @@ def _runner(args) -> int:
         cache_ram_mib=cache_ram,
         cache_disk=args.cache_disk,
         cache_disk_mib=cache_disk_mib,
+        cache_disk_max_age_s=max_age_h * 3600 or None,
         mode=mode,
         spec=spec,
         draft_model=draft_model_config(args, spec),
@@ -1110,6 +1125,7 @@ def _runner(args) -> int:
         grammar=grammar,
         mmproj=None if args.no_mmproj or not args.mmproj else _existing(args.mmproj, "--mmproj"),
         images=ImageLimits(max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
+                           max_request_pixels=args.image_max_request_pixels,
                            fetch_urls=args.image_url_fetch, fetch_allowed_hosts=args.image_url_hosts,
                            fetch_timeout_s=args.image_url_timeout),
     )

@@ -85,6 +85,7 @@ def schedule_jobs(scheduler: BackgroundScheduler, svc: Services, rescan_s: int) 
         ("size_targets", svc.targets.run, {"seconds": 15}),
         ("check_weights", svc.warmer.check, {"seconds": 60}),
         ("preload_models", svc.preload.run, {"minutes": 1}),
+        ("expire_kv_cache", svc.catalog.expire_kv_cache, {"hours": 1}),
     )
     for job_id, job, every in jobs:
         scheduler.add_job(job, "interval", id=job_id, **every)

@@ -50,6 +50,8 @@ class ClassPolicy:
     thinking: ThinkingMode = "model"
     # May its requests draft (speculative decoding, switched by load in the runner)? Off: never.
     speculation: bool = True
+    # Private: its prompts are never written to the runners' KV disk tier (they stay in memory only).
+    private: bool = False
 
 
 # The gateway tells the runner a request's class targets in this header (a stock llama-server ignores

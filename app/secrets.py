@@ -10,13 +10,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+# app.paths (a sibling base module: no import) names this folder too, for the start's permission check.
+SECRETS_DIR = "secrets"
 _NAME = re.compile(r"^[a-z0-9_]+$")
 
 
 def secrets_dir(data_dir: Path) -> Path:
     """The folder holding the secrets (created 0700 on first use)."""
-    path = Path(data_dir) / "secrets"
+    path = Path(data_dir) / SECRETS_DIR
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        try:
+            os.chmod(path, 0o700)  # made before by something else, or under another umask
+        except PermissionError:
+            pass  # another user's folder this one may write (an ACL): serve's start check says so
     return path
 
 
@@ -27,6 +34,7 @@ def write_secret(data_dir: Path, name: str, value: str) -> None:
     folder = secrets_dir(data_dir)
     tmp = folder / f".{name}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a leftover temporary file keeps its mode through O_CREAT
     with os.fdopen(fd, "w") as f:
         f.write(value)
     os.replace(tmp, folder / name)
@@ -59,7 +67,7 @@ def remove_secret(data_dir: Path, name: str) -> None:
     """Delete the secret `name` (nothing happens when there is none)."""
     if not _NAME.match(name):
         raise ValueError(f"secret name {name!r}: use lower-case letters, digits and _")
-    (Path(data_dir) / "secrets" / name).unlink(missing_ok=True)
+    (Path(data_dir) / SECRETS_DIR / name).unlink(missing_ok=True)
 
 
 def read_secret(data_dir: Path, name: str) -> str | None:
@@ -67,7 +75,7 @@ def read_secret(data_dir: Path, name: str) -> str | None:
     if not _NAME.match(name):
         raise ValueError(f"secret name {name!r}: use lower-case letters, digits and _")
     try:
-        return (Path(data_dir) / "secrets" / name).read_text().strip() or None
+        return (Path(data_dir) / SECRETS_DIR / name).read_text().strip() or None
     except FileNotFoundError:
         return None
 

@@ -18,11 +18,13 @@ import signal
 import socket
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
+from app.paths import data_dir, mend_private, private_mode
 from app.sockets import no_delay
 
 DEFAULT_BIND = "127.0.0.1:8080"
@@ -214,7 +216,6 @@ STORED = ("bind", "header_timeout_s", "keepalive_s", "client_stall_s", "max_conn
 
 def stored_settings() -> dict:
     """The bind address and connection limits saved on the Settings page (None where unset)."""
-    from app.paths import data_dir
     from app.store.db import open_store
     from app.store.settings import get_setting
 
@@ -234,10 +235,25 @@ def raise_descriptor_limit(wanted: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
+def check_private_files(data: Path) -> list[str]:
+    """Make the data folder's private files owner-only, warning about each one found open; returns the warnings."""
+    lines = [f"{path} was readable by other users of this machine (mode {old:04o}); it holds the household's "
+             f"words or secrets, so it is now owner-only ({'0700' if path.is_dir() else '0600'})"
+             if private_mode(path) else
+             f"{path} is readable by other users of this machine (mode {old:04o}) and this user (uid {os.getuid()}) "
+             f"may not change it: it holds the household's words or secrets; make it owner-only "
+             f"(chmod {'700' if path.is_dir() else '600'}) as its owner"
+             for path, old in mend_private(data)]
+    for line in lines:
+        log.warning(line)
+    return lines
+
+
 def serve(bind: str | None = None) -> None:
     """Run Hearth until interrupted."""
     from app.factory import create_app
 
+    check_private_files(data_dir())
     stored = stored_settings()
     # The default model is not assembled here: on a first run the worker assembles it in the
     # background, so the dashboard is reachable at once and shows the progress (the log too).

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from app.engine.prefix_cache import MIN_MATCH_TOKENS, PrefixCache, common_prefix
+from app.engine.prefix_cache import MIN_MATCH_TOKENS, UNTAGGED, PrefixCache, common_prefix
+from app.paths import open_private, private_dir, private_file
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class SavedPrefix:
     window: int  # positions per state (the last may hold fewer)
     states: list[bytearray]
     last_use_s: float
+    owner: str | None = None  # the member whose request left these cells (removed with the member)
+    private: bool = False  # of a private class: kept in RAM, never written to disk
 
     @property
     def num_bytes(self) -> int:
@@ -213,6 +216,7 @@ class KvTiers:
         """An entry's cells as states, window by window, through the transfer sequence."""
         if len(tokens) < MIN_MATCH_TOKENS:
             return None
+        tag = self.cache.tags.get(entry, UNTAGGED)
         t0 = time.perf_counter()
         s, T = self.states, self.states.transfer_seq
         window = self.window or len(tokens)
@@ -228,7 +232,7 @@ class KvTiers:
             log.exception("saving a cached prefix of %d tokens failed; it is dropped", len(tokens))
             return None
         self.counters.save_seconds_total += time.perf_counter() - t0
-        return SavedPrefix(list(tokens), window, blobs, self.clock())
+        return SavedPrefix(list(tokens), window, blobs, self.clock(), tag.owner, tag.private)
 
     def _unwritten(self) -> list[tuple[int, list[int]]]:
         """The KV cache's entries (with their tokens) that the disk tier lacks."""
@@ -236,6 +240,8 @@ class KvTiers:
             return []
         found = []
         for entry in list(self.cache.entries):
+            if self.cache.tags.get(entry, UNTAGGED).private:
+                continue  # a private class's prompt never goes to disk
             tokens = self.cache.path_tokens(entry)
             if len(tokens) >= MIN_MATCH_TOKENS and not self.disk.holds(tokens):
                 found.append((entry, tokens))
@@ -246,7 +252,9 @@ class KvTiers:
         return bool(self._unwritten())
 
     def idle(self) -> None:
-        """The engine has nothing to do: write the prefixes cached in the KV cache that the disk lacks."""
+        """The engine has nothing to do: drop the disk's expired entries, write the KV cache's prefixes it lacks."""
+        if self.disk is not None:
+            self.disk.expire()
         for entry, tokens in self._unwritten():
             saved = self._copy_out(entry, tokens)
             if saved is not None:
@@ -352,6 +360,9 @@ MAGIC = b"HEARTHKV1\n"
 SUFFIX = ".kv"
 TMP_PREFIX = ".tmp-"
 DEFAULT_CACHE_DISK_MIB = 4096
+# An entry not used for this long is deleted (the Models and runners setting runner_cache_disk_max_age_h): a
+# household's hot prefixes are used daily, while a conversation's words should not lie on disk for good.
+DEFAULT_CACHE_DISK_MAX_AGE_H = 72
 WRITE_RETRY_S = 60.0
 # How long the engine stays idle before it copies the KV cache's new prefixes out for the disk tier.
 IDLE_WRITE_DELAY_S = 1.0
@@ -385,8 +396,9 @@ class DiskEntry:
     name: str
     tokens: list[int]
     num_bytes: int
-    last_use_s: float
+    last_use_s: float  # wall-clock seconds (the file's mtime)
     written: bool = True  # False while its write is queued
+    owner: str | None = None
 
 
 class DiskTier:
@@ -398,17 +410,23 @@ class DiskTier:
     is dropped with a warning and the prompt is prefilled.
     """
 
-    def __init__(self, root: str | os.PathLike, key: dict, max_bytes: int | None):
+    def __init__(self, root: str | os.PathLike, key: dict, max_bytes: int | None, max_age_s: float | None = None,
+                 clock: Callable[[], float] = time.time):
         self.key = key
+        self.max_age_s = max_age_s  # None: entries never expire
+        self.clock = clock  # wall-clock time: ages are counted from the files' mtimes, across restarts
         self.digest = key_digest(key)
-        self.dir = Path(root) / self.digest
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "key.json").write_text(json.dumps(key, sort_keys=True, indent=1) + "\n")
+        # Entries hold the family's prompts and answers as token ids: owner-only folders and files.
+        private_dir(root)
+        self.dir = private_dir(Path(root) / self.digest)
+        with open_private(self.dir / "key.json", "w") as f:
+            f.write(json.dumps(key, sort_keys=True, indent=1) + "\n")
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._index: dict[str, DiskEntry] = {}
         self.num_dropped = 0  # dropped for the budget
         self.num_bad = 0  # dropped as unreadable
+        self.num_expired = 0  # dropped as older than max_age_s
         self.num_written = 0
         self.num_failed_writes = 0
         self._retry_after = 0.0  # monotonic time before which nothing is submitted (a write just failed)
@@ -432,9 +450,13 @@ class DiskTier:
                 continue
             try:
                 header, tokens = self._read_head(path)
-                self._index[path.name] = DiskEntry(path.name, tokens, path.stat().st_size, path.stat().st_mtime)
+                st = path.stat()
+                if st.st_mode & 0o077:
+                    private_file(path)  # written by an older Hearth, readable by every local user
+                self._index[path.name] = DiskEntry(path.name, tokens, st.st_size, st.st_mtime, owner=header.get("owner"))
             except (OSError, ValueError) as exc:
                 self._drop_bad(path, exc)
+        self.expire()
 
     def _read_head(self, path: Path) -> tuple[dict, list[int]]:
         """A file's header and tokens, checked for everything but the checksum (the states are not read)."""
@@ -470,8 +492,21 @@ class DiskTier:
         with self._lock:
             return sum(e.num_bytes for e in self._index.values())
 
+    def expire(self) -> int:
+        """Delete the entries not used for max_age_s; returns how many."""
+        if self.max_age_s is None:
+            return 0
+        cutoff = self.clock() - self.max_age_s
+        with self._lock:
+            old = [e for e in self._index.values() if e.written and e.last_use_s < cutoff]
+        for e in old:
+            self._remove(e)
+        self.num_expired += len(old)
+        return len(old)
+
     def best(self, tokens: list[int]) -> tuple[DiskEntry | None, int]:
         """The entry sharing the most leading tokens with `tokens`, and how many it shares."""
+        self.expire()
         best, best_n = None, 0
         with self._lock:
             entries = list(self._index.values())
@@ -510,6 +545,12 @@ class DiskTier:
                     raise ValueError("truncated or with trailing bytes")
             if hashlib.sha256(payload).hexdigest() != header["sha256"]:
                 raise ValueError("checksum mismatch")
+        except FileNotFoundError:
+            # Deleted by serve meanwhile (expired, or its member removed): forgotten, not unreadable.
+            log.info("KV disk tier: %s was removed meanwhile; its prompt will be prefilled", path.name)
+            with self._lock:
+                self._index.pop(path.name, None)
+            return None
         except (OSError, ValueError, KeyError, struct.error) as exc:
             self._drop_bad(path, exc)
             return None
@@ -520,10 +561,10 @@ class DiskTier:
         for size in header["sizes"]:
             states.append(payload[pos : pos + size])
             pos += size
-        now = time.time()
+        now = self.clock()
         entry.last_use_s = now
         os.utime(path, (now, now))
-        return SavedPrefix(tokens.tolist(), header["window"], states, time.monotonic())
+        return SavedPrefix(tokens.tolist(), header["window"], states, time.monotonic(), header.get("owner"))
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -534,14 +575,15 @@ class DiskTier:
 
     def submit(self, saved: SavedPrefix) -> None:
         """Write a saved prefix in the background, unless the disk holds it (or more of it) already."""
-        if self.max_bytes is not None and saved.num_bytes > self.max_bytes:
+        if saved.private or (self.max_bytes is not None and saved.num_bytes > self.max_bytes):
             return
         if not self.accepting or self.holds(saved.tokens):
             return
         with self._lock:
             # Reserved now, so a second submit before the write sees it.
             self._index[entry_name(saved.tokens)] = DiskEntry(entry_name(saved.tokens), list(saved.tokens),
-                                                               saved.num_bytes, time.time(), written=False)
+                                                               saved.num_bytes, self.clock(), written=False,
+                                                               owner=saved.owner)
         self._queue.put(saved)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
@@ -578,15 +620,18 @@ class DiskTier:
         for s in saved.states:
             digest.update(s)
         header = json.dumps({"key": self.digest, "n_tokens": len(saved.tokens), "window": saved.window,
-                             "sizes": [len(s) for s in saved.states], "sha256": digest.hexdigest()}).encode()
+                             "sizes": [len(s) for s in saved.states], "sha256": digest.hexdigest(),
+                             "owner": saved.owner}).encode()
         tmp = self.dir / f"{TMP_PREFIX}{name}"
         try:
-            with open(tmp, "wb") as f:
+            with open_private(tmp, "wb") as f:
                 f.write(MAGIC + struct.pack("<I", len(header)) + header + tokens)
                 for s in saved.states:
                     f.write(s)
                 f.flush()
                 os.fsync(f.fileno())
+            now = self.clock()
+            os.utime(tmp, (now, now))  # its age counts on the tier's clock
             os.replace(tmp, self.dir / name)
         except OSError:
             tmp.unlink(missing_ok=True)  # a full disk: no half entry left behind
@@ -639,3 +684,52 @@ class DiskTier:
         self.flush(timeout_s)
         self._queue.put(None)
         self._writer.join(timeout_s)
+
+
+# -- serve's side: the tier's folders while no runner holds them ------------------------------
+
+
+def _entries(root: str | os.PathLike):
+    """Every entry file under the tier's root (one folder per key)."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for folder in root.iterdir():
+        if folder.is_dir() and not folder.is_symlink():
+            yield from (p for p in folder.iterdir() if p.suffix == SUFFIX and not p.name.startswith(TMP_PREFIX))
+
+
+def entry_owner(path: Path) -> str | None:
+    """The member an entry file was written for (None: unknown, or not an entry)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                return None
+            (n,) = struct.unpack("<I", f.read(4))
+            return json.loads(f.read(n)).get("owner")
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+def expire_entries(root: str | os.PathLike, max_age_s: float, now: float) -> int:
+    """Delete the entries under root not used for max_age_s (a model no runner serves keeps its files); returns how many."""
+    removed = 0
+    for path in list(_entries(root)):
+        try:
+            if path.stat().st_mtime < now - max_age_s:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:
+            continue
+    return removed
+
+
+def remove_owner_entries(root: str | os.PathLike, owners: Callable[[str], bool]) -> int:
+    """Delete the entries under root written for a member `owners` accepts (a removed member's); returns how many."""
+    removed = 0
+    for path in list(_entries(root)):
+        owner = entry_owner(path)
+        if owner is not None and owners(owner):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed

@@ -43,6 +43,20 @@ MAX_SEQ_IDS = 256
 MIN_MATCH_TOKENS = 16
 
 
+@dataclass(frozen=True)
+class Tag:
+    """Whose cells an owner holds: the member whose request computed them, and whether its class is private.
+
+    It travels with the cells from a slot to the cache entry they become, so the KV tiers know whose words an
+    evicted entry holds (removed with the member) and which may never be written to disk."""
+
+    owner: str | None = None
+    private: bool = False
+
+
+UNTAGGED = Tag()
+
+
 # Architectures whose memory is (partly) a recurrent state, which llama.cpp cannot share or cut by
 # position (llama_model_is_recurrent / is_hybrid on the loaded model say so authoritatively; this list
 # lets the Models page say it from the GGUF header, before a load).
@@ -160,6 +174,7 @@ class PrefixCache:
         self.root = Node([], 0, None)
         self.tails: dict[int, Node] = {}  # owner → the last node of its path
         self.entries: dict[int, float] = {}  # cache entry → last use (insertion order is not LRU)
+        self.tags: dict[int, Tag] = {}  # slot or entry → whose cells it holds (absent: UNTAGGED)
         first_entry = num_slots * (2 if self.guard else 1)
         step = 2 if self.guard else 1
         self._free_entry_ids = list(range(first_entry, max_seq_ids - step + 1, step))
@@ -293,6 +308,13 @@ class PrefixCache:
                 self.entries[h] = now
         return node.end
 
+    def tag(self, slot: int, tag: Tag) -> None:
+        """Say whose request a slot serves: its cells, cached when it ends, carry the tag."""
+        if tag == UNTAGGED:
+            self.tags.pop(slot, None)
+        else:
+            self.tags[slot] = tag
+
     def count_query(self, num_prompt: int, num_hit: int, num_restored: int = 0, num_disk: int = 0) -> None:
         """Count a request's first admission for /metrics: its prompt, the tokens it did not compute, and of those
         the ones a tier restored (num_disk of them from the disk tier)."""
@@ -351,6 +373,7 @@ class PrefixCache:
     def release(self, slot: int, keep: bool) -> None:
         """Take a slot out: its cells become a cache entry (keep) or are freed where nobody else holds them."""
         tail = self.tails.pop(slot, None)
+        tag = self.tags.pop(slot, UNTAGGED)
         if tail is None:
             return
         entry = None
@@ -364,6 +387,8 @@ class PrefixCache:
                 n.holders.add(entry)
             self.tails[entry] = tail
             self.entries[entry] = self.clock()
+            if tag != UNTAGGED:
+                self.tags[entry] = tag
         else:
             self._drop_path(tail, slot)
         for seq in self._seqs(slot):
@@ -397,6 +422,7 @@ class PrefixCache:
     def _drop_entry(self, entry: int) -> int:
         freed = self._drop_path(self.tails.pop(entry), entry)
         del self.entries[entry]
+        self.tags.pop(entry, None)
         for seq in self._seqs(entry):
             self.memory.seq_rm(seq, -1, -1)
         self._free_entry_ids.append(entry)

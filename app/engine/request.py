@@ -199,6 +199,10 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     priority: int = 0
     class_name: str = "default"
+    # Whose request it is (the gateway's member) and whether its class is private: the prefix cache tags the
+    # cells it leaves with them (app.engine.prefix_cache.Tag), so the disk tier knows whose words a file holds.
+    owner: str | None = None
+    private: bool = False
     request_id: int = field(default_factory=lambda: next(_ids))
     arrival_s: float = field(default_factory=time.monotonic)
 

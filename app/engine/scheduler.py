@@ -10,7 +10,7 @@ import collections
 import time
 from dataclasses import dataclass
 
-from app.engine.prefix_cache import MIN_MATCH_TOKENS, NO_MATCH, KvMemory, Match, NoMemory, PrefixCache, common_prefix
+from app.engine.prefix_cache import MIN_MATCH_TOKENS, NO_MATCH, KvMemory, Match, NoMemory, PrefixCache, Tag, common_prefix
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
 from app.engine.speculation import NO_SPEC, Drafter, ModTable, SpecConfig, cost_ratio, draft_length, new_stats
 from app.policy import Mode
@@ -348,6 +348,7 @@ class Scheduler:
             candidate.status = RequestStatus.RUNNING
             candidate.admitted_s = now
             candidate.num_computed = num_kv = self.cache.attach(candidate.slot, match)
+            self.cache.tag(candidate.slot, Tag(candidate.owner, candidate.private))
             num_disk = 0
             if self.tiers is not None and lookup:
                 disk_before = self.tiers.counters.disk_restored_tokens_total

@@ -147,7 +147,7 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
         admission=admission, classes=classes, tokens=tokens,
         sampler=sampler, rollups=Rollups(writer), metrics=metrics,
         library=Library(catalog.models_dir, partial(pull_refusal, settings), lambda path: catalog.rescan(),
-                        endpoint=lambda: settings.get("hf_endpoint")),
+                        endpoint=lambda: settings.get("hf_endpoint"), name_problem=catalog.pull_name_problem),
         refusals=Refusals(writer, metrics.observe), usage=seeded_usage(sessions), people=People(sessions, writer),
         proxy_watch=ProxyWatch(), targets=targets, warmer=warmer,
         preload=Preloader(sessions, residency),

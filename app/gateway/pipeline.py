@@ -236,6 +236,9 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
         forward[NO_DRAFTS_FIELD] = 0
     forward["priority"] = policy.priority
     forward["hearth_class"] = policy.name
+    if schema is not EmbeddingBody:
+        # Always set here, whatever the client sent: whose words the runner's KV disk tier keeps, and whether at all.
+        forward["hearth_member"], forward["hearth_private"] = principal.member, policy.private
     forward["model"] = model_name
     record = {
         "arrival_at": arrival_at, "member_name": principal.member, "token_id": principal.token_id,

@@ -136,6 +136,10 @@ class _Body(BaseModel):
     # Hearth's extras: a stock llama-server ignores them.
     priority: int = Field(default=0, ge=-1000, le=1000)
     hearth_class: str = Field(default="default", min_length=1, max_length=64)
+    # Set by the gateway, whatever the client sent: the member the request is for, whose KV disk-tier entries
+    # are removed with them, and whether the class is private (its prompts never written to the disk tier).
+    hearth_member: str | None = Field(default=None, max_length=300)
+    hearth_private: bool = False
 
     @model_validator(mode="before")
     @classmethod

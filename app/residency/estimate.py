@@ -27,7 +27,10 @@ own size (a noise PNG) against a text runner after one request: file + buffer + 
 size covers those within -2.1 / +5.7 MiB; estimate against measured after the image (a second run): 17.2 /
 12.0 MiB (tiny), 356.5 / 352.4 (base), 25.2 / 19.5 (112 px), 32.5 / 34.5 and 57.9 / 60.0 (448 px), 81.9 / 79.9
 (896 px). An image sent larger than the tower's size is decoded at its own
-size first (Pillow and stb, 3 bytes a pixel each, transiently): the pixel limit (--image-max-pixels) bounds it.
+size first (Pillow, transiently; libmtmd's stb_image gets at most 2048 px a side, 8 bits a channel): the request's
+decoded-pixel budget (--image-max-request-pixels, 8.4 MP) bounds it, which the estimate does not count: the 16-bit
+2896² PNG that fills the budget peaked 97 MiB above the estimate and left the runner within it
+(app.devtools.image_memory, app/runner/images.py).
 """
 
 import functools

@@ -35,6 +35,7 @@ import shutil
 import socket
 import threading
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,9 @@ PROGRESS_EVERY_S = 0.2
 DISK_RESERVE_BYTES = 256 * 1024 * 1024
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _HF_PREFIXES = ("hf.co/", "huggingface.co/", "https://huggingface.co/", "https://hf.co/", "hf://")
+# A pulled file's name becomes a served model name (its stem): kept to what a file system and a client's model
+# list take, well under the 255 bytes of a file name (UTF-8 may take 4 bytes a character).
+MAX_PULL_NAME_CHARS = 60
 PULL_STATES = ("resolving", "downloading", "verifying", "done", "failed", "refused")
 
 
@@ -208,12 +212,26 @@ def resolve(spec: str, endpoint: str | None = None, hosts: HostPolicy | None = N
                   etag if _SHA256.match(etag) else None, endpoint or constants.ENDPOINT)
 
 
+def clean_name(name: str) -> str:
+    """A pulled file's name as Hearth keeps it: no control or format characters (CR, LF, NUL, bidi overrides),
+    path separators as '-', spaces collapsed, no leading dot, at most MAX_PULL_NAME_CHARS before its suffix."""
+    kept = "".join("-" if c in "/\\" else " " if c.isspace() else c for c in name
+                   if not unicodedata.category(c).startswith("C") or c.isspace())
+    stem, dot, suffix = " ".join(kept.split()).rpartition(".")
+    if not dot:
+        return suffix.lstrip(". ")
+    return f"{stem.lstrip('. ')[:MAX_PULL_NAME_CHARS].rstrip()}.{suffix}"
+
+
 def _gguf_name(name: str) -> str:
-    if not name.lower().endswith(".gguf"):
-        raise PullError(f"{name!r} is not a .gguf file: Hearth serves GGUF models only", refused=True, code="bad_source")
-    if "/" in name or name.startswith("."):
-        raise PullError(f"{name!r} is not a plain file name", refused=True, code="bad_source")
-    return name
+    cleaned = clean_name(name)
+    if not cleaned.lower().endswith(".gguf"):
+        raise PullError(f"{cleaned!r} is not a .gguf file: Hearth serves GGUF models only", refused=True,
+                        code="bad_source")
+    if cleaned[: -len(".gguf")].strip(" -") == "":
+        raise PullError(f"{cleaned!r} has no name before .gguf: name the file (owner/repo/NAME.gguf or a URL ending "
+                        "in NAME.gguf)", refused=True, code="bad_source")
+    return cleaned
 
 
 def part_path(target: Path) -> Path:
@@ -608,8 +626,11 @@ class Library:
 
     def __init__(self, models_dir: Path, check_header: Callable[[GgufMetadata], str | None],
                  on_done: Callable[[Path], None], endpoint: Callable[[], str | None] = lambda: None,
-                 disk_free: Callable[[Path], int] | None = None, ledger: DiskLedger | None = None):
+                 disk_free: Callable[[Path], int] | None = None, ledger: DiskLedger | None = None,
+                 name_problem: Callable[[str], str | None] = lambda name: None):
         self.models_dir = models_dir
+        # Why a served model name may not come from a pull (an alias's, a reserved one), or None.
+        self._name_problem = name_problem
         self._check_header = check_header
         self._on_done = on_done
         self._endpoint = endpoint
@@ -647,6 +668,9 @@ class Library:
             except ValueError as exc:
                 raise PullError(f"the setting {ALLOW_SETTING} cannot be read: {exc}", refused=True, code="host_refused")
             source = resolve(p.spec, self._endpoint(), hosts)
+            problem = self._name_problem(Path(source.filename).stem)
+            if problem is not None:
+                raise PullError(problem, refused=True, code="exists")
             self._claim(p, source.filename)
             # Done only once the catalog lists it: a client told "success" may use the model at once.
             pull(source, self.models_dir, self._check_header, state=p, disk_free=self._disk_free,

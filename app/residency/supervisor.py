@@ -25,10 +25,11 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB
+from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MAX_AGE_H, DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB
 from app.engine.speculation import NGRAM_TYPES, SpecConfig
 from app.exposition import parse_exposition
 from app.hardware import cpu_has_amx, usable_cores
+from app.paths import KV_CACHE_DIR  # noqa: F401  (re-exported: the services name it from here)
 from app.policy import RUNNER_KINDS, RunnerKind
 from app.residency.pagecache import PAGE_CACHE_SHARE, cached_fraction
 
@@ -39,8 +40,6 @@ LOG_LINES = 500
 # root) can read in /proc/<pid>/environ, never the command line, which `ps` shows everyone.
 RUNNER_KEY_ENV = "HEARTH_RUNNER_API_KEY"
 LLAMA_KEY_ENV = "LLAMA_API_KEY"  # llama.cpp's common/arg.cpp: --api-key reads it when the flag is absent
-# The data volume's folder of hearth runners' disk KV tier (one subfolder per model file, template and KV settings).
-KV_CACHE_DIR = "kv-cache"
 # A port picked free can be taken before the runner binds it; a new one is tried that many times.
 MAX_PORT_TRIES = 3
 
@@ -116,6 +115,7 @@ class RunnerSpec:
     cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB
     cache_disk_dir: str | None = None
     cache_disk_mib: int = DEFAULT_CACHE_DISK_MIB
+    cache_disk_max_age_h: float = DEFAULT_CACHE_DISK_MAX_AGE_H  # 0: never expire
     # The model's vision projector (the catalog's pairing): --mmproj for either kind, unless runner_args
     # name --mmproj or --no-mmproj themselves (theirs win).
     mmproj: str | None = None
@@ -229,7 +229,8 @@ class RunnerSpec:
             cmd.append("--no-prefix-cache")
         cmd += ["--cache-ram", str(self.cache_ram_mib)]
         if self.cache_disk_dir:
-            cmd += ["--cache-disk", self.cache_disk_dir, "--cache-disk-mib", str(self.cache_disk_mib)]
+            cmd += ["--cache-disk", self.cache_disk_dir, "--cache-disk-mib", str(self.cache_disk_mib),
+                    "--cache-disk-max-age-h", f"{self.cache_disk_max_age_h:g}"]
         if self.image_url_fetch and self.mmproj_flag:
             cmd += ["--image-url-fetch"] + (["--image-url-hosts", self.image_url_hosts] if self.image_url_hosts else [])
         return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + list(self.extra_args)

@@ -16,8 +16,13 @@ class ImageLimits:
     """What one request's images may be (llama-server has no such limits; these keep a household box safe)."""
 
     max_bytes: int = MAX_IMAGE_BYTES  # what a generation's body limit makes room for (app.protocols.openai)
-    max_pixels: int = 8192 * 8192
+    max_pixels: int = 8192 * 8192  # an image's own size, read from its header before any pixel is decoded
     max_images: int = 16
+    # Pixels a request's images may decode to, all together, after the reduction on decode a format allows (a JPEG's
+    # DCT scaling); a request over it is refused before its first pixel is decoded. 8.4 MP: a 4K screenshot as PNG,
+    # or two 12 MP phone photos (JPEGs decoded at half their sides); one 8192² 16-bit PNG (520 KB sent) grew the
+    # runner by 770 MB for 2.8 s without it (app.devtools.image_memory measures it).
+    max_request_pixels: int = 1 << 23
     # http(s) image URLs are fetched only when this is on (--image-url-fetch): off, a prompt cannot make
     # the server reach into the household's network.
     fetch_urls: bool = False
@@ -45,6 +50,7 @@ class RunnerConfig:
     # The disk tier's folder (None: off) and budget in MiB (-1: no limit): cached prefixes that survive restarts.
     cache_disk: str | None = None
     cache_disk_mib: int = 4096
+    cache_disk_max_age_s: float | None = None  # entries unused this long are deleted (None: never)
     # Sampling defaults for requests that name none (llama-server's --temp, --seed).
     default_temperature: float | None = None
     default_seed: int | None = None

@@ -37,7 +37,7 @@ def submit(engine: Engine, job: Job) -> Request:
     """Queue a job's request; the engine's refusals become llama-server's errors."""
     try:
         return engine.submit(job.tokens, job.params, priority=job.priority, class_name=job.class_name,
-                             arrival_s=time.monotonic(), cache_prompt=job.cache_prompt, slo=job.slo,
+                             owner=job.owner, private=job.private, arrival_s=time.monotonic(), cache_prompt=job.cache_prompt, slo=job.slo,
                              return_progress=job.return_progress, media=job.media)
     except ContextOverflow as exc:
         raise ApiError(400, f"request ({exc.num_prompt_tokens} tokens) exceeds the available context size "

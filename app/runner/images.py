@@ -9,7 +9,14 @@ address; the bytes and the whole fetch's time are limited. Each image is checked
 PNG, JPEG or WebP, within the byte and pixel limits, and decodable to its end (a truncated file is
 refused here, not half-read by the vision tower). Every refusal is a 400 naming the part and what
 to send instead. libmtmd decodes the bytes again itself, as llama-server does, so both see the same
-pixels.
+pixels — where that decode is as small as it need be.
+
+Decoded pixels are what cost memory (a 520 KB 16-bit RGBA PNG of 8192×8192 is 512 MiB in stb_image's
+16-bit decode, beside Pillow's 256 MiB), so a request's images share a budget of decoded pixels
+(ImageLimits.max_request_pixels), counted from each header before a pixel is decoded, after the reduction on
+decode a format allows (a JPEG's DCT scaling, Pillow's draft(): 1/2, 1/4 or 1/8 of each side, toward MAX_SIDE).
+An image libmtmd would decode larger than it needs — a side over MAX_SIDE, 16 bits a channel, a JPEG decoded
+reduced, a WebP (stb_image has no WebP) — goes to it as the 8-bit PNG of Pillow's pixels, scaled to MAX_SIDE.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import base64
 import binascii
 import http.client
 import io
+import math
 import time
 import warnings
 from urllib.parse import urljoin, urlsplit
@@ -30,6 +38,10 @@ from app.protocols.openai import ApiError
 from app.runner.config import ImageLimits
 
 FORMATS = ("PNG", "JPEG", "WEBP")
+# The longest side an image reaches libmtmd with. Every vision tower Hearth knows takes less (Gemma 3's 896 px,
+# Qwen2.5-VL's ~1 MP by default) and libmtmd scales a larger image down to its tower's size itself, so a larger
+# one only costs stb_image's decode of it (3 bytes a pixel, 8 for 16-bit RGBA) beside Pillow's.
+MAX_SIDE = 2048
 MAX_IMAGE_REDIRECTS = 3
 FETCH_CHUNK_BYTES = 64 * 1024
 
@@ -60,11 +72,28 @@ def with_markers(messages: list[dict], marker: str) -> list[dict]:
     return out
 
 
-def load_image(url: str, where: str, limits: ImageLimits, param: str | None = None) -> tuple[bytes, bytes]:
+class PixelBudget:
+    """The pixels a request's images may still decode to (ImageLimits.max_request_pixels)."""
+
+    def __init__(self, max_pixels: int):
+        self.max_pixels = max_pixels
+        self.used = 0
+
+    def take(self, num_pixels: int, param: str) -> None:
+        """Count an image's decoded pixels; a 400 naming the budget when they do not fit."""
+        if self.used + num_pixels > self.max_pixels:
+            raise ApiError(400, f"'{param}': this request's images decode to {self.used + num_pixels:,} pixels, more "
+                                f"than the limit of {self.max_pixels:,} for one request: send fewer images, or smaller "
+                                f"ones (the model sees at most {MAX_SIDE} px a side anyway)", param=param,
+                           code="image_too_large")
+        self.used += num_pixels
+
+
+def load_image(url: str, where: str, limits: ImageLimits, param: str | None = None,
+               budget: PixelBudget | None = None) -> tuple[bytes, bytes]:
     """One image part's URL (data URL, raw base64, or http(s) where allowed), checked: (the bytes as sent,
-    the bytes for libmtmd). libmtmd's decoder (stb_image) has no WebP: a WebP image goes to it as the PNG of
-    its decoded pixels, so the vision tower sees exactly what Pillow decoded. param: the field a refusal
-    names (default: the part's image_url.url)."""
+    the bytes for libmtmd, see decode_image). param: the field a refusal names (default: the part's
+    image_url.url); budget: the request's decoded pixels (None: only this image's limits)."""
     param = param or f"{where}.image_url.url"
     if url.startswith(("http://", "https://")):
         data = _fetch(url, param, limits)
@@ -84,9 +113,7 @@ def load_image(url: str, where: str, limits: ImageLimits, param: str | None = No
                                 "data:image/png;base64,... or plain base64", param=param, code="invalid_image")
     if len(data) > limits.max_bytes:
         raise _too_big(param, limits)
-    if check_image(data, param, limits) == "WEBP":
-        return data, as_png(data)
-    return data, data
+    return data, decode_image(data, param, limits, budget)[1]
 
 
 def as_png(data: bytes) -> bytes:
@@ -105,6 +132,38 @@ def _too_big(param: str, limits: ImageLimits) -> ApiError:
 
 def check_image(data: bytes, param: str, limits: ImageLimits) -> str:
     """The image's format, after checking it is PNG, JPEG or WebP, within max_pixels, and not truncated."""
+    return decode_image(data, param, limits)[0]
+
+
+def _png_bit_depth(data: bytes) -> int:
+    """A PNG's bits per channel, from its IHDR (the first chunk): 1, 2, 4, 8 or 16."""
+    return data[24] if len(data) > 24 else 8
+
+
+def _eight_bit(im: Image.Image) -> Image.Image:
+    """The image as 8-bit RGB, or RGBA where it has transparency (16-bit grey scaled, not clipped)."""
+    if im.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        return im.convert("I").point(lambda v: v * (1 / 256)).convert("L").convert("RGB")
+    return im.convert("RGBA" if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info else "RGB")
+
+
+def _small_png(im: Image.Image) -> bytes:
+    """The decoded image as an 8-bit PNG of at most MAX_SIDE px a side (a box reduction, then an exact resize)."""
+    factor = max(im.size) // MAX_SIDE
+    if factor > 1:
+        im = im.reduce(factor)
+    if max(im.size) > MAX_SIDE:
+        im = im.copy()
+        im.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.BICUBIC)
+    out = io.BytesIO()
+    _eight_bit(im).save(out, format="PNG", compress_level=1)
+    return out.getvalue()
+
+
+def decode_image(data: bytes, param: str, limits: ImageLimits, budget: PixelBudget | None = None) -> tuple[str, bytes]:
+    """Check an image (PNG, JPEG or WebP, within max_pixels and the request's budget, not truncated), decoding it no
+    larger than needed; returns its format and the bytes libmtmd should decode: those sent where libmtmd's decode of
+    them is as small as needed, else the 8-bit PNG of Pillow's pixels (see the module docstring)."""
     if not data:
         raise ApiError(400, f"'{param}' is empty", param=param, code="invalid_image")
     head = data[:1024].lstrip().lower()
@@ -125,7 +184,16 @@ def check_image(data: bytes, param: str, limits: ImageLimits) -> str:
                     raise ApiError(400, f"'{param}' has {width}×{height} = {width * height:,} pixels, more than the "
                                         f"limit of {limits.max_pixels:,}: scale it down", param=param,
                                    code="image_too_large")
+                if fmt == "JPEG" and max(width, height) > MAX_SIDE:
+                    # Decoded reduced (DCT scaling): the largest power-of-two reduction that keeps MAX_SIDE.
+                    scale = MAX_SIDE / max(width, height)
+                    im.draft(None, (math.ceil(width * scale), math.ceil(height * scale)))
+                if budget is not None:
+                    budget.take(im.size[0] * im.size[1], param)
                 im.load()
+                if (fmt == "WEBP" or max(im.size) > MAX_SIDE or im.size != (width, height)
+                        or (fmt == "PNG" and _png_bit_depth(data) == 16)):
+                    return fmt, _small_png(im)
     except Image.DecompressionBombError:
         raise ApiError(400, f"'{param}' has more pixels than the limit of {limits.max_pixels:,}: scale it down",
                        param=param, code="image_too_large")
@@ -135,7 +203,7 @@ def check_image(data: bytes, param: str, limits: ImageLimits) -> str:
     except (OSError, SyntaxError, ValueError) as exc:
         raise ApiError(400, f"'{param}' is truncated or corrupt ({exc}): send the whole file", param=param,
                        code="invalid_image")
-    return fmt
+    return fmt, data
 
 
 def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:

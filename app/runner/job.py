@@ -76,6 +76,8 @@ class Job:
     verbose: bool = False  # llama-server's per-request `verbose`: the answer carries __verbose
     priority: int = 0
     class_name: str = "default"
+    owner: str | None = None  # the gateway's member: the cells it leaves are theirs (app.engine.prefix_cache.Tag)
+    private: bool = False  # a private class's: never written to the KV disk tier
     cache_prompt: bool = True
     slo: SloTargets = NO_SLO
     prompt_param: str = "prompt"  # the body field a prompt too long for the context is named by
@@ -91,6 +93,7 @@ def _job(state: RunnerState, headers: Mapping, body, kind: str, tokens: list[int
         n=getattr(body, "n", 1) if kind != NATIVE else 1, logprobs=logprobs is not None,
         include_usage=body.include_usage, timings_per_token=body.timings_per_token,
         return_progress=body.return_progress and body.stream, priority=body.priority, class_name=body.hearth_class,
+        owner=body.hearth_member, private=body.hearth_private,
         cache_prompt=body.cache_prompt, slo=parse_slo_header(headers.get(SLO_HEADER)),
         prompt_param="messages" if kind == CHAT else "prompt", **shape,
     )

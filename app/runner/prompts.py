@@ -98,7 +98,8 @@ def _image_prompt(state: RunnerState, text: str, tools: list[dict], found: list[
     if len(found) > limits.max_images:
         raise ApiError(400, f"'messages': {len(found)} images, more than the limit of {limits.max_images} a request",
                        param="messages", code="too_many_images")
-    loaded = [images.load_image(url, at, limits, param=at + field) for url, at in found]
+    budget = images.PixelBudget(limits.max_request_pixels)
+    loaded = [images.load_image(url, at, limits, param=at + field, budget=budget) for url, at in found]
     try:
         # Named by the bytes as sent: the same image in a later turn finds its cells in the prefix cache.
         tokens, spans = state.projector.tokenize(text, [d for _, d in loaded], [image_key(sent) for sent, _ in loaded])

@@ -181,7 +181,7 @@ class RunnerState:
             return None
         key = tier_key(cfg.model.path, self.template.source or "", settings())
         mib = cfg.cache_disk_mib
-        return DiskTier(cfg.cache_disk, key, None if mib == -1 else mib * MIB)
+        return DiskTier(cfg.cache_disk, key, None if mib == -1 else mib * MIB, max_age_s=cfg.cache_disk_max_age_s)
 
     def shutdown(self) -> None:
         """Stop the engine (the disk tier writes what it lacks first); the worker is exiting."""

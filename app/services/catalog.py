@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from sqlalchemy import select
@@ -31,6 +32,7 @@ from app.residency.supervisor import (
     parse_runner_args,
     spec_type_for,
 )
+from app.services.privacy import MAX_AGE_SETTING, expire_kv_cache, remove_orphans
 from app.services.settings import SettingsCache, memory_budget
 from app.store import models as db
 from app.store.settings import get_setting
@@ -38,7 +40,7 @@ from app.store.settings import get_setting
 log = logging.getLogger(__name__)
 
 RUNNER_DEFAULTS = ("ctx", "parallel", "batch", "threads", "prefix_cache", "args", "cache_ram_mib", "cache_disk_mib",
-                   "image_url_fetch", "image_url_hosts")  # the stored runner_* settings a spec falls back on
+                   "cache_disk_max_age_h", "image_url_fetch", "image_url_hosts")  # the stored runner_* settings a spec falls back on
 
 
 class ModelNotServable(Exception):
@@ -210,6 +212,7 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         cache_ram_mib=_int_or(defaults.get("cache_ram_mib"), DEFAULT_CACHE_RAM_MIB),
         cache_disk_dir=str(kv_dir) if kv_dir is not None and _int_or(defaults.get("cache_disk_mib"), 0) else None,
         cache_disk_mib=_int_or(defaults.get("cache_disk_mib"), DEFAULT_CACHE_DISK_MIB),
+        cache_disk_max_age_h=float(defaults.get("cache_disk_max_age_h") or 0),
         mmproj=str(entry.mmproj) if entry.mmproj else None,
         image_url_fetch=bool(defaults.get("image_url_fetch")),
         image_url_hosts=defaults.get("image_url_hosts") or None,
@@ -287,6 +290,22 @@ class Catalog:
         """Alias → model name, as the admin set them."""
         return self._scan.aliases
 
+    def pull_name_problem(self, name: str) -> str | None:
+        """Why a pulled file may not be served under `name` (its file name's stem), or None.
+
+        A model's name wins over an alias (an alias never shadows a model), so a pulled file named like an alias would
+        take the requests meant for the alias's model: refused, naming the alias."""
+        if name.lower() in RESERVED_NAMES:
+            return f"a pulled file cannot be called '{name}': requests use that name for the household's default model"
+        with self.sessions() as s:
+            rows = s.execute(select(db.Model.name, db.Model.alias).where(db.Model.alias.is_not(None))).all()
+        for model, alias in rows:
+            if name in (alias, alias.removesuffix(OLLAMA_DEFAULT_TAG)) and name != model:
+                return (f"'{name}' is the alias of the model '{model}': a pulled file under that name would take the "
+                        f"alias's requests. Change the alias first (hearth models set {model} --alias NEW, or on the "
+                        "Models page), or pull a file of another name")
+        return None
+
     def delete(self, name: str, residency: ResidencyManager) -> Path:
         """Delete a model file of the models folder (unloaded first); its path.
 
@@ -300,6 +319,14 @@ class Catalog:
         Path(entry.path).unlink(missing_ok=True)
         self.rescan()
         return Path(entry.path)
+
+    def expire_kv_cache(self) -> int:
+        """Delete the KV disk tier's entries unused for runner_cache_disk_max_age_h, and those of removed members
+        (the expire_kv_cache job); returns how many."""
+        with self.sessions() as s:
+            members = set(s.scalars(select(db.Member.name)))
+        return expire_kv_cache(self.data_dir, partial(self.settings.get, MAX_AGE_SETTING)) + remove_orphans(
+            self.data_dir, members)
 
     def rescan(self) -> list[CatalogEntry]:
         """The `rescan_catalog` job: scan the folder, record every model in the store, rebuild what can be served."""

@@ -8,7 +8,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.store.db import StoreInUse, database_path, hold_store_exclusively
+from app.store.db import StoreInUse, create_private, database_path, hold_store_exclusively
 from app.store.models import utcnow
 
 
@@ -38,6 +38,8 @@ def backup(data_dir: Path, target: Path) -> int:
     if target.exists():
         raise BackupError(f"{target} already exists; choose a new file name")
     tmp = target.with_name(target.name + ".partial")
+    # The copy holds the request log and the tokens' hashes: owner-only, wherever it is written.
+    create_private(tmp)
     src = sqlite3.connect(source)
     dst = sqlite3.connect(tmp)
     try:
@@ -185,6 +187,8 @@ def _swap_in(data_dir: Path, source: Path) -> Path:
         for suffix in ("-wal", "-shm"):
             Path(str(live) + suffix).unlink(missing_ok=True)
     tmp = live.with_name(live.name + ".restoring")
+    tmp.unlink(missing_ok=True)
+    create_private(tmp)
     src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
     dst = sqlite3.connect(tmp)
     try:

@@ -21,11 +21,11 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.paths import DATABASE_NAME, PRIVATE_FILE_MODE, private_dir
 from app.store.seed import seed_defaults
 
-DATABASE_NAME = "hearth.db"
 # Held (flock) by every process serving the store, taken exclusively by `hearth restore`.
-LOCK_NAME = "hearth.db.lock"
+LOCK_NAME = f"{DATABASE_NAME}.lock"
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 # Execution option naming the BEGIN statement a connection's transactions start with.
 BEGIN_OPTION = "hearth_sqlite_begin"
@@ -36,10 +36,26 @@ def database_path(data_dir: Path) -> Path:
     return Path(data_dir) / DATABASE_NAME
 
 
+def create_private(path: Path) -> None:
+    """Create the database file owner-only (0600) before SQLite does, or make an existing one so.
+
+    SQLite gives its -wal and -shm files the database file's mode, so they follow: the request log and the
+    tokens' hashes are never readable by another local user.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+    except PermissionError:
+        pass  # another user's file this one may write (an ACL): serve's start check says so
+    finally:
+        os.close(fd)
+
+
 def make_engine(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, echo: bool = False) -> Engine:
     """An engine on the SQLite file at `path`: WAL, foreign keys on, busy timeout, synchronous=NORMAL."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
+    create_private(path)
     engine = create_engine(URL.create("sqlite", database=str(path)), echo=echo)
 
     @event.listens_for(engine, "connect")
@@ -146,7 +162,7 @@ def open_store(data_dir: Path) -> tuple[Engine, sessionmaker]:
     Its sessions are plain ones, for reading (one may be opened inside another); a unit of work that reads and then
     writes beside a running serve takes `writing_sessions(engine)`.
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     engine = make_engine(database_path(data_dir))
     upgrade(engine)
     sessions = session_factory(engine)
@@ -171,8 +187,8 @@ def hold_store(data_dir: Path):
     Keep the file open for as long as the store is served; closing it, or the process ending in
     any way (a crash included), releases the lock: a stale lock never blocks a restore.
     """
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = private_dir(data_dir)
+    create_private(lock_path(data_dir))
     holder = open(lock_path(data_dir), "a+")
     fcntl.flock(holder.fileno(), fcntl.LOCK_SH)
     # For the refusal message only: the last process that took the lock.
@@ -185,8 +201,8 @@ def hold_store(data_dir: Path):
 
 def hold_store_exclusively(data_dir: Path):
     """The serving lock taken exclusively without waiting; raises StoreInUse while a serve holds it."""
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = private_dir(data_dir)
+    create_private(lock_path(data_dir))
     holder = open(lock_path(data_dir), "a+")
     try:
         fcntl.flock(holder.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -221,6 +221,9 @@ class RequestClass(Base):
     # Whether the class's requests may draft (speculative decoding, where the runner decides it pays); off
     # sends the runner "speculative.n_max": 0 with each request. Migration 0013.
     speculation: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("1"))
+    # A private class's prompts stay in the runner's memory (KV cache, RAM tier) and are never written to the KV
+    # disk tier, so nothing of them outlives the runner on the data volume. Migration 0019.
+    private: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("0"))
 
 
 class Member(Base):

@@ -192,6 +192,8 @@ REGISTRY = {
         SettingDef("runner_cache_disk_mib", 4096, "disk space on the data volume each model's cached prefixes may take, so a stable system prompt survives model swaps and restarts (0 off, -1 no limit); applies when a runner starts",
                    "int", "Models and runners", "KV kept on disk per model", "MiB", -1, 1_048_576,
                    special="-1: no limit, 0: off"),
+        SettingDef("runner_cache_disk_max_age_h", 72.0, "a prefix kept on disk that no request used for this long is deleted, by its runner and by serve's hourly check (a conversation's words do not lie on the data volume for good; a system prompt in daily use stays); 0 never",
+                   "float", "Models and runners", "KV kept on disk at most", "h", 0, 8760, special="0: never"),
         SettingDef("model_swap_wait_s", 30.0, "a request for a model that does not fit beside the resident ones waits this long for the busy models in its way to finish their requests (then they are evicted), instead of being refused with 503 at once",
                    "float", "Models and runners", "Wait for a busy model to swap", "s", 0, 600),
         SettingDef("runner_image_url_fetch", False, "local hearth runners of vision models fetch the http(s) image URLs "

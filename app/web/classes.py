@@ -51,6 +51,9 @@ FORM_FIELDS = [
     ("speculation", "Speculative decoding", "on: the runner drafts tokens from the context while few requests "
                                             "decode and stands aside as the batch fills (answers are the same); "
                                             "off: this class's requests never draft"),
+    ("private", "Private", "yes: this class's prompts stay in the runner's memory and are never written to the KV "
+                           "cache on the data volume (a conversation does not outlive the runner on disk; a resent "
+                           "prompt is prefilled again after a swap or restart)"),
 ]
 
 
@@ -119,7 +122,7 @@ def save(name: str):
     _row_values(name)  # 404 for an unknown class
     form = request.form
     values = {f: form.get(f, "") for f in CLASS_FIELDS if f != "preemptible"}
-    for kept in ("thinking", "speculation"):
+    for kept in ("thinking", "speculation", "private"):
         if kept not in form:
             values.pop(kept)  # a form of an older page: the class keeps what it had
     # An unticked checkbox is absent from the form.

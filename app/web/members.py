@@ -29,6 +29,7 @@ from app.gateway.tokens import (
     set_member_limits,
     set_token,
 )
+from app.services.privacy import remove_member
 from app.web.auth import login_required
 from app.web.queries import class_rows
 
@@ -253,3 +254,23 @@ def limits(member_id: int):
         set_member_limits(s, member.name, values)
     services().forget_members()
     return _render(changed=f"Limits of {member.name} saved: they apply to their next request.")
+
+
+@bp.post("/members/<int:member_id>/remove")
+@login_required
+def remove(member_id: int):
+    """Remove a member (confirmed): their tokens, the people behind them, their request-log text, their KV disk entries."""
+    svc = services()
+    with svc.sessions() as s:
+        member = next((m for m in list_members(s) if m.id == member_id), None)
+    if member is None:
+        abort(404, description=f"no member with id {member_id}")
+    if request.form.get("confirm") != "yes":
+        return render_template("members/confirm_remove.html", member=member)
+    with svc.write_sessions() as s:
+        removal = remove_member(s, svc.data_dir, member.name)
+    svc.forget_members()
+    people = f", {len(removal.names) - 1} people behind their tokens" if len(removal.names) > 1 else ""
+    return _render(changed=f"{member.name} removed{people}: their tokens no longer work, the request log keeps "
+                           f"{removal.requests_cleared} of their requests' figures without their name or error text, "
+                           f"and {removal.kv_entries} of their cached prompts were deleted from disk.")

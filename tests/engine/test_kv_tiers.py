@@ -280,3 +280,144 @@ def test_a_full_disk_leaves_no_half_entry_and_serving_goes_on(make_engine, tmp_p
     assert disk.flush() and disk.num_failed_writes == failures and len(disk) == 0
     monkeypatch.undo()
     disk.close()
+
+
+# -- privacy at rest: owner-only files, a maximum age, whose words an entry holds, private classes ---------------
+
+
+class WallClock:
+    """A wall clock that moves only when told to (the disk tier counts ages from the files' mtimes)."""
+
+    def __init__(self, now: float = 1_800_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _mode(path) -> int:
+    import os
+    import stat
+
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_the_disk_tier_s_folders_and_files_are_owner_only_whatever_the_umask(make_engine, tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        _, disk = first_session(make_engine, tmp_path / "kv")
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "kv") == 0o700 and _mode(disk.dir) == 0o700
+    assert _mode(only_file(disk)) == 0o600 and _mode(disk.dir / "key.json") == 0o600
+
+
+def test_an_entry_written_open_by_an_older_hearth_is_made_owner_only_when_read(make_engine, tmp_path):
+    import os
+
+    _, disk = first_session(make_engine, tmp_path)
+    os.chmod(only_file(disk), 0o644)
+    DiskTier(tmp_path, dict(KEY), max_bytes=None).close()
+    assert _mode(only_file(disk)) == 0o600
+
+
+def test_an_entry_unused_for_the_maximum_age_is_deleted_on_access_and_at_start(tmp_path):
+    clock = WallClock()
+    disk = DiskTier(tmp_path, KEY, max_bytes=None, max_age_s=3600, clock=clock)
+    disk.submit(saved(long_prompt(1, 20), 100))
+    disk.submit(saved(long_prompt(2, 20), 100))
+    assert disk.flush() and len(disk) == 2
+    clock.now += 3000
+    entry, n = disk.best(long_prompt(2, 20))
+    assert n == 20 and disk.load(entry) is not None  # used now: its age starts again
+    clock.now += 1000  # the first entry is 4,000 s unused, the second 1,000 s
+    assert disk.best(long_prompt(1, 20)) == (None, 0)
+    assert len(disk) == 1 and disk.num_expired == 1
+    assert [p.name for p in disk.dir.iterdir() if p.suffix == ".kv"] == [disk.best(long_prompt(2, 20))[0].name]
+    disk.close()
+    clock.now += 3601
+    restarted = DiskTier(tmp_path, KEY, max_bytes=None, max_age_s=3600, clock=clock)
+    assert len(restarted) == 0 and not [p for p in restarted.dir.iterdir() if p.suffix == ".kv"]
+    restarted.close()
+
+
+def test_without_a_maximum_age_entries_stay(tmp_path):
+    clock = WallClock()
+    disk = DiskTier(tmp_path, KEY, max_bytes=None, clock=clock)
+    disk.submit(saved(long_prompt(1, 20), 100))
+    assert disk.flush()
+    clock.now += 10 * 365 * 86400
+    assert disk.best(long_prompt(1, 20))[1] == 20 and disk.expire() == 0
+    disk.close()
+
+
+def test_serve_s_job_expires_the_entries_of_models_no_runner_serves(tmp_path):
+    from app.engine.kv_tiers import expire_entries
+    from app.services.privacy import expire_kv_cache
+
+    clock = WallClock()
+    disk = DiskTier(tmp_path / "kv-cache", KEY, max_bytes=None, clock=clock)
+    disk.submit(saved(long_prompt(1, 20), 100))
+    assert disk.flush()
+    disk.close()
+    assert expire_kv_cache(tmp_path, lambda: 0, clock=lambda: clock.now + 10**9) == 0  # 0: never
+    assert expire_entries(tmp_path / "kv-cache", 7200, clock.now + 7000) == 0
+    assert expire_kv_cache(tmp_path, lambda: 2, clock=lambda: clock.now + 7201) == 1
+    assert not [p for p in disk.dir.iterdir() if p.suffix == ".kv"]
+
+
+def test_an_entry_knows_whose_words_it_holds_and_goes_with_its_member(make_engine, tmp_path):
+    from app.engine.kv_tiers import entry_owner, remove_owner_entries
+
+    disk = DiskTier(tmp_path, KEY, max_bytes=None)
+    model = FakeModel(n_ctx=256, n_batch=64, n_seq_max=2, transfer_seq=TRANSFER)
+    engine = make_engine(model, cache_ram_bytes=None, cache_disk=disk)
+    for tag, owner in ((1, "alice"), (2, "bob"), (3, "alice/kid")):
+        r = engine.submit(long_prompt(tag), greedy(4, ignore_eos=True), owner=owner)
+        collect(r)
+    wait_for(lambda: all(disk.holds(long_prompt(t)) for t in (1, 2, 3)))
+    assert disk.flush()
+    owners = {entry_owner(p) for p in disk.dir.iterdir() if p.suffix == ".kv"}
+    assert owners == {"alice", "bob", "alice/kid"}
+    assert remove_owner_entries(tmp_path, {"alice", "alice/kid"}.__contains__) == 2
+    left = [p for p in disk.dir.iterdir() if p.suffix == ".kv"]
+    assert [entry_owner(p) for p in left] == ["bob"]
+    engine.stop()
+    disk.close()
+
+
+def test_a_private_class_s_prompt_is_never_written_to_disk_but_reused_from_memory(make_engine, tmp_path):
+    disk = DiskTier(tmp_path, KEY, max_bytes=None)
+    model = small_model()
+    engine = make_engine(model, cache_ram_bytes=None, cache_disk=disk)
+    r = engine.submit(long_prompt(1), greedy(4, ignore_eos=True), owner="alice", private=True)
+    collect(r)
+    # Another request, not private: once it is written, the writer has caught up with the idle engine.
+    r2 = engine.submit(long_prompt(2), greedy(4, ignore_eos=True), owner="bob")
+    collect(r2)  # its cells need the private entry's: evicted to the RAM tier, not to disk
+    wait_for(lambda: disk.holds(long_prompt(2)))
+    assert engine.tiers.counters.saves_total == 1 and len(engine.tiers.ram) == 1
+    r3 = engine.submit(long_prompt(1) + [7], greedy(4, ignore_eos=True), owner="alice", private=True)
+    _, fin = collect(r3)
+    assert fin.stats.num_cached_tokens == 40 and engine.tiers.counters.hits_total == 1  # from RAM
+    engine.stop()  # persists what the disk lacks: the private prompt stays out
+    assert disk.flush()
+    assert not disk.holds(long_prompt(1))
+    files = [p for p in disk.dir.iterdir() if p.suffix == ".kv"]
+    assert len(files) == 1 and disk.holds(long_prompt(2))
+    disk.close()
+
+
+def test_an_entry_serve_deleted_meanwhile_is_forgotten_without_a_warning(make_engine, tmp_path, caplog):
+    first, disk = first_session(make_engine, tmp_path)
+    disk2 = DiskTier(tmp_path, dict(KEY), max_bytes=None)
+    only_file(disk2).unlink()  # serve's job, or a member's removal, while the runner runs
+    caplog.set_level(logging.INFO, logger="app.engine.kv_tiers")
+    engine = make_engine(small_model(), cache_ram_bytes=None, cache_disk=disk2)
+    again, cached = run(engine, long_prompt(1))
+    assert cached == 0 and again == first and disk2.num_bad == 0
+    assert "was removed meanwhile" in caplog.text and "dropping" not in caplog.text
+    engine.stop()
+    disk2.close()

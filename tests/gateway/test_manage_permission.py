@@ -105,3 +105,22 @@ def test_a_models_own_name_wins_over_an_alias_set_before_the_rule(gateway_app, s
     svc.catalog.rescan()
     assert "other-model" in svc.catalog.model_specs() and MODEL not in svc.catalog.aliases()
     assert svc.catalog.resolve(MODEL) == MODEL
+
+
+def test_a_pulled_file_never_takes_an_alias(gateway_app, make_token, set_settings):
+    """/api/pull of a file named like an existing alias: refused with a message naming the alias, and the alias keeps
+    its model (before, the pulled model's own name won and took the alias's traffic)."""
+    set_settings(api_manage_models=True, pull_allowed_hosts="127.0.0.1")  # a LAN mirror: nothing listens there
+    svc = services(gateway_app)
+    with svc.sessions() as s:
+        s.scalars(select(Model).where(Model.name == MODEL)).one().alias = "family"
+        s.commit()
+    svc.catalog.rescan()
+    assert svc.catalog.pull_name_problem("family").startswith(f"'family' is the alias of the model '{MODEL}'")
+    assert "household's default model" in svc.catalog.pull_name_problem("default")
+    assert svc.catalog.pull_name_problem("another") is None
+    r = gateway_app.test_client().post("/api/pull", json={"model": "http://127.0.0.1:9/family.gguf", "stream": False},
+                                       headers=make_token("alice", may_manage=True))
+    assert r.status_code == 409, r.text
+    assert f"'family' is the alias of the model '{MODEL}'" in r.json["error"]
+    assert svc.catalog.resolve("family") == MODEL

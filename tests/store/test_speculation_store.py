@@ -119,6 +119,6 @@ def test_hearth_classes_set_and_list_the_speculation_switch(tmp_path, monkeypatc
     assert "'sometimes' is not a valid speculation: enter yes or no" in capsys.readouterr().err
     assert main(["classes", "list"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
-    assert lines["class"].endswith(" drafts  model")
-    assert lines["background"].endswith(" no  (household default)")
-    assert lines["chat"].endswith(" yes  (household default)")
+    assert lines["class"].endswith(" drafts private  model")
+    assert lines["background"].split()[-4:] == ["no", "no", "(household", "default)"]
+    assert lines["chat"].split()[-4:] == ["yes", "no", "(household", "default)"]
