@@ -33,6 +33,7 @@ from app.residency.manager import ModelState
 from app.residency.supervisor import runner_headers
 from app.store.models import Sample, Series
 from app.store.writer import StoreWriter
+from app.telemetry.drm import DrmSampler
 
 log = logging.getLogger(__name__)
 
@@ -480,7 +481,7 @@ class Sampler:
 
     def __init__(self, writer: StoreWriter, runner_status: Callable[[], list[dict]],
                  gateway_status: Callable[[], dict[str, dict]], clock: Callable[[], float] = time.time,
-                 http_get: HttpGet | None = None, nvml: Any = None, ps: Any = psutil):
+                 http_get: HttpGet | None = None, nvml: Any = None, ps: Any = psutil, drm: DrmSampler | None = None):
         self.writer = writer
         # The residency manager's and the admission's status (read only, no I/O).
         self.runner_status = runner_status
@@ -489,6 +490,8 @@ class Sampler:
         self.http_get = http_get or _httpx_get()
         self.nvml = nvml
         self.ps = ps
+        # Intel and AMD GPUs (amdgpu/i915/xe sysfs, DRM fdinfo) feed the same gpu:<i> series where NVML has none.
+        self.drm = drm or DrmSampler()
         self.rates = RateTracker()
         self.scrape_failures = ScrapeFailures()
         self.speculation = SpeculationNotes()
@@ -501,7 +504,8 @@ class Sampler:
 
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
-        readings = sample_host(self.ps) + sample_gpus(self.nvml) + sample_gateway(self.gateway_status())
+        gpus = sample_gpus(self.nvml) or self.drm.sample(now)
+        readings = sample_host(self.ps) + gpus + sample_gateway(self.gateway_status())
         self._tiers_next = {}
         readings += sample_runners(self.runner_status(), self.http_get, self.rates, now, self.scrape_failures,
                                    self.speculation, self._tiers_next)
