@@ -1023,6 +1023,13 @@ def _existing(path: str, flag: str) -> str:
 
 
 def _runner(args) -> int:
+    from app.llama_tools import LlamaToolsNotFound, apply_llama_lib_env
+
+    # Before anything imports llama_cpp: it opens the build's libraries once, at import.
+    try:
+        apply_llama_lib_env()
+    except LlamaToolsNotFound as exc:
+        raise SystemExit(f"hearth runner: {exc}")
     from app.engine.named_template import NamedTemplate, is_template_name
     from app.residency.supervisor import RUNNER_KEY_ENV
     from app.runner.config import RunnerConfig
