@@ -206,9 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # The order here is the order `hearth --help` lists them in.
     for add in (_add_runner, _add_bench, _add_serve, _add_token, _add_traffic, _add_models, _add_soak, _add_classes,
-                _add_backup, _add_settings):
+                _add_backup, _add_settings, _add_doctor):
         add(sub)
     return parser
+
+
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    """`hearth doctor`: what this box offers (build, devices, GPU readings) and what Hearth will do."""
+    doc = sub.add_parser("doctor", help="explain the box: llama.cpp build, devices, GPU memory, what Hearth will do")
+    doc.add_argument("--json", action="store_true", help="the report as JSON")
 
 
 def _add_runner(sub: argparse._SubParsersAction) -> None:
@@ -690,6 +696,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "runner":
         return _runner(args)
+    if args.command == "doctor":
+        import json
+
+        from app.services.doctor import examine, render
+
+        report = examine()
+        print(json.dumps(report, indent=2) if args.json else render(report))
+        return 0
     if args.command == "soak":
         from app.devtools.soak import main as soak_main
 
