@@ -66,6 +66,7 @@ def probe_devices(environ: dict[str, str] | None = None, python: str = sys.execu
 
 _cache_lock = threading.Lock()
 _cached: tuple[float, Probe] | None = None
+_running = False
 
 
 def cached_probe(clock=time.monotonic) -> Probe:
@@ -78,3 +79,29 @@ def cached_probe(clock=time.monotonic) -> Probe:
     with _cache_lock:
         _cached = (clock(), probe)
     return probe
+
+
+def peek_probe() -> Probe | None:
+    """The last probe's result without running one (None before the first has finished)."""
+    with _cache_lock:
+        return _cached[1] if _cached is not None else None
+
+
+def probe_in_background(clock=time.monotonic) -> None:
+    """Start cached_probe() on a thread when no fresh result is cached and none is running: a page shows the
+    devices without waiting on a child process."""
+    global _running
+    with _cache_lock:
+        if _running or (_cached is not None and clock() - _cached[0] < PROBE_TTL_S):
+            return
+        _running = True
+
+    def run() -> None:
+        global _running
+        try:
+            cached_probe(clock)
+        finally:
+            with _cache_lock:
+                _running = False
+
+    threading.Thread(target=run, name="device-probe", daemon=True).start()
