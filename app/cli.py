@@ -356,6 +356,14 @@ def _add_bench_overhead(bench_sub: argparse._SubParsersAction) -> None:
 
 def _add_bench_vram(bench_sub: argparse._SubParsersAction) -> None:
     """`hearth bench vram`: the residency estimate against NVML."""
+    vk = bench_sub.add_parser("vulkan", help="the offload path on a Vulkan device (lavapipe in CI): layers, device "
+                                             "buffers vs the estimate, freed after unload, greedy tokens vs stock "
+                                             "llama-server's Vulkan build")
+    vk.add_argument("--model", help="a GGUF (default: the tiny random-weight model, written to a temp folder)")
+    vk.add_argument("--ctx", type=int, default=512)
+    vk.add_argument("--parallel", type=int, default=1)
+    vk.add_argument("--n-predict", type=int, default=16, help="greedy tokens per prompt (default %(default)s)")
+    vk.add_argument("--json", dest="json_path", help="write the figures as JSON here")
     vram = bench_sub.add_parser("vram", help="the residency estimate against NVML's measured use; the NVML sampler under load")
     _add_model_args(vram, ctx=4096, parallel=8)
     vram.add_argument("--requests", type=int, default=8, help="completions sent at once while sampling (default %(default)s)")
@@ -750,6 +758,10 @@ def main(argv: list[str] | None = None) -> int:
 def _bench(args) -> int:
     """`hearth bench ...`: the benchmark asked for, with its model resolved."""
     name = args.bench_command
+    if name == "vulkan":
+        from app.devtools.vulkan_check import run_from_args as run_vulkan
+
+        return run_vulkan(args)
     if name == "engine":
         from app.devtools.engine_bench import run_from_args
 
