@@ -89,3 +89,23 @@ def test_hearth_greedy_tokens_equal_stock_llama_servers_vulkan_build(env, tiny, 
     # differs here (top-5 ids equal in 1 of 5 prompts, log-probabilities 3e-3 apart), the same device's does not.
     assert parity["num_same_top_n"] == len(PROMPTS) and parity["num_ranked_steps"] == 16 * len(PROMPTS)
     assert parity["max_logprob_gap"] < 1e-4
+
+
+def test_a_runner_reports_its_device_buffers_for_the_budget_and_charts(env, tiny, tmp_path):
+    import sys
+
+    import httpx
+
+    from app.devtools.vulkan_check import _start, _stop
+    from app.exposition import parse_exposition
+
+    proc, url = _start([sys.executable, "-m", "app.cli", "runner", "--model", tiny, "--ctx", "512", "--parallel", "1",
+                        "--gpu-layers", "99", "--metrics"], env, tmp_path / "runner.log")
+    try:
+        scrape = parse_exposition(httpx.get(url + "/metrics", timeout=30).text)
+        props = httpx.get(url + "/props", timeout=30).json()["model"]
+    finally:
+        _stop(proc)
+    held = {labels["device"]: value for labels, value in scrape.series("hearth:device_buffer_bytes")}
+    assert held == {"Vulkan0": float(sum(props["buffers"]["Vulkan0"].values()))} and held["Vulkan0"] > 0
+    assert props["offloaded_layers"][0] == props["offloaded_layers"][1] and props["flash_attn"] == "off"

@@ -1,6 +1,7 @@
 """app.telemetry.drm against fake sysfs and fdinfo trees: amdgpu's files, i915's and xe's fdinfo."""
 
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 from app.telemetry.drm import DrmSampler, list_cards
@@ -91,3 +92,21 @@ def test_the_sampler_feeds_the_gpu_series_from_drm_where_nvml_has_no_gpu(tmp_pat
                       drm=DrmSampler(tmp_path / "sys", tmp_path / "proc"))
     sampler.sample_all()
     assert sampler.latest["gpu:0"] == {"vram_total_bytes": float(GIB), "vram_used_bytes": 0.0}
+
+
+def test_without_driver_readings_the_gpu_series_come_from_the_runners_device_buffers(monkeypatch):
+    from app import device_probe
+    from app.devices import Device
+    from app.residency.manager import ModelState
+
+    probe = device_probe.Probe("vulkan", devices=(Device("Vulkan0", "Vulkan", "gpu", "llvmpipe", 2 * GIB, 2 * GIB,
+                                                         False),))
+    monkeypatch.setattr(device_probe, "_cached", (0.0, probe))
+    text = ('# TYPE hearth:device_buffer_bytes gauge\nhearth:device_buffer_bytes{device="Vulkan0"} 6000000\n')
+    runners = [{"name": m, "state": ModelState.READY, "nodes": [{"healthy": True, "url": f"http://{m}", "label": "local"}]}
+               for m in ("a", "b")]
+    sampler = Sampler(SimpleNamespace(submit=lambda job: None), lambda: runners, lambda: {}, clock=lambda: 5.0,
+                      http_get=lambda url, timeout: text if url.endswith("/metrics") else "[]",
+                      nvml=SimpleNamespace(nvmlDeviceGetCount=lambda: 0), drm=DrmSampler(Path("/nonexistent"), Path("/nonexistent")))
+    sampler.sample_all()
+    assert sampler.latest["gpu:0"] == {"vram_used_bytes": 12e6, "vram_total_bytes": float(2 * GIB)}
