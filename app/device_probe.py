@@ -15,10 +15,20 @@ from dataclasses import dataclass, field
 from app.devices import Device
 from app.llama_tools import BACKEND_ENV, LlamaToolsNotFound, llama_lib_env
 
+# Mesa's software Vulkan device: its driver reports one fixed heap whatever is allocated, and flash attention
+# segfaults inside libvulkan_lvp.so at the first request (measured), so runners there load with -fa off.
+_SOFTWARE_VULKAN = ("llvmpipe", "lavapipe")
+
 # A Vulkan instance on lavapipe takes ~1 s to come up, a CUDA context a few; a hung driver must not hang serve.
 PROBE_TIMEOUT_S = 60.0
 # Devices change only with drivers and hardware; free memory is read again after this long.
 PROBE_TTL_S = 300.0
+
+
+def is_software_vulkan(description: str) -> bool:
+    """Whether a device is Mesa's lavapipe (llvmpipe): a Vulkan device that is really the CPU."""
+    text = description.lower()
+    return any(word in text for word in _SOFTWARE_VULKAN)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 
 BUILD_SCRIPT = "scripts/build_llama_tools.sh"
@@ -40,9 +41,9 @@ def pinned_llama_cpp_version() -> str:
         ) from exc
 
 
-def tools_cache_dir() -> Path:
+def tools_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The folder holding the built llama.cpp tools for the pinned version."""
-    root = os.environ.get("HEARTH_TOOLS_CACHE") or str(_DEFAULT_TOOLS_CACHE)
+    root = (os.environ if environ is None else environ).get("HEARTH_TOOLS_CACHE") or str(_DEFAULT_TOOLS_CACHE)
     return Path(root).expanduser() / pinned_llama_cpp_version()
 
 
@@ -59,9 +60,9 @@ LIB_DIR_ENV = "HEARTH_LLAMA_LIB_DIR"
 BACKENDS = ("cpu", "vulkan")
 
 
-def vulkan_tools_dir() -> Path:
+def vulkan_tools_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The folder of the Vulkan build (`scripts/build_llama_tools.sh --vulkan`) for the pinned version."""
-    cpu = tools_cache_dir()
+    cpu = tools_cache_dir(environ)
     return cpu.with_name(f"{cpu.name}-vulkan")
 
 
@@ -71,13 +72,13 @@ def vulkan_llama_server() -> Path | None:
     return path if path.is_file() else None
 
 
-def vulkan_lib_dir() -> Path | None:
+def vulkan_lib_dir(environ: Mapping[str, str] | None = None) -> Path | None:
     """The Vulkan build's folder of libllama/libggml*/libmtmd, or None when it is not built."""
-    path = vulkan_tools_dir() / "bin"
+    path = vulkan_tools_dir(environ) / "bin"
     return path if (path / "libllama.so").is_file() and (path / "libmtmd.so").is_file() else None
 
 
-def llama_lib_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def llama_lib_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables that make llama-cpp-python load the chosen build (LLAMA_CPP_LIB_PATH and MTMD_CPP_LIB, read
     when llama_cpp is imported); empty for the default CPU build. Raises LlamaToolsNotFound for a missing build."""
     env = os.environ if environ is None else environ
@@ -87,9 +88,9 @@ def llama_lib_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     if backend == "cpu":
         return {}
     named = env.get(LIB_DIR_ENV)
-    lib_dir = Path(named).expanduser() if named else vulkan_lib_dir()
+    lib_dir = Path(named).expanduser() if named else vulkan_lib_dir(env)
     if lib_dir is None or not (lib_dir / "libllama.so").is_file():
-        where = lib_dir or vulkan_tools_dir() / "bin"
+        where = lib_dir or vulkan_tools_dir(env) / "bin"
         raise LlamaToolsNotFound(f"{BACKEND_ENV}=vulkan but no Vulkan build of llama.cpp in {where}: "
                                  f"run {BUILD_SCRIPT} --vulkan (needs glslc, libvulkan-dev, spirv-headers)")
     # libmtmd from the same build: two libggml copies in one process would be two backend registries.

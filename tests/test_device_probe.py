@@ -36,3 +36,14 @@ def test_the_cpu_build_starts_no_probe_for_the_budget(monkeypatch):
     monkeypatch.delenv("HEARTH_LLAMA_BACKEND", raising=False)
     monkeypatch.setattr(settings, "cached_probe", lambda: (_ for _ in ()).throw(AssertionError("probed")))
     assert settings.offload_devices() == ()
+
+
+def test_a_runner_with_layers_on_lavapipe_is_estimated_without_flash_attention(monkeypatch):
+    from app.devices import Device
+    from app.services import settings
+
+    lavapipe = Device("Vulkan0", "Vulkan", "gpu", "llvmpipe (LLVM 15.0.6, 256 bits)", 2 << 30, 2 << 30, False)
+    monkeypatch.setattr(settings, "offload_devices", lambda: (lavapipe,))
+    assert not settings.flash_attn_possible(99) and settings.flash_attn_possible(0)
+    monkeypatch.setattr(settings, "offload_devices", lambda: ())
+    assert settings.flash_attn_possible(99)

@@ -17,14 +17,12 @@ from dataclasses import asdict
 
 import llama_cpp
 
+from app.device_probe import is_software_vulkan
 from app.devices import Device
 
 # enum ggml_backend_dev_type; META (a virtual device spanning others) is not a device of its own.
 _KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
 
-# Mesa's software Vulkan device: its driver reports one fixed heap whatever is allocated, and flash attention
-# segfaults inside libvulkan_lvp.so at the first request (measured), so it runs with -fa off.
-_SOFTWARE_VULKAN = ("llvmpipe", "lavapipe")
 
 # "load_tensors:      Vulkan0 model buffer size =    65.00 MiB", "llama_kv_cache:    Vulkan0 KV buffer size =
 # 21.00 MiB", "llama_context:    Vulkan0 compute buffer size =    19.00 MiB": llama.cpp's own sizes of what it
@@ -55,12 +53,6 @@ def _ggml() -> ctypes.CDLL:
     lib.ggml_backend_reg_name.restype = ctypes.c_char_p
     lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
     return lib
-
-
-def is_software_vulkan(description: str) -> bool:
-    """Whether a device is Mesa's lavapipe (llvmpipe): a Vulkan device that is really the CPU."""
-    text = description.lower()
-    return any(word in text for word in _SOFTWARE_VULKAN)
 
 
 def list_devices() -> list[Device]:

@@ -11,7 +11,7 @@ from typing import Any
 from cachetools import TTLCache
 from sqlalchemy.orm import sessionmaker
 
-from app.device_probe import cached_probe
+from app.device_probe import cached_probe, is_software_vulkan
 from app.devices import Device
 from app.llama_tools import BACKEND_ENV
 from app.residency.budget import MemoryBudget, detect_budget
@@ -72,3 +72,9 @@ def offload_devices() -> tuple[Device, ...]:
 def budget_bytes(settings: SettingsCache) -> int:
     """Memory resident models may use, under the stored limit and reserve."""
     return memory_budget(settings).usable_bytes
+
+
+def flash_attn_possible(gpu_layers: int) -> bool:
+    """Whether a runner with these GPU layers loads with flash attention (llama.cpp's auto): not where its layers go
+    to lavapipe, which crashes on it (app.engine.backends.flash_attn_for), so its estimate counts the scores."""
+    return not (gpu_layers and any(d.is_gpu and is_software_vulkan(d.description) for d in offload_devices()))

@@ -1,7 +1,8 @@
 """app.engine.backends: the devices llama.cpp sees, its buffer sizes, flash attention on lavapipe."""
 
+from app.device_probe import is_software_vulkan
 from app.devices import Device
-from app.engine.backends import BufferLog, flash_attn_for, is_software_vulkan, list_devices
+from app.engine.backends import BufferLog, flash_attn_for, list_devices
 
 LAVAPIPE = Device("Vulkan0", "Vulkan", "igpu", "llvmpipe (LLVM 15.0.6, 256 bits)", 2 << 30, 2 << 30, False)
 INTEL = Device("Vulkan0", "Vulkan", "igpu", "Intel(R) UHD Graphics 770 (ADL-S GT1)", 16 << 30, 12 << 30)
