@@ -109,3 +109,53 @@ def test_a_runner_reports_its_device_buffers_for_the_budget_and_charts(env, tiny
     held = {labels["device"]: value for labels, value in scrape.series("hearth:device_buffer_bytes")}
     assert held == {"Vulkan0": float(sum(props["buffers"]["Vulkan0"].values()))} and held["Vulkan0"] > 0
     assert props["offloaded_layers"][0] == props["offloaded_layers"][1] and props["flash_attn"] == "off"
+
+
+def test_through_serve_a_model_set_to_the_gpu_loads_on_vulkan0_and_eviction_frees_it(env, tmp_path, monkeypatch):
+    import time
+
+    import httpx
+
+    from app.cli import main
+    from app.devtools.serve_process import ServeProcess, open_store, prepare_data
+    from app.exposition import parse_exposition
+    from app.gateway.tokens import create_token
+    from tests.helpers import HOUSEHOLD, SMALL_RUNNERS
+
+    for key in ("HEARTH_LLAMA_BACKEND", "GGML_VK_VISIBLE_DEVICES"):
+        monkeypatch.setenv(key, env[key])
+    models, data = tmp_path / "models", tmp_path / "data"
+    models.mkdir()
+    model = tiny_model(models)
+    tokens = prepare_data(data, settings={**SMALL_RUNNERS, "size_targets_from_hardware": False,
+                                          "api_manage_models": True}, tokens=HOUSEHOLD, policies={"tiny": "keep_alive"})
+    engine, sessions = open_store(data)
+    with sessions() as s:
+        manager, _ = create_token(s, "admin", "chat", may_manage=True)
+        s.commit()
+    engine.dispose()
+    monkeypatch.setenv("HEARTH_DATA", str(data))
+    monkeypatch.setenv("HEARTH_MODELS_DIR", str(models))
+    assert main(["models", "set", "tiny", "--gpu-layers", "99"]) == 0
+    serve = ServeProcess(data, models, Path(model), tmp_path / "serve.log")
+    try:
+        auth = {"Authorization": f"Bearer {tokens['alice']}"}
+        r = serve.client.post("/v1/completions", headers=auth, json={"model": "tiny", "prompt": "The capital of",
+                                                                      "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200, r.text
+        (runner,) = [c for _, c in serve.runner_commands() if "--gpu-layers 99" in c][:1]
+        assert "tiny" in runner
+        metrics = parse_exposition(httpx.get(serve.runner_url() + "/metrics", headers=serve.runner_headers(),
+                                             timeout=30).text)
+        held = {labels["device"]: value for labels, value in metrics.series("hearth:device_buffer_bytes")}
+        assert held.get("Vulkan0", 0) > 0
+        # Ollama's keep_alive 0 unloads at once: the runner process ends and its device buffers with it.
+        r = serve.client.post("/api/generate", headers={"Authorization": f"Bearer {manager}"},
+                              json={"model": "tiny", "keep_alive": 0})
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 60
+        while serve.runner_processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert serve.runner_processes() == []
+    finally:
+        serve.stop()
