@@ -11,7 +11,7 @@ from typing import Any
 
 from app.device_probe import Probe, probe_devices
 from app.hardware import cpu_model, gpu_memory, usable_cores
-from app.llama_tools import BACKEND_ENV, BUILD_SCRIPT, vulkan_lib_dir
+from app.llama_tools import BACKEND_ENV, BUILD_SCRIPT, LlamaToolsNotFound, llama_lib_env, vulkan_lib_dir
 from app.residency.budget import detect_budget
 from app.telemetry.drm import DrmSampler, list_cards
 
@@ -66,8 +66,7 @@ def examine(environ: dict[str, str] | None = None, nvml: Any = None, sys_root: P
     budget = detect_budget(nvml=nvml, devices=probe.devices if probe.backend != "cpu" else ())
     return {
         "cpu": {"model": cpu_model(), "cores": usable_cores()},
-        "build": {"backend": probe.backend, "lib_path": env.get("LLAMA_CPP_LIB_PATH") or _lib_path(probe),
-                  "visible": probe.env},
+        "build": {"backend": probe.backend, "lib_path": _lib_path(probe, env), "visible": probe.env},
         "devices": [asdict(d) for d in probe.devices],
         "probe_error": probe.error,
         "nvml": {"gpus": [asdict(g) for g in nvidia], "note": nvml_note},
@@ -79,11 +78,13 @@ def examine(environ: dict[str, str] | None = None, nvml: Any = None, sys_root: P
     }
 
 
-def _lib_path(probe: Probe) -> str:
+def _lib_path(probe: Probe, env: dict[str, str]) -> str:
     if probe.backend == "cpu":
-        return "llama-cpp-python's own libraries (CPU)"
-    found = vulkan_lib_dir()
-    return str(found) if found else "(not built)"
+        return env.get("LLAMA_CPP_LIB_PATH") or "llama-cpp-python's own libraries (CPU)"
+    try:
+        return llama_lib_env(env)["LLAMA_CPP_LIB_PATH"]
+    except LlamaToolsNotFound:
+        return "(not built)"
 
 
 def render(report: dict) -> str:
