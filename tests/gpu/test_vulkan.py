@@ -159,3 +159,18 @@ def test_through_serve_a_model_set_to_the_gpu_loads_on_vulkan0_and_eviction_free
         assert serve.runner_processes() == []
     finally:
         serve.stop()
+
+
+def test_the_runner_process_loads_every_llama_cpp_library_from_the_vulkan_build_once(env):
+    import subprocess
+    import sys
+
+    code = ("from app.llama_tools import apply_llama_lib_env; apply_llama_lib_env()\n"
+            "import llama_cpp\nfrom llama_cpp import mtmd_cpp\n"
+            "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libggml' in l or 'libllama' in l"
+            " or 'libmtmd' in l})))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    names = [Path(p).name.split(".so")[0] for p in out]
+    # libmtmd too: a second libggml (the wheel's) beside the build's would be a second backend registry.
+    assert sorted(names) == ["libggml", "libggml-base", "libggml-cpu", "libggml-vulkan", "libllama", "libmtmd"]
+    assert {str(Path(p).parent) for p in out} == {env["LLAMA_CPP_LIB_PATH"]}
