@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from app.devices import Device
 from app.llama_tools import BACKEND_ENV, LlamaToolsNotFound, llama_lib_env
 
-# Mesa's software Vulkan device: its driver reports one fixed heap whatever is allocated, and flash attention
-# segfaults inside libvulkan_lvp.so at the first request (measured), so runners there load with -fa off.
+# Mesa's software Vulkan device: its driver reports one fixed heap whatever is allocated. Runners there load with
+# flash attention off unless told otherwise: on a box like this one (issue 39) it segfaulted inside
+# libvulkan_lvp.so at the first request; with this build here it answered (the tiny model and Gemma 3 270M, stock
+# llama-server and Hearth), but stock llama-server took 55 s for Gemma's first 6 tokens with it on.
 _SOFTWARE_VULKAN = ("llvmpipe", "lavapipe")
 
 # A Vulkan instance on lavapipe takes ~1 s to come up, a CUDA context a few; a hung driver must not hang serve.

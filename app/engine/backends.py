@@ -79,11 +79,11 @@ def list_devices() -> list[Device]:
 
 
 def flash_attn_for(devices: list[Device], n_gpu_layers: int, asked: str) -> tuple[str, str | None]:
-    """The flash-attention setting to load with, and why it was changed (None when it was not): off whenever
-    layers go to Mesa's lavapipe, whose driver segfaults on llama.cpp's flash-attention shaders."""
-    if n_gpu_layers > 0 and asked != "off" and any(d.backend == "Vulkan" and is_software_vulkan(d.description)
-                                                   for d in devices):
-        return "off", f"flash attention {asked} -> off: lavapipe (software Vulkan) crashes on it"
+    """The flash-attention setting to load with, and why it was changed (None when it was not): "auto" is off when
+    layers go to Mesa's lavapipe (app.device_probe's note); an explicit "on" stands."""
+    if n_gpu_layers > 0 and asked == "auto" and any(d.backend == "Vulkan" and is_software_vulkan(d.description)
+                                                    for d in devices):
+        return "off", "flash attention auto -> off: layers go to lavapipe (software Vulkan), see `hearth doctor`"
     return asked, None
 
 

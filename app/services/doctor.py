@@ -40,7 +40,7 @@ def advice(probe: Probe, nvidia: list, drm_cards: list) -> list[str]:
                          "(llama.cpp's own sizes)")
         if any("llvmpipe" in d.description.lower() for d in gpus):
             notes.append("this is Mesa's lavapipe, the CPU pretending to be a GPU: right for tests, slow for use; "
-                         "flash attention is off there (it crashes)")
+                         "flash attention is off there unless a model's runner asks -fa on (it crashed on one such box)")
     elif probe.backend == "vulkan":
         notes.append("the Vulkan build sees no GPU: ggml skips CPU-type Vulkan devices (Mesa's lavapipe) unless "
                      "GGML_VK_VISIBLE_DEVICES names them (e.g. GGML_VK_VISIBLE_DEVICES=0); in a container, pass "

@@ -76,5 +76,5 @@ def budget_bytes(settings: SettingsCache) -> int:
 
 def flash_attn_possible(gpu_layers: int) -> bool:
     """Whether a runner with these GPU layers loads with flash attention (llama.cpp's auto): not where its layers go
-    to lavapipe, which crashes on it (app.engine.backends.flash_attn_for), so its estimate counts the scores."""
+    to lavapipe, where "auto" is off (app.engine.backends.flash_attn_for), so its estimate counts the scores."""
     return not (gpu_layers and any(d.is_gpu and is_software_vulkan(d.description) for d in offload_devices()))

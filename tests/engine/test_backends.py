@@ -32,10 +32,11 @@ def test_buffer_log_counts_what_llama_cpp_reports_per_device_and_part():
     assert log.by_buffer() == {} and log.offloaded is None
 
 
-def test_flash_attention_is_off_when_layers_go_to_lavapipe_only():
+def test_flash_attention_auto_is_off_when_layers_go_to_lavapipe_only():
     assert flash_attn_for([LAVAPIPE], 99, "auto")[0] == "off"
-    assert "lavapipe" in flash_attn_for([LAVAPIPE], 99, "on")[1]
-    # Nothing offloaded, a real GPU, or already off: the asked setting stands.
+    assert "lavapipe" in flash_attn_for([LAVAPIPE], 99, "auto")[1]
+    # Nothing offloaded, a real GPU, or asked explicitly: the asked setting stands.
+    assert flash_attn_for([LAVAPIPE], 99, "on") == ("on", None)
     assert flash_attn_for([LAVAPIPE], 0, "auto") == ("auto", None)
     assert flash_attn_for([INTEL], 99, "auto") == ("auto", None)
     assert flash_attn_for([LAVAPIPE], 99, "off") == ("off", None)
