@@ -229,7 +229,7 @@ def run_from_args(args) -> int:
           f"{doc['estimate_device_bytes'] / mib:.2f} MiB; ratio {doc['estimate_over_buffers']:.3f}")
     print(f"ggml-vulkan's device total: loaded {doc['logger_device_loaded_bytes']} B, "
           f"after freeing {doc['logger_device_left_bytes']} B")
-    print(f"cold start: read {t.get('read_ms', 0):.0f} ms, upload {t.get('upload_ms') or 0:.0f} ms, "
+    print(f"cold start: read {t.get('read_ms', 0):.0f} ms, upload {t.get('upload_ms') or 0:.1f} ms, "
           f"context {t.get('context_ms', 0):.0f} ms")
     p = doc["parity"]
     print(f"greedy tokens equal to stock llama-server (Vulkan): {p['num_same']} of {len(p['same'])} prompts "
