@@ -232,6 +232,8 @@ def _add_runner(sub: argparse._SubParsersAction) -> None:
     runner.add_argument("-a", "--alias", help="model name reported to clients (default: file name)")
     runner.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process is gone (set by `hearth serve` for its runners)")
+    runner.add_argument("--list-devices", action="store_true",
+                        help="print the devices this runner's llama.cpp build sees and exit (llama-server's flag)")
     _add_llama_server_args(runner)
 
 
@@ -1056,6 +1058,17 @@ def _runner(args) -> int:
         apply_llama_lib_env()
     except LlamaToolsNotFound as exc:
         raise SystemExit(f"hearth runner: {exc}")
+    if args.list_devices:
+        from app.engine.backends import list_devices
+
+        # llama-server's format: the devices layers can go to (not the CPU), total and free MiB.
+        offload = [d for d in list_devices() if d.kind != "cpu"]
+        print("Available devices:")
+        for d in offload:
+            print(f"  {d.name}: {d.description} ({d.total_bytes >> 20} MiB, {d.free_bytes >> 20} MiB free)")
+        if not offload:
+            print("  (none)")
+        return 0
     from app.engine.named_template import NamedTemplate, is_template_name
     from app.residency.supervisor import RUNNER_KEY_ENV
     from app.runner.config import RunnerConfig

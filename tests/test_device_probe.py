@@ -47,3 +47,11 @@ def test_a_runner_with_layers_on_lavapipe_is_estimated_without_flash_attention(m
     assert not settings.flash_attn_possible(99) and settings.flash_attn_possible(0)
     monkeypatch.setattr(settings, "offload_devices", lambda: ())
     assert settings.flash_attn_possible(99)
+
+
+def test_runner_list_devices_prints_none_on_a_cpu_build(capsys, monkeypatch):
+    from app.cli import main
+
+    monkeypatch.delenv("HEARTH_LLAMA_BACKEND", raising=False)
+    assert main(["runner", "--list-devices"]) == 0
+    assert capsys.readouterr().out == "Available devices:\n  (none)\n"

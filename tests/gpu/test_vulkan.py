@@ -174,3 +174,16 @@ def test_the_runner_process_loads_every_llama_cpp_library_from_the_vulkan_build_
     # libmtmd too: a second libggml (the wheel's) beside the build's would be a second backend registry.
     assert sorted(names) == ["libggml", "libggml-base", "libggml-cpu", "libggml-vulkan", "libllama", "libmtmd"]
     assert {str(Path(p).parent) for p in out} == {env["LLAMA_CPP_LIB_PATH"]}
+
+
+def test_runner_list_devices_prints_what_stock_llama_server_prints(env):
+    import subprocess
+    import sys
+
+    if vulkan_llama_server() is None:
+        pytest.skip("stock llama-server of the Vulkan build is not built")
+    ours = subprocess.run([sys.executable, "-m", "app.cli", "runner", "--list-devices"], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    stock = subprocess.run([str(vulkan_llama_server()), "--list-devices"], env=env, capture_output=True, text=True,
+                           check=True).stdout
+    assert ours == stock and "Vulkan0: llvmpipe" in ours
