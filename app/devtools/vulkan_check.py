@@ -168,7 +168,7 @@ def oracle(model: str, ctx: int, env: dict[str, str], prompts: tuple[str, ...], 
             "llama_server_tokens": answers["llama-server"], "same": same, "num_same": sum(same),
             "top_n": TOP_N, "same_top_n": same_top, "num_same_top_n": sum(same_top),
             "num_ranked_steps": sum(len(s) for s in ranked), "max_logprob_gap": max(gaps, default=None),
-            "hearth_top": tops["hearth"],
+            "hearth_top": tops["hearth"], "llama_server_top": tops["llama-server"],
             "hearth_model_facts": answers.get("hearth_props_model")}
 
 
