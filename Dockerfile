@@ -3,11 +3,12 @@
 #
 #   CPU, any x86-64 or arm64 host:  docker build -t ghcr.io/hearth-llm/hearth:0.1.0 .
 #   NVIDIA GPU (CUDA llama.cpp):    docker build --build-arg ACCEL=cuda -t ghcr.io/hearth-llm/hearth:0.1.0-cuda .
+#   Intel/AMD GPU (Vulkan):         docker build --build-arg ACCEL=vulkan -t ghcr.io/hearth-llm/hearth:0.1.0-vulkan .
 #   Other llama.cpp options:        --build-arg CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86"
 #
-# Stages: `assets` (npm ci), `build-cpu` | `build-cuda` (toolchain, chosen by ACCEL) → `build`
-# (venv with llama-cpp-python compiled from source, then Hearth), `runtime-cpu` | `runtime-cuda` →
-# `runtime` (no compiler, no npm). BuildKit builds only the stages the chosen ACCEL reaches.
+# Stages: `assets` (npm ci), `build-cpu` | `build-cuda` | `build-vulkan` (toolchain, chosen by ACCEL) → `build`
+# (venv with llama-cpp-python compiled from source, then Hearth), `runtime-cpu` | `runtime-cuda` |
+# `runtime-vulkan` → `runtime` (no compiler, no npm). BuildKit builds only the stages the chosen ACCEL reaches.
 
 ARG ACCEL=cpu
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
@@ -40,6 +41,16 @@ RUN apt-get update \
 ENV DEFAULT_CMAKE_ARGS="-DGGML_CUDA=on -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=61;70;75;80;86;89;90"
 RUN python3 -m venv /opt/hearth/venv
 
+# Vulkan: the wheel stays the CPU build; scripts/build_llama_tools.sh --vulkan builds the same vendored llama.cpp
+# shared with GGML_VULKAN (Debian's headers, its one incompatible block guarded) into /opt/hearth/llama-vulkan, which
+# the runners load (HEARTH_LLAMA_BACKEND=vulkan in runtime-vulkan).
+FROM ${PYTHON_IMAGE} AS build-vulkan
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential cmake ninja-build glslc libvulkan-dev spirv-headers \
+ && rm -rf /var/lib/apt/lists/*
+ENV DEFAULT_CMAKE_ARGS="-DGGML_NATIVE=OFF"
+RUN python -m venv /opt/hearth/venv
+
 # ---- Hearth and its dependencies in one venv -----------------------------------------------------
 FROM build-${ACCEL} AS build
 ARG CMAKE_ARGS=""
@@ -59,6 +70,13 @@ COPY --from=assets /src/node_modules ./node_modules
 # a checkout (app.web.ROOT, app.store.db.migrations_dir).
 RUN pip install --no-deps -e . \
  && python -m compileall -q app
+ARG ACCEL
+# The Vulkan variant's libraries (and its stock llama-server), for ACCEL=vulkan only; elsewhere an empty folder.
+RUN mkdir -p /opt/hearth/llama-vulkan \
+ && if [ "$ACCEL" = vulkan ]; then \
+        HEARTH_TOOLS_CACHE=/tmp/llama-tools PYTHON=python CMAKE_ARGS="$DEFAULT_CMAKE_ARGS" scripts/build_llama_tools.sh --vulkan \
+        && cp -a /tmp/llama-tools/*-vulkan/bin/. /opt/hearth/llama-vulkan/ && rm -rf /tmp/llama-tools; \
+    fi
 
 # ---- runtimes ------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime-cpu
@@ -76,6 +94,15 @@ RUN apt-get update \
 # What the NVIDIA container toolkit mounts into the container: the GPUs and the compute libraries.
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+FROM ${PYTHON_IMAGE} AS runtime-vulkan
+# libvulkan1 (the loader) and mesa-vulkan-drivers (Intel's ANV, AMD's RADV); the host's /dev/dri is passed in by
+# compose.vulkan.yaml, and the entrypoint keeps its render nodes' group for the dropped user.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends tini libgomp1 tzdata libvulkan1 mesa-vulkan-drivers \
+ && rm -rf /var/lib/apt/lists/*
+ENV HEARTH_LLAMA_BACKEND=vulkan \
+    HEARTH_LLAMA_LIB_DIR=/opt/hearth/llama-vulkan
 
 FROM runtime-${ACCEL} AS runtime
 ARG HEARTH_VERSION=0.1.0

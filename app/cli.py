@@ -212,9 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # The order here is the order `hearth --help` lists them in.
     for add in (_add_runner, _add_bench, _add_serve, _add_token, _add_traffic, _add_models, _add_soak, _add_classes,
-                _add_backup, _add_settings):
+                _add_backup, _add_settings, _add_doctor):
         add(sub)
     return parser
+
+
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    """`hearth doctor`: what this box offers (build, devices, GPU readings) and what Hearth will do."""
+    doc = sub.add_parser("doctor", help="explain the box: llama.cpp build, devices, GPU memory, what Hearth will do")
+    doc.add_argument("--json", action="store_true", help="the report as JSON")
 
 
 def _add_runner(sub: argparse._SubParsersAction) -> None:
@@ -232,6 +238,8 @@ def _add_runner(sub: argparse._SubParsersAction) -> None:
     runner.add_argument("-a", "--alias", help="model name reported to clients (default: file name)")
     runner.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process is gone (set by `hearth serve` for its runners)")
+    runner.add_argument("--list-devices", action="store_true",
+                        help="print the devices this runner's llama.cpp build sees and exit (llama-server's flag)")
     _add_llama_server_args(runner)
 
 
@@ -356,6 +364,14 @@ def _add_bench_overhead(bench_sub: argparse._SubParsersAction) -> None:
 
 def _add_bench_vram(bench_sub: argparse._SubParsersAction) -> None:
     """`hearth bench vram`: the residency estimate against NVML."""
+    vk = bench_sub.add_parser("vulkan", help="the offload path on a Vulkan device (lavapipe in CI): layers, device "
+                                             "buffers vs the estimate, freed after unload, greedy tokens vs stock "
+                                             "llama-server's Vulkan build")
+    vk.add_argument("--model", help="a GGUF (default: the tiny random-weight model, written to a temp folder)")
+    vk.add_argument("--ctx", type=int, default=512)
+    vk.add_argument("--parallel", type=int, default=1)
+    vk.add_argument("--n-predict", type=int, default=16, help="greedy tokens per prompt (default %(default)s)")
+    vk.add_argument("--json", dest="json_path", help="write the figures as JSON here")
     vram = bench_sub.add_parser("vram", help="the residency estimate against NVML's measured use; the NVML sampler under load")
     _add_model_args(vram, ctx=4096, parallel=8)
     vram.add_argument("--requests", type=int, default=8, help="completions sent at once while sampling (default %(default)s)")
@@ -696,6 +712,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "runner":
         return _runner(args)
+    if args.command == "doctor":
+        import json
+
+        from app.services.doctor import examine, render
+
+        report = examine()
+        print(json.dumps(report, indent=2) if args.json else render(report))
+        return 0
     if args.command == "soak":
         from app.devtools.soak import main as soak_main
 
@@ -742,6 +766,10 @@ def main(argv: list[str] | None = None) -> int:
 def _bench(args) -> int:
     """`hearth bench ...`: the benchmark asked for, with its model resolved."""
     name = args.bench_command
+    if name == "vulkan":
+        from app.devtools.vulkan_check import run_from_args as run_vulkan
+
+        return run_vulkan(args)
     if name == "engine":
         from app.devtools.engine_bench import run_from_args
 
@@ -1029,6 +1057,24 @@ def _existing(path: str, flag: str) -> str:
 
 
 def _runner(args) -> int:
+    from app.llama_tools import LlamaToolsNotFound, apply_llama_lib_env
+
+    # Before anything imports llama_cpp: it opens the build's libraries once, at import.
+    try:
+        apply_llama_lib_env()
+    except LlamaToolsNotFound as exc:
+        raise SystemExit(f"hearth runner: {exc}")
+    if args.list_devices:
+        from app.engine.backends import list_devices
+
+        # llama-server's format: the devices layers can go to (not the CPU), total and free MiB.
+        offload = [d for d in list_devices() if d.kind != "cpu"]
+        print("Available devices:")
+        for d in offload:
+            print(f"  {d.name}: {d.description} ({d.total_bytes >> 20} MiB, {d.free_bytes >> 20} MiB free)")
+        if not offload:
+            print("  (none)")
+        return 0
     from app.engine.named_template import NamedTemplate, is_template_name
     from app.residency.supervisor import RUNNER_KEY_ENV
     from app.runner.config import RunnerConfig

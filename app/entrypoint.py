@@ -70,9 +70,19 @@ def claim(path: Path, uid: int, gid: int) -> int:
     return changed
 
 
-def drop_privileges(uid: int, gid: int) -> None:
-    """Become uid:gid for good (supplementary groups reduced to gid), and prove root cannot come back."""
-    os.setgroups([gid])
+def gpu_device_groups(dri: Path = Path("/dev/dri")) -> list[int]:
+    """The groups owning the GPU render nodes passed into the container (/dev/dri/renderD*: the host's render group),
+    so the dropped user keeps the access compose's `devices:` gave (an Intel/AMD GPU through Vulkan)."""
+    try:
+        return sorted({os.stat(node).st_gid for node in dri.glob("renderD*")})
+    except OSError:
+        return []
+
+
+def drop_privileges(uid: int, gid: int, extra_gids: list[int] | None = None) -> None:
+    """Become uid:gid for good (supplementary groups reduced to gid and the GPU render nodes' groups), and prove
+    root cannot come back."""
+    os.setgroups(sorted({gid, *(extra_gids or [])} - {0}) or [gid])
     os.setgid(gid)
     os.setuid(uid)
     try:
@@ -154,7 +164,7 @@ def prepare(env: Mapping[str, str], command: list[str], emit: Callable[[str], No
             except PermissionError as exc:
                 # NFS with root_squash: root may not chown; whether the user can write decides below.
                 emit(f"cannot change the owner of {data} ({exc.strerror}); going on as {uid}:{gid}")
-            drop_privileges(uid, gid)
+            drop_privileges(uid, gid, gpu_device_groups())
     else:
         actual = {"PUID": os.getuid(), "PGID": os.getgid()}
         if any(env.get(name, "").strip() not in ("", str(actual[name])) for name in actual):

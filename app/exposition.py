@@ -34,6 +34,10 @@ class Scrape:
         """Every sample name present."""
         return set(self._series)
 
+    def series(self, name: str) -> list[tuple[Mapping[str, str], float]]:
+        """(labels, value) of every series called `name`."""
+        return list(self._series.get(name, ()))
+
     def value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
         """The sum of the series called `name` whose labels include `labels`; None when none matches."""
         want = (labels or {}).items()

@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 
 BUILD_SCRIPT = "scripts/build_llama_tools.sh"
@@ -40,9 +41,9 @@ def pinned_llama_cpp_version() -> str:
         ) from exc
 
 
-def tools_cache_dir() -> Path:
+def tools_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The folder holding the built llama.cpp tools for the pinned version."""
-    root = os.environ.get("HEARTH_TOOLS_CACHE") or str(_DEFAULT_TOOLS_CACHE)
+    root = (os.environ if environ is None else environ).get("HEARTH_TOOLS_CACHE") or str(_DEFAULT_TOOLS_CACHE)
     return Path(root).expanduser() / pinned_llama_cpp_version()
 
 
@@ -50,3 +51,54 @@ def stock_llama_server() -> Path | None:
     """The built stock llama-server for the pinned version, or None when it is not built."""
     path = tools_cache_dir() / "bin" / "llama-server"
     return path if path.is_file() else None
+
+
+# Which llama.cpp build runners load: "cpu" (the wheel's own libraries, the default) or "vulkan" (the shared
+# libraries of `scripts/build_llama_tools.sh --vulkan`, or of HEARTH_LLAMA_LIB_DIR when set).
+BACKEND_ENV = "HEARTH_LLAMA_BACKEND"
+LIB_DIR_ENV = "HEARTH_LLAMA_LIB_DIR"
+BACKENDS = ("cpu", "vulkan")
+
+
+def vulkan_tools_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The folder of the Vulkan build (`scripts/build_llama_tools.sh --vulkan`) for the pinned version."""
+    cpu = tools_cache_dir(environ)
+    return cpu.with_name(f"{cpu.name}-vulkan")
+
+
+def vulkan_llama_server() -> Path | None:
+    """Stock llama-server of the Vulkan build, or None when it is not built."""
+    path = vulkan_tools_dir() / "bin" / "llama-server"
+    return path if path.is_file() else None
+
+
+def vulkan_lib_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The Vulkan build's folder of libllama/libggml*/libmtmd, or None when it is not built."""
+    path = vulkan_tools_dir(environ) / "bin"
+    return path if (path / "libllama.so").is_file() and (path / "libmtmd.so").is_file() else None
+
+
+def llama_lib_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that make llama-cpp-python load the chosen build (LLAMA_CPP_LIB_PATH and MTMD_CPP_LIB, read
+    when llama_cpp is imported); empty for the default CPU build. Raises LlamaToolsNotFound for a missing build."""
+    env = os.environ if environ is None else environ
+    backend = (env.get(BACKEND_ENV) or "cpu").strip().lower()
+    if backend not in BACKENDS:
+        raise LlamaToolsNotFound(f"{BACKEND_ENV}={backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "cpu":
+        return {}
+    named = env.get(LIB_DIR_ENV)
+    lib_dir = Path(named).expanduser() if named else vulkan_lib_dir(env)
+    if lib_dir is None or not (lib_dir / "libllama.so").is_file():
+        where = lib_dir or vulkan_tools_dir(env) / "bin"
+        raise LlamaToolsNotFound(f"{BACKEND_ENV}=vulkan but no Vulkan build of llama.cpp in {where}: "
+                                 f"run {BUILD_SCRIPT} --vulkan (needs glslc, libvulkan-dev, spirv-headers)")
+    # libmtmd from the same build: two libggml copies in one process would be two backend registries.
+    return {"LLAMA_CPP_LIB_PATH": str(lib_dir), "MTMD_CPP_LIB": str(lib_dir)}
+
+
+def apply_llama_lib_env() -> dict[str, str]:
+    """Set llama_lib_env() in this process (before llama_cpp is imported); returns what was set."""
+    extra = llama_lib_env()
+    os.environ.update(extra)
+    return extra

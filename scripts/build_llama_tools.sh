@@ -2,13 +2,25 @@
 # Builds llama.cpp's `llama-batched-bench` and `llama-server` from the llama.cpp tree vendored in
 # the pinned llama-cpp-python sdist, so the C++ reference runs the very code the engine links.
 #
-# Usage: scripts/build_llama_tools.sh
+# Usage: scripts/build_llama_tools.sh [--vulkan]
+#   --vulkan            the Vulkan variant (Intel/AMD GPUs, Mesa's lavapipe in CI), cached apart in
+#                       <root>/<version>-vulkan: llama-server plus the shared libraries (libllama,
+#                       libggml*, libmtmd) that Hearth's runner loads through LLAMA_CPP_LIB_PATH, all
+#                       from one build of the vendored tree, so the runner and the oracle run the same
+#                       code. Needs glslc and the Vulkan headers/loader (Debian: glslc libvulkan-dev).
 #   HEARTH_TOOLS_CACHE  cache root (default: ~/.cache/hearth/llama-tools); binaries land in
 #                       <root>/<version>/bin
 #   CMAKE_ARGS          extra cmake arguments, e.g. "-DGGML_CUDA=ON" for a CUDA build
 #   PYTHON              interpreter whose pip fetches the sdist (default: python3)
 # A second run with the same version and CMAKE_ARGS only prints the two binary paths.
 set -euo pipefail
+
+variant=cpu
+case "${1:-}" in
+    "") ;;
+    --vulkan) variant=vulkan ;;
+    *) echo "usage: $0 [--vulkan]" >&2; exit 2 ;;
+esac
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python_bin="${PYTHON:-python3}"
@@ -23,6 +35,9 @@ fi
 
 cache_root="${HEARTH_TOOLS_CACHE:-$HOME/.cache/hearth/llama-tools}"
 dest="$cache_root/$version"
+if [[ "$variant" == vulkan ]]; then
+    dest="$cache_root/$version-vulkan"
+fi
 bin_dir="$dest/bin"
 src_dir="$dest/src/llama_cpp_python-$version"
 build_dir="$dest/build"
@@ -37,7 +52,7 @@ exec 9>"$dest/.lock"
 flock 9
 
 print_paths() {
-    for target in "${targets[@]}"; do
+    for target in llama-batched-bench llama-server; do
         echo "$bin_dir/$target"
     done
 }
@@ -54,7 +69,6 @@ print_paths() {
 #   so both sides run the same CPU kernels.
 fixed_args=(
     -DCMAKE_BUILD_TYPE=Release
-    -DBUILD_SHARED_LIBS=OFF
     -DLLAMA_BUILD_COMMON=ON
     -DLLAMA_BUILD_TOOLS=ON
     -DLLAMA_BUILD_SERVER=ON
@@ -66,6 +80,15 @@ fixed_args=(
     -DLLAMA_OPENSSL=OFF
     -DFETCHCONTENT_FULLY_DISCONNECTED=ON
 )
+# The Vulkan variant is built shared: its libllama/libggml*/libmtmd are what the runner loads
+# (LLAMA_CPP_LIB_PATH), so the ctypes bindings meet the very build llama-server runs. Build rpaths
+# relative to $ORIGIN and every library lands in bin/ beside llama-server, so bin/ can be copied whole.
+if [[ "$variant" == vulkan ]]; then
+    fixed_args+=(-DBUILD_SHARED_LIBS=ON -DGGML_VULKAN=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON)
+    targets+=(llama mtmd)
+else
+    fixed_args+=(-DBUILD_SHARED_LIBS=OFF)
+fi
 
 # The stamp records what the binaries were built from, so changing the options rebuilds them.
 stamp_text="version=$version
@@ -73,7 +96,7 @@ cmake_args=${fixed_args[*]}
 extra_cmake_args=$extra_cmake_args"
 
 binaries_present() {
-    for target in "${targets[@]}"; do
+    for target in llama-batched-bench llama-server; do
         [[ -x "$bin_dir/$target" ]] || return 1
     done
 }
@@ -89,6 +112,10 @@ if [[ ! -f "$src_dir/vendor/llama.cpp/CMakeLists.txt" ]]; then
     sdist_dir="$dest/sdist"
     mkdir -p "$sdist_dir"
     sdist="$sdist_dir/llama_cpp_python-$version.tar.gz"
+    # The CPU variant may have fetched the same sdist already.
+    if [[ ! -f "$sdist" ]] && [[ -f "$cache_root/$version/sdist/$(basename "$sdist")" ]]; then
+        cp "$cache_root/$version/sdist/$(basename "$sdist")" "$sdist"
+    fi
     if [[ ! -f "$sdist" ]]; then
         echo "fetching llama-cpp-python==$version sdist from the package index" >&2
         "$python_bin" -m pip download --no-deps --no-binary :all: \
@@ -101,6 +128,29 @@ if [[ ! -f "$src_dir/vendor/llama.cpp/CMakeLists.txt" ]]; then
     rm -rf "$src_dir"
     mv "$unpack_dir/llama_cpp_python-$version" "$src_dir"
     rmdir "$unpack_dir"
+fi
+
+# The pinned llama.cpp builds its instance with VK_EXT_layer_settings (Vulkan headers >= 1.3.272)
+# for validation builds only; Debian 12 ships 1.3.239. Guarding that block keeps the distro's
+# headers (no download, the same headers the loader was built with) and changes nothing at run
+# time: without the extension the instance is created as before, with no layer settings chained.
+if [[ "$variant" == vulkan ]]; then
+    "$python_bin" - "$src_dir/vendor/llama.cpp/ggml/src/ggml-vulkan/ggml-vulkan.cpp" <<'PATCH'
+import sys
+path = sys.argv[1]
+text = open(path, encoding="utf-8").read()
+start = "    VkBool32 enable_best_practice = layer_settings;\n"
+end = ("    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, "
+       "extensions, &layer_setting_info);\n")
+if "#ifdef VK_EXT_layer_settings" not in text:
+    if start not in text or end not in text:
+        sys.exit("error: ggml-vulkan.cpp no longer has the expected layer-settings block; update the guard")
+    plain = ("    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, "
+             "extensions);\n")
+    text = text.replace(start, "#ifdef VK_EXT_layer_settings\n" + start, 1)
+    text = text.replace(end, end + "#else\n" + plain + "#endif\n", 1)
+    open(path, "w", encoding="utf-8").write(text)
+PATCH
 fi
 
 # A build tree configured with other CMAKE_ARGS (say CPU, now CUDA) keeps stale cache entries,
@@ -127,14 +177,23 @@ cmake -S "$src_dir/vendor/llama.cpp" -B "$build_dir" "${generator[@]}" "${fixed_
 cmake --build "$build_dir" --config Release --target "${targets[@]}" -j "$(nproc)" >&2
 
 mkdir -p "$bin_dir"
-for target in "${targets[@]}"; do
+installed=(llama-batched-bench llama-server)
+if [[ "$variant" == vulkan ]]; then
+    # The shared libraries under the names the ctypes loader opens (libllama.so, libmtmd.so) and
+    # the sonames the binaries and libraries ask for (libggml.so.0, ...), links kept as links: one
+    # file per library, so a second open by another name finds the copy already loaded.
+    for lib in "$build_dir"/bin/lib*.so*; do
+        installed+=("$(basename "$lib")")
+    done
+fi
+for target in "${installed[@]}"; do
     built="$build_dir/bin/$target"
-    if [[ ! -x "$built" ]]; then
+    if [[ ! -e "$built" ]] && [[ ! -L "$built" ]]; then
         echo "error: build finished but $built is missing" >&2
         exit 1
     fi
     # Copy then rename: a reader never sees a half-written binary.
-    cp "$built" "$bin_dir/.$target.tmp"
+    cp -P "$built" "$bin_dir/.$target.tmp"
     mv -f "$bin_dir/.$target.tmp" "$bin_dir/$target"
 done
 printf '%s' "$stamp_text" > "$stamp"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import functools
 import logging
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from app.engine.backends import BufferLog, flash_attn_for, list_devices
 from app.engine.engine import DECODE_NO_KV_SLOT, DECODE_OK
 from app.engine.grammar import Grammar
 from app.engine.model_config import ModelConfig
@@ -38,10 +40,16 @@ _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float3
 _backend_lock = threading.Lock()
 _backend_ready = False
 _log_callback = None  # kept referenced: llama.cpp holds the raw pointer
+# The buffers llama.cpp reports allocating in this process (the device part of a load: lavapipe's driver does not
+# report its use, so a device's memory in use is counted from these).
+buffer_log = BufferLog()
 
 
 def _llama_log(level: int, text: bytes, _user) -> None:
-    # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. Only warnings and errors matter.
+    # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation. Warnings and errors are logged; info lines
+    # are only read for the buffer sizes.
+    if level == 2:
+        buffer_log.feed(text.decode("utf-8", "replace"))
     if level in (3, 4):
         msg = text.decode("utf-8", "replace").rstrip()
         if msg:
@@ -139,6 +147,13 @@ class LlamaModel:
         if not Path(config.path).is_file():
             raise FileNotFoundError(f"model file not found: {config.path}")
         _init_backend(config.verbose)
+        # Devices are read only when layers are offloaded: a CPU-only load initialises no other backend's driver.
+        self.devices = list_devices() if config.n_gpu_layers > 0 else []
+        flash_attn, why = flash_attn_for(self.devices, config.n_gpu_layers, config.flash_attn)
+        if why:
+            log.warning("%s", why)
+            config = dataclasses.replace(config, flash_attn=flash_attn)
+        buffer_log.clear()
         self.config = config
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers
@@ -203,6 +218,9 @@ class LlamaModel:
                 f"llama.cpp could not create a context of {config.n_ctx} tokens × {config.n_seq_max} sequences "
                 "(out of memory?)"
             )
+        # What this load allocated, per buffer type (a runner holds one model; a draft model loads after it).
+        self.buffers = buffer_log.by_buffer()
+        self.offloaded_layers = buffer_log.offloaded
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)
@@ -284,6 +302,10 @@ class LlamaModel:
             "n_threads": self.config.n_threads,
             "n_gpu_layers": self.config.n_gpu_layers,
             "repack": self.config.repack_enabled,
+            "flash_attn": self.config.flash_attn,
+            "devices": [dataclasses.asdict(d) for d in self.devices],
+            "buffers": self.buffers,
+            "offloaded_layers": list(self.offloaded_layers) if self.offloaded_layers else None,
         }
 
     def vocab_facts(self) -> dict:

@@ -1,4 +1,5 @@
-"""The memory budget resident models must fit in: GPU memory via NVML, else RAM via psutil.
+"""The memory budget resident models must fit in: GPU memory via NVML, else the GPUs llama.cpp's Vulkan build sees
+(app.device_probe, when the runners use it), else RAM via psutil.
 
 No NVIDIA library, driver or GPU is the ordinary case on a NAS, not an error: the budget is
 then RAM. Inside a container RAM is also capped by the cgroup's memory limit, which psutil does
@@ -12,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from app.devices import Device
 from app.hardware import gpu_memory
 
 MIB = 1024 * 1024
@@ -69,10 +71,12 @@ def detect_budget(
     use_gpu: bool = True,
     virtual_memory: Callable[[], Any] = psutil.virtual_memory,
     cgroup_root: Path = CGROUP_ROOT,
+    devices: tuple[Device, ...] = (),
 ) -> MemoryBudget:
-    """Measures the budget: NVIDIA GPUs when NVML finds any (and use_gpu), else RAM.
+    """Measures the budget: NVIDIA GPUs when NVML finds any (and use_gpu), else the GPUs among `devices`, else RAM.
 
     `nvml` is an opened pynvml-like module (tests pass fakes); by default the process's one (app.hardware).
+    `devices`: what llama.cpp's backends see (app.device_probe; Intel/AMD GPUs through Vulkan).
     """
     if reserve_bytes is not None and reserve_bytes < 0:
         raise ValueError(f"reserve_bytes must not be negative (got {reserve_bytes})")
@@ -87,6 +91,17 @@ def detect_budget(
             if reserve_bytes is None:
                 reserve_bytes = int(total * DEFAULT_RESERVE_FRACTION)
             return _budget(KIND_VRAM, total, free, reserve_bytes, limit_bytes, tuple(g.name for g in gpus), note)
+        offload = [d for d in devices if d.is_gpu]
+        if offload:
+            total = sum(d.total_bytes for d in offload)
+            # A driver that does not report use (lavapipe) says all is free: Hearth's own count of what its runners
+            # hold (the residency's estimates against usable_bytes) is then the only limit.
+            free = sum(d.free_bytes if d.reports_usage else d.total_bytes for d in offload)
+            if reserve_bytes is None:
+                reserve_bytes = int(total * DEFAULT_RESERVE_FRACTION)
+            names = tuple(f"{d.name} ({d.description})" for d in offload)
+            return _budget(KIND_VRAM, total, free, reserve_bytes, limit_bytes, names,
+                           f"memory of {len(offload)} {offload[0].backend} device(s) as llama.cpp reports it")
         detail = f"RAM: {note}"
     memory = virtual_memory()
     total, available = memory.total, memory.available

@@ -136,6 +136,7 @@ def estimate_memory(
     kv_type_bytes: float = 2.0,
     n_outputs_extra: int = 0,
     ram_tier_mib: int = 0,
+    flash_attn: bool = True,
 ) -> MemoryEstimate:
     """Estimates a runner's footprint for n_ctx cells shared by `parallel` slots.
 
@@ -158,7 +159,7 @@ def estimate_memory(
     kv_bytes = bytes_per_token(entry, kv_type_bytes) * cells
     # Each extra logit row costs n_vocab floats twice: in the compute buffer's logits phase and in the
     # host output buffer (Gemma's 262k vocabulary: 16 draft rows are 32 MiB).
-    compute_bytes = _compute_bytes(entry, cells, parallel + n_outputs_extra, min(n_batch, MAX_UBATCH))
+    compute_bytes = _compute_bytes(entry, cells, parallel + n_outputs_extra, min(n_batch, MAX_UBATCH), flash_attn)
     vocab_bytes = VOCAB_BYTES_PER_TOKEN * (entry.n_vocab or 0)
     overhead_bytes = RUNNER_BASELINE_BYTES + SERVING_HEADROOM_BYTES + vocab_bytes
     projector_bytes = _file_bytes(entry.mmproj) if entry.mmproj is not None else 0
@@ -254,7 +255,7 @@ def _file_bytes(path) -> int:
         return 0
 
 
-def _compute_bytes(entry: CatalogEntry, cells: int, n_outputs: int, n_ubatch: int) -> int:
+def _compute_bytes(entry: CatalogEntry, cells: int, n_outputs: int, n_ubatch: int, flash_attn: bool = True) -> int:
     """Estimates llama.cpp's compute buffer plus its host output buffer."""
     n_embd = entry.n_embd or 0
     n_ff = entry.n_ff or DEFAULT_FF_RATIO * n_embd
@@ -268,6 +269,13 @@ def _compute_bytes(entry: CatalogEntry, cells: int, n_outputs: int, n_ubatch: in
         n_masks * cells * n_ubatch * MASK_BYTES
         + n_ubatch * FLOAT32_BYTES * (LAYER_FF_ACTIVATIONS * n_ff + LAYER_EMBD_ACTIVATIONS * n_embd)
     )
+    if not flash_attn:
+        # Without flash attention (lavapipe) the scores are materialised: n_head × n_kv × n_ubatch float32 (softmax
+        # reuses them in place), beside f32 masks and the Q/K/V views of the micro-batch. Measured on lavapipe with
+        # the tiny random model (4 heads, 512 cells, ubatch 512, width 64): 5.38 MiB logged, 5.375 here.
+        attention_phase = (cells * n_ubatch * FLOAT32_BYTES * ((entry.n_head or 1) + n_masks)
+                           + 3 * n_ubatch * n_embd * FLOAT32_BYTES)
+        layer_phase = max(layer_phase, attention_phase)
     # At the end: the logits of n_outputs rows over the vocabulary, plus the normed hidden state
     # feeding them; 513 MiB against the 514 MiB logged with n_outputs_max = 512.
     logits_phase = n_outputs * n_vocab * FLOAT32_BYTES + n_ubatch * n_embd * FLOAT32_BYTES

@@ -27,6 +27,12 @@ def gauge(name: str, doc: str, value) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
+def device_buffer(name: str) -> bool:
+    """Whether a llama.cpp buffer type is a device's own memory ("Vulkan0", "CUDA0"), not host memory ("CPU",
+    "CPU_Mapped", "Vulkan_Host", "CUDA_Host")."""
+    return not name.startswith("CPU") and not name.endswith("_Host")
+
+
 class _EngineCollector:
     """Reads the engine's counters and snapshot at scrape time; never drives the engine."""
 
@@ -43,6 +49,18 @@ class _EngineCollector:
         yield from self._tiers()
         if self.engine.media is not None:
             yield from self._images(self.engine.media)
+        yield from self._devices()
+
+    def _devices(self):
+        """The bytes llama.cpp allocated on each device for this runner (its own buffer sizes, as logged at load): the
+        device's memory in use where its driver does not report it (lavapipe), and what evicting the runner frees."""
+        buffers = getattr(self.engine.model, "buffers", None) or {}
+        family = GaugeMetricFamily("hearth:device_buffer_bytes", "Bytes of llama.cpp buffers on a device (model, "
+                                   "KV, compute) for this runner", labels=["device"])
+        for name, parts in buffers.items():
+            if device_buffer(name):
+                family.add_metric([name], float(sum(parts.values())))
+        yield family
 
     def _llama_server(self, snap):
         """llama-server's `llamacpp:` names."""

@@ -33,7 +33,7 @@ from app.residency.supervisor import (
     spec_type_for,
 )
 from app.services.privacy import MAX_AGE_SETTING, expire_kv_cache, remove_orphans
-from app.services.settings import SettingsCache, memory_budget
+from app.services.settings import SettingsCache, flash_attn_possible, memory_budget
 from app.store import models as db
 from app.store.settings import get_setting
 
@@ -346,7 +346,8 @@ class Catalog:
                     draft, draft_note = draft_for(e, rs, entries)
                     spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR, draft=draft)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
-                                               n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib)
+                                               n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib,
+                                               flash_attn=flash_attn_possible(spec.gpu_layers))
                     if spec.draft_flag:
                         estimate = with_draft(estimate, draft, spec.n_ctx, spec.parallel, spec.n_batch)
                     spec, estimate, tier_note = fit_ram_tier(e, spec, estimate, budget, memory.kind)

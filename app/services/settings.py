@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -10,6 +11,9 @@ from typing import Any
 from cachetools import TTLCache
 from sqlalchemy.orm import sessionmaker
 
+from app.device_probe import cached_probe, is_software_vulkan
+from app.devices import Device
+from app.llama_tools import BACKEND_ENV
 from app.residency.budget import MemoryBudget, detect_budget
 from app.store.settings import REGISTRY, get_setting
 
@@ -53,9 +57,24 @@ def memory_budget(settings: SettingsCache) -> MemoryBudget:
     return detect_budget(
         reserve_bytes=None if reserve is None else int(reserve) * MIB,
         limit_bytes=None if limit is None else int(limit) * MIB,
+        devices=offload_devices(),
     )
+
+
+def offload_devices() -> tuple[Device, ...]:
+    """The devices the runners' llama.cpp build sees, when it is one that offloads (HEARTH_LLAMA_BACKEND=vulkan);
+    none with the default CPU build, which then starts no probe at all."""
+    if (os.environ.get(BACKEND_ENV) or "cpu").strip().lower() == "cpu":
+        return ()
+    return cached_probe().devices
 
 
 def budget_bytes(settings: SettingsCache) -> int:
     """Memory resident models may use, under the stored limit and reserve."""
     return memory_budget(settings).usable_bytes
+
+
+def flash_attn_possible(gpu_layers: int) -> bool:
+    """Whether a runner with these GPU layers loads with flash attention (llama.cpp's auto): not where its layers go
+    to lavapipe, where "auto" is off (app.engine.backends.flash_attn_for), so its estimate counts the scores."""
+    return not (gpu_layers and any(d.is_gpu and is_software_vulkan(d.description) for d in offload_devices()))

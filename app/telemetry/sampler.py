@@ -27,12 +27,14 @@ import psutil
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from app.device_probe import Probe, peek_probe
 from app.exposition import parse_exposition
 from app.hardware import nvml_gpus, report_nvml_error
 from app.residency.manager import ModelState
 from app.residency.supervisor import runner_headers
 from app.store.models import Sample, Series
 from app.store.writer import StoreWriter
+from app.telemetry.drm import DrmSampler
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +217,20 @@ def sample_gpus(nvml: Any = None) -> list[Reading]:
     return readings
 
 
+def device_readings(held: Mapping[str, float], probe: Probe | None) -> list[Reading]:
+    """GPU series from llama.cpp's own buffer sizes, for devices no driver reading covers (lavapipe; a GPU the
+    kernel tells nothing of): `gpu:<n>` for device "Vulkan<n>", memory in use = what the runners hold there."""
+    totals = {d.name: d.total_bytes for d in probe.devices} if probe is not None else {}
+    readings: list[Reading] = []
+    for name, used in sorted(held.items()):
+        digits = "".join(ch for ch in name if ch.isdigit())
+        source = f"gpu:{int(digits) if digits else 0}"
+        readings.append((source, "vram_used_bytes", float(used)))
+        if totals.get(name):
+            readings.append((source, "vram_total_bytes", float(totals[name])))
+    return readings
+
+
 def sample_gateway(snapshot: Mapping[str, Mapping[str, int]]) -> list[Reading]:
     """The gateway's queue depth and requests in flight, all classes together (admission snapshot)."""
     return [
@@ -352,7 +368,8 @@ def _busy_slots(body: str) -> int:
 def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rates: RateTracker,
                    now: float, failures: ScrapeFailures | None = None,
                    speculation: SpeculationNotes | None = None,
-                   tiers: dict[str, dict[str, float]] | None = None) -> list[Reading]:
+                   tiers: dict[str, dict[str, float]] | None = None,
+                   device_bytes: dict[str, float] | None = None) -> list[Reading]:
     """Scrape /metrics and /slots of every healthy node of every ready model; failed scrapes are counted and skipped.
 
     A node whose /metrics says speculative decoding is configured also has its /props read, when due,
@@ -400,6 +417,10 @@ def sample_runners(statuses: Iterable[Mapping[str, Any]], http_get: HttpGet, rat
                 value = scrape.value(name, {"tier": tier})
                 if value is not None:
                     readings.append((source, metric, value))
+            if device_bytes is not None:
+                for labels, value in scrape.series("hearth:device_buffer_bytes"):
+                    if labels.get("device"):
+                        device_bytes[labels["device"]] = device_bytes.get(labels["device"], 0.0) + value
             totals = tier_totals(scrape)
             if tiers is not None and totals is not None:
                 tiers[source] = totals
@@ -480,7 +501,7 @@ class Sampler:
 
     def __init__(self, writer: StoreWriter, runner_status: Callable[[], list[dict]],
                  gateway_status: Callable[[], dict[str, dict]], clock: Callable[[], float] = time.time,
-                 http_get: HttpGet | None = None, nvml: Any = None, ps: Any = psutil):
+                 http_get: HttpGet | None = None, nvml: Any = None, ps: Any = psutil, drm: DrmSampler | None = None):
         self.writer = writer
         # The residency manager's and the admission's status (read only, no I/O).
         self.runner_status = runner_status
@@ -489,6 +510,8 @@ class Sampler:
         self.http_get = http_get or _httpx_get()
         self.nvml = nvml
         self.ps = ps
+        # Intel and AMD GPUs (amdgpu/i915/xe sysfs, DRM fdinfo) feed the same gpu:<i> series where NVML has none.
+        self.drm = drm or DrmSampler()
         self.rates = RateTracker()
         self.scrape_failures = ScrapeFailures()
         self.speculation = SpeculationNotes()
@@ -501,10 +524,14 @@ class Sampler:
 
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
-        readings = sample_host(self.ps) + sample_gpus(self.nvml) + sample_gateway(self.gateway_status())
+        gpus = sample_gpus(self.nvml) or self.drm.sample(now)
+        readings = sample_host(self.ps) + gpus + sample_gateway(self.gateway_status())
         self._tiers_next = {}
+        held: dict[str, float] = {}
         readings += sample_runners(self.runner_status(), self.http_get, self.rates, now, self.scrape_failures,
-                                   self.speculation, self._tiers_next)
+                                   self.speculation, self._tiers_next, held)
+        if not gpus:
+            readings += device_readings(held, peek_probe())
         return readings
 
     def sample_all(self) -> int:

@@ -9,6 +9,7 @@ import functools
 
 from flask import Blueprint, render_template
 
+from app.device_probe import peek_probe, probe_in_background
 from app.gateway.context import services
 from app.residency.manager import ModelState
 from app.web.auth import login_required
@@ -43,8 +44,10 @@ def _context() -> dict:
         health, health_text = "warn", "Up, " + ", ".join(m["name"] for m in failed) + " failed"
     else:
         health, health_text = "ok", "Up"
+    # The devices llama.cpp sees, read once in a child process (never on the request's own time).
+    probe_in_background()
     return {"live": live, "gpu": has_gpu(svc, live), "health": health, "health_text": health_text,
-            "public": bool(svc.settings.get("status_public"))}
+            "public": bool(svc.settings.get("status_public")), "probe": peek_probe()}
 
 
 @bp.get("/status")

@@ -158,3 +158,22 @@ def test_real_machine_never_raises():
     assert budget.kind in {"ram", "vram"}
     assert 0 < budget.usable_bytes <= budget.total_bytes
     assert budget.detail
+
+
+def test_vulkan_gpus_give_a_vram_budget_where_nvml_has_none(no_cgroup):
+    from app.devices import Device
+
+    devices = (Device("Vulkan0", "Vulkan", "igpu", "Intel(R) UHD Graphics 770", 8 * GIB, 6 * GIB),
+               Device("Vulkan1", "Vulkan", "igpu", "llvmpipe (LLVM 15.0.6, 256 bits)", 2 * GIB, 2 * GIB, False),
+               Device("CPU", "CPU", "cpu", "AMD EPYC", 64 * GIB, 60 * GIB, False))
+    budget = detect_budget(nvml=fake_nvml([]), cgroup_root=no_cgroup, devices=devices)
+    assert budget.kind == "vram" and budget.total_bytes == 10 * GIB
+    # lavapipe reports no use: its whole heap is free, Hearth's own count of its runners is the limit there.
+    assert budget.available_bytes == 8 * GIB
+    assert budget.devices == ("Vulkan0 (Intel(R) UHD Graphics 770)", "Vulkan1 (llvmpipe (LLVM 15.0.6, 256 bits))")
+    assert "2 Vulkan device(s)" in budget.detail
+    # NVIDIA through NVML first; only a CPU device is a RAM budget, as today.
+    assert detect_budget(nvml=fake_nvml([("NVIDIA L4", 24 * GIB, 20 * GIB)]), cgroup_root=no_cgroup,
+                         devices=devices).devices == ("NVIDIA L4",)
+    assert detect_budget(nvml=fake_nvml([]), cgroup_root=no_cgroup, devices=devices[2:],
+                         virtual_memory=fake_ram(4 * GIB, 3 * GIB)).kind == "ram"

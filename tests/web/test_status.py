@@ -58,3 +58,28 @@ def test_status_shows_gpu_and_stale_sampler(app, admin):
     html = admin.get("/status").get_data(as_text=True)
     assert "GPU 0" in html and "64" in html and "6.0 GiB / 24.0 GiB" in html
     assert "telemetry stalled" in html and "status-warn" in html
+
+
+def test_status_names_the_devices_llama_cpp_sees(app, admin, monkeypatch):
+    from app import device_probe
+    from app.devices import Device
+
+    probe = device_probe.Probe("vulkan", devices=(
+        Device("Vulkan0", "Vulkan", "igpu", "llvmpipe (LLVM 15.0.6, 256 bits)", 2 * 1024**3, 2 * 1024**3, False),
+        Device("CPU", "CPU", "cpu", "AMD EPYC", 8 * 1024**3, 8 * 1024**3, False)))
+    monkeypatch.setattr(device_probe, "_cached", (time.monotonic(), probe))
+    html = admin.get("/partials/status").get_data(as_text=True)
+    assert "Vulkan0" in html and "llvmpipe (LLVM 15.0.6, 256 bits) · igpu · 2.0 GiB" in html
+    assert "AMD EPYC · cpu" in html
+
+
+def test_status_on_this_box_names_the_cpu_once_the_probe_has_run(app, admin, monkeypatch):
+    from app import device_probe
+
+    monkeypatch.setattr(device_probe, "_cached", None)
+    admin.get("/partials/status")
+    deadline = time.monotonic() + 60
+    while device_probe.peek_probe() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    html = admin.get("/partials/status").get_data(as_text=True)
+    assert '<span class="status-model-name">CPU</span>' in html and " · cpu" in html
