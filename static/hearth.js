@@ -96,7 +96,8 @@
     }
 
     async refresh() {
-      if (document.hidden || this.inFlight) return;
+      // A chart in a closed section fetches nothing: opening it refreshes it (see the toggle handler below).
+      if (document.hidden || this.inFlight || !Hearth.shown(this.el)) return;
       this.inFlight = true;
       this.last = Date.now();
       try {
@@ -225,6 +226,36 @@
     return chart;
   };
 
+  /* Whether `el` is on show: not inside a closed <details> section. */
+  Hearth.shown = function (el) {
+    return !el.closest("details:not([open])");
+  };
+
+  /* Sections (<details id=…>) stay as the admin left them, in this browser; opening one refreshes its charts. */
+  const OPEN_KEY = "hearth:open:";
+  function remember(details) {
+    try {
+      window.localStorage.setItem(OPEN_KEY + details.id, details.open ? "1" : "0");
+    } catch (error) {
+      // Storage off (private mode): the section simply starts closed next time.
+    }
+  }
+  function restoreSections() {
+    document.querySelectorAll("details.section[id]").forEach((d) => {
+      let saved = null;
+      try {
+        saved = window.localStorage.getItem(OPEN_KEY + d.id);
+      } catch (error) {
+        saved = null;
+      }
+      if (saved === "1") d.open = true;
+      d.addEventListener("toggle", () => {
+        remember(d);
+        if (d.open) Hearth.charts.filter((c) => d.contains(c.el)).forEach((c) => { c.resize(); c.refresh(); });
+      });
+    });
+  }
+
   /* Switch every chart (and the range buttons) to `range`, remembered in the address bar. */
   Hearth.setRange = function (range) {
     Hearth.range = range;
@@ -260,6 +291,7 @@
   });
 
   function init() {
+    restoreSections();
     const active = document.querySelector("[data-range].active");
     Hearth.range = new URL(window.location.href).searchParams.get("range") || (active && active.dataset.range) || "5m";
     document.querySelectorAll("[data-range]").forEach((b) => {
