@@ -100,8 +100,15 @@ class CostModel:
         self.num_samples = 0
         self.base_ms, self.decode_ms, self.prefill_ms = prior_ms
 
+    # Once the fit has its warm samples, an iteration counts as at most this many times its prediction: a runner
+    # paused for seconds (another process on the cores, a page fault) would otherwise move the paces for the next
+    # hundred iterations, while a machine that really slows down still pulls the fit up step by step.
+    MAX_SURPRISE = 3.0
+
     def observe(self, num_decode: int, num_prefill: int, iteration_ms: float) -> None:
         """Fold one measured iteration into the fit."""
+        if self.num_samples >= PACE_MIN_SAMPLES:
+            iteration_ms = min(iteration_ms, self.MAX_SURPRISE * self.iteration_ms(num_decode, num_prefill))
         x = (1.0, float(num_decode), float(num_prefill))
         f = self.forget
         for i in range(3):

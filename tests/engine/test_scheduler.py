@@ -602,6 +602,19 @@ def test_paces_are_measuring_until_enough_warm_iterations_were_fitted():
     assert sched.feasibility()["pace_measured"] and sched.feasibility()["reachable_tpot_ms"] is not None
 
 
+def test_a_pause_of_seconds_does_not_move_a_warm_fit_for_the_iterations_after_it():
+    cost = CostModel()
+    for i in range(PACE_MIN_SAMPLES * 3):
+        cost.observe(8, 0, 40.0 + (i % 3))
+    before = cost.iteration_ms(8, 0)
+    cost.observe(8, 0, 3000.0)  # the runner stood still for 3 s
+    assert cost.iteration_ms(8, 0) < before * 1.05
+    # A machine that really slowed down still moves it.
+    for _ in range(300):
+        cost.observe(8, 0, 120.0)
+    assert cost.iteration_ms(8, 0) == pytest.approx(120.0, rel=0.1)
+
+
 def test_a_target_within_reach_is_budgeted_as_before_and_reported_so():
     sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
     measured_knee(sched, 256)
