@@ -5,7 +5,8 @@
    2000; long ranges less often) without reloading the page, and pauses while the tab is hidden.
    Every element with data-chart-url gets one on load; buttons with data-range switch the time
    range of every chart on the page. Hearth.charts holds the chart objects (tests read their
-   point counts). */
+   point counts). A chart inside a closed <details> fetches nothing until it is opened; sections
+   (<details class="section" id=…>) are remembered open or closed in this browser. */
 (function () {
   "use strict";
 
