@@ -43,16 +43,19 @@ def _bottom(page, selector: str) -> float:
 
 
 def _new_page(browser, served, admin_storage, width: int, height: int):
+    """A logged-in page at width × height; its `errors` collect console errors and page errors."""
     context = browser.new_context(viewport={"width": width, "height": height}, storage_state=admin_storage,
                                   base_url=served.url)
-    return context, context.new_page()
+    page = context.new_page()
+    page.errors = []
+    page.on("console", lambda m: page.errors.append(f"console: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: page.errors.append(f"pageerror: {e}"))
+    return context, page
 
 
 def test_at_1280x800_the_first_screen_answers_and_every_chart_is_one_click_away(browser, served, admin_storage):
     _ask(served)
     context, page = _new_page(browser, served, admin_storage, 1280, 800)
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         page.goto("/")
         page.wait_for_function("() => document.querySelector('#overview-usage').innerText.includes('gemma')",
@@ -87,9 +90,9 @@ def test_at_1280x800_the_first_screen_answers_and_every_chart_is_one_click_away(
         # The sections stay open on the next visit (this browser remembers).
         page.reload()
         assert all(page.locator(f"#{s}").evaluate("d => d.open") for s in SECTIONS)
+        assert not page.errors, page.errors
     finally:
         context.close()
-    assert not errors, errors
 
 
 def test_on_a_phone_the_first_screen_says_whether_it_works(browser, served, admin_storage):
@@ -102,5 +105,6 @@ def test_on_a_phone_the_first_screen_says_whether_it_works(browser, served, admi
         assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
         fold(page, "overview-fold-390")
         shot(page, "overview-closed-390")
+        assert not page.errors, page.errors
     finally:
         context.close()
