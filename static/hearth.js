@@ -5,7 +5,8 @@
    2000; long ranges less often) without reloading the page, and pauses while the tab is hidden.
    Every element with data-chart-url gets one on load; buttons with data-range switch the time
    range of every chart on the page. Hearth.charts holds the chart objects (tests read their
-   point counts). */
+   point counts). A chart inside a closed <details> fetches nothing until it is opened; sections
+   (<details class="section" id=…>) are remembered open or closed in this browser. */
 (function () {
   "use strict";
 
@@ -96,7 +97,8 @@
     }
 
     async refresh() {
-      if (document.hidden || this.inFlight) return;
+      // A chart in a closed section fetches nothing: opening it refreshes it (see the toggle handler below).
+      if (document.hidden || this.inFlight || !Hearth.shown(this.el)) return;
       this.inFlight = true;
       this.last = Date.now();
       try {
@@ -225,6 +227,36 @@
     return chart;
   };
 
+  /* Whether `el` is on show: not inside a closed <details> section. */
+  Hearth.shown = function (el) {
+    return !el.closest("details:not([open])");
+  };
+
+  /* Sections (<details id=…>) stay as the admin left them, in this browser; opening one refreshes its charts. */
+  const OPEN_KEY = "hearth:open:";
+  function remember(details) {
+    try {
+      window.localStorage.setItem(OPEN_KEY + details.id, details.open ? "1" : "0");
+    } catch (error) {
+      // Storage off (private mode): the section simply starts closed next time.
+    }
+  }
+  function restoreSections() {
+    document.querySelectorAll("details.section[id]").forEach((d) => {
+      let saved = null;
+      try {
+        saved = window.localStorage.getItem(OPEN_KEY + d.id);
+      } catch (error) {
+        saved = null;
+      }
+      if (saved === "1") d.open = true;
+      d.addEventListener("toggle", () => {
+        remember(d);
+        if (d.open) Hearth.charts.filter((c) => d.contains(c.el)).forEach((c) => { c.resize(); c.refresh(); });
+      });
+    });
+  }
+
   /* Switch every chart (and the range buttons) to `range`, remembered in the address bar. */
   Hearth.setRange = function (range) {
     Hearth.range = range;
@@ -260,6 +292,7 @@
   });
 
   function init() {
+    restoreSections();
     const active = document.querySelector("[data-range].active");
     Hearth.range = new URL(window.location.href).searchParams.get("range") || (active && active.dataset.range) || "5m";
     document.querySelectorAll("[data-range]").forEach((b) => {

@@ -23,7 +23,7 @@ from app.engine.request import (
     RequestStatus,
     SamplingParams,
 )
-from app.engine.scheduler import Chunk, Scheduler, SchedulerConfig
+from app.engine.scheduler import PACE_WARMUP_ITERATIONS, Chunk, Scheduler, SchedulerConfig
 from app.engine.speculation import NO_SPEC, SpecConfig
 from app.engine.text import StopMatcher, Utf8Stream
 from app.policy import NO_SLO, Mode, SloTargets
@@ -466,7 +466,7 @@ class Engine:
                 self._sample_one(chunk.request, idx, now)
         t1 = self.clock()
         iteration_s = t1 - t0
-        if not retried:
+        if not retried and self.counters.iterations_total >= PACE_WARMUP_ITERATIONS:
             # What the SLO budget is sized by: this model's iterations on this machine, as measured. A draft
             # token needs its own row of logits, as a decode token does: it costs as one.
             cost, iteration_ms = self.scheduler.cost, iteration_s * 1000

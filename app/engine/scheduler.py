@@ -15,6 +15,12 @@ from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatu
 from app.engine.speculation import NO_SPEC, Drafter, ModTable, SpecConfig, cost_ratio, draft_length, new_stats
 from app.policy import Mode
 
+# The first iterations after a load run cold (weights paged in, buffers allocated: 2 s where a warm one took 20 ms
+# here), so the engine leaves them out of the cost fit; the paces reported from the fit (full batch, reachable) wait
+# for PACE_MIN_SAMPLES warm iterations, and the overview says "measuring" until then instead of "out of reach".
+PACE_WARMUP_ITERATIONS = 8
+PACE_MIN_SAMPLES = 32
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -94,8 +100,15 @@ class CostModel:
         self.num_samples = 0
         self.base_ms, self.decode_ms, self.prefill_ms = prior_ms
 
+    # Once the fit has its warm samples, an iteration counts as at most this many times its prediction: a runner
+    # paused for seconds (another process on the cores, a page fault) would otherwise move the paces for the next
+    # hundred iterations, while a machine that really slows down still pulls the fit up step by step.
+    MAX_SURPRISE = 3.0
+
     def observe(self, num_decode: int, num_prefill: int, iteration_ms: float) -> None:
         """Fold one measured iteration into the fit."""
+        if self.num_samples >= PACE_MIN_SAMPLES:
+            iteration_ms = min(iteration_ms, self.MAX_SURPRISE * self.iteration_ms(num_decode, num_prefill))
         x = (1.0, float(num_decode), float(num_prefill))
         f = self.forget
         for i in range(3):
@@ -608,13 +621,22 @@ class Scheduler:
         overview marks it out of reach, and the budget keeps this pace instead (see _prefill_limit)."""
         return self.cost.iteration_ms(self.config.max_seqs, self.chunks.knee) / self.config.slo_headroom
 
+    @property
+    def pace_measured(self) -> bool:
+        """Whether the cost fit has seen enough warm iterations for its paces to be reported (else: measuring)."""
+        return self.cost.num_samples >= PACE_MIN_SAMPLES
+
     def feasibility(self) -> dict:
-        """The knee, the chunk costs behind it and the paces it gives, for /props and /metrics."""
+        """The knee, the chunk costs behind it and the paces it gives, for /props and /metrics.
+
+        `pace_measured` false: the paces are the prior's and the first iterations', not to be shown as verdicts."""
+        reachable = self.reachable_tpot_ms if self.pace_measured else None
         return {**self.chunks.as_dict(), "full_batch_tpot_ms": round(self.full_batch_tpot_ms(), 2),
                 "full_batch_decode_ms": round(self.cost.iteration_ms(self.config.max_seqs, 0), 2),
                 "headroom": self.config.slo_headroom,
                 "slots": self.config.max_seqs,
-                "reachable_tpot_ms": None if self.reachable_tpot_ms is None else round(self.reachable_tpot_ms, 2)}
+                "pace_measured": self.pace_measured, "warm_iterations": self.cost.num_samples,
+                "reachable_tpot_ms": None if reachable is None else round(reachable, 2)}
 
     def _slack_ms(self, r: Request, now: float) -> float:
         """How long the next iteration may take and this sequence still keep its mean TPOT pace (headroom included)."""

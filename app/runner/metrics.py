@@ -150,11 +150,14 @@ class _EngineCollector:
                     feasible.get("knee_tokens", 0))
         yield gauge("hearth:prefill_knee_measured", "1 once chunk costs were measured (before: the default knee)",
                     1 if feasible.get("measured_knee") else 0)
+        # Until the fit has seen enough warm iterations its paces are the prior's: 0 says "measuring".
+        measured = bool(feasible.get("pace_measured"))
         yield gauge("hearth:full_batch_tpot_seconds",
-                    "The TPOT a full batch keeps while prompts prefill at the knee: tighter targets are out of reach",
-                    feasible.get("full_batch_tpot_ms", 0) / 1000)
-        yield gauge("hearth:full_batch_decode_seconds", "An iteration of a full batch's decode tokens alone (fitted)",
-                    feasible.get("full_batch_decode_ms", 0) / 1000)
+                    "The TPOT a full batch keeps while prompts prefill at the knee: tighter targets are out of reach "
+                    "(0: measuring)", feasible.get("full_batch_tpot_ms", 0) / 1000 if measured else 0)
+        yield gauge("hearth:full_batch_decode_seconds",
+                    "An iteration of a full batch's decode tokens alone (fitted; 0: measuring)",
+                    feasible.get("full_batch_decode_ms", 0) / 1000 if measured else 0)
         yield gauge("hearth:budget_reachable_tpot_seconds",
                     "The pace the last budgeted iteration kept instead of an out-of-reach target (0: in reach)",
                     (feasible.get("reachable_tpot_ms") or 0) / 1000)

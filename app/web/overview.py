@@ -1,12 +1,15 @@
-"""Overview: live number tiles (htmx polling), charts (uPlot from /api/series and /api/latency) and,
-beside them, the admission policy in force — the numbers mean little without it — with each runner's
-speculative decoding decision (the sampler's last read of its /props) and each class's share of draft
-tokens kept over the chosen range (the request log)."""
+"""Overview: a first screen that answers a household admin's questions at a glance (htmx polling): is it working,
+is anyone waiting or slow now (per class, against its target), who and what is using the box, memory and devices.
+Below it, sections a person opens: charts (uPlot from /api/series and /api/latency) of throughput, latency, memory
+and KV, speculation and tiers, and "how this works": the admission policy in force, with each runner's speculative
+decoding decision (the sampler's last read of its /props) and each class's share of draft tokens kept over the
+chosen range (the request log)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, fields
+from datetime import timedelta
 
 from flask import Blueprint, current_app, render_template, request
 from sqlalchemy import select
@@ -16,10 +19,10 @@ from app.engine.speculation import SpecConfig
 from app.gateway.context import Services, services
 from app.residency.manager import ModelState
 from app.store.models import Series
-from app.telemetry.feasibility import class_costs, hardware_of
+from app.telemetry.feasibility import Hardware, class_costs, hardware_of, target_cost
 from app.web.auth import login_required
-from app.web.queries import Acceptance, class_acceptance, utc_now
-from app.web.series import RANGES, source_label
+from app.web.queries import Acceptance, Recent, class_acceptance, recent_activity, utc_now
+from app.web.series import RANGES, percentile, source_label
 
 bp = Blueprint("overview", __name__)
 
@@ -31,34 +34,39 @@ MODE_RULES = {
     "serial": "One request at a time: batching off.",
     "static": "A fixed batch is admitted only when the engine is empty and runs until its longest member ends.",
 }
-# The scheduler's defaults the two rules below state, read from it so the text cannot fall behind a changed default.
+# The scheduler's defaults the rules below state, read from it so the text cannot fall behind a changed default.
 _SCHED = {f.name: f.default for f in fields(SchedulerConfig)}
-KV_RULE = (f"A request joins only if its prompt plus {_SCHED['decode_reserve_cells']} cells per running sequence "
-           "fits in the free KV cache (cached prefixes count as free: they are evicted first). A more urgent request "
-           "that finds no slot or KV room preempts a preemptible, less urgent sequence (not one resumed in the last "
-           f"{_SCHED['preempt_protect_s']:g} s); the preempted sequence's cells stay cached, so it resumes cheaply. "
-           "When the cache fills during a step, the lowest-priority newest sequence is preempted.")
 _PACE = f"{100 * _SCHED['slo_headroom']:.0f} %"
-BUDGET_RULE = ("Each iteration carries one decode token per generating sequence, then prompt chunks (most "
-               "urgent first) up to the prefill budget: the tokens that fit, by this model's measured cost per "
-               "iteration, per decode token and per prefill token, before the next token of every decoding "
-               f"sequence is due at {_PACE} of its class's TPOT target (a mean: a sequence ahead of its pace banks "
-               f"time for a bigger chunk; an iteration may always take {_PACE} of the tightest target, and never "
-               f"more than {_SCHED['slo_max_stall']:g} of them). A chunk is at least {_SCHED['min_prefill_tokens']} "
-               "tokens unless it ends its prompt; where the target is out of reach even without prefill, prefill may "
-               f"make the iteration {_SCHED['slow_machine_stretch']:g}× as long as its decode tokens alone. Prefill is "
-               "never cut below the knee, the chunk size past which a bigger chunk is no cheaper per prompt token "
-               "(measured on this machine): a target tighter than that allows is out of reach, and the pace kept is "
-               "the reachable one. The most urgent prompt is held only to the paces of sequences at least as urgent "
-               "(a voice prompt does not wait on a chat answer's pace). While nothing with a target decodes, the "
-               "whole batch.")
-
-
 _SPEC = {f.name: f.default for f in fields(SpecConfig)}
-SPEC_RULE = ("Speculative decoding drafts tokens from the sequence's own context and verifies them in the same "
-             "iteration (greedy answers are identical). The runner decides every iteration from its measured costs: "
-             f"it stands aside while more than {_SPEC['max_seqs']} sequences decode, while prompts prefill, and "
-             "when drafts are not worth their verification; a class switched off never drafts.")
+# How admission works, in short sentences (the overview folds them behind "How this works").
+BUDGET_RULE = (
+    "Each step writes one token of every answer in progress, then reads prompts, most urgent first.",
+    f"Prompts get what time is left before every answer's next token is due: {_PACE} of its class's TPOT target, "
+    "by this model's costs as measured on this machine.",
+    "An answer ahead of its pace lends its spare time to a bigger prompt piece.",
+    f"A step may always take {_PACE} of the tightest target, and never more than {_SCHED['slo_max_stall']:g} of them.",
+    f"A prompt piece is at least {_SCHED['min_prefill_tokens']} tokens, and never below the knee: the size past which "
+    "a bigger piece is no cheaper per token.",
+    "A target tighter than that is out of reach: the budget keeps the reachable pace instead of starving the prompts.",
+    f"Where a target is out of reach even without prompts, a step may take {_SCHED['slow_machine_stretch']:g}× its "
+    "answers' tokens alone.",
+    "A prompt waits only on answers at least as urgent: a voice prompt does not wait on a chat answer's pace.",
+    "While nothing with a target is being answered, the whole step goes to prompts.",
+)
+KV_RULE = (
+    f"A request starts only if its prompt, plus {_SCHED['decode_reserve_cells']} cells for every answer in progress, "
+    "fits in the free KV cache; cached prompts count as free, they are dropped first.",
+    "A more urgent request that finds no slot or room pauses a preemptible, less urgent answer (not one resumed in "
+    f"the last {_SCHED['preempt_protect_s']:g} s); its cells stay cached, so it resumes cheaply.",
+    "When the cache fills during a step, the least urgent, newest answer is paused.",
+)
+SPEC_RULE = (
+    "Speculative decoding guesses tokens from the answer's own context and checks them in the same step: greedy "
+    "answers stay identical.",
+    f"The runner decides every step from measured costs: it stands aside while more than {_SPEC['max_seqs']} answers "
+    "are written, while prompts are read, and when guesses are not worth checking.",
+    "A class switched off never drafts.",
+)
 
 
 @dataclass(frozen=True)
@@ -192,6 +200,198 @@ def admission_policy(svc: Services, models: list[dict], acceptance: dict[str, Ac
     }
 
 
+# The first screen's "now": the request log's last minutes (the range picker moves the charts, not this).
+GLANCE_WINDOW = timedelta(minutes=5)
+# A telemetry sample older than this and the first screen says its figures may be old.
+STALE_SAMPLE_S = 10
+
+
+@dataclass(frozen=True)
+class ClassNow:
+    """One class now: its requests waiting and running, and its latency over the window against its targets."""
+
+    name: str
+    waiting: int
+    running: int
+    requests: int
+    failed: int
+    ttft_p95_ms: float | None
+    ttft_target_ms: float
+    tpot_p95_ms: float | None
+    tpot_target_ms: float
+    reach: str  # "out of reach", "measuring" (the model's pace not measured yet) or "" (in reach, or no model)
+    reach_note: str
+
+    @property
+    def slow(self) -> list[str]:
+        """What of this class missed its target over the window ("first token", "pace")."""
+        out = []
+        if self.ttft_p95_ms is not None and self.ttft_p95_ms > self.ttft_target_ms:
+            out.append("first token")
+        if self.tpot_p95_ms is not None and self.tpot_p95_ms > self.tpot_target_ms:
+            out.append("pace")
+        return out
+
+    @property
+    def state(self) -> str:
+        """One word for the class: slow, failing, waiting, busy or idle."""
+        if self.slow:
+            return "slow"
+        if self.failed:
+            return "failing"
+        if self.waiting:
+            return "waiting"
+        return "busy" if self.running or self.requests else "idle"
+
+
+@dataclass(frozen=True)
+class ModelNow:
+    """One model now: its state, work, generated tokens/s, KV use and the pace its runner keeps with every slot busy."""
+
+    name: str
+    state: ModelState
+    running: float | None
+    waiting: float | None
+    gen_tok_s: float | None
+    kv_used_pct: float | None
+    hardware: Hardware | None  # None: not measured yet (measuring while ready) or not loaded
+    error: str | None
+
+
+@dataclass(frozen=True)
+class MemberNow:
+    """One member's use: requests and generated tokens over the window, running and waiting now."""
+
+    name: str
+    requests: int
+    completion_tokens: int
+    running: int
+    waiting: int
+
+
+@dataclass(frozen=True)
+class Glance:
+    """The first screen: one sentence saying whether it works, then classes, models, members and devices."""
+
+    state: str  # ok, warn, bad, neutral
+    sentence: str
+    classes: list[ClassNow]
+    models: list[ModelNow]
+    members: list[MemberNow]
+
+
+@bp.app_template_filter("ms")
+def fmt_ms(ms: float) -> str:
+    """A latency a person reads: '340 ms' below a second, '4.6 s' from one."""
+    return f"{ms / 1000:.1f} s" if ms >= 1000 else f"{ms:.0f} ms"
+
+
+def _model_now(latest: dict, row: dict, slots: int | None) -> ModelNow:
+    runners = [v for src, v in latest.items() if src.startswith(f"runner:{row['name']}@")]
+
+    def total(metric: str) -> float | None:
+        values = [r[metric] for r in runners if metric in r]
+        return sum(values) if values else None
+
+    kv = [r["kv_used_pct"] for r in runners if "kv_used_pct" in r]
+    return ModelNow(row["name"], row["state"], total("running"), total("waiting"), total("gen_tok_s"),
+                    max(kv) if kv else None, hardware_of(latest, row["name"], slots), row.get("error"))
+
+
+def _p95(values: list[float]) -> float | None:
+    return percentile(sorted(values), 95) if values else None
+
+
+def health(live: Live, classes: list[ClassNow], models: list[ModelNow]) -> tuple[str, str]:
+    """Whether the box works, in one sentence and a state (ok, warn, bad, neutral): the worst thing first."""
+    failed = [m for m in models if m.state == ModelState.FAILED]
+    if failed:
+        m = failed[0]
+        return "bad", f"{m.name} failed to load{': ' + m.error if m.error else ''}. Its requests get an error until it loads."
+    if live.sample_age_s is not None and live.sample_age_s > STALE_SAMPLE_S:
+        return "warn", f"No telemetry for {live.sample_age_s:.0f} s: the sampler may be stalled, the figures below are old."
+    slow = [c for c in classes if c.slow]
+    if slow:
+        c = slow[0]
+        what = []
+        if "first token" in c.slow:
+            what.append(f"first token in {fmt_ms(c.ttft_p95_ms)} (p95) against {fmt_ms(c.ttft_target_ms)}")
+        if "pace" in c.slow:
+            what.append(f"a token every {fmt_ms(c.tpot_p95_ms)} (p95) against {fmt_ms(c.tpot_target_ms)}")
+        also = f" Also slow: {', '.join(o.name for o in slow[1:])}." if slow[1:] else ""
+        return "warn", f"{c.name} is slow: {' and '.join(what)} over the last {_minutes()}.{also}"
+    failing = [c for c in classes if c.failed]
+    if failing:
+        n = sum(c.failed for c in failing)
+        return "warn", (f"{n} request{'s' if n != 1 else ''} failed over the last {_minutes()} "
+                        f"({', '.join(c.name for c in failing)}); the Requests page says why.")
+    waiting = [c for c in classes if c.waiting]
+    loading = [m.name for m in models if m.state == ModelState.LOADING]
+    if loading:
+        return "neutral", f"Loading {', '.join(loading)}: its requests wait until it is ready."
+    if not live.resident:
+        return "ok", "Working: no model is loaded yet; the first request loads one."
+    if waiting:
+        n = sum(c.waiting for c in waiting)
+        return "ok", (f"Working: {n} request{'s' if n != 1 else ''} waiting for a slot "
+                      f"({', '.join(c.name for c in waiting)}), every class within its targets.")
+    return "ok", "Working: every model is ready and every class is within its targets."
+
+
+def _minutes() -> str:
+    return f"{GLANCE_WINDOW.total_seconds() / 60:.0f} minutes"
+
+
+def glance(svc: Services, live: Live, recent: Recent) -> Glance:
+    """The first screen from the live state, the class policies and the request log's last minutes."""
+    latest = svc.sampler.latest
+    specs = svc.catalog.model_specs()
+    slots = {name: spec.runner.parallel if spec.runner else None for name, spec in specs.items()}
+    models = [_model_now(latest, row, slots.get(row["name"])) for row in live.models]
+    by_name = {m.name: m for m in models}
+    admission = svc.admission.snapshot()
+    default_model = svc.catalog.default_model_name()
+    classes = []
+    for c in (svc.classes.get(n) for n in svc.classes.names()):
+        if c is None:
+            continue
+        seen = recent.classes.get(c.name)
+        model = by_name.get(c.default_model or default_model or "")
+        reach, note = "", ""
+        if model is not None and model.hardware is not None and c.tpot_target_ms:
+            cost = target_cost(c.name, c.tpot_target_ms, model.hardware)
+            reach, note = ("" if cost.in_reach else "out of reach"), cost.sentence
+        elif model is not None and model.state == ModelState.READY and c.tpot_target_ms:
+            reach, note = "measuring", (f"{model.name}'s pace is being measured: the first answers after a load run "
+                                         "cold, so whether this target is in reach is said once it is warm.")
+        a = admission.get(c.name, {})
+        classes.append(ClassNow(
+            c.name, a.get("waiting", 0), a.get("in_flight", 0),
+            len(seen.ttft_ms) if seen else 0, seen.failed if seen else 0,
+            _p95(seen.ttft_ms) if seen else None, c.ttft_target_ms,
+            _p95(seen.tpot_ms) if seen else None, c.tpot_target_ms, reach, note))
+    classes.sort(key=lambda c: (svc.classes.get(c.name).priority, c.name))
+    now_members = svc.admission.member_snapshot()
+    names = sorted(set(recent.members) | set(now_members))
+    members = []
+    for name in names:
+        used = recent.members.get(name)
+        live_use = now_members.get(name, {})
+        members.append(MemberNow(name, used.requests if used else 0, used.completion_tokens if used else 0,
+                                 sum(v["in_flight"] for v in live_use.values()),
+                                 sum(v["waiting"] for v in live_use.values())))
+    members.sort(key=lambda m: (-m.running - m.waiting, -m.completion_tokens, m.name))
+    state, sentence = health(live, classes, models)
+    return Glance(state, sentence, classes, models, members)
+
+
+def recent(svc: Services) -> Recent:
+    """The request log over the first screen's window."""
+    end = utc_now(current_app.config.get("HEARTH_CLOCK"))
+    with svc.sessions() as session:
+        return recent_activity(session, end - GLANCE_WINDOW, end)
+
+
 @dataclass(frozen=True)
 class TierCard:
     """One runner's KV tiers as its latest scrape said them (totals since the runner started)."""
@@ -245,7 +445,7 @@ def index():
     live = live_state(svc)
     range_key = _range_arg()
     return render_template(
-        "overview/index.html", live=live, gpu=has_gpu(svc, live),
+        "overview/index.html", live=live, gpu=has_gpu(svc, live), glance=glance(svc, live, recent(svc)),
         policy=admission_policy(svc, live.models, range_acceptance(svc, range_key)), range=range_key, MIB=MIB,
         tiers=tier_cards(svc),
     )
@@ -254,10 +454,11 @@ def index():
 @bp.get("/partials/overview/tiles")
 @login_required
 def tiles():
-    """The number tiles, polled by htmx every 2 s."""
+    """The first screen (health, classes, models, members, devices), polled by htmx every 2 s."""
     svc = services()
     live = live_state(svc)
-    return render_template("overview/_tiles.html", live=live, gpu=has_gpu(svc, live), MIB=MIB)
+    return render_template("overview/_tiles.html", live=live, gpu=has_gpu(svc, live), MIB=MIB,
+                           glance=glance(svc, live, recent(svc)))
 
 
 @bp.get("/partials/overview/policy")

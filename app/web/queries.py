@@ -576,3 +576,66 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
         cards.append(card)
     return cards
 
+
+
+# -- Overview's first screen -----------------------------------------------------------------------------
+
+# Rows read for the first screen's window at most: a household's busiest 5 minutes is far fewer.
+RECENT_LIMIT = 20_000
+
+
+@dataclass
+class RecentClass:
+    """One class's requests over the first screen's window: delivered TTFTs and TPOTs, and failures."""
+
+    ttft_ms: list[float] = field(default_factory=list)
+    tpot_ms: list[float] = field(default_factory=list)
+    failed: int = 0
+    last_error: str | None = None
+
+
+@dataclass
+class RecentMember:
+    """One member's requests and generated tokens over the window."""
+
+    requests: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Recent:
+    """What the request log says about the last minutes: per class latencies and failures, per member use."""
+
+    classes: dict[str, RecentClass]
+    members: dict[str, RecentMember]
+
+
+# A request that ended this way failed the household; cancelled and client_stalled are the client's own doing,
+# rejected ones were refused by a limit the admin set (the Requests page lists them).
+FAILED_STATUSES = ("error", "timeout")
+
+
+def recent_activity(session: Session, start: datetime, end: datetime) -> Recent:
+    """Per class and per member, the request log between start and end (one bounded read, newest first)."""
+    r = RequestRecord
+    rows = session.execute(
+        select(r.class_name, r.member_name, r.status, r.ttft_ms, r.ttft_kind, r.tpot_ms, r.completion_tokens, r.error)
+        .where(r.arrival_at >= start, r.arrival_at <= end)
+        .order_by(r.arrival_at.desc()).limit(RECENT_LIMIT))
+    classes: dict[str, RecentClass] = {}
+    members: dict[str, RecentMember] = {}
+    for class_name, member, status, ttft, kind, tpot, completion, error in rows:
+        c = classes.setdefault(class_name or "unknown", RecentClass())
+        if status == "ok":
+            if ttft is not None and (kind or TTFT_DELIVERED) == TTFT_DELIVERED:
+                c.ttft_ms.append(ttft)
+            if tpot is not None:
+                c.tpot_ms.append(tpot)
+        elif status in FAILED_STATUSES:
+            c.failed += 1
+            c.last_error = c.last_error or error
+        if member:
+            m = members.setdefault(member, RecentMember())
+            m.requests += 1
+            m.completion_tokens += completion or 0
+    return Recent(classes, members)

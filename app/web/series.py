@@ -58,6 +58,22 @@ def source_label(source: str) -> str:
     return source
 
 
+# What a line of a metric is called in a chart's legend beside other metrics: words, never the metric's name.
+LEGEND_NAMES = {
+    "gen_tok_s": "written", "prompt_tok_s": "computed", "prompt_cached_tok_s": "reused from the cache",
+    "running": "being written", "waiting": "waiting", "kv_used_pct": "answers", "kv_cached_pct": "cached prompts",
+    "queue_waiting": "waiting", "in_flight": "in flight", "spec_draft_tok_s": "checked", "spec_accepted_tok_s": "kept",
+    "preemptions_s": "paused", "cpu_pct": "CPU", "ram_used_bytes": "RAM used", "ram_total_bytes": "RAM",
+    "gpu_util_pct": "busy", "vram_used_bytes": "memory used", "vram_total_bytes": "memory", "gpu_temp_c": "temperature",
+    "gpu_power_w": "power",
+}
+
+
+def legend_name(metric: str) -> str:
+    """A metric's line name in a legend (its words; an unnamed metric's name with spaces)."""
+    return LEGEND_NAMES.get(metric, metric.replace("_", " "))
+
+
 def _align(lines: dict[str, dict[int, float]]) -> tuple[list[int], dict[str, list[float | None]]]:
     """One shared time axis; a series without a value at a time gets null (a gap in the chart)."""
     times = sorted({t for points in lines.values() for t in points})
@@ -94,11 +110,11 @@ def read_series(session, metrics: list[str], range_name: str, end_s: int,
     several_metrics = len({r.metric for r in rows}) > 1
     several_sources = len({r.source for r in rows}) > 1
     for series_id, source, metric in rows:
-        # Name what tells the lines apart: the source, the metric, or both.
+        # Name what tells the lines apart, in words: the model (or device), what the line counts, or both.
         if several_metrics and several_sources:
-            label = f"{metric} · {source_label(source)}"
+            label = f"{source_label(source)} · {legend_name(metric)}"
         elif several_metrics:
-            label = metric
+            label = legend_name(metric)
         else:
             label = source_label(source)
         lines[label] = {int(t): float(v) for t, v in session.execute(text(sql), {"s": series_id, "lo": lo, "hi": end_s})}

@@ -19,6 +19,8 @@ STACK_AT_LAST = """() => {
 
 def test_the_stacked_chart_piles_up_the_parts_and_the_tier_card_names_the_runner(page, served):
     page.goto("/")
+    for section in ("throughput", "speculation"):  # the stacked chart and the tier card, in sections a person opens
+        page.click(f"#section-{section} > summary")
     with httpx.Client(base_url=served.url, timeout=120, headers={"Authorization": f"Bearer {served.token}"}) as client:
         system = "You are the household's assistant. " + " ".join(f"Rule {i}: be kind and brief." for i in range(40))
         for question in ("What is two and two?", "What is three and three?"):

@@ -7,7 +7,7 @@ from fake_model import FakeModel
 
 from app.engine.engine import DECODE_OK
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus, SamplingParams
-from app.engine.scheduler import ChunkCosts, CostModel, Scheduler, SchedulerConfig
+from app.engine.scheduler import PACE_MIN_SAMPLES, ChunkCosts, CostModel, Scheduler, SchedulerConfig
 from app.policy import NO_SLO, Mode, SloTargets
 
 NEXT_TOKEN = 7
@@ -513,8 +513,9 @@ def slo_request(slo: SloTargets, n_prompt: int, priority: int, arrival_s: float 
 
 
 def fixed_costs(sched: Scheduler, base_ms: float, decode_ms: float, prefill_ms: float) -> None:
-    """Pin the cost model (the engine fits it from measured iterations; these tests choose it)."""
+    """Pin the cost model (the engine fits it from measured iterations; these tests choose it), as if warm."""
     sched.cost.base_ms, sched.cost.decode_ms, sched.cost.prefill_ms = base_ms, decode_ms, prefill_ms
+    sched.cost.num_samples = PACE_MIN_SAMPLES
 
 
 def measured_knee(sched: Scheduler, knee: int) -> None:
@@ -582,6 +583,36 @@ def test_a_voice_prompt_is_not_held_to_a_less_urgent_answers_pace_but_what_follo
         else:
             # A background prompt keeps chat's pace: (0.9 × 150 − 12) / 1 = 123 tokens.
             assert prompt == [123] and sched.tightest_tpot_ms == 150
+
+
+def test_paces_are_measuring_until_enough_warm_iterations_were_fitted():
+    sched = Scheduler(make_config(max_seqs=3, token_budget=512, max_batch_tokens=512, kv_cells=4096))
+    measured_knee(sched, 128)
+    decoding_voice_and_a_document(sched)
+    # A cold first iteration after a load (2 s) and a few warm ones: the fit's paces are not a verdict yet.
+    sched.cost.observe(3, 0, 2000.0)
+    for _ in range(PACE_MIN_SAMPLES - 2):
+        sched.cost.observe(3, 0, 16.0)
+    step(sched, now=0.0)
+    feasible = sched.feasibility()
+    assert not feasible["pace_measured"] and feasible["reachable_tpot_ms"] is None
+    sched.cost.observe(3, 0, 16.0)
+    fixed_costs(sched, base_ms=10, decode_ms=2, prefill_ms=1)
+    step(sched, now=0.0)
+    assert sched.feasibility()["pace_measured"] and sched.feasibility()["reachable_tpot_ms"] is not None
+
+
+def test_a_pause_of_seconds_does_not_move_a_warm_fit_for_the_iterations_after_it():
+    cost = CostModel()
+    for i in range(PACE_MIN_SAMPLES * 3):
+        cost.observe(8, 0, 40.0 + (i % 3))
+    before = cost.iteration_ms(8, 0)
+    cost.observe(8, 0, 3000.0)  # the runner stood still for 3 s
+    assert cost.iteration_ms(8, 0) < before * 1.05
+    # A machine that really slowed down still moves it.
+    for _ in range(300):
+        cost.observe(8, 0, 120.0)
+    assert cost.iteration_ms(8, 0) == pytest.approx(120.0, rel=0.1)
 
 
 def test_a_target_within_reach_is_budgeted_as_before_and_reported_so():

@@ -40,11 +40,17 @@ def test_overview_empty_state_says_what_to_do(admin):
     assert "Create a token on the Members page" in html
     assert "Admission policy in force" in html
     assert "continuous" in html and "Parallel slots" in html and "Batch budget" in html
-    assert "KV rule." in html
+    assert "Room in the KV cache" in html
     for name in ("voice", "chat", "documents", "coding", "background"):
         assert f'<td class="nowrap">{name}' in html
     # No GPU on this box: CPU and RAM charts, said plainly.
-    assert "CPU (no GPU)" in html and 'metric=ram_used_bytes' in html
+    assert "CPU busy (no GPU)" in html and 'metric=ram_used_bytes' in html
+    # The first screen answers first; every chart and the rules sit in sections a person opens, closed at first.
+    assert html.index('id="overview-health"') < html.index('<details')
+    assert "Working: no model is loaded yet" in html
+    for section in ("throughput", "latency", "memory", "speculation", "how"):
+        assert f'<details class="section" id="section-{section}">' in html
+    assert html.index('id="section-how"') < html.index('id="policy"')
 
 
 def test_overview_range_picker_and_nav(app, admin):
@@ -69,8 +75,8 @@ def test_tiles_show_the_sampler_latest_readings(app, admin):
     assert response.status_code == 200
     html = response.get_data(as_text=True)
     assert 'hx-trigger="every 2s' in html
-    assert "123" in html and "56.0" in html and "3.0 GiB" in html and "8.0 GiB" in html
-    assert "tile-bad" in html  # KV above 90 %
+    assert "123 tok/s" in html and "3.0 GiB" in html and "8.0 GiB" in html
+    assert "KV 92 %" in html and 'model-kv over' in html  # KV above 90 %
     assert "Waiting for the first telemetry sample" not in html
 
 
@@ -81,7 +87,8 @@ def test_policy_partial_polls_and_names_the_policy(app, admin):
     assert 'hx-trigger="every 5s' in html
     name = next(iter(services(app).catalog.model_specs()))
     assert name in html and "unloaded" in html and "512 tokens / iteration" in html
-    assert "Budget rule." in html and "90 % of its class&#39;s TPOT target" in html and "banks" in html and "not measured yet" in html
+    assert "Who goes first in a step" in html and "90 % of its class&#39;s TPOT target" in html
+    assert "lends its spare time" in html and "not measured yet" in html
 
 
 def test_policy_panel_shows_the_live_prefill_budget(app, admin):
@@ -120,11 +127,12 @@ def test_series_raw_range_shapes(clocked, admin):
     assert data["series"]["gemma-3-270m-q4_k_m"][-1] == float(NOW_S % 7)
     put_samples(clocked, range(0, 400, 2), metric="running", value=lambda t: 2.0)
     one_source = admin.get("/api/series?metric=gen_tok_s,running&range=5m").get_json()
-    assert list(one_source["series"]) == ["gen_tok_s", "running"]
+    # Legends name lines in words (what they count, the model or device), never by metric name.
+    assert set(one_source["series"]) == {"written", "being written"}
     both = admin.get("/api/series?metric=gen_tok_s,cpu_pct&range=5m").get_json()
-    assert set(both["series"]) == {"gen_tok_s · gemma-3-270m-q4_k_m", "cpu_pct · host"}
+    assert set(both["series"]) == {"gemma-3-270m-q4_k_m · written", "host · CPU"}
     assert both["unit"] == ""
-    cpu = both["series"]["cpu_pct · host"]
+    cpu = both["series"]["host · CPU"]
     # Seconds without a host sample are gaps (null), not zeros.
     assert len(cpu) == len(both["t"]) and None in cpu and 50.0 in cpu
 
@@ -201,5 +209,55 @@ def test_a_gpu_box_charts_gpu_utilisation_and_vram(app, admin):
                                 "vram_total_bytes": 24 * 1024**3, "gpu_temp_c": 61.0}}
     sampler.latest_at = datetime.now(UTC).timestamp()
     html = admin.get("/").get_data(as_text=True)
-    assert "GPU utilisation" in html and "metric=vram_used_bytes" in html and "CPU (no GPU)" not in html
-    assert "5.0 GiB / 24.0 GiB · 61 °C" in html
+    assert "GPU busy" in html and "metric=vram_used_bytes" in html and "CPU busy (no GPU)" not in html
+    assert "80 % busy · 61 °C" in html and "5.0 GiB <span class=\"muted\">of 24.0 GiB" in html
+
+
+def test_the_first_screen_says_which_class_is_slow_and_who_uses_the_box(clocked, admin):
+    hearth = services(clocked)
+    now = datetime.fromtimestamp(NOW_S, UTC)
+    voice_ttft = hearth.classes.get("voice").ttft_target_ms
+    with hearth.sessions() as s:
+        # Voice's first tokens came late (p95 twice its target) for alice; chat kept its targets for bob.
+        for i in range(20):
+            s.add(RequestRecord(arrival_at=now - timedelta(seconds=30 + i), class_name="voice", member_name="alice",
+                                status="ok", ttft_ms=2 * voice_ttft, tpot_ms=20.0, completion_tokens=10))
+        s.add(RequestRecord(arrival_at=now - timedelta(seconds=40), class_name="chat", member_name="bob",
+                            status="ok", ttft_ms=100.0, tpot_ms=20.0, completion_tokens=7))
+        # Older than the first screen's 5 minutes: not counted.
+        s.add(RequestRecord(arrival_at=now - timedelta(minutes=20), class_name="chat", member_name="carol",
+                            status="error", error="boom"))
+        s.commit()
+    html = admin.get("/partials/overview/tiles").get_data(as_text=True)
+    health = html.split('id="overview-health"', 1)[1].split("</div>", 1)[0]
+    assert f"voice is slow: first token in {2 * voice_ttft / 1000:.1f} s (p95) against {voice_ttft:.0f} ms" in health
+    voice = html.split('data-class="voice"', 1)[1].split("</tr>", 1)[0]
+    assert "slow" in voice and f"{2 * voice_ttft / 1000:.1f} s" in voice
+    assert 'data-member="alice"' in html and "20 requests, 200 tokens in 5 min" in html
+    assert 'data-member="bob"' in html and "carol" not in html
+
+
+def test_a_failed_request_is_said_in_the_health_line(clocked, admin):
+    hearth = services(clocked)
+    with hearth.sessions() as s:
+        s.add(RequestRecord(arrival_at=datetime.fromtimestamp(NOW_S - 10, UTC), class_name="chat", status="error",
+                            error="runner stopped"))
+        s.commit()
+    html = admin.get("/partials/overview/tiles").get_data(as_text=True)
+    assert "1 request failed over the last 5 minutes (chat)" in html and "1 failed" in html
+
+
+def test_no_class_is_out_of_reach_while_the_pace_is_measuring(app, admin):
+    name = next(iter(services(app).catalog.model_specs()))
+    figures = {"full_batch_tpot_ms": 173.3, "full_batch_decode_ms": 60.0, "prefill_token_ms": 1.5, "prefill_knee": 64.0}
+    sampler = services(app).sampler
+    sampler.latest = {f"runner:{name}@local": figures, "host": {}}
+    sampler.latest_at = datetime.now(UTC).timestamp()
+    measured = admin.get("/partials/overview/tiles").get_data(as_text=True)
+    badge = '"reach reach-out">out of reach'
+    assert badge in measured.split('data-class="voice"', 1)[1].split("</tr>", 1)[0]
+    # A runner still warming up exports its full batch's paces as 0 (app/runner/metrics.py): no verdict yet.
+    sampler.latest = {f"runner:{name}@local": {**figures, "full_batch_tpot_ms": 0.0, "full_batch_decode_ms": 0.0}}
+    warming = admin.get("/partials/overview/tiles").get_data(as_text=True)
+    assert badge not in warming
+    assert '"badge badge-warn">out of reach' not in admin.get("/partials/overview/policy").get_data(as_text=True)
