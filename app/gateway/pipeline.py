@@ -33,6 +33,7 @@ from app.protocols.openai import (
     MAX_BODY_BYTES,
     ApiError,
     ChatBody,
+    CompletionBody,
     EmbeddingBody,
     InfillBody,
     body_limit,
@@ -243,7 +244,8 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
         "features": ",".join(features) or None,
     }
     ex = Exchange(svc, record, arrival_s, principal)
-    ticket = ex.admit(policy)
+    # Each of `n` choices is a sequence of its own on the runner (llama-server's and Hearth's alike).
+    ticket = ex.admit(policy, places=body.n if isinstance(body, ChatBody | CompletionBody) else 1)
     try:
         if ticket.queue_position and client_gone(request.environ):
             # Left while queued (a flood's abandoned requests): no runner is asked for a prefill.

@@ -120,14 +120,14 @@ def test_malformed_json_is_400_and_serving_goes_on(serve):
     assert chat(serve).status_code == 200
 
 
-def _occupy(serve, klass, tokens=300):
+def _occupy(serve, klass, tokens=300, **body):
     """Start a long request of a class in a thread; returns (thread, result holder)."""
     out = {}
 
     def run():
         with httpx.Client(base_url=serve.url, timeout=300) as c:
             out["r"] = c.post("/v1/completions", headers=auth(serve, **{"X-Hearth-Class": klass}),
-                              json={"prompt": "Tell a story.", "max_tokens": tokens, "ignore_eos": True})
+                              json={"prompt": "Tell a story.", "max_tokens": tokens, "ignore_eos": True, **body})
 
     t = threading.Thread(target=run)
     t.start()
@@ -153,6 +153,29 @@ def test_full_class_queue_is_429_with_retry_after(serve):
     wait_until(lambda: rows(serve, "select sum(count) from refusals where class_name='coding' and member_name='alice' "
                                    "and reason='class_queue_full'") == [(1,)], 30, "the refusal was never counted")
     assert rows(serve, "select count(*) from requests where class_name='coding' and status='rejected'") == [(0,)]
+
+
+def test_n_choices_take_n_places_so_a_member_cannot_crowd_out_voice(serve):
+    # chat runs 4 at once and alice holds half of it; the runner has 4 slots.
+    assert chat(serve).status_code == 200  # the runner is up: no cold start below
+    r = chat(serve, n=8)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "n_above_limit"
+    assert "member 'alice' may hold 2 running places in class 'chat'" in r.json()["error"]["message"]
+    # Two choices take both of alice's places: her next two wait at the gateway, not in the runner's slots.
+    t1, o1 = _occupy(serve, "chat", tokens=48, n=2)
+    wait_until(lambda: class_gauge(serve, "class_in_flight", "chat") == 2, 30, "the first n=2 request never ran")
+    t2, o2 = _occupy(serve, "chat", tokens=4, n=2)
+    wait_until(lambda: class_gauge(serve, "class_waiting", "chat") == 2, 30, "the second n=2 request never queued")
+    # The runner has slots left for voice, which is answered while alice's second request still waits.
+    v = chat(serve, "kid")
+    assert v.status_code == 200, v.text
+    assert "X-Hearth-Queue-Position" not in v.headers
+    assert class_gauge(serve, "class_waiting", "chat") == 2
+    t1.join()
+    t2.join()
+    assert o1["r"].status_code == 200 and len(o1["r"].json()["choices"]) == 2, o1["r"].text
+    assert o2["r"].status_code == 200 and o2["r"].headers["X-Hearth-Queue-Position"] == "1", o2["r"].text
 
 
 def test_waiting_past_the_class_timeout_is_503(serve):
