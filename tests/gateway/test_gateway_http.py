@@ -262,3 +262,36 @@ def test_a_members_tokens_count_toward_their_limit_once_the_answer_ends(serve):
     assert r.status_code == 429, r.text
     assert r.json()["error"]["code"] == "member_rate_limited" and "max_tokens_per_min" in r.json()["error"]["message"]
     assert 1 <= int(r.headers["Retry-After"]) <= 61
+
+
+def test_streams_cut_before_their_usage_are_stored_and_charged_with_what_they_used(serve):
+    engine, _ = open_store(serve.data)
+    with writing_sessions(engine)() as s:
+        token, _ = create_token(s, "cutter", "chat")
+        set_member_limits(s, "cutter", {"max_tokens_per_min": 45})
+    engine.dispose()
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 300, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    for _ in range(3):
+        with serve.client.stream("POST", "/v1/chat/completions", headers=headers, json=body) as r:
+            assert r.status_code == 200
+            pieces = []
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    # The running count the gateway asked the runner for is not the client's to see.
+                    assert "timings" not in chunk and "usage" not in chunk, chunk
+                    if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                        pieces.append(chunk)
+                if len(pieces) >= 5:
+                    break  # the client goes away before the usage chunk
+    got = rows_once(serve, lambda got: len(got) == 3,
+                    "select status, prompt_tokens, completion_tokens from requests where member_name='cutter'")
+    for status, prompt_tokens, completion_tokens in got:
+        assert status == "cancelled" and prompt_tokens > 5 and completion_tokens >= 5, got
+    # Three cut streams used more than the member's 45 tokens a minute: the next request is refused.
+    r = serve.client.post("/v1/chat/completions", headers=headers,
+                          json={"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2})
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "member_rate_limited" and "max_tokens_per_min" in r.json()["error"]["message"]
