@@ -15,7 +15,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from app.gateway.context import Services, build_services, install, services
-from app.gateway.cors import install_cors
+from app.gateway.cors import install_cors, install_host_check
 from app.protocols.openai import ApiError
 from app.residency.manager import ResidencyManager
 
@@ -129,6 +129,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(gateway_bp)
     app.register_blueprint(ollama_bp)
     app.register_blueprint(vendors_bp)
+    install_host_check(app)
     install_cors(app)
     web.init_app(app)
     app.after_request(_security_headers)

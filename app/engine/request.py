@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import queue
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -188,7 +189,15 @@ class RequestStats:
         return dict(self.__dict__)
 
 
-_ids = itertools.count(1)
+# Arrival order among requests of one engine: the tie-break of every ordering (never shown to a client).
+_seqs = itertools.count(1)
+
+
+def new_request_id() -> int:
+    """A random request id (timings.request_id, /slots' id_task): a counter would show every family
+    member how many requests the household sent between two of theirs. 53 bits: exact in JavaScript."""
+    return secrets.randbits(53)
+
 
 
 @dataclass(eq=False)
@@ -203,8 +212,9 @@ class Request:
     # cells it leaves with them (app.engine.prefix_cache.Tag), so the disk tier knows whose words a file holds.
     owner: str | None = None
     private: bool = False
-    request_id: int = field(default_factory=lambda: next(_ids))
+    request_id: int = field(default_factory=new_request_id)
     arrival_s: float = field(default_factory=time.monotonic)
+    seq: int = field(default_factory=lambda: next(_seqs))
 
     status: RequestStatus = RequestStatus.WAITING
     output_tokens: list[int] = field(default_factory=list)
@@ -273,8 +283,8 @@ class Request:
         return bool(out) and len(self.prompt_tokens) + len(out) - self.num_computed == 1
 
     def sort_key(self) -> tuple[int, float, int]:
-        """Admission order: priority (lower first), then arrival, then id as a tie-break."""
-        return (self.priority, self.arrival_s, self.request_id)
+        """Admission order: priority (lower first), then arrival, then submission order as a tie-break."""
+        return (self.priority, self.arrival_s, self.seq)
 
     def make_stats(self) -> RequestStats:
         """Freeze this request's timings; call once it has finished."""

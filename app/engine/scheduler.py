@@ -407,7 +407,7 @@ class Scheduler:
             if r.slo.preemptible and r.priority > candidate.priority
             and not (r.num_preemptions and r.admitted_s is not None and now - r.admitted_s < protect)
         ]
-        return max(eligible, key=lambda r: (r.priority, r.arrival_s, r.request_id), default=None)
+        return max(eligible, key=lambda r: (r.priority, r.arrival_s, r.seq), default=None)
 
     def _awaits_prefix(self, candidate: Request, match: Match) -> bool:
         """True when a running request is still computing a longer prefix of this candidate's prompt.
@@ -671,7 +671,7 @@ class Scheduler:
         lowest-priority, most recently arrived (a full cache must give way somewhere)."""
         if not self.running:
             return None
-        return max(self.running, key=lambda r: (r.slo.preemptible, r.priority, r.arrival_s, r.request_id))
+        return max(self.running, key=lambda r: (r.slo.preemptible, r.priority, r.arrival_s, r.seq))
 
     def preempt(self, victim: Request, reason: str = "kv") -> int:
         """Take a running sequence out and requeue it; returns the slot it held.

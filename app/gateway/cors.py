@@ -11,11 +11,13 @@ preflight from one that is not listed is answered 403 with the setting to change
 from __future__ import annotations
 
 from flask import Flask, Response, request
+from werkzeug.exceptions import MisdirectedRequest
 
 from app.gateway.context import services
+from app.gateway.lan import allowed_host, misdirected, own_host_names
 from app.gateway.pipeline import error_response
 from app.protocols.openai import ApiError
-from app.store.settings import cors_origins
+from app.store.settings import cors_origins, host_names
 
 # The blueprints whose routes are the API (app.gateway.api, .ollama, .vendors).
 API_BLUEPRINTS = frozenset({"gateway", "ollama", "vendors"})
@@ -36,6 +38,21 @@ def allowed_origin(origin: str) -> str | None:
 
 def _on_api() -> bool:
     return request.blueprint in API_BLUEPRINTS
+
+
+def install_host_check(app: Flask) -> None:
+    """Refuse (421) any request whose Host is not one of serve's own names or addresses (app.gateway.lan), before
+    anything else: in the API's error shape on its routes, as a page on the dashboard's."""
+    own_host_names()  # read the machine's names at start, not on a request
+
+    @app.before_request
+    def _check_host():
+        host = request.host
+        if allowed_host(host, own_host_names(), host_names(services().settings.get("allowed_hosts"))):
+            return None
+        if _on_api():
+            raise ApiError(421, misdirected(host), code="misdirected_host", err_type="invalid_request_error")
+        raise MisdirectedRequest(misdirected(host))
 
 
 def install_cors(app: Flask) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from app.gateway import relay
-from app.gateway.admission import MemberQueueFull, QueueFull, QueueTimeout, Ticket
+from app.gateway.admission import MemberQueueFull, QueueFull, QueueTimeout, Ticket, TooManyPlaces
 from app.gateway.auth import Principal
 from app.gateway.context import Services
 from app.gateway.members import MemberLimits, RateLimited, class_quota, rate_limits
@@ -56,9 +56,10 @@ class Exchange:
         self.first_token_s: float | None = None
         self._finished = False
 
-    def admit(self, policy: ClassPolicy) -> Ticket:
-        """Wait for a place in the request's class within its member's limits; a refusal is counted (429) or
-        logged (503, it waited) and raised as the API's error."""
+    def admit(self, policy: ClassPolicy, places: int = 1) -> Ticket:
+        """Wait for `places` (the request's `n` choices) in its class within its member's limits; a refusal is
+        counted (429, or 400 for more choices than the member may ever run) or logged (503, it waited) and
+        raised as the API's error."""
         self.policy = policy
         member = self.record.get("member_name") or ""
         settings = self.svc.settings
@@ -70,7 +71,11 @@ class Exchange:
                            headers={"Retry-After": str(exc.retry_after_s)})
         quota = class_quota(self.limits, policy, float(settings.get("member_class_share")))
         try:
-            self.ticket = self.svc.admission.admit(policy, member, quota)
+            self.ticket = self.svc.admission.admit(policy, member, quota, places)
+        except TooManyPlaces as exc:
+            self.svc.usage.uncount(member)
+            self.svc.refusals.count(member, policy.name, "too_many_choices")
+            raise ApiError(400, str(exc), param="n", code="n_above_limit")
         except (QueueFull, MemberQueueFull) as exc:
             # Counted, not logged: a flood of refusals must not grow the store by a row each.
             self.svc.usage.uncount(member)

@@ -12,10 +12,17 @@ proxy, makes every client's address the proxy's own, private one: internet clien
 the LAN. `ProxyWatch` notices it (forwarding headers while proxy_hops is 0, or every request from
 the container's gateway) and says so in serve's log and on the Overview and Settings pages;
 `startup_warnings` says what is certain before any request (serve bound to loopback).
+
+Host names (DNS rebinding): a page on an attacker's name that the attacker's DNS then points at the
+NAS is, to the browser, same-origin with its own name, whatever `Origin` checks say. So serve answers
+only to Host names that are its own: IP literals, `localhost`, this machine's names (hostname, fully
+qualified name, `<hostname>.local`) and those the admin lists in allowed_hosts; any other Host is
+refused (421) before anything else is done, in every mode.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import socket
@@ -60,6 +67,47 @@ def _same_origin(origin: str, host: str, allowed_origins: Iterable[str]) -> bool
     if origin == "null":
         return False
     return urlsplit(origin).netloc == host.lower()
+
+
+@functools.cache
+def own_host_names() -> frozenset[str]:
+    """This machine's own names: hostname, fully qualified name and `<hostname>.local` (mDNS), read once."""
+    names = {"localhost"}
+    for name in (socket.gethostname(), socket.getfqdn()):
+        name = name.strip().lower().rstrip(".")
+        if name:
+            names |= {name, name.split(".")[0] + ".local"}
+    return frozenset(names)
+
+
+def allowed_host(host: str, own: Iterable[str], extra: Iterable[str]) -> bool:
+    """Whether a request's Host (name or address, with or without a port) is one serve answers to."""
+    name = host.strip().lower()
+    if not name:
+        return True  # HTTP/1.0 without a Host: no name a browser could have rebound
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.rstrip(".")
+    try:
+        ipaddress.ip_address(name)
+        return True  # an address is not a name anyone can rebind
+    except ValueError:
+        pass
+    if name == "localhost" or name.endswith(".localhost") or name in own:
+        return True
+    for allowed in extra:
+        if allowed == "*" or allowed == name or (allowed.startswith("*.") and name.endswith(allowed[1:])):
+            return True
+    return False
+
+
+def misdirected(host: str) -> str:
+    """What a client sent to a Host name serve does not answer to is told."""
+    return (f"this server does not answer to the host name '{host}': use its address, its own name, or a name the "
+            "household's admin lists under Settings → Network and access → Host names serve answers to "
+            "(allowed_hosts, or $HEARTH_ALLOWED_HOSTS)")
 
 
 def in_container() -> bool:

@@ -33,6 +33,7 @@ from app.protocols.openai import (
     MAX_BODY_BYTES,
     ApiError,
     ChatBody,
+    CompletionBody,
     EmbeddingBody,
     InfillBody,
     body_limit,
@@ -246,7 +247,8 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
         "features": ",".join(features) or None,
     }
     ex = Exchange(svc, record, arrival_s, principal)
-    ticket = ex.admit(policy)
+    # Each of `n` choices is a sequence of its own on the runner (llama-server's and Hearth's alike).
+    ticket = ex.admit(policy, places=body.n if isinstance(body, ChatBody | CompletionBody) else 1)
     try:
         if ticket.queue_position and client_gone(request.environ):
             # Left while queued (a flood's abandoned requests): no runner is asked for a prefill.
@@ -260,7 +262,12 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
             headers["X-Hearth-Queue-Position"] = str(ticket.queue_position)
         url = lease.url.rstrip("/") + path
         if body.stream:
-            return _stream(ex, url, forward, headers, adapter)
+            # The runner's running count on every chunk (llama-server's timings_per_token), so a stream the client
+            # cuts before its usage chunk is still charged what it used; taken out again unless the client asked.
+            counts = isinstance(body, ChatBody | CompletionBody) and not forward.get("timings_per_token")
+            if counts:
+                forward["timings_per_token"] = True
+            return _stream(ex, url, forward, headers, adapter, strip_timings=counts)
         return _whole(ex, url, forward, headers, adapter, generates=schema is not EmbeddingBody)
     except ApiError as err:
         ex.finish(relay.RelayOutcome(status=err.status, error=err.message))  # a no-op when already finished
@@ -305,7 +312,8 @@ def _whole(ex: Exchange, url: str, forward: dict, headers: dict, adapter: Adapte
     return Response(content, status=status, headers=out_headers, mimetype="application/json")
 
 
-def _stream(ex: Exchange, url: str, forward: dict, headers: dict, adapter: Adapter | None) -> Response:
+def _stream(ex: Exchange, url: str, forward: dict, headers: dict, adapter: Adapter | None,
+            strip_timings: bool = False) -> Response:
     resp, outcome = ex.send(relay.open_stream, url, forward)
     if resp.status_code != 200:
         content = resp.read()
@@ -327,7 +335,7 @@ def _stream(ex: Exchange, url: str, forward: dict, headers: dict, adapter: Adapt
         completed = False
         handed_s = time.monotonic()
         try:
-            chunks = relay.stream_chunks(resp, outcome)
+            chunks = relay.stream_chunks(resp, outcome, strip_timings)
             for piece in chunks if adapter is None else translate_stream(adapter, chunks):
                 handed_s = time.monotonic()
                 yield piece
@@ -345,6 +353,8 @@ def _stream(ex: Exchange, url: str, forward: dict, headers: dict, adapter: Adapt
                 status = CLIENT_STALLED if stalled else "cancelled"
                 if stalled:
                     outcome.error = f"the client read nothing for {stall_s:g} s (client_stall_s): cancelled"
+                # Charged what it used up to the cut: its row and the member's token windows.
+                relay.count_so_far(outcome)
             ex.conclude(outcome, status=status)
 
     return Response(stream_with_context(generate()), status=200, headers={**headers, "Cache-Control": "no-cache"},

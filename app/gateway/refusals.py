@@ -21,9 +21,10 @@ from app.store.writer import StoreWriter
 
 MINUTE_S = 60
 # Why a request was refused at admission: the class's queue was full, the member held their whole
-# share of it, or the member reached one of their rate limits (app.gateway.members).
+# share of it, the member reached one of their rate limits (app.gateway.members), or the request's
+# `n` choices need more places than its member or class may ever hold.
 REFUSAL_REASONS = ("class_queue_full", "member_queue_full", "max_requests_per_min", "max_tokens_per_min",
-                   "max_tokens_per_day")
+                   "max_tokens_per_day", "too_many_choices")
 
 _UPSERT = text("INSERT INTO refusals (bucket, member_name, class_name, reason, count) "
                "VALUES (:bucket, :member, :klass, :reason, :n) "
@@ -49,7 +50,7 @@ class Refusals:
         key = (bucket, member, class_name, reason)
         with self._lock:
             self._pending[key] = self._pending.get(key, 0) + 1
-        self._observe({"class_name": class_name, "status": "rejected"})
+        self._observe({"class_name": class_name, "status": "rejected", "refusal_reason": reason})
 
     def pending(self) -> dict[tuple[int, str, str, str], int]:
         """The counts not yet in the store: (minute, member, class, reason) → refused requests."""

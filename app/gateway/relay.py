@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -51,6 +52,9 @@ class RelayOutcome:
     lost_mid_stream: bool = False  # the runner's connection broke while streaming
     # A content or tool-call delta has been passed on (not the role chunk a runner sends at once).
     token_seen: bool = False
+    # The last streamed event that counted the tokens so far (llama-server's running timings, or a native
+    # piece's tokens_predicted): what a stream cut before its usage chunk is charged (count_so_far).
+    counted: bytes | None = None
 
     @property
     def runner_fault(self) -> bool:
@@ -96,6 +100,56 @@ def read_summary(payload: dict, outcome: RelayOutcome) -> None:
         err = payload["error"]
         outcome.error = err.get("message") if isinstance(err, dict) else str(err)
         outcome.error_code = err.get("code") if isinstance(err, dict) else None
+
+
+def count_so_far(outcome: RelayOutcome) -> None:
+    """A stream cut before its usage: its usage from the last running count the runner sent, when it sent one."""
+    if outcome.usage or outcome.counted is None:
+        return
+    try:
+        payload = json.loads(outcome.counted)
+    except ValueError:
+        return
+    if not isinstance(payload, dict):
+        return
+    if "tokens_predicted" in payload:
+        outcome.usage = {"prompt_tokens": _int(payload.get("tokens_evaluated")),
+                         "completion_tokens": _int(payload.get("tokens_predicted"))}
+        return
+    t = payload.get("timings")
+    if isinstance(t, dict):
+        cached = _int(t.get("cache_n"))
+        outcome.usage = {"prompt_tokens": cached + _int(t.get("prompt_n")),
+                         "completion_tokens": _int(t.get("predicted_n")),
+                         "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _int(value) -> int:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+# A running timings object as the last field of a chunk (hearth runner and llama-server write it there): flat
+# numbers only, so it ends at the first closing brace.
+_TRAILING_TIMINGS = re.compile(rb',\s*"timings"\s*:\s*\{[^{}]*\}\s*\}\s*$')
+
+
+def without_timings(data: bytes) -> bytes:
+    """A chunk's JSON without its running timings (asked for by the gateway, not by the client)."""
+    stripped, n = _TRAILING_TIMINGS.subn(b"}", data)
+    if n:
+        return stripped
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return data
+    if isinstance(payload, dict) and payload.pop("timings", None) is not None:
+        return json.dumps(payload, ensure_ascii=False).encode()
+    return data
+
+
+def _frame(event: str | None, data: bytes) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"".join(b"data: " + line + b"\n" for line in data.split(b"\n")) + b"\n"
 
 
 def carries_token(payload: dict) -> bool:
@@ -254,26 +308,40 @@ def open_stream(url: str, body: dict, headers: dict[str, str] | None = None) -> 
     return RunnerStream(resp, conn, origin), outcome
 
 
-def stream_chunks(stream: RunnerStream, outcome: RelayOutcome) -> Iterator[bytes]:
+def stream_chunks(stream: RunnerStream, outcome: RelayOutcome, strip_timings: bool = False) -> Iterator[bytes]:
     """Pass the runner's SSE bytes through as they arrive, noting the first token, usage and timings.
 
     Each chunk is looked at before it is passed on, so `outcome.token_seen` is true once the chunk
-    holding the first generated token has been handed over.
+    holding the first generated token has been handed over. The last event with a running count is kept
+    (outcome.counted); `strip_timings` takes the running timings the gateway asked for out of every event
+    but the last (the events are then framed anew, not passed as the runner's bytes).
     """
     decoder = sse.Decoder()
     try:
         for chunk in stream.chunks():
+            out: list[bytes] | None = [] if strip_timings else None
             # Only the events that can matter are parsed as JSON; content passes untouched once the
             # first token has been seen.
             for ev in decoder.feed(chunk):
-                if not outcome.token_seen or b'"usage"' in ev.data or b'"error"' in ev.data:
+                data = ev.data
+                if not outcome.token_seen or b'"usage"' in data or b'"error"' in data:
                     try:
                         payload = ev.json()
                     except ValueError:
-                        continue
-                    read_summary(payload, outcome)
-                    outcome.token_seen = outcome.token_seen or carries_token(payload)
-            yield chunk
+                        payload = None
+                    if payload is not None:
+                        read_summary(payload, outcome)
+                        outcome.token_seen = outcome.token_seen or carries_token(payload)
+                if b'"timings"' in data or b'"tokens_predicted"' in data:
+                    outcome.counted = data
+                    if strip_timings and b'"usage"' not in data:
+                        data = without_timings(data)
+                if out is not None:
+                    out.append(_frame(ev.event, data))
+            if out is None:
+                yield chunk
+            elif out:
+                yield b"".join(out)
     except (OSError, http.client.HTTPException) as exc:
         outcome.lost_mid_stream = True
         outcome.error = f"the runner stopped mid-stream: {exc or type(exc).__name__}"

@@ -73,6 +73,24 @@ def _host_port(value: str) -> str | None:
     return "must be host:port, e.g. 0.0.0.0:8080 for the whole LAN or 127.0.0.1:8080 for this machine only"
 
 
+# A host name as allowed_hosts lists it: letters, digits, dots and dashes, optionally "*." for every name below one.
+_HOST_NAME = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$")
+
+
+def host_names(value: str | None) -> tuple[str, ...]:
+    """The names of an allowed_hosts value (lower case, no trailing dot)."""
+    return tuple(n.strip().lower().rstrip(".") for n in (value or "").split(",") if n.strip())
+
+
+def _allowed_hosts(value: str) -> str | None:
+    """The problem with an allowed_hosts value, or None."""
+    for name in host_names(value):
+        if name != "*" and not _HOST_NAME.match(name):
+            return (f"'{name}' is not a host name: write names such as nas.example.org or *.home.arpa (no scheme, "
+                    "no port), comma-separated, or * for any")
+    return None
+
+
 def _pull_hosts(value: str) -> str | None:
     """The problem with a pull_allowed_hosts value, or None."""
     from app.residency.fetch import allowed_hosts_problem
@@ -157,6 +175,13 @@ REGISTRY = {
                    "str", "Network and access", "API origins for browser apps", check=_origins),
         SettingDef("api_open_class", "chat", "class of tokenless LAN requests when api_open_on_lan is on",
                    "choice", "Network and access", "Class of LAN requests"),
+        # DNS rebinding: another site's name pointed at the NAS must not reach serve (app.gateway.lan).
+        SettingDef("allowed_hosts", None, "host names hearth serve answers to besides its addresses, localhost and this "
+                   "machine's own names (hostname, fully qualified name, <hostname>.local), comma-separated, e.g. "
+                   "nas.example.org, *.home.arpa; * for any (not advised: a web page can then reach serve through a "
+                   "name of its own); other names get 421",
+                   "str", "Network and access", "Host names serve answers to", env="HEARTH_ALLOWED_HOSTS",
+                   check=_allowed_hosts),
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned",
                    "int", "Models and runners", "Models folder rescan", "s", 1, 86400, restart=True),
         SettingDef("models_dir", None, "folder scanned for .gguf models (default: <data>/models; $HEARTH_MODELS_DIR wins)",

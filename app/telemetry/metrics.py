@@ -109,6 +109,10 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter("hearth:gateway_requests", "Requests by class, model and outcome",
                                 ["class", "model", "status"], registry=r)
+        # By class and reason, not member: the persons a trusted token names are unbounded label values
+        # (the Members page has the per-member counts from the refusals table).
+        self.refusals = Counter("hearth:gateway_refusals", "Requests refused at admission, by class and reason "
+                                "(app.gateway.refusals.REFUSAL_REASONS)", ["class", "reason"], registry=r)
         self.prompt_tokens = Counter("hearth:gateway_prompt_tokens", "Prompt tokens by class", ["class"], registry=r)
         self.completion_tokens = Counter("hearth:gateway_completion_tokens", "Generated tokens by class", ["class"],
                                          registry=r)
@@ -136,6 +140,8 @@ class GatewayMetrics:
         """Count one recorded request (the same values the request log stores)."""
         klass = values.get("class_name") or "unknown"
         self.requests.labels(klass, values.get("model") or "unknown", values.get("status") or "unknown").inc()
+        if values.get("refusal_reason"):
+            self.refusals.labels(klass, values["refusal_reason"]).inc()
         for feature in (values.get("features") or "").split(","):
             if feature:
                 self.features.labels(klass, feature).inc()

@@ -32,3 +32,17 @@ def test_a_delta_is_an_immutable_value_with_named_fields():
     assert d == Delta("hi", 1, None)
     with pytest.raises(AttributeError):
         d.text = "x"
+
+
+def test_request_ids_are_random_so_they_show_no_one_elses_activity():
+    requests = [Request(prompt_tokens=[1]) for _ in range(200)]
+    ids = [r.request_id for r in requests]
+    assert len(set(ids)) == len(ids)
+    # A counter (the id's old kind) would tell a member how many requests others sent between two of theirs.
+    steps = {b - a for a, b in zip(ids, ids[1:], strict=False)}
+    assert steps != {1} and len(steps) > 100
+    assert all(0 <= i < 2**53 for i in ids)  # exact as a JSON number in any client
+    # Ties still break in submission order, not by the random id.
+    same = [Request(prompt_tokens=[1], arrival_s=5.0) for _ in range(20)]
+    assert sorted(same, key=Request.sort_key) == same
+    assert same[0].make_stats().request_id == same[0].request_id

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from app.gateway.admission import Admission, MemberQueueFull, QueueFull, QueueTimeout
+from app.gateway.admission import Admission, MemberQueueFull, QueueFull, QueueTimeout, TooManyPlaces
 from app.gateway.members import MemberLimits, Quota, class_quota
 from app.policy import ClassPolicy
 from tests.helpers import wait_until
@@ -155,10 +155,73 @@ def test_own_limits_override_the_share_within_the_class_cap():
     assert class_quota(MemberLimits(), ClassPolicy("big", max_concurrent=16, max_queue=64), 0.25) == Quota(4, 16)
 
 
-def start_waiter_as(adm, policy, member, quota, out, tag):
+def start_waiter_as(adm, policy, member, quota, out, tag, places=1):
     """Admit as a member in a thread; record tag when admitted (and the ticket)."""
     def run():
-        out.append((tag, adm.admit(policy, member, quota)))
+        out.append((tag, adm.admit(policy, member, quota, places)))
     th = threading.Thread(target=run, daemon=True)
     th.start()
     return th
+
+
+# -- `n` choices take `n` places --------------------------------------------------------------------
+
+EIGHT = ClassPolicy("chat", priority=1, max_concurrent=8, max_queue=8, weight=1, queue_timeout_s=5)
+
+
+def test_n_choices_take_n_places_of_the_member_the_class_and_the_total():
+    adm = Admission(max_in_flight_total=8)
+    quota = Quota(max_concurrent=2, max_queue=2)
+    # More choices than the member may ever run: refused at once, naming the member's limit.
+    with pytest.raises(TooManyPlaces, match=r"'n': 8 choices take 8 places and member 'script' may hold 2 running "
+                                            r"places in class 'chat'.*--max-concurrent N.*at most 2 choices"):
+        adm.admit(EIGHT, "script", quota, places=8)
+    two = adm.admit(EIGHT, "script", quota, places=2)
+    assert adm.snapshot()["chat"]["in_flight"] == 2
+    assert adm.member_snapshot() == {"script": {"chat": {"in_flight": 2, "waiting": 0}}}
+    # The member's two places are taken: the next request of theirs waits, and two more choices fill their queue.
+    out = []
+    start_waiter_as(adm, EIGHT, "script", quota, out, "script-next", places=2)
+    wait_until(lambda: adm.member_snapshot()["script"]["chat"] == {"in_flight": 2, "waiting": 2})
+    with pytest.raises(MemberQueueFull):
+        adm.admit(EIGHT, "script", quota)
+    # The class's eight places, less the member's two: six left for someone else, not seven.
+    other = adm.admit(EIGHT, "alice", Quota(8, 8), places=6)
+    assert adm.snapshot()["chat"]["in_flight"] == 8
+    start_waiter_as(adm, EIGHT, "bob", Quota(8, 8), out, "bob")
+    wait_until(lambda: adm.snapshot()["chat"]["waiting"] == 3)
+    adm.release(two)
+    wait_until(lambda: [tag for tag, _ in out] == ["script-next"])
+    assert out[0][1].places == 2
+    adm.release(other)
+    wait_until(lambda: len(out) == 2)
+    for _, t in out:
+        adm.release(t)
+    assert adm.snapshot()["chat"]["in_flight"] == 0 and adm.member_snapshot() == {}
+
+
+def test_a_request_for_many_places_is_not_passed_by_single_ones():
+    adm = Admission()
+    four = ClassPolicy("x", max_concurrent=4, max_queue=8, queue_timeout_s=5)
+    held = [adm.admit(four, f"m{i}", Quota(4, 8)) for i in range(3)]
+    out = []
+    start_waiter_as(adm, four, "big", Quota(4, 8), out, "big", places=3)
+    wait_until(lambda: adm.snapshot()["x"]["waiting"] == 3)
+    # One place is free, but the three-place request came first: a single one queues behind it.
+    start_waiter_as(adm, four, "small", Quota(4, 8), out, "small")
+    wait_until(lambda: adm.snapshot()["x"]["waiting"] == 4)
+    assert out == []
+    for t in held[:2]:
+        adm.release(t)
+    wait_until(lambda: [tag for tag, _ in out] == ["big"])
+    adm.release(out[0][1])
+    wait_until(lambda: [tag for tag, _ in out] == ["big", "small"])
+    adm.release(out[1][1])
+    adm.release(held[2])
+
+
+def test_more_choices_than_the_class_runs_name_the_class():
+    adm = Admission()
+    with pytest.raises(TooManyPlaces, match=r"class 'x' runs at most 2 sequences at once"):
+        adm.admit(ClassPolicy("x", max_concurrent=2, max_queue=8), "alice", Quota(2, 8, own=True), places=3)
+    assert adm.snapshot()["x"]["rejected_total"] == 1

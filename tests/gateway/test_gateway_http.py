@@ -120,14 +120,14 @@ def test_malformed_json_is_400_and_serving_goes_on(serve):
     assert chat(serve).status_code == 200
 
 
-def _occupy(serve, klass, tokens=300):
+def _occupy(serve, klass, tokens=300, **body):
     """Start a long request of a class in a thread; returns (thread, result holder)."""
     out = {}
 
     def run():
         with httpx.Client(base_url=serve.url, timeout=300) as c:
             out["r"] = c.post("/v1/completions", headers=auth(serve, **{"X-Hearth-Class": klass}),
-                              json={"prompt": "Tell a story.", "max_tokens": tokens, "ignore_eos": True})
+                              json={"prompt": "Tell a story.", "max_tokens": tokens, "ignore_eos": True, **body})
 
     t = threading.Thread(target=run)
     t.start()
@@ -153,6 +153,29 @@ def test_full_class_queue_is_429_with_retry_after(serve):
     wait_until(lambda: rows(serve, "select sum(count) from refusals where class_name='coding' and member_name='alice' "
                                    "and reason='class_queue_full'") == [(1,)], 30, "the refusal was never counted")
     assert rows(serve, "select count(*) from requests where class_name='coding' and status='rejected'") == [(0,)]
+
+
+def test_n_choices_take_n_places_so_a_member_cannot_crowd_out_voice(serve):
+    # chat runs 4 at once and alice holds half of it; the runner has 4 slots.
+    assert chat(serve).status_code == 200  # the runner is up: no cold start below
+    r = chat(serve, n=8)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "n_above_limit"
+    assert "member 'alice' may hold 2 running places in class 'chat'" in r.json()["error"]["message"]
+    # Two choices take both of alice's places: her next two wait at the gateway, not in the runner's slots.
+    t1, o1 = _occupy(serve, "chat", tokens=48, n=2)
+    wait_until(lambda: class_gauge(serve, "class_in_flight", "chat") == 2, 30, "the first n=2 request never ran")
+    t2, o2 = _occupy(serve, "chat", tokens=4, n=2)
+    wait_until(lambda: class_gauge(serve, "class_waiting", "chat") == 2, 30, "the second n=2 request never queued")
+    # The runner has slots left for voice, which is answered while alice's second request still waits.
+    v = chat(serve, "kid")
+    assert v.status_code == 200, v.text
+    assert "X-Hearth-Queue-Position" not in v.headers
+    assert class_gauge(serve, "class_waiting", "chat") == 2
+    t1.join()
+    t2.join()
+    assert o1["r"].status_code == 200 and len(o1["r"].json()["choices"]) == 2, o1["r"].text
+    assert o2["r"].status_code == 200 and o2["r"].headers["X-Hearth-Queue-Position"] == "1", o2["r"].text
 
 
 def test_waiting_past_the_class_timeout_is_503(serve):
@@ -239,3 +262,36 @@ def test_a_members_tokens_count_toward_their_limit_once_the_answer_ends(serve):
     assert r.status_code == 429, r.text
     assert r.json()["error"]["code"] == "member_rate_limited" and "max_tokens_per_min" in r.json()["error"]["message"]
     assert 1 <= int(r.headers["Retry-After"]) <= 61
+
+
+def test_streams_cut_before_their_usage_are_stored_and_charged_with_what_they_used(serve):
+    engine, _ = open_store(serve.data)
+    with writing_sessions(engine)() as s:
+        token, _ = create_token(s, "cutter", "chat")
+        set_member_limits(s, "cutter", {"max_tokens_per_min": 45})
+    engine.dispose()
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 300, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    for _ in range(3):
+        with serve.client.stream("POST", "/v1/chat/completions", headers=headers, json=body) as r:
+            assert r.status_code == 200
+            pieces = []
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    # The running count the gateway asked the runner for is not the client's to see.
+                    assert "timings" not in chunk and "usage" not in chunk, chunk
+                    if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                        pieces.append(chunk)
+                if len(pieces) >= 5:
+                    break  # the client goes away before the usage chunk
+    got = rows_once(serve, lambda got: len(got) == 3,
+                    "select status, prompt_tokens, completion_tokens from requests where member_name='cutter'")
+    for status, prompt_tokens, completion_tokens in got:
+        assert status == "cancelled" and prompt_tokens > 5 and completion_tokens >= 5, got
+    # Three cut streams used more than the member's 45 tokens a minute: the next request is refused.
+    r = serve.client.post("/v1/chat/completions", headers=headers,
+                          json={"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2})
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "member_rate_limited" and "max_tokens_per_min" in r.json()["error"]["message"]

@@ -110,3 +110,53 @@ def test_serve_bound_to_loopback_with_the_lan_open_is_a_startup_warning():
     assert startup_warnings(True, ["0.0.0.0:8080"], proxy_hops=0) == []
     assert startup_warnings(True, ["127.0.0.1:8080"], proxy_hops=1) == []
     assert startup_warnings(False, ["127.0.0.1:8080"], proxy_hops=0) == []
+
+
+# -- Host names (DNS rebinding) ---------------------------------------------------------------------
+
+REBOUND = "http://evil.example:8080"  # an attacker's name, its DNS now pointing at the NAS
+
+
+def test_a_rebound_host_name_is_refused_whatever_its_origin_says(lan_open, make_token):
+    same_site = {"Origin": REBOUND, "Sec-Fetch-Site": "same-origin"}
+    # LAN-open mode treated a page whose Origin equals its own (rebound) Host as same-site: 200 without a token.
+    r = lan_open.get("/api/tags", headers=same_site, base_url=REBOUND, environ_base=LAN)
+    assert r.status_code == 421, r.text
+    assert set(r.json) == {"error"} and "evil.example" in r.json["error"]  # Ollama's shape
+    r = lan_open.post("/v1/chat/completions", data=HELLO, base_url=REBOUND, environ_base=LAN,
+                      headers={"Content-Type": "application/json", **same_site})
+    assert r.status_code == 421
+    err = r.json["error"]
+    assert err["code"] == "misdirected_host" and "allowed_hosts" in err["message"]
+    # A token does not make the name serve's own; the dashboard answers with a page.
+    assert lan_open.get("/v1/models", headers=make_token("alice"), base_url=REBOUND).status_code == 421
+    page = lan_open.get("/login", base_url=REBOUND, headers={"Accept": "text/html"})
+    assert page.status_code == 421 and page.mimetype == "text/html"
+
+
+@pytest.mark.parametrize("base_url", ["http://localhost", "http://127.0.0.1:8080", "http://192.168.1.10:8080",
+                                      "http://[::1]:8080", "http://[fd00::5]", "http://app.localhost:3000"])
+def test_addresses_and_localhost_are_answered(lan_open, base_url):
+    assert lan_open.get("/v1/models", base_url=base_url, environ_base=LAN).status_code == 200
+
+
+def test_the_machines_own_names_and_the_listed_ones_are_answered(lan_open, set_settings):
+    import socket
+
+    name = socket.gethostname().lower()
+    for host in (name, name.split(".")[0] + ".local", socket.getfqdn().lower()):
+        assert lan_open.get("/v1/models", base_url=f"http://{host}:8080", environ_base=LAN).status_code == 200, host
+    assert lan_open.get("/healthz", base_url="http://nas.example.org").status_code == 421
+    set_settings(allowed_hosts="nas.example.org, *.home.arpa")
+    for host in ("nas.example.org", "NAS.example.org.", "hearth.home.arpa"):
+        assert lan_open.get("/v1/models", base_url=f"http://{host}", environ_base=LAN).status_code == 200, host
+    assert lan_open.get("/v1/models", base_url="http://home.arpa.evil.example", environ_base=LAN).status_code == 421
+
+
+def test_allowed_hosts_takes_names_only(gateway_app):
+    from app.store.settings import definition
+
+    check = definition("allowed_hosts").check
+    assert check("nas.example.org, *.home.arpa") is None and check("*") is None
+    assert "not a host name" in check("http://nas.example.org")
+    assert "not a host name" in check("nas:8080")

@@ -36,7 +36,7 @@ def raw_request(serve, token: str, body: str, rcvbuf: int | None = None) -> sock
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: sets the window
     sock.connect(("127.0.0.1", serve.port))
     payload = body.encode()
-    sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+    sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{serve.port}\r\nAuthorization: Bearer {token}\r\n"
                  f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
     return sock
 
@@ -76,7 +76,7 @@ def test_half_open_connections_neither_freeze_serve_nor_stay_open(loaded):
     socks = []
     for _ in range(64):
         s = socket.create_connection(("127.0.0.1", loaded.port))
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
         socks.append(s)
     try:
         with httpx.Client(base_url=loaded.url, timeout=10) as fresh:

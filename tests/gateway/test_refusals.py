@@ -113,3 +113,24 @@ def test_a_member_at_their_share_is_refused_while_another_member_is_served(gatew
     assert r.status_code != 429, r.text
     for t in held:
         svc.admission.release(t)
+
+
+def test_n_choices_beyond_the_members_places_are_refused_naming_the_limit_and_counted(gateway_app, make_token):
+    svc = services(gateway_app)
+    client = gateway_app.test_client()
+    # chat runs 4 at once by default and a member holds half: n 8 would take 8 of a runner's slots.
+    r = client.post("/v1/chat/completions", json={**HELLO, "n": 8}, headers=make_token("script"))
+    assert r.status_code == 400, r.text
+    err = r.json["error"]
+    assert (err["param"], err["code"]) == ("n", "n_above_limit")
+    assert "'n': 8 choices take 8 places and member 'script' may hold 2 running places in class 'chat'" in \
+        err["message"]
+    assert "ask for at most 2 choices" in err["message"]
+    r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "n": 3}, headers=make_token("script"))
+    assert r.status_code == 400 and r.json["error"]["code"] == "n_above_limit"
+    assert svc.admission.snapshot()["chat"]["in_flight"] == 0
+    # Refusals by reason on /metrics, as README says.
+    svc.refusals.count("kid", "voice", "member_queue_full")
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'hearth:gateway_refusals_total{class="chat",reason="too_many_choices"} 2.0' in metrics
+    assert 'hearth:gateway_refusals_total{class="voice",reason="member_queue_full"} 1.0' in metrics

@@ -166,3 +166,71 @@ def test_a_native_answer_counts_its_tokens_in_llama_servers_fields():
     relay.read_summary({"content": "x", "stop": True, "tokens_evaluated": 12, "tokens_predicted": 3,
                         "timings": {"cache_n": 8, "predicted_n": 3}}, outcome)
     assert outcome.usage == {"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}}
+
+
+class RunningTimings(StandIn):
+    """A stream as the hearth runner writes it with timings_per_token: running timings last in each chunk."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        events = [ROLE]
+        for n in range(1, 4):
+            events.append({**TOKEN, "timings": {"cache_n": 2, "prompt_n": 9, "predicted_n": n, "predicted_ms": 1.5}})
+        events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                       "usage": {"prompt_tokens": 11, "completion_tokens": 3}, "timings": {"predicted_n": 3}})
+        head = b"".join(b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in events[:-1])
+        tail = b"data: " + json.dumps(events[-1]).encode() + b"\n\n" + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(head) + len(tail)))
+        self.end_headers()
+        self.wfile.write(head)
+        self.wfile.flush()
+        # The usage chunk comes only when the test says: a client can leave before it.
+        RunningTimings.finish.wait(10)
+        try:
+            self.wfile.write(tail)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def timed_runner():
+    RunningTimings.finish = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RunningTimings)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    relay.close_idle()
+    server.shutdown()
+    server.server_close()
+
+
+def test_running_timings_the_gateway_asked_for_are_taken_out_and_a_cut_stream_is_counted(timed_runner):
+    stream, outcome = relay.open_stream(timed_runner, {"stream": True})
+    chunks = relay.stream_chunks(stream, outcome, strip_timings=True)
+    seen = b""
+    while b"Hi" not in seen or seen.count(b"Hi") < 2:
+        seen += next(chunks)
+    chunks.close()  # the client went away before the usage chunk
+    RunningTimings.finish.set()
+    payloads = [json.loads(line[6:]) for line in seen.split(b"\n") if line.startswith(b"data: {")]
+    assert not any("timings" in p for p in payloads)
+    assert outcome.usage == {}
+    relay.count_so_far(outcome)
+    # The last running count seen: the whole prompt (2 cached + 9 computed) and the tokens generated so far.
+    assert outcome.usage["prompt_tokens"] == 11 and outcome.usage["completion_tokens"] >= 2
+    assert outcome.usage["prompt_tokens_details"] == {"cached_tokens": 2}
+    # Read to the end, the last chunk keeps its timings (the runner's final figures) and its usage wins.
+    stream, outcome = relay.open_stream(timed_runner, {"stream": True})
+    RunningTimings.finish.set()
+    whole = b"".join(relay.stream_chunks(stream, outcome, strip_timings=True))
+    assert whole.count(b'"timings"') == 1 and whole.endswith(b"data: [DONE]\n\n")
+    relay.count_so_far(outcome)
+    assert outcome.usage == {"prompt_tokens": 11, "completion_tokens": 3}
+
+
+def test_a_native_piece_counts_itself():
+    outcome = relay.RelayOutcome(counted=json.dumps({"content": "x", "tokens_predicted": 4,
+                                                     "tokens_evaluated": 12}).encode())
+    relay.count_so_far(outcome)
+    assert outcome.usage == {"prompt_tokens": 12, "completion_tokens": 4}
