@@ -171,6 +171,28 @@ def set_model_draft(s, name: str, value: str) -> db.RunnerSettings:
     return rs
 
 
+def set_model_kv_types(s, name: str, type_k: str, type_v: str | None = None) -> db.RunnerSettings:
+    """Set a model's KV cache types (-ctk / -ctv; V the same as K unless given) on its runner settings (the caller
+    commits). Stored as NULL for f16, llama.cpp's default. Raises AdminError for an unknown model or type."""
+    from app.engine.kv_types import DEFAULT_KV_TYPE, kv_type_problem
+
+    row = s.scalar(select(db.Model).where(db.Model.name == name))
+    if row is None:
+        raise AdminError(f"no model '{name}'; `hearth models list` scans the models folder and shows the names")
+    type_k = type_k.strip().lower()
+    type_v = (type_v or type_k).strip().lower()
+    problem = kv_type_problem(type_k, type_v)
+    if problem:
+        raise AdminError(f"KV cache type: {problem}")
+    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
+    if rs is None:
+        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
+        s.add(rs)
+    rs.cache_type_k = None if type_k == DEFAULT_KV_TYPE else type_k
+    rs.cache_type_v = None if type_v == DEFAULT_KV_TYPE else type_v
+    return rs
+
+
 def set_model_weights(s, name: str, value: str) -> db.RunnerSettings:
     """Set a model's weights choice (pinned, warm or cold: its file in the page cache while no runner maps it)
     on its runner settings (the caller commits). Stored as NULL for warm, the default. Raises AdminError for an

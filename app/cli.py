@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from app.engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES, kv_type_problem
 from app.hardware import usable_cores
 from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS, Mode
 from app.runner.config import ImageLimits
@@ -90,6 +91,10 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="n_ubatch: tokens per physical batch (default: min(--batch, 512))")
     g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=("on", "off", "auto"), default="auto",
                    help="flash attention (default %(default)s: llama.cpp decides)")
+    g.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
+                   help="KV cache type of K (default %(default)s; q8_0 takes 17/32 of f16's bytes)")
+    g.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
+                   help="KV cache type of V (default %(default)s; a quantized V needs flash attention)")
     g.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="tokens to generate when a request names no limit (-1: until the context is full)")
     g.add_argument("--temp", type=float, default=None, help="sampling temperature when a request names none")
@@ -273,6 +278,16 @@ def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
 
 def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
     """`hearth bench spec`: one stream copying a function list, speculation off and on, beside llama-server's types."""
+    kvb = bench_sub.add_parser("kv-types", help="KV cache types (-ctk/-ctv): KV bytes (estimate, llama.cpp's buffers) "
+                                                "and the mean KL divergence of the next token against f16")
+    kvb.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    kvb.add_argument("--threads", type=int, default=usable_cores())
+    kvb.add_argument("--ctx", type=int, default=4096, help="KV cells (default %(default)s)")
+    kvb.add_argument("--types", default="f16,q8_0,q4_0", help="types to compare with f16, K and V alike")
+    kvb.add_argument("--tokens", type=int, default=160, help="positions of the fixed text compared (default %(default)s)")
+    kvb.add_argument("--llama-server", help="stock llama-server: also compare greedy tokens with the same flags")
+    kvb.add_argument("--max-tokens", type=int, default=32, help="greedy tokens compared with llama-server")
+    kvb.add_argument("--json", dest="json_path", help="write every figure here")
     spc = bench_sub.add_parser("spec", help="one repetitive stream: speculative decoding off/on, hearth runner and "
                                             "stock llama-server (lab figure)")
     spc.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
@@ -752,6 +767,10 @@ def _bench(args) -> int:
         from app.devtools.vision_bench import run_from_args as run_vision
 
         return run_vision(args, resolve_model(args.model))
+    if name == "kv-types":
+        from app.devtools.kv_bench import run_from_args as run_kv_bench
+
+        return run_kv_bench(args, resolve_model(args.model))
     if name == "spec":
         from app.devtools.spec_bench import main as run_spec_bench
 
@@ -1052,6 +1071,9 @@ def _runner(args) -> int:
             raise SystemExit(f"hearth runner: cannot read --chat-template-file: {exc}")
     if args.reasoning_budget < -1:
         raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
+    kv_problem = kv_type_problem(args.cache_type_k, args.cache_type_v, args.flash_attn)
+    if kv_problem:
+        raise SystemExit(f"hearth runner: {kv_problem}")
     grammar = _default_grammar(args)
     spec = spec_config(args)
     from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB, cache_ram_bytes
@@ -1078,6 +1100,7 @@ def _runner(args) -> int:
         raise SystemExit(f"hearth runner: --image-url-hosts: {exc}")
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
+                           type_k=args.cache_type_k, type_v=args.cache_type_v,
                            n_outputs_extra=spec.draft_max if spec.enabled else 0,
                            kv_transfer=bool(cache_ram or args.cache_disk) and args.prefix_cache),
         cache_ram_mib=cache_ram,

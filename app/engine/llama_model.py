@@ -16,6 +16,7 @@ import numpy as np
 
 from app.engine.engine import DECODE_NO_KV_SLOT, DECODE_OK
 from app.engine.grammar import Grammar
+from app.engine.kv_types import KV_TYPE_BYTES, kv_type_problem
 from app.engine.model_config import ModelConfig
 from app.engine.request import SamplingParams
 from app.engine.scheduler import Chunk
@@ -46,6 +47,11 @@ def _llama_log(level: int, text: bytes, _user) -> None:
         msg = text.decode("utf-8", "replace").rstrip()
         if msg:
             log.warning("llama.cpp: %s", msg)
+
+
+def _ggml_type(kv_type: str) -> int:
+    """ggml's enum value of a KV cache type name (app.engine.kv_types.KV_TYPES)."""
+    return getattr(llama_cpp, f"GGML_TYPE_{kv_type.upper()}")
 
 
 def _init_backend(verbose: bool) -> None:
@@ -171,6 +177,11 @@ class LlamaModel:
         cparams.n_ubatch = config.n_ubatch or min(config.n_batch, 512)
         cparams.flash_attn_type = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                                    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[config.flash_attn]
+        problem = kv_type_problem(config.type_k, config.type_v, config.flash_attn)
+        if problem:
+            raise ValueError(problem)
+        cparams.type_k = _ggml_type(config.type_k)
+        cparams.type_v = _ggml_type(config.type_v)
         # With KV tiers the context takes one more sequence id after the slots and their twins (the prefix
         # cache's guard), the transfer sequence: llama.cpp saves and restores states only below n_seq_max.
         self.transfer_seq: int | None = 2 * config.n_seq_max if config.kv_transfer else None
@@ -284,6 +295,8 @@ class LlamaModel:
             "n_threads": self.config.n_threads,
             "n_gpu_layers": self.config.n_gpu_layers,
             "repack": self.config.repack_enabled,
+            "cache_type_k": self.config.type_k,
+            "cache_type_v": self.config.type_v,
         }
 
     def vocab_facts(self) -> dict:
@@ -309,7 +322,7 @@ class LlamaModel:
         return self._meta("general.architecture")
 
     def kv_cache_bytes(self) -> int:
-        """Bytes of the f16 KV cache for n_ctx cells over every layer (sliding-window layers at full size)."""
+        """Bytes of the KV cache for n_ctx cells over every layer (sliding-window layers at full size), in its types."""
         arch = self._meta("general.architecture") or ""
         n_layer = int(self._meta(f"{arch}.block_count") or 0)
         n_head_kv = int(self._meta(f"{arch}.attention.head_count_kv") or 0)
@@ -317,7 +330,8 @@ class LlamaModel:
         n_embd = int(self._meta(f"{arch}.embedding_length") or 0)
         k_len = int(self._meta(f"{arch}.attention.key_length") or n_embd // n_head)
         v_len = int(self._meta(f"{arch}.attention.value_length") or n_embd // n_head)
-        return n_layer * self.n_ctx * n_head_kv * (k_len + v_len) * 2
+        per_cell = n_head_kv * (k_len * KV_TYPE_BYTES[self.config.type_k] + v_len * KV_TYPE_BYTES[self.config.type_v])
+        return round(n_layer * self.n_ctx * per_cell)
 
     # -- text ------------------------------------------------------------------------------
 
@@ -387,7 +401,7 @@ class LlamaModel:
     def kv_settings(self) -> dict:
         """What decides the bytes of a saved KV state besides the model file: the disk tier's key."""
         c = self.config
-        return {"n_ctx": self.n_ctx, "n_swa": self.n_swa, "type_k": "f16", "type_v": "f16", "kv_unified": True,
+        return {"n_ctx": self.n_ctx, "n_swa": self.n_swa, "type_k": c.type_k, "type_v": c.type_v, "kv_unified": True,
                 "swa_full": True, "flash_attn": c.flash_attn, "n_gpu_layers": c.n_gpu_layers,
                 "n_ubatch": c.n_ubatch or min(c.n_batch, 512), "llama_cpp": llama_cpp.__version__}
 

@@ -20,6 +20,9 @@ class ModelConfig:
     n_ubatch: int | None = None
     # Flash attention: "auto" (llama.cpp decides), "on" or "off" (llama-server's -fa).
     flash_attn: str = "auto"
+    # KV cache element types (llama-server's -ctk / -ctv: app.engine.kv_types); a quantized V needs flash attention.
+    type_k: str = "f16"
+    type_v: str = "f16"
     n_threads: int = max(1, os.cpu_count() or 1)
     n_gpu_layers: int = 0
     # Weight repacking (llama.cpp's "extra buffer types"). None = automatic: off on CPUs with AMX,

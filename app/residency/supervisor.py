@@ -26,6 +26,7 @@ import httpx
 import psutil
 
 from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB
+from app.engine.kv_types import DEFAULT_KV_TYPE, KV_TYPE_BYTES
 from app.engine.speculation import NGRAM_TYPES, SpecConfig
 from app.exposition import parse_exposition
 from app.hardware import cpu_has_amx, usable_cores
@@ -125,6 +126,10 @@ class RunnerSpec:
     # hearth runners with a projector: fetch http(s) image URLs (public hosts, plus these LAN ones).
     image_url_fetch: bool = False
     image_url_hosts: str | None = None
+    # KV cache types (runner_settings.cache_type_k/_v; -ctk/-ctv for either kind, unless runner_args name them).
+    # f16 passes no flag: both runners' own default.
+    cache_type_k: str = DEFAULT_KV_TYPE
+    cache_type_v: str = DEFAULT_KV_TYPE
 
     def __post_init__(self):
         if self.kind not in RUNNER_KINDS:
@@ -164,6 +169,23 @@ class RunnerSpec:
                 or self._arg("--spec-draft-model", "-md", "--model-draft") is not None):
             return []
         return ["-md", self.draft_model_path]
+
+    @property
+    def kv_type_flag(self) -> list[str]:
+        """-ctk/-ctv of the model's KV cache types where not f16, unless runner_args name the flag themselves."""
+        flags = []
+        for flag, long, value in (("-ctk", "--cache-type-k", self.cache_type_k), ("-ctv", "--cache-type-v", self.cache_type_v)):
+            if value != DEFAULT_KV_TYPE and self._arg(flag, long) is None:
+                flags += [flag, value]
+        return flags
+
+    @property
+    def kv_types(self) -> tuple[str, str]:
+        """The KV cache types (K, V) the runner gets: runner_args' own, else the setting's (what the estimate counts)."""
+        k = self._arg("-ctk", "--cache-type-k") or self.cache_type_k
+        v = self._arg("-ctv", "--cache-type-v") or self.cache_type_v
+        # A name the runner refuses stops it from starting; the estimate counts the setting's instead.
+        return (k if k in KV_TYPE_BYTES else self.cache_type_k, v if v in KV_TYPE_BYTES else self.cache_type_v)
 
     @property
     def effective_spec_type(self) -> str | None:
@@ -212,7 +234,7 @@ class RunnerSpec:
             if cpu_has_amx():
                 cmd.append("--no-repack")
             # `mode` is the hearth engine's scheduler; llama-server always batches continuously.
-            return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + list(self.extra_args)
+            return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + self.kv_type_flag + list(self.extra_args)
         cmd = [
             sys.executable, "-m", "app.cli", "runner", "--model", self.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--ctx", str(self.n_ctx),
@@ -232,7 +254,7 @@ class RunnerSpec:
             cmd += ["--cache-disk", self.cache_disk_dir, "--cache-disk-mib", str(self.cache_disk_mib)]
         if self.image_url_fetch and self.mmproj_flag:
             cmd += ["--image-url-fetch"] + (["--image-url-hosts", self.image_url_hosts] if self.image_url_hosts else [])
-        return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + list(self.extra_args)
+        return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + self.kv_type_flag + list(self.extra_args)
 
 
 # The flags serve sets on every runner itself (address, key, identity) or from settings of their own (slots,

@@ -16,6 +16,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.engine.kv_types import DEFAULT_KV_TYPE
 from app.residency.budget import KIND_RAM, counted_bytes, counts_ram_tier
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
@@ -156,7 +157,8 @@ def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: d
     plain = runner_spec(entry, rs, defaults)
     return size_runner(entry, budget, n_batch, gpu, int(parallel) if parallel else None,
                        int(n_ctx) if n_ctx else None, n_outputs_extra=plain.n_outputs_extra,
-                       ram_tier_mib=plain.ram_tier_mib if counts_ram_tier(budget_kind) else 0)
+                       ram_tier_mib=plain.ram_tier_mib if counts_ram_tier(budget_kind) else 0,
+                       type_k=plain.kv_types[0], type_v=plain.kv_types[1])
 
 
 def draft_for(entry: CatalogEntry, rs: db.RunnerSettings | None,
@@ -213,6 +215,8 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         mmproj=str(entry.mmproj) if entry.mmproj else None,
         image_url_fetch=bool(defaults.get("image_url_fetch")),
         image_url_hosts=defaults.get("image_url_hosts") or None,
+        cache_type_k=(rs and rs.cache_type_k) or DEFAULT_KV_TYPE,
+        cache_type_v=(rs and rs.cache_type_v) or DEFAULT_KV_TYPE,
     )
 
 
@@ -230,7 +234,8 @@ def fit_ram_tier(entry: CatalogEntry, spec: RunnerSpec, estimate: MemoryEstimate
     wanted = "no limit" if estimate.ram_tier_unbounded else f"{spec.cache_ram_mib:,} MiB"
     fitted = replace(spec, cache_ram_mib=int(room_mib))
     estimate = estimate_memory(entry, fitted.n_ctx, fitted.parallel, fitted.n_batch,
-                               n_outputs_extra=fitted.n_outputs_extra, ram_tier_mib=fitted.ram_tier_mib)
+                               n_outputs_extra=fitted.n_outputs_extra, ram_tier_mib=fitted.ram_tier_mib,
+                               type_k=fitted.kv_types[0], type_v=fitted.kv_types[1])
     return fitted, estimate, (f"RAM tier {room_mib:,} MiB instead of runner_cache_ram_mib's {wanted}: what the "
                               f"{budget // MIB:,} MiB memory budget leaves beside the rest of the runner")
 
@@ -319,7 +324,8 @@ class Catalog:
                     draft, draft_note = draft_for(e, rs, entries)
                     spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR, draft=draft)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
-                                               n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib)
+                                               n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib,
+                                               type_k=spec.kv_types[0], type_v=spec.kv_types[1])
                     if spec.draft_flag:
                         estimate = with_draft(estimate, draft, spec.n_ctx, spec.parallel, spec.n_batch)
                     spec, estimate, tier_note = fit_ram_tier(e, spec, estimate, budget, memory.kind)

@@ -153,6 +153,9 @@ class RunnerSettings(Base):
     # The catalog name of the model that drafts for this one (a smaller model of the same vocabulary, loaded by
     # its runner with -md); None: none. Used while speculation is auto. Migration 0018.
     draft_model: Mapped[str | None] = mapped_column(String(255))
+    # KV cache types (app.engine.kv_types: -ctk / -ctv); None means f16, llama.cpp's default. Migration 0020.
+    cache_type_k: Mapped[str | None] = mapped_column(String(16))
+    cache_type_v: Mapped[str | None] = mapped_column(String(16))
 
 
 class Node(Base):
