@@ -95,6 +95,21 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache type of K (default %(default)s; q8_0 takes 17/32 of f16's bytes)")
     g.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
                    help="KV cache type of V (default %(default)s; a quantized V needs flash attention)")
+    pl = p.add_argument_group("placement: experts, tensors, several GPUs (llama-server's flags)")
+    pl.add_argument("-cmoe", "--cpu-moe", dest="cpu_moe", action="store_true",
+                    help="keep every Mixture-of-Experts layer's experts in RAM")
+    pl.add_argument("-ncmoe", "--n-cpu-moe", dest="n_cpu_moe", type=int, default=0,
+                    help="keep the experts of the first N layers in RAM (default %(default)s)")
+    pl.add_argument("-ot", "--override-tensor", dest="override_tensor", action="append", default=[],
+                    help="<tensor name pattern>=<buffer type>,...: where matching tensors go (e.g. exps=CPU)")
+    pl.add_argument("-dev", "--device", dest="device", default=None,
+                    help="comma-separated devices to offload to (e.g. Vulkan0,Vulkan1; none: no offload)")
+    pl.add_argument("-ts", "--tensor-split", dest="tensor_split", default=None,
+                    help="shares of the offloaded layers per device, e.g. 3,1 (default: by free memory)")
+    pl.add_argument("-sm", "--split-mode", dest="split_mode", choices=("none", "layer", "row"), default="layer",
+                    help="how layers are split over several GPUs (default %(default)s)")
+    pl.add_argument("-mg", "--main-gpu", dest="main_gpu", type=int, default=0,
+                    help="the GPU of the whole model with --split-mode none (default %(default)s)")
     g.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="tokens to generate when a request names no limit (-1: until the context is full)")
     g.add_argument("--temp", type=float, default=None, help="sampling temperature when a request names none")
@@ -288,6 +303,15 @@ def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
     kvb.add_argument("--llama-server", help="stock llama-server: also compare greedy tokens with the same flags")
     kvb.add_argument("--max-tokens", type=int, default=32, help="greedy tokens compared with llama-server")
     kvb.add_argument("--json", dest="json_path", help="write every figure here")
+    plc = bench_sub.add_parser("placement", help="a random MoE under llama-server -ngl/--n-cpu-moe: the estimate per "
+                                                 "device against llama.cpp's buffer lines")
+    plc.add_argument("--llama-server", required=True, help="stock llama-server (a Vulkan build with --vulkan)")
+    plc.add_argument("--model", help="GGUF (default: a bench-sized random qwen3moe written to --out-dir)")
+    plc.add_argument("--out-dir", default=".", help="where the random model is written (default: here)")
+    plc.add_argument("--vulkan", action="store_true", help="offload to Vulkan0 (Mesa's lavapipe, 2 GiB)")
+    plc.add_argument("--ngl", type=int, default=99, help="-ngl (default %(default)s)")
+    plc.add_argument("--n-cpu-moe", type=int, default=4, help="--n-cpu-moe (default %(default)s)")
+    plc.add_argument("--ctx", type=int, default=1024)
     spc = bench_sub.add_parser("spec", help="one repetitive stream: speculative decoding off/on, hearth runner and "
                                             "stock llama-server (lab figure)")
     spc.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
@@ -767,6 +791,10 @@ def _bench(args) -> int:
         from app.devtools.vision_bench import run_from_args as run_vision
 
         return run_vision(args, resolve_model(args.model))
+    if name == "placement":
+        from app.devtools.moe_bench import run_from_args as run_placement_bench
+
+        return run_placement_bench(args)
     if name == "kv-types":
         from app.devtools.kv_bench import run_from_args as run_kv_bench
 
@@ -1013,6 +1041,27 @@ def spec_config(args):
         raise SystemExit(f"hearth runner: {exc}")
 
 
+def placement_config(args) -> dict:
+    """ModelConfig's placement settings from llama-server's -ot, --cpu-moe, --n-cpu-moe, --device, --tensor-split,
+    --split-mode and --main-gpu (SystemExit names a bad one). Rules keep llama-server's order within each flag:
+    -ot's first, then the experts' (the first rule a tensor matches wins)."""
+    from app.residency.placement import moe_overrides, parse_overrides
+
+    try:
+        rules = [r for text in args.override_tensor for r in parse_overrides(text)]
+        rules += moe_overrides(args.cpu_moe, args.n_cpu_moe)
+        split = tuple(float(x) for x in args.tensor_split.split(",")) if args.tensor_split else ()
+    except ValueError as exc:
+        raise SystemExit(f"hearth runner: {exc}")
+    if any(x < 0 for x in split):
+        raise SystemExit("hearth runner: --tensor-split takes shares of 0 or more, e.g. 3,1")
+    if args.main_gpu < 0:
+        raise SystemExit("hearth runner: --main-gpu is a GPU's index, 0 or more")
+    devices = tuple(d.strip() for d in args.device.split(",") if d.strip()) if args.device else ()
+    return {"tensor_overrides": tuple((r.pattern, r.target) for r in rules), "devices": devices,
+            "tensor_split": split, "split_mode": args.split_mode, "main_gpu": args.main_gpu}
+
+
 def draft_model_config(args, spec):
     """The draft model's load settings (-md, -ngld, -td): the target's slots, cells and batch; None without one."""
     if not spec.uses_draft_model or not spec.enabled:
@@ -1074,6 +1123,7 @@ def _runner(args) -> int:
     kv_problem = kv_type_problem(args.cache_type_k, args.cache_type_v, args.flash_attn)
     if kv_problem:
         raise SystemExit(f"hearth runner: {kv_problem}")
+    placement = placement_config(args)
     grammar = _default_grammar(args)
     spec = spec_config(args)
     from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB, cache_ram_bytes
@@ -1100,7 +1150,7 @@ def _runner(args) -> int:
         raise SystemExit(f"hearth runner: --image-url-hosts: {exc}")
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
-                           type_k=args.cache_type_k, type_v=args.cache_type_v,
+                           type_k=args.cache_type_k, type_v=args.cache_type_v, **placement,
                            n_outputs_extra=spec.draft_max if spec.enabled else 0,
                            kv_transfer=bool(cache_ram or args.cache_disk) and args.prefix_cache),
         cache_ram_mib=cache_ram,

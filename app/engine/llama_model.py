@@ -49,6 +49,68 @@ def _llama_log(level: int, text: bytes, _user) -> None:
             log.warning("llama.cpp: %s", msg)
 
 
+class _BuftOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@functools.cache
+def _ggml() -> ctypes.CDLL:
+    """libggml, the backend registry that llama-cpp-python's libllama links (the same loaded library)."""
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    lib.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_buft_name.restype = ctypes.c_char_p
+    return lib
+
+
+def buffer_types() -> dict[str, int]:
+    """Every device's buffer type by name ("CPU", "Vulkan0"), as llama-server's -ot looks them up."""
+    lib = _ggml()
+    out = {}
+    for i in range(lib.ggml_backend_dev_count()):
+        buft = lib.ggml_backend_dev_buffer_type(lib.ggml_backend_dev_get(i))
+        if buft:
+            out[lib.ggml_backend_buft_name(buft).decode()] = buft
+    return out
+
+
+def _device_list(names: tuple[str, ...]):
+    """The NULL-terminated ggml_backend_dev_t array of the named devices (--device), or None for all of them."""
+    if not names:
+        return None
+    lib = _ggml()
+    lib.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_dev_by_name.restype = ctypes.c_void_p
+    if names == ("none",):
+        return (ctypes.c_void_p * 1)()  # llama-server's --device none: no device offloads
+    arr = (ctypes.c_void_p * (len(names) + 1))()
+    for i, name in enumerate(names):
+        dev = lib.ggml_backend_dev_by_name(name.encode())
+        if not dev:
+            raise ValueError(f"--device {name}: no such device in this llama.cpp (its names: {', '.join(sorted(buffer_types()))})")
+        arr[i] = dev
+    return arr
+
+
+def _buft_overrides(rules: tuple[tuple[str, str], ...]):
+    """The NULL-terminated llama_model_tensor_buft_override array of the rules, or None without any."""
+    if not rules:
+        return None
+    bufts = buffer_types()
+    unknown = sorted({t for _, t in rules if t not in bufts})
+    if unknown:
+        raise ValueError(f"-ot: unknown buffer type {', '.join(unknown)}; this llama.cpp has {', '.join(sorted(bufts))}")
+    arr = (_BuftOverride * (len(rules) + 1))()
+    for i, (pattern, target) in enumerate(rules):
+        arr[i].pattern = pattern.encode()
+        arr[i].buft = bufts[target]
+    return arr
+
+
 def _ggml_type(kv_type: str) -> int:
     """ggml's enum value of a KV cache type name (app.engine.kv_types.KV_TYPES)."""
     return getattr(llama_cpp, f"GGML_TYPE_{kv_type.upper()}")
@@ -149,6 +211,20 @@ class LlamaModel:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers
         mparams.use_extra_bufts = config.repack_enabled
+        # Kept referenced while the model loads: llama.cpp reads the patterns through these pointers.
+        self._overrides = _buft_overrides(config.tensor_overrides)
+        if self._overrides is not None:
+            mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
+        self._devices = _device_list(config.devices)
+        if self._devices is not None:
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        mparams.split_mode = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+                              "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}[config.split_mode]
+        mparams.main_gpu = config.main_gpu
+        if config.tensor_split:
+            self._split = (ctypes.c_float * max(llama_cpp.llama_max_devices(), len(config.tensor_split)))(
+                *config.tensor_split)
+            mparams.tensor_split = self._split
         # The load's phases (the Models page's cold-start split): reading the weights, then with GPU layers
         # the tensors' copy into device buffers, which llama.cpp reports through the progress callback
         # (its first call ends the metadata and mapping, the last one the tensors' upload).
@@ -297,6 +373,9 @@ class LlamaModel:
             "repack": self.config.repack_enabled,
             "cache_type_k": self.config.type_k,
             "cache_type_v": self.config.type_v,
+            "tensor_overrides": [f"{p}={t}" for p, t in self.config.tensor_overrides],
+            "devices": list(self.config.devices), "tensor_split": list(self.config.tensor_split),
+            "split_mode": self.config.split_mode, "main_gpu": self.config.main_gpu,
         }
 
     def vocab_facts(self) -> dict:

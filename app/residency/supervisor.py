@@ -130,6 +130,13 @@ class RunnerSpec:
     # f16 passes no flag: both runners' own default.
     cache_type_k: str = DEFAULT_KV_TYPE
     cache_type_v: str = DEFAULT_KV_TYPE
+    # Experts kept in RAM (runner_settings.n_cpu_moe: N the first N layers' with --n-cpu-moe, -1 all with --cpu-moe)
+    # and the GPUs (--device names, --tensor-split shares, --split-mode, --main-gpu); the defaults pass no flag.
+    n_cpu_moe: int = 0
+    devices: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
+    split_mode: str = "layer"
+    main_gpu: int = 0
 
     def __post_init__(self):
         if self.kind not in RUNNER_KINDS:
@@ -177,6 +184,23 @@ class RunnerSpec:
         for flag, long, value in (("-ctk", "--cache-type-k", self.cache_type_k), ("-ctv", "--cache-type-v", self.cache_type_v)):
             if value != DEFAULT_KV_TYPE and self._arg(flag, long) is None:
                 flags += [flag, value]
+        return flags
+
+    @property
+    def placement_flag(self) -> list[str]:
+        """--cpu-moe / --n-cpu-moe and the GPU flags of the model's settings, each unless runner_args name it."""
+        flags: list[str] = []
+        if self.n_cpu_moe and self._arg("--cpu-moe", "-cmoe", "--n-cpu-moe", "-ncmoe") is None \
+                and not {"--cpu-moe", "-cmoe"} & set(self.extra_args):
+            flags += ["--cpu-moe"] if self.n_cpu_moe < 0 else ["--n-cpu-moe", str(self.n_cpu_moe)]
+        for names, value, default in (
+            (("--device", "-dev"), ",".join(self.devices), ""),
+            (("--tensor-split", "-ts"), ",".join(f"{x:g}" for x in self.tensor_split), ""),
+            (("--split-mode", "-sm"), self.split_mode, "layer"),
+            (("--main-gpu", "-mg"), str(self.main_gpu), "0"),
+        ):
+            if value != default and self._arg(*names) is None:
+                flags += [names[0], value]
         return flags
 
     @property
@@ -234,7 +258,7 @@ class RunnerSpec:
             if cpu_has_amx():
                 cmd.append("--no-repack")
             # `mode` is the hearth engine's scheduler; llama-server always batches continuously.
-            return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + self.kv_type_flag + list(self.extra_args)
+            return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + self.kv_type_flag + self.placement_flag + list(self.extra_args)
         cmd = [
             sys.executable, "-m", "app.cli", "runner", "--model", self.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--ctx", str(self.n_ctx),
@@ -254,7 +278,7 @@ class RunnerSpec:
             cmd += ["--cache-disk", self.cache_disk_dir, "--cache-disk-mib", str(self.cache_disk_mib)]
         if self.image_url_fetch and self.mmproj_flag:
             cmd += ["--image-url-fetch"] + (["--image-url-hosts", self.image_url_hosts] if self.image_url_hosts else [])
-        return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + self.kv_type_flag + list(self.extra_args)
+        return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + self.kv_type_flag + self.placement_flag + list(self.extra_args)
 
 
 # The flags serve sets on every runner itself (address, key, identity) or from settings of their own (slots,

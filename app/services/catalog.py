@@ -217,6 +217,11 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         image_url_hosts=defaults.get("image_url_hosts") or None,
         cache_type_k=(rs and rs.cache_type_k) or DEFAULT_KV_TYPE,
         cache_type_v=(rs and rs.cache_type_v) or DEFAULT_KV_TYPE,
+        n_cpu_moe=(rs and rs.n_cpu_moe) or 0,
+        devices=tuple(d for d in ((rs and rs.devices) or "").split(",") if d),
+        tensor_split=tuple(float(x) for x in ((rs and rs.tensor_split) or "").split(",") if x),
+        split_mode=(rs and rs.split_mode) or "layer",
+        main_gpu=(rs and rs.main_gpu) or 0,
     )
 
 
