@@ -312,6 +312,12 @@ def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
     plc.add_argument("--ngl", type=int, default=99, help="-ngl (default %(default)s)")
     plc.add_argument("--n-cpu-moe", type=int, default=4, help="--n-cpu-moe (default %(default)s)")
     plc.add_argument("--ctx", type=int, default=1024)
+    fit = bench_sub.add_parser("fit", help="Hearth's fit against llama-server's --fit on a Vulkan device (lavapipe)")
+    fit.add_argument("--llama-server", required=True, help="a Vulkan build of llama-server")
+    fit.add_argument("--model", required=True, help="GGUF (e.g. hearth models random llama-3.2-1b FILE)")
+    fit.add_argument("--targets", default="1024,1536,768", help="--fit-target values in MiB (default %(default)s)")
+    fit.add_argument("--device-mib", type=int, default=2048, help="the device's memory (lavapipe: 2048)")
+    fit.add_argument("--kv-auto", action="store_true", help="let Hearth choose q8_0 KV where f16 does not fit")
     spc = bench_sub.add_parser("spec", help="one repetitive stream: speculative decoding off/on, hearth runner and "
                                             "stock llama-server (lab figure)")
     spc.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
@@ -636,7 +642,8 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
     models_sub.add_parser("list", help="scan the models folder now: usable models, estimates, unusable files and why")
     mrand = models_sub.add_parser("random", help="write a random-weight GGUF of a real model's shape (for benchmarks)")
-    mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b or tiny (app/devtools/gguf_shapes.py: SHAPES); "
+    mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b, qwen3-30b-a3b, gpt-oss-20b (MoE), tiny, qwen3moe-tiny "
+                       "or gpt-oss-tiny (app/devtools/gguf_shapes.py: SHAPES); "
                        "mmproj-gemma3-tiny or mmproj-gemma3-siglip: a projector (app/devtools/mmproj.py)")
     mrand.add_argument("out", help="the GGUF file to write")
     mrand.add_argument("--type", choices=["q8_0", "f16"], default="q8_0", help="weight type (default %(default)s)")
@@ -795,6 +802,10 @@ def _bench(args) -> int:
         from app.devtools.moe_bench import run_from_args as run_placement_bench
 
         return run_placement_bench(args)
+    if name == "fit":
+        from app.devtools.fit_bench import run_from_args as run_fit_bench
+
+        return run_fit_bench(args)
     if name == "kv-types":
         from app.devtools.kv_bench import run_from_args as run_kv_bench
 

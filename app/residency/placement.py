@@ -115,22 +115,16 @@ def tensor_layer(name: str, n_layer: int) -> int | None:
 def weights_by_device(tensors: Iterable[tuple[str, int]], n_layer: int, devices: Sequence[str],
                       overrides: Sequence[TensorOverride] = ()) -> dict[str, int]:
     """Bytes of weights per device: each tensor on its layer's device (`devices` from layer_devices), unless an
-    override matches its name first. A model without output.weight (tied embeddings) gets a copy of the token
-    embedding on the output layer's device when that is not the CPU (llama.cpp's TENSOR_DUPLICATED)."""
+    override matches its name first. A model without output.weight (tied embeddings) reuses the token embedding
+    where it is mapped: llama.cpp's buffers show no copy on the GPU (Llama 3.2 1B shape, -ngl 14 on Vulkan0:
+    801.34 MiB, 13 layers of 61.6 MiB and nothing for the output)."""
     out: dict[str, int] = {}
     compiled = [(re.compile(o.pattern), o.target) for o in overrides]
-    names = set()
-    embd = 0
     for name, nbytes in tensors:
-        names.add(name)
         layer = tensor_layer(name, n_layer)
         device = CPU if layer is None else devices[layer]
-        if name == "token_embd.weight":
-            embd = nbytes
         device = next((target for rx, target in compiled if rx.search(name)), device)
         out[device] = out.get(device, 0) + nbytes
-    if "output.weight" not in names and devices[n_layer] != CPU and embd:
-        out[devices[n_layer]] = out.get(devices[n_layer], 0) + embd
     return out
 
 

@@ -16,14 +16,18 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.devices import Device
 from app.engine.kv_types import DEFAULT_KV_TYPE
+from app.gguf_meta import GgufError
 from app.residency.budget import KIND_RAM, counted_bytes, counts_ram_tier
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import MIB, MemoryEstimate, RunnerSizing, estimate_memory, size_runner, with_draft
+from app.residency.fit import fit_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
 from app.residency.pagecache import WEIGHTS_WARM
+from app.residency.placement import model_tensors
 from app.residency.supervisor import (
     DEFAULT_CACHE_DISK_MIB,
     DEFAULT_CACHE_RAM_MIB,
@@ -225,6 +229,25 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
     )
 
 
+def fit_to_devices(entry: CatalogEntry, rs: db.RunnerSettings | None, spec: RunnerSpec,
+                   devices: list[Device]) -> tuple[RunnerSpec, str | None]:
+    """A model whose GPU layers the admin left unset, on a box with a GPU: its offload, experts in RAM and (unless
+    chosen) KV type fitted to the GPUs' free memory (app.residency.fit), with the reason for the Models page.
+    Without a GPU, or with GPU layers set, the spec is unchanged."""
+    if not any(d.is_gpu for d in devices) or (rs is not None and rs.gpu_layers is not None):
+        return spec, None
+    try:
+        tensors = model_tensors(entry.path)
+    except (OSError, GgufError):
+        return spec, None
+    chosen_kv = spec.kv_types[0] if (rs and rs.cache_type_k) else None
+    choice = fit_runner(entry, tensors, devices, spec.parallel, spec.n_batch, n_ctx=spec.n_ctx, kv_type=chosen_kv)
+    fitted = replace(spec, gpu_layers=choice.n_gpu_layers,
+                     n_cpu_moe=spec.n_cpu_moe if (rs and rs.n_cpu_moe is not None) else choice.n_cpu_moe,
+                     cache_type_k=choice.type_k, cache_type_v=choice.type_v)
+    return fitted, f"fit to the GPU: {choice.reason}"
+
+
 def fit_ram_tier(entry: CatalogEntry, spec: RunnerSpec, estimate: MemoryEstimate, budget: int,
                  kind: str) -> tuple[RunnerSpec, MemoryEstimate, str | None]:
     """A hearth runner whose RAM tier alone keeps it from fitting the (RAM) budget gets the tier the budget leaves
@@ -262,12 +285,15 @@ class Catalog:
     """The models folder's entries, what of it can be served (specs) and under which names (aliases)."""
 
     def __init__(self, sessions: sessionmaker, settings: SettingsCache, data_dir: Path, models_dir: Path,
-                 default_model: Path | None):
+                 default_model: Path | None, devices: Callable[[], list[Device]] | None = None):
         self.sessions = sessions
         self.settings = settings
         self.data_dir = data_dir
         self.models_dir = models_dir
         self.default_model = default_model
+        # The devices llama.cpp sees (app.devices), read at each rescan: with a GPU, a model whose GPU layers are
+        # unset is fitted to its free memory (fit_to_devices). None or an empty list: no GPU, nothing changes.
+        self.devices = devices or (lambda: [])
         # Set while the embedded default model is assembled in the background (first run).
         self.default_model_assembly: BackgroundAssembly | None = None
         self._lock = threading.Lock()
@@ -276,11 +302,12 @@ class Catalog:
 
     @classmethod
     def open(cls, data_dir: Path, sessions: sessionmaker, settings: SettingsCache, default_model: Path | None,
-             models_dir_override: str | None = None) -> Catalog:
-        """The catalog over the folder serve uses (see resolve_models_dir), created if missing, scanned once."""
+             models_dir_override: str | None = None, devices: Callable[[], list[Device]] | None = None) -> Catalog:
+        """The catalog over the folder serve uses (see resolve_models_dir), created if missing, scanned once;
+        `devices` gives the devices llama.cpp sees (the live probe), for the fit."""
         models_dir = resolve_models_dir(data_dir, settings.get("models_dir"), models_dir_override)
         models_dir.mkdir(parents=True, exist_ok=True)
-        catalog = cls(sessions, settings, data_dir, models_dir, default_model)
+        catalog = cls(sessions, settings, data_dir, models_dir, default_model, devices)
         catalog.rescan()
         return catalog
 
@@ -321,6 +348,7 @@ class Catalog:
                 defaults = {k: get_setting(s, f"runner_{k}") for k in RUNNER_DEFAULTS}
                 memory = memory_budget(self.settings)
                 budget = memory.usable_bytes
+                devices = self.devices()
                 for e, row in zip(entries, record_catalog(s, entries, datetime.now(UTC))):
                     if not e.usable:
                         continue
@@ -328,6 +356,7 @@ class Catalog:
                     sizing = runner_sizing(e, rs, defaults, budget, memory.kind)
                     draft, draft_note = draft_for(e, rs, entries)
                     spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR, draft=draft)
+                    spec, fit_note = fit_to_devices(e, rs, spec, devices)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
                                                n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib,
                                                type_k=spec.kv_types[0], type_v=spec.kv_types[1])
@@ -340,8 +369,8 @@ class Catalog:
                         policy=row.policy,
                         keep_alive_s=row.keep_alive_s, runner=spec,
                         remote=tuple((n.url, n.label or n.url) for n in nodes),
-                        sizing_note="; ".join(n for n in (sizing.reason if sizing else None, tier_note, draft_note)
-                                              if n) or None,
+                        sizing_note="; ".join(n for n in (sizing.reason if sizing else None, fit_note, tier_note,
+                                                          draft_note) if n) or None,
                         weights=(rs.weights if rs else None) or WEIGHTS_WARM,
                     )
                     if row.alias:
