@@ -664,6 +664,13 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     mset.add_argument("--mode", choices=[m.value for m in Mode])
     mset.add_argument("--draft-model", help="the model that drafts for this one while speculation is auto (a smaller "
                                             "model of the same vocabulary; 'none' removes it)")
+    mset.add_argument("--kv-type", help="KV cache type, K and V alike: f16 (default), q8_0, q4_0, ... (-ctk/-ctv)")
+    mset.add_argument("--n-cpu-moe", type=int, help="experts of the first N layers kept in RAM (-1: every layer's, "
+                                                     "--cpu-moe; 0: none)")
+    mset.add_argument("--devices", help="GPUs its layers may use, e.g. Vulkan0,Vulkan1 ('' : all)")
+    mset.add_argument("--tensor-split", help="the layers' shares per GPU, e.g. 3,1 ('': by free memory)")
+    mset.add_argument("--split-mode", choices=("none", "layer", "row"))
+    mset.add_argument("--main-gpu", type=int, help="the GPU of the whole model with --split-mode none")
     mtrunc = models_sub.add_parser("truncate", help="write a copy of a GGUF with only its first N blocks: a smaller "
                                                     "model of the same vocabulary, a stand-in draft model")
     mtrunc.add_argument("source", help="the GGUF to copy")

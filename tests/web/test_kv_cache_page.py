@@ -95,3 +95,25 @@ def test_the_admin_function_checks_the_model_and_the_types(app, model):
 def test_saving_a_kv_type_needs_csrf(app, admin, model):
     r = admin.post("/models/target/kv-cache", data={"kv_cache": "q8_0"}, headers={"HX-Request": "true"})
     assert r.status_code in (400, 403)
+
+
+def test_the_placement_settings_reach_the_runner_and_bad_ones_are_refused(app, model):
+    from app.admin import set_model_placement
+
+    with services(app).sessions() as s:
+        for kwargs, message in (({"n_cpu_moe": -2}, "--n-cpu-moe"), ({"tensor_split": "3,x"}, "--tensor-split"),
+                                ({"split_mode": "diagonal"}, "--split-mode"), ({"main_gpu": -1}, "--main-gpu")):
+            with pytest.raises(AdminError, match=message):
+                set_model_placement(s, "target", **kwargs)
+        set_model_placement(s, "target", n_cpu_moe=-1, devices="Vulkan0, Vulkan1", tensor_split="3,1",
+                            split_mode="row", main_gpu=1)
+        s.commit()
+    services(app).catalog.rescan()
+    runner = services(app).catalog.model_specs()["target"].runner
+    assert runner.placement_flag == ["--cpu-moe", "--device", "Vulkan0,Vulkan1", "--tensor-split", "3,1",
+                                     "--split-mode", "row", "--main-gpu", "1"]
+    with services(app).sessions() as s:
+        set_model_placement(s, "target", n_cpu_moe=0, devices="", tensor_split="", split_mode="layer", main_gpu=0)
+        s.commit()
+    services(app).catalog.rescan()
+    assert services(app).catalog.model_specs()["target"].runner.placement_flag == []
