@@ -3,7 +3,8 @@
 For each --fit-target (the MiB each GPU keeps free) llama-server (a Vulkan build on Mesa's lavapipe, a fixed
 2 GiB device) fits an unset context and the offload, and prints its choice; Hearth's fit gets the same device
 and margin. Both are compared by the layers on the GPU (a MoE: experts in RAM), the context, and the device bytes;
-then llama-server is started with Hearth's choice (--fit off) to show it holds: its buffers on the device.
+then llama-server is started with Hearth's choice (--fit off) to show it holds: its buffers on the device (a stock
+llama-server's compute buffer reserves logits for a whole micro-batch, which a hearth runner does not).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from app.residency.placement import model_tensors
 
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _CTX = re.compile(r"llama_context: n_ctx\s*=\s*(\d+)")
-_CPU_MOE = re.compile(r"blk\\\.(\d+)\\\.ffn")
 
 
 def llama_fit(binary: str, model: str, target_mib: int, env: dict[str, str]) -> dict:
@@ -35,22 +35,22 @@ def llama_fit(binary: str, model: str, target_mib: int, env: dict[str, str]) -> 
             "device_bytes": device, "log_tail": log[-2000:] if not off else ""}
 
 
-def hearth_holds(binary: str, model: str, choice, env: dict[str, str]) -> int:
-    """Device bytes llama.cpp placed when started with Hearth's choice (--fit off)."""
+def hearth_holds(binary: str, model: str, choice, env: dict[str, str]) -> dict[str, dict[str, int]]:
+    """llama.cpp's buffers (kind → device → bytes) when started with Hearth's choice (--fit off)."""
     args = ["-np", "1", "-t", "2", "-fa", "off", "--fit", "off", "-c", str(choice.n_ctx), "-ngl",
             str(choice.n_gpu_layers), "--n-cpu-moe", str(choice.n_cpu_moe), "-ctk", choice.type_k, "-ctv",
             choice.type_v, "--no-webui"]
     if choice.type_v != "f16":
         args[args.index("-fa") + 1] = "on"
-    buffers = parse_buffers(run_server(binary, model, args, env))
-    return sum(v for kind in buffers.values() for k, v in kind.items() if k != "CPU")
+    return parse_buffers(run_server(binary, model, args, env))
 
 
 def run_from_args(args) -> int:
     """Entry point of `hearth bench fit`."""
     env = {"GGML_VK_VISIBLE_DEVICES": "0", "LD_LIBRARY_PATH": str(Path(args.llama_server).parent)}
     device = Device("Vulkan0", "Vulkan", "gpu", "llvmpipe", args.device_mib * MIB, args.device_mib * MIB,
-                    reports_usage=False)
+                    reports_usage=False,
+                    max_tensor_bytes=128 * MIB)
     entry = scan(None, Path(args.model))[0]
     tensors = model_tensors(args.model)
     print(f"{Path(args.model).name}: one {args.device_mib:,} MiB device, 1 slot, context unset; "
@@ -63,7 +63,8 @@ def run_from_args(args) -> int:
             print(theirs["log_tail"])
         mine = fit_runner(entry, tensors, [device], parallel=1, margin_bytes=target * MIB,
                           kv_type=None if args.kv_auto else "f16")
-        held = hearth_holds(args.llama_server, args.model, mine, env)
+        buffers = hearth_holds(args.llama_server, args.model, mine, env)
+        held = sum(v for kind in buffers.values() for k, v in kind.items() if k != "CPU")
         share = mine.n_gpu_layers / theirs["ngl"] if theirs["ngl"] else float("inf")
         print(f"{target:>10} {theirs['ngl']:>9} {theirs['n_ctx']:>9} {mine.n_gpu_layers:>10} {mine.n_cpu_moe:>5} "
               f"{mine.n_ctx:>10} {mine.type_k:>5} {share:>8.0%} {held / MIB:>9.0f} "

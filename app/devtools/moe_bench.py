@@ -97,7 +97,8 @@ def run_from_args(args) -> int:
     if args.vulkan:
         # lavapipe is a CPU-type device ggml skips unless named; it reports a fixed 2 GiB.
         env = {"GGML_VK_VISIBLE_DEVICES": "0", "LD_LIBRARY_PATH": str(Path(args.llama_server).parent)}
-        gpus = [Device("Vulkan0", "Vulkan", "gpu", "llvmpipe", 2048 * MIB, 2048 * MIB, reports_usage=False)]
+        gpus = [Device("Vulkan0", "Vulkan", "gpu", "llvmpipe", 2048 * MIB, 2048 * MIB, reports_usage=False,
+                    max_tensor_bytes=128 * MIB)]
     rows = compare(args.llama_server, model, gpus, args.ngl, args.n_cpu_moe, args.ctx, env)
     print(f"{Path(model).name}: -ngl {args.ngl} --n-cpu-moe {args.n_cpu_moe}, {args.ctx} cells, "
           f"{'Vulkan0 (lavapipe)' if args.vulkan else 'CPU only'}")

@@ -113,18 +113,29 @@ def tensor_layer(name: str, n_layer: int) -> int | None:
 
 
 def weights_by_device(tensors: Iterable[tuple[str, int]], n_layer: int, devices: Sequence[str],
-                      overrides: Sequence[TensorOverride] = ()) -> dict[str, int]:
+                      overrides: Sequence[TensorOverride] = (),
+                      max_tensor_bytes: dict[str, int | None] | None = None) -> dict[str, int]:
     """Bytes of weights per device: each tensor on its layer's device (`devices` from layer_devices), unless an
-    override matches its name first. A model without output.weight (tied embeddings) reuses the token embedding
-    where it is mapped: llama.cpp's buffers show no copy on the GPU (Llama 3.2 1B shape, -ngl 14 on Vulkan0:
-    801.34 MiB, 13 layers of 61.6 MiB and nothing for the output)."""
+    override matches its name first. A model without output.weight (tied embeddings) gets a copy of the token
+    embedding on the output layer's GPU (llama.cpp's TENSOR_DUPLICATED: 33 MiB more on Vulkan0 for a 32k × 1024
+    q8_0 embedding), unless it is larger than that device's `max_tensor_bytes` (lavapipe: a 266 MiB embedding stays
+    in RAM, -ngl 14 of a Llama 3.2 1B shape puts 13 layers of 61.6 MiB there and nothing more)."""
     out: dict[str, int] = {}
     compiled = [(re.compile(o.pattern), o.target) for o in overrides]
+    names = set()
+    embd = 0
     for name, nbytes in tensors:
+        names.add(name)
+        if name == "token_embd.weight":
+            embd = nbytes
         layer = tensor_layer(name, n_layer)
         device = CPU if layer is None else devices[layer]
         device = next((target for rx, target in compiled if rx.search(name)), device)
         out[device] = out.get(device, 0) + nbytes
+    out_dev = devices[n_layer]
+    limit = (max_tensor_bytes or {}).get(out_dev)
+    if "output.weight" not in names and out_dev != CPU and embd and (limit is None or embd <= limit):
+        out[out_dev] = out.get(out_dev, 0) + embd
     return out
 
 
@@ -200,7 +211,7 @@ def split_by_device(tensors: Sequence[tuple[str, int]], n_layer: int, kv_bytes: 
     buffer is counted on the first device holding a layer (llama.cpp reserves one per backend; the largest is the
     GPU's, the CPU's host part small)."""
     devices = layer_devices(n_layer, n_gpu_layers, gpus, tensor_split, split_mode, main_gpu)
-    weights = weights_by_device(tensors, n_layer, devices, overrides)
+    weights = weights_by_device(tensors, n_layer, devices, overrides, {g.name: g.max_tensor_bytes for g in gpus})
     kv = kv_by_device(kv_bytes, n_layer, devices)
     on_gpu = next((d for d in devices if d != CPU), CPU)
     return DeviceSplit(weights, kv, {on_gpu: compute_bytes}, expert_bytes(tensors))

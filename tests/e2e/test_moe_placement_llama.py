@@ -40,7 +40,8 @@ def test_on_vulkan_the_experts_of_the_first_layers_stay_in_ram(moe):
     binary = tools_cache_dir().with_name(tools_cache_dir().name + "-vulkan") / "bin" / "llama-server"
     if not binary.is_file():
         pytest.skip("no Vulkan build of llama-server (scripts/build_llama_tools.sh --vulkan)")
-    lavapipe = Device("Vulkan0", "Vulkan", "gpu", "llvmpipe", 2048 * MIB, 2048 * MIB, reports_usage=False)
+    lavapipe = Device("Vulkan0", "Vulkan", "gpu", "llvmpipe", 2048 * MIB, 2048 * MIB, reports_usage=False,
+                    max_tensor_bytes=128 * MIB)
     rows = compare(str(binary), moe, [lavapipe], ngl=99, n_cpu_moe=4, n_ctx=1024,
                    env={"GGML_VK_VISIBLE_DEVICES": "0", "LD_LIBRARY_PATH": str(binary.parent)})
     placed = {(k, d): (mine, theirs) for k, d, mine, theirs in rows}

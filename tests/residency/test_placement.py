@@ -94,10 +94,11 @@ def test_ot_values_parse_as_llama_server_takes_them():
         parse_overrides("blk[=CPU")
 
 
-def test_a_tied_output_takes_no_copy_of_the_embedding_to_the_gpu():
+def test_a_tied_output_gets_a_copy_of_the_embedding_on_its_gpu_unless_too_large_for_it():
     tied = [t for t in moe_tensors() if t[0] != "output.weight"]
     devices = layer_devices(4, 1, [gpu("CUDA0", 8)])
-    assert weights_by_device(tied, 4, devices) == {CPU: 50 + 4 * 110, "CUDA0": 0}  # output_norm: 0 bytes here
+    assert weights_by_device(tied, 4, devices) == {CPU: 50 + 4 * 110, "CUDA0": 50}
+    assert weights_by_device(tied, 4, devices, max_tensor_bytes={"CUDA0": 49}) == {CPU: 50 + 4 * 110, "CUDA0": 0}
 
 
 def test_the_split_puts_kv_beside_its_layers_and_compute_on_the_gpu():
