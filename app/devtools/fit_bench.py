@@ -61,8 +61,9 @@ def run_from_args(args) -> int:
         theirs = llama_fit(args.llama_server, args.model, target, env)
         if theirs["log_tail"]:
             print(theirs["log_tail"])
+        # Both without flash attention (it crashes on lavapipe).
         mine = fit_runner(entry, tensors, [device], parallel=1, margin_bytes=target * MIB,
-                          kv_type=None if args.kv_auto else "f16")
+                          kv_type=None if args.kv_auto else "f16", flash_attn=False)
         buffers = hearth_holds(args.llama_server, args.model, mine, env)
         held = sum(v for kind in buffers.values() for k, v in kind.items() if k != "CPU")
         share = mine.n_gpu_layers / theirs["ngl"] if theirs["ngl"] else float("inf")

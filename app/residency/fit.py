@@ -8,21 +8,20 @@ before shrinking the context it tries the KV cache in q8_0 (17/32 of f16's bytes
 measures its cost) where the admin chose no type. Each GPU keeps a margin free (llama-server's --fit-target,
 1024 MiB by default).
 
-Known gap: the compute buffer is the CPU-calibrated estimate (app.residency.estimate). On lavapipe without flash
-attention llama.cpp reserved 141-145 MiB on Vulkan0 for a 16-head, 32k-vocabulary 1024-wide shape where the
-estimate says 40 (and 58 MiB for the Llama 3.2 1B shape, estimate 76): there the fit offloads more layers than
-llama-server's --fit, which measures. Measuring (a no-alloc load, as --fit does) would close it.
+The compute buffer is the CPU-calibrated estimate (app.residency.estimate, flash attention on), plus, without
+flash attention, the attention scores of a micro-batch (heads × cells × n_ubatch floats) on the GPU when the device
+may hold a tensor that large. llama-server's --fit measures instead (a no-alloc load); Hearth counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from app.devices import Device
 from app.engine.kv_types import DEFAULT_KV_TYPE
 from app.residency.catalog import CatalogEntry
-from app.residency.estimate import KV_CELL_PADDING, MIB, estimate_memory
+from app.residency.estimate import KV_CELL_PADDING, MAX_UBATCH, MIB, estimate_memory
 from app.residency.placement import CPU, DeviceSplit, moe_overrides, split_by_device
 
 # llama-server's --fit-target default: the memory each GPU keeps free.
@@ -48,10 +47,26 @@ class FitChoice:
 
 
 def _split(entry: CatalogEntry, tensors, gpus, n_ctx: int, parallel: int, n_batch: int, kv: str, ngl: int,
-           n_cpu_moe: int, n_outputs_extra: int = 0) -> DeviceSplit:
+           n_cpu_moe: int, n_outputs_extra: int = 0, flash_attn: bool = True) -> DeviceSplit:
     est = estimate_memory(entry, n_ctx, parallel, n_batch, type_k=kv, type_v=kv, n_outputs_extra=n_outputs_extra)
-    return split_by_device(tensors, entry.n_layers or 0, est.kv_bytes, est.compute_bytes, gpus, ngl,
-                           moe_overrides(n_cpu_moe=n_cpu_moe))
+    split = split_by_device(tensors, entry.n_layers or 0, est.kv_bytes, est.compute_bytes, gpus, ngl,
+                            moe_overrides(n_cpu_moe=n_cpu_moe))
+    if flash_attn or not entry.n_head:
+        return split
+    # Without flash attention the attention scores of a micro-batch are one f32 tensor of heads × cells × tokens,
+    # on the GPU where the device may hold it (else llama.cpp computes attention on the CPU): 128 MiB of a 16-head
+    # shape at 4096 cells on lavapipe's Vulkan0 (141 MiB measured), 256 MiB of a 32-head one in RAM (282 MiB host).
+    # ggml reuses memory between the graph's nodes: the layer's buffer is the larger of the estimate's and the
+    # scores with the f16 mask and 8 f32 rows of the width a token (fitted: 141-145 MiB measured, this gives 148).
+    cells = -(-n_ctx // KV_CELL_PADDING) * KV_CELL_PADDING
+    ubatch = min(n_batch, MAX_UBATCH)
+    scores = entry.n_head * cells * ubatch * 4
+    gpu = next((d for d in split.compute if d != CPU), None)
+    limit = next((g.max_tensor_bytes for g in gpus if g.name == gpu), None)
+    where = gpu if gpu is not None and (limit is None or scores <= limit) else CPU
+    compute = dict(split.compute)
+    compute[where] = max(compute.get(where, 0), scores + cells * ubatch * 2 + 8 * ubatch * (entry.n_embd or 0) * 4)
+    return replace(split, compute=compute)
 
 
 def _fits(split: DeviceSplit, budgets: dict[str, int]) -> bool:
@@ -61,7 +76,7 @@ def _fits(split: DeviceSplit, budgets: dict[str, int]) -> bool:
 def fit_runner(entry: CatalogEntry, tensors: Sequence[tuple[str, int]], devices: Sequence[Device], parallel: int,
                n_batch: int = 512, n_ctx: int | None = None, kv_type: str | None = None,
                margin_bytes: int = FIT_MARGIN_BYTES, min_ctx: int = FIT_MIN_CTX,
-               n_outputs_extra: int = 0) -> FitChoice:
+               n_outputs_extra: int = 0, flash_attn: bool = True) -> FitChoice:
     """The context, KV type and offload that fit the GPUs among `devices` (each keeps `margin_bytes` free).
 
     `n_ctx` None: the fit chooses, from the trained context down to `min_ctx`; `kv_type` None: f16, or q8_0 when
@@ -77,7 +92,7 @@ def fit_runner(entry: CatalogEntry, tensors: Sequence[tuple[str, int]], devices:
     moe = any(name.endswith("_exps.weight") for name, _ in tensors)
 
     def choice(ctx, ngl, ncm, kv, why, fits=True):
-        split = _split(entry, tensors, gpus, ctx, parallel, n_batch, kv, ngl, ncm, n_outputs_extra)
+        split = _split(entry, tensors, gpus, ctx, parallel, n_batch, kv, ngl, ncm, n_outputs_extra, flash_attn)
         return FitChoice(ctx, ngl, ncm, kv, kv, split, fits, why, budgets)
 
     if not gpus:
@@ -85,7 +100,7 @@ def fit_runner(entry: CatalogEntry, tensors: Sequence[tuple[str, int]], devices:
     room = ", ".join(f"{g.name} {budgets[g.name] / MIB:,.0f} MiB" for g in gpus)
     # 1. Everything on the GPUs at the wanted context, f16 then q8_0 KV.
     for kv in kv_types:
-        if _fits(_split(entry, tensors, gpus, wanted, parallel, n_batch, kv, all_layers, 0, n_outputs_extra), budgets):
+        if _fits(_split(entry, tensors, gpus, wanted, parallel, n_batch, kv, all_layers, 0, n_outputs_extra, flash_attn), budgets):
             extra = "" if kv == kv_types[0] else f", the KV cache in {kv} (f16 would not fit)"
             return choice(wanted, all_layers, 0, kv, f"every layer on the GPU ({room} free beyond the margin) at "
                           f"{wanted:,} cells{extra}")
@@ -93,10 +108,10 @@ def fit_runner(entry: CatalogEntry, tensors: Sequence[tuple[str, int]], devices:
     kv = kv_types[-1]
     if n_ctx is None and wanted > floor:
         lo, hi = floor, wanted
-        if _fits(_split(entry, tensors, gpus, lo, parallel, n_batch, kv, all_layers, 0, n_outputs_extra), budgets):
+        if _fits(_split(entry, tensors, gpus, lo, parallel, n_batch, kv, all_layers, 0, n_outputs_extra, flash_attn), budgets):
             while hi - lo > KV_CELL_PADDING:
                 mid = (lo + hi) // 2 // KV_CELL_PADDING * KV_CELL_PADDING
-                if _fits(_split(entry, tensors, gpus, mid, parallel, n_batch, kv, all_layers, 0, n_outputs_extra), budgets):
+                if _fits(_split(entry, tensors, gpus, mid, parallel, n_batch, kv, all_layers, 0, n_outputs_extra, flash_attn), budgets):
                     lo = mid
                 else:
                     hi = mid
@@ -106,12 +121,12 @@ def fit_runner(entry: CatalogEntry, tensors: Sequence[tuple[str, int]], devices:
     # 3. A MoE: every layer's dense part on the GPUs, the experts of the first N layers in RAM, N as small as fits.
     if moe:
         for ncm in range(n_layer + 1):
-            if _fits(_split(entry, tensors, gpus, ctx, parallel, n_batch, kv, all_layers, ncm, n_outputs_extra), budgets):
+            if _fits(_split(entry, tensors, gpus, ctx, parallel, n_batch, kv, all_layers, ncm, n_outputs_extra, flash_attn), budgets):
                 return choice(ctx, all_layers, ncm, kv, f"every layer on the GPU, the experts of the first {ncm} of "
                               f"{n_layer} in RAM (--n-cpu-moe {ncm}; {room}), {ctx:,} cells, KV {kv}")
     # 4. Whole layers from the back, as many as fit.
     for ngl in range(all_layers - 1, 0, -1):
-        if _fits(_split(entry, tensors, gpus, ctx, parallel, n_batch, kv, ngl, 0, n_outputs_extra), budgets):
+        if _fits(_split(entry, tensors, gpus, ctx, parallel, n_batch, kv, ngl, 0, n_outputs_extra, flash_attn), budgets):
             return choice(ctx, ngl, 0, kv, f"{ngl} of {all_layers} layers on the GPU (-ngl {ngl}; {room}), the rest "
                           f"on the CPU, {ctx:,} cells, KV {kv}")
     return choice(ctx, 0, 0, kv, f"not one layer fits the GPU ({room}): the model runs on the CPU", fits=False)
