@@ -173,6 +173,67 @@ def set_model_draft(s, name: str, value: str) -> db.RunnerSettings:
     return rs
 
 
+def set_model_kv_types(s, name: str, type_k: str, type_v: str | None = None) -> db.RunnerSettings:
+    """Set a model's KV cache types (-ctk / -ctv; V the same as K unless given) on its runner settings (the caller
+    commits). Stored as NULL for f16, llama.cpp's default. Raises AdminError for an unknown model or type."""
+    from app.engine.kv_types import DEFAULT_KV_TYPE, kv_type_problem
+
+    row = s.scalar(select(db.Model).where(db.Model.name == name))
+    if row is None:
+        raise AdminError(f"no model '{name}'; `hearth models list` scans the models folder and shows the names")
+    type_k = type_k.strip().lower()
+    type_v = (type_v or type_k).strip().lower()
+    problem = kv_type_problem(type_k, type_v)
+    if problem:
+        raise AdminError(f"KV cache type: {problem}")
+    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
+    if rs is None:
+        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
+        s.add(rs)
+    rs.cache_type_k = None if type_k == DEFAULT_KV_TYPE else type_k
+    rs.cache_type_v = None if type_v == DEFAULT_KV_TYPE else type_v
+    return rs
+
+
+def set_model_placement(s, name: str, n_cpu_moe: int | None = None, devices: str | None = None,
+                        tensor_split: str | None = None, split_mode: str | None = None,
+                        main_gpu: int | None = None) -> db.RunnerSettings:
+    """Set where a model's weights go (the caller commits): experts in RAM (--n-cpu-moe N, -1 every layer's), its GPUs
+    (--device names, '' all), their shares (--tensor-split, '' by free memory), --split-mode and --main-gpu; None
+    leaves a setting as it is. Raises AdminError for an unknown model or a value the runner would refuse."""
+    row = s.scalar(select(db.Model).where(db.Model.name == name))
+    if row is None:
+        raise AdminError(f"no model '{name}'; `hearth models list` scans the models folder and shows the names")
+    if n_cpu_moe is not None and n_cpu_moe < -1:
+        raise AdminError("--n-cpu-moe: the number of layers whose experts stay in RAM, 0 or more (-1: every layer)")
+    if tensor_split:
+        try:
+            shares = [float(x) for x in tensor_split.split(",")]
+        except ValueError:
+            shares = [-1.0]
+        if any(x < 0 for x in shares):
+            raise AdminError(f"--tensor-split {tensor_split!r}: comma-separated shares of 0 or more, e.g. 3,1")
+    if split_mode is not None and split_mode not in ("none", "layer", "row"):
+        raise AdminError(f"--split-mode {split_mode!r}: none, layer or row")
+    if main_gpu is not None and main_gpu < 0:
+        raise AdminError("--main-gpu: a GPU's index, 0 or more")
+    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
+    if rs is None:
+        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
+        s.add(rs)
+    if n_cpu_moe is not None:
+        rs.n_cpu_moe = n_cpu_moe or None
+    if devices is not None:
+        rs.devices = ",".join(d.strip() for d in devices.split(",") if d.strip()) or None
+    if tensor_split is not None:
+        rs.tensor_split = tensor_split.strip() or None
+    if split_mode is not None:
+        rs.split_mode = None if split_mode == "layer" else split_mode
+    if main_gpu is not None:
+        rs.main_gpu = main_gpu or None
+    return rs
+
+
 def set_model_weights(s, name: str, value: str) -> db.RunnerSettings:
     """Set a model's weights choice (pinned, warm or cold: its file in the page cache while no runner maps it)
     on its runner settings (the caller commits). Stored as NULL for warm, the default. Raises AdminError for an
@@ -330,6 +391,11 @@ def _models(args, s, data: Path) -> None:
             raise AdminError("--runner llama-server needs --binary PATH (see scripts/build_llama_tools.sh)")
     if getattr(args, "draft_model", None) is not None:
         set_model_draft(s, args.name, args.draft_model)
+    if getattr(args, "kv_type", None) is not None:
+        set_model_kv_types(s, args.name, args.kv_type)
+    placement = {k: getattr(args, k, None) for k in ("n_cpu_moe", "devices", "tensor_split", "split_mode", "main_gpu")}
+    if any(v is not None for v in placement.values()):
+        set_model_placement(s, args.name, **placement)
     print(f"{args.name}: updated (hearth serve applies it at its next catalog rescan)")
 
 

@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from app.engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES, kv_type_problem
 from app.hardware import usable_cores
 from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS, Mode
 from app.runner.config import ImageLimits
@@ -90,6 +91,25 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="n_ubatch: tokens per physical batch (default: min(--batch, 512))")
     g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=("on", "off", "auto"), default="auto",
                    help="flash attention (default %(default)s: llama.cpp decides)")
+    g.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
+                   help="KV cache type of K (default %(default)s; q8_0 takes 17/32 of f16's bytes)")
+    g.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
+                   help="KV cache type of V (default %(default)s; a quantized V needs flash attention)")
+    pl = p.add_argument_group("placement: experts, tensors, several GPUs (llama-server's flags)")
+    pl.add_argument("-cmoe", "--cpu-moe", dest="cpu_moe", action="store_true",
+                    help="keep every Mixture-of-Experts layer's experts in RAM")
+    pl.add_argument("-ncmoe", "--n-cpu-moe", dest="n_cpu_moe", type=int, default=0,
+                    help="keep the experts of the first N layers in RAM (default %(default)s)")
+    pl.add_argument("-ot", "--override-tensor", dest="override_tensor", action="append", default=[],
+                    help="<tensor name pattern>=<buffer type>,...: where matching tensors go (e.g. exps=CPU)")
+    pl.add_argument("-dev", "--device", dest="device", default=None,
+                    help="comma-separated devices to offload to (e.g. Vulkan0,Vulkan1; none: no offload)")
+    pl.add_argument("-ts", "--tensor-split", dest="tensor_split", default=None,
+                    help="shares of the offloaded layers per device, e.g. 3,1 (default: by free memory)")
+    pl.add_argument("-sm", "--split-mode", dest="split_mode", choices=("none", "layer", "row"), default="layer",
+                    help="how layers are split over several GPUs (default %(default)s)")
+    pl.add_argument("-mg", "--main-gpu", dest="main_gpu", type=int, default=0,
+                    help="the GPU of the whole model with --split-mode none (default %(default)s)")
     g.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="tokens to generate when a request names no limit (-1: until the context is full)")
     g.add_argument("--temp", type=float, default=None, help="sampling temperature when a request names none")
@@ -287,6 +307,31 @@ def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
 
 def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
     """`hearth bench spec`: one stream copying a function list, speculation off and on, beside llama-server's types."""
+    kvb = bench_sub.add_parser("kv-types", help="KV cache types (-ctk/-ctv): KV bytes (estimate, llama.cpp's buffers) "
+                                                "and the mean KL divergence of the next token against f16")
+    kvb.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
+    kvb.add_argument("--threads", type=int, default=usable_cores())
+    kvb.add_argument("--ctx", type=int, default=4096, help="KV cells (default %(default)s)")
+    kvb.add_argument("--types", default="f16,q8_0,q4_0", help="types to compare with f16, K and V alike")
+    kvb.add_argument("--tokens", type=int, default=160, help="positions of the fixed text compared (default %(default)s)")
+    kvb.add_argument("--llama-server", help="stock llama-server: also compare greedy tokens with the same flags")
+    kvb.add_argument("--max-tokens", type=int, default=32, help="greedy tokens compared with llama-server")
+    kvb.add_argument("--json", dest="json_path", help="write every figure here")
+    plc = bench_sub.add_parser("placement", help="a random MoE under llama-server -ngl/--n-cpu-moe: the estimate per "
+                                                 "device against llama.cpp's buffer lines")
+    plc.add_argument("--llama-server", required=True, help="stock llama-server (a Vulkan build with --vulkan)")
+    plc.add_argument("--model", help="GGUF (default: a bench-sized random qwen3moe written to --out-dir)")
+    plc.add_argument("--out-dir", default=".", help="where the random model is written (default: here)")
+    plc.add_argument("--vulkan", action="store_true", help="offload to Vulkan0 (Mesa's lavapipe, 2 GiB)")
+    plc.add_argument("--ngl", type=int, default=99, help="-ngl (default %(default)s)")
+    plc.add_argument("--n-cpu-moe", type=int, default=4, help="--n-cpu-moe (default %(default)s)")
+    plc.add_argument("--ctx", type=int, default=1024)
+    fit = bench_sub.add_parser("fit", help="Hearth's fit against llama-server's --fit on a Vulkan device (lavapipe)")
+    fit.add_argument("--llama-server", required=True, help="a Vulkan build of llama-server")
+    fit.add_argument("--model", required=True, help="GGUF (e.g. hearth models random llama-3.2-1b FILE)")
+    fit.add_argument("--targets", default="1024,1536,768", help="--fit-target values in MiB (default %(default)s)")
+    fit.add_argument("--device-mib", type=int, default=2048, help="the device's memory (lavapipe: 2048)")
+    fit.add_argument("--kv-auto", action="store_true", help="let Hearth choose q8_0 KV where f16 does not fit")
     spc = bench_sub.add_parser("spec", help="one repetitive stream: speculative decoding off/on, hearth runner and "
                                             "stock llama-server (lab figure)")
     spc.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
@@ -619,7 +664,8 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     models_sub.add_parser("default", help="assemble the embedded default model (once) and print its path")
     models_sub.add_parser("list", help="scan the models folder now: usable models, estimates, unusable files and why")
     mrand = models_sub.add_parser("random", help="write a random-weight GGUF of a real model's shape (for benchmarks)")
-    mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b or tiny (app/devtools/gguf_shapes.py: SHAPES); "
+    mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b, qwen3-30b-a3b, gpt-oss-20b (MoE), tiny, qwen3moe-tiny "
+                       "or gpt-oss-tiny (app/devtools/gguf_shapes.py: SHAPES); "
                        "mmproj-gemma3-tiny or mmproj-gemma3-siglip: a projector (app/devtools/mmproj.py)")
     mrand.add_argument("out", help="the GGUF file to write")
     mrand.add_argument("--type", choices=["q8_0", "f16"], default="q8_0", help="weight type (default %(default)s)")
@@ -640,6 +686,13 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     mset.add_argument("--mode", choices=[m.value for m in Mode])
     mset.add_argument("--draft-model", help="the model that drafts for this one while speculation is auto (a smaller "
                                             "model of the same vocabulary; 'none' removes it)")
+    mset.add_argument("--kv-type", help="KV cache type, K and V alike: f16 (default), q8_0, q4_0, ... (-ctk/-ctv)")
+    mset.add_argument("--n-cpu-moe", type=int, help="experts of the first N layers kept in RAM (-1: every layer's, "
+                                                     "--cpu-moe; 0: none)")
+    mset.add_argument("--devices", help="GPUs its layers may use, e.g. Vulkan0,Vulkan1 ('' : all)")
+    mset.add_argument("--tensor-split", help="the layers' shares per GPU, e.g. 3,1 ('': by free memory)")
+    mset.add_argument("--split-mode", choices=("none", "layer", "row"))
+    mset.add_argument("--main-gpu", type=int, help="the GPU of the whole model with --split-mode none")
     mtrunc = models_sub.add_parser("truncate", help="write a copy of a GGUF with only its first N blocks: a smaller "
                                                     "model of the same vocabulary, a stand-in draft model")
     mtrunc.add_argument("source", help="the GGUF to copy")
@@ -786,6 +839,18 @@ def _bench(args) -> int:
         from app.devtools.vision_bench import run_from_args as run_vision
 
         return run_vision(args, resolve_model(args.model))
+    if name == "placement":
+        from app.devtools.moe_bench import run_from_args as run_placement_bench
+
+        return run_placement_bench(args)
+    if name == "fit":
+        from app.devtools.fit_bench import run_from_args as run_fit_bench
+
+        return run_fit_bench(args)
+    if name == "kv-types":
+        from app.devtools.kv_bench import run_from_args as run_kv_bench
+
+        return run_kv_bench(args, resolve_model(args.model))
     if name == "spec":
         from app.devtools.spec_bench import main as run_spec_bench
 
@@ -1028,6 +1093,27 @@ def spec_config(args):
         raise SystemExit(f"hearth runner: {exc}")
 
 
+def placement_config(args) -> dict:
+    """ModelConfig's placement settings from llama-server's -ot, --cpu-moe, --n-cpu-moe, --device, --tensor-split,
+    --split-mode and --main-gpu (SystemExit names a bad one). Rules keep llama-server's order within each flag:
+    -ot's first, then the experts' (the first rule a tensor matches wins)."""
+    from app.residency.placement import moe_overrides, parse_overrides
+
+    try:
+        rules = [r for text in args.override_tensor for r in parse_overrides(text)]
+        rules += moe_overrides(args.cpu_moe, args.n_cpu_moe)
+        split = tuple(float(x) for x in args.tensor_split.split(",")) if args.tensor_split else ()
+    except ValueError as exc:
+        raise SystemExit(f"hearth runner: {exc}")
+    if any(x < 0 for x in split):
+        raise SystemExit("hearth runner: --tensor-split takes shares of 0 or more, e.g. 3,1")
+    if args.main_gpu < 0:
+        raise SystemExit("hearth runner: --main-gpu is a GPU's index, 0 or more")
+    devices = tuple(d.strip() for d in args.device.split(",") if d.strip()) if args.device else ()
+    return {"tensor_overrides": tuple((r.pattern, r.target) for r in rules), "devices": devices,
+            "tensor_split": split, "split_mode": args.split_mode, "main_gpu": args.main_gpu}
+
+
 def draft_model_config(args, spec):
     """The draft model's load settings (-md, -ngld, -td): the target's slots, cells and batch; None without one."""
     if not spec.uses_draft_model or not spec.enabled:
@@ -1104,6 +1190,10 @@ def _runner(args) -> int:
             raise SystemExit(f"hearth runner: cannot read --chat-template-file: {exc}")
     if args.reasoning_budget < -1:
         raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
+    kv_problem = kv_type_problem(args.cache_type_k, args.cache_type_v, args.flash_attn)
+    if kv_problem:
+        raise SystemExit(f"hearth runner: {kv_problem}")
+    placement = placement_config(args)
     grammar = _default_grammar(args)
     spec = spec_config(args)
     from app.engine.kv_tiers import (
@@ -1138,6 +1228,7 @@ def _runner(args) -> int:
         raise SystemExit(f"hearth runner: --image-url-hosts: {exc}")
     config = RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
+                           type_k=args.cache_type_k, type_v=args.cache_type_v, **placement,
                            n_outputs_extra=spec.draft_max if spec.enabled else 0,
                            kv_transfer=bool(cache_ram or args.cache_disk) and args.prefix_cache),
         cache_ram_mib=cache_ram,

@@ -31,6 +31,9 @@ class Device:
     # False where the driver reports a fixed free figure whatever is allocated (Mesa's lavapipe: 2048/2048
     # MiB always): memory in use there is counted from llama.cpp's own buffer sizes instead.
     reports_usage: bool = True
+    # The largest single tensor the device may hold (Vulkan's maxStorageBufferRange: 128 MiB on lavapipe); None: no
+    # limit known. llama.cpp keeps a tied output matrix larger than this in RAM instead of copying it here.
+    max_tensor_bytes: int | None = None
 
     @property
     def is_gpu(self) -> bool:

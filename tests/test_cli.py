@@ -54,6 +54,13 @@ def test_models_list_records_the_catalog_and_set_edits_it(data, capsys):
     assert query(data, "select url, label from nodes") == [("http://10.0.0.5:8080", "nas2")]
     assert main(["models", "node", "add", "gemma-3-270m-q4_k_m", "ftp://x"]) == 2
     assert main(["models", "set", "nope", "--policy", "pinned"]) == 2
+    # The big-model settings (migration 0020): KV type, experts in RAM, GPUs; a bad one is refused with what to fix.
+    assert main(["models", "set", "gemma-3-270m-q4_k_m", "--kv-type", "q8_0", "--n-cpu-moe", "-1", "--devices",
+                 "Vulkan0,Vulkan1", "--tensor-split", "3,1"]) == 0
+    assert query(data, "select cache_type_k, cache_type_v, n_cpu_moe, devices, tensor_split from runner_settings") == [
+        ("q8_0", "q8_0", -1, "Vulkan0,Vulkan1", "3,1")]
+    assert main(["models", "set", "gemma-3-270m-q4_k_m", "--kv-type", "q9"]) == 2
+    assert "KV cache type: -ctk 'q9'" in capsys.readouterr().err
 
 
 def test_classes_and_settings(data, capsys):

@@ -51,29 +51,60 @@ class Shape:
     n_ctx_train: int
     rope_theta: float
     tied_embeddings: bool  # no output.weight: the token embedding is reused (Llama 3.2 1B/3B)
+    # Mixture of experts: the llama.cpp architecture ("qwen3moe", "gpt-oss"), experts per layer, experts a token
+    # uses, and one expert's feed-forward size; 0 experts is a dense llama.
+    arch: str = ARCH
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    head_dim_override: int = 0  # Qwen3 and gpt-oss heads are not n_embd / n_head
+    n_swa: int = 0  # gpt-oss: sliding-window layers (every other one) of this many tokens
 
     @property
     def head_dim(self) -> int:
         """Size of one attention head."""
-        return self.n_embd // self.n_head
+        return self.head_dim_override or self.n_embd // self.n_head
 
     def tensors(self) -> list[tuple[str, tuple[int, ...], bool]]:
         """(name, numpy shape rows × columns, quantisable) of every tensor, in file order."""
-        e, kv = self.n_embd, self.n_head_kv * self.head_dim
+        e, kv, q = self.n_embd, self.n_head_kv * self.head_dim, self.n_head * self.head_dim
         out: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (self.n_vocab, e), True)]
         for i in range(self.n_layer):
             b = f"blk.{i}."
             out += [
                 (b + "attn_norm.weight", (e,), False),
-                (b + "attn_q.weight", (self.n_head * self.head_dim, e), True),
+                (b + "attn_q.weight", (q, e), True),
                 (b + "attn_k.weight", (kv, e), True),
                 (b + "attn_v.weight", (kv, e), True),
-                (b + "attn_output.weight", (e, self.n_head * self.head_dim), True),
-                (b + "ffn_norm.weight", (e,), False),
-                (b + "ffn_gate.weight", (self.n_ff, e), True),
-                (b + "ffn_up.weight", (self.n_ff, e), True),
-                (b + "ffn_down.weight", (e, self.n_ff), True),
+                (b + "attn_output.weight", (e, q), True),
             ]
+            if self.arch == "qwen3moe":
+                out += [(b + "attn_k_norm.weight", (self.head_dim,), False),
+                        (b + "attn_q_norm.weight", (self.head_dim,), False)]
+            if self.arch == "gpt-oss":
+                out += [(b + "attn_q.bias", (q,), False), (b + "attn_k.bias", (kv,), False),
+                        (b + "attn_v.bias", (kv,), False), (b + "attn_output.bias", (e,), False), (b + "attn_sinks.weight", (self.n_head,), False),
+                        (b + "post_attention_norm.weight", (e,), False)]
+            else:
+                out.append((b + "ffn_norm.weight", (e,), False))
+            if not self.n_expert:
+                out += [
+                    (b + "ffn_gate.weight", (self.n_ff, e), True),
+                    (b + "ffn_up.weight", (self.n_ff, e), True),
+                    (b + "ffn_down.weight", (e, self.n_ff), True),
+                ]
+                continue
+            x, f = self.n_expert, self.n_ff_exp
+            # The router stays f32, as converted models have it; the experts are one 3-D tensor each.
+            out += [
+                (b + "ffn_gate_inp.weight", (x, e), False),
+                (b + "ffn_gate_exps.weight", (x, f, e), True),
+                (b + "ffn_up_exps.weight", (x, f, e), True),
+                (b + "ffn_down_exps.weight", (x, e, f), True),
+            ]
+            if self.arch == "gpt-oss":
+                out += [(b + "ffn_gate_inp.bias", (x,), False), (b + "ffn_gate_exps.bias", (x, f), False),
+                        (b + "ffn_up_exps.bias", (x, f), False), (b + "ffn_down_exps.bias", (x, e), False)]
         out.append(("output_norm.weight", (e,), False))
         if not self.tied_embeddings:
             out.append(("output.weight", (self.n_vocab, e), True))
@@ -91,8 +122,18 @@ SHAPES = {
         # From the models' config.json (Meta's Llama 3.2 1B and Llama 3.1 8B).
         Shape("llama-3.2-1b", 128256, 2048, 16, 32, 8, 8192, 131072, 500000.0, True),
         Shape("llama-3.1-8b", 128256, 4096, 32, 32, 8, 14336, 131072, 500000.0, False),
+        # Mixture-of-experts layouts (config.json of Qwen3-30B-A3B and gpt-oss-20b): the experts are what
+        # --cpu-moe / --n-cpu-moe keep in RAM. gpt-oss ships its experts in MXFP4; these are q8_0 or f16.
+        Shape("qwen3-30b-a3b", 151936, 2048, 48, 32, 4, 6144, 40960, 1000000.0, False, arch="qwen3moe",
+              n_expert=128, n_expert_used=8, n_ff_exp=768, head_dim_override=128),
+        Shape("gpt-oss-20b", 201088, 2880, 24, 64, 8, 2880, 131072, 150000.0, False, arch="gpt-oss",
+              n_expert=32, n_expert_used=4, n_ff_exp=2880, head_dim_override=64, n_swa=128),
         # For tests: loads in milliseconds, same code path.
         Shape("tiny", 512, 64, 2, 4, 2, 128, 2048, 10000.0, True),
+        Shape("qwen3moe-tiny", 512, 64, 4, 4, 2, 128, 2048, 1000000.0, False, arch="qwen3moe", n_expert=8,
+              n_expert_used=2, n_ff_exp=64, head_dim_override=32),
+        Shape("gpt-oss-tiny", 512, 64, 4, 4, 2, 64, 2048, 150000.0, False, arch="gpt-oss", n_expert=4,
+              n_expert_used=2, n_ff_exp=64, head_dim_override=32, n_swa=128),
     )
 }
 
@@ -216,7 +257,7 @@ def make_model(shape: Shape, path: str | Path, type_name: str = "q8_0", seed: in
     path = Path(path)
     tmp = path.with_name(path.name + ".part")
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(tmp), ARCH)
+    w = gguf.GGUFWriter(str(tmp), shape.arch)
     w.add_name(f"random {shape.name} ({type_name})")
     w.add_description("random weights of a real model's shape, made by hearth's app/devtools/gguf_shapes.py")
     w.add_file_type(int(ftype))
@@ -228,6 +269,14 @@ def make_model(shape: Shape, path: str | Path, type_name: str = "q8_0", seed: in
     w.add_head_count(shape.n_head)
     w.add_head_count_kv(shape.n_head_kv)
     w.add_rope_dimension_count(shape.head_dim)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    if shape.n_expert:
+        w.add_expert_count(shape.n_expert)
+        w.add_expert_used_count(shape.n_expert_used)
+        w.add_expert_feed_forward_length(shape.n_ff_exp)
+    if shape.n_swa:
+        w.add_sliding_window(shape.n_swa)
     w.add_rope_freq_base(shape.rope_theta)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(shape.n_vocab)
@@ -259,10 +308,14 @@ def make_model(shape: Shape, path: str | Path, type_name: str = "q8_0", seed: in
     pool = _pool(qtype, rng, min(POOL_BYTES, max(n for _, n, _ in plan)))
     ones = np.ones(max(shape.n_embd, 1), dtype=np.float32)
     offset = 0
-    for _name, nbytes, t in plan:
-        if t == GGMLQuantizationType.F32:
+    for name, nbytes, t in plan:
+        if t == GGMLQuantizationType.F32 and name.endswith("norm.weight"):
             # Norm weights: ones, as a freshly initialised RMSNorm.
             w.write_tensor_data(ones[: nbytes // 4])
+            continue
+        if t == GGMLQuantizationType.F32:
+            # Routers, biases and attention sinks: small random floats (a router of equal weights would tie).
+            w.write_tensor_data(rng.normal(0.0, WEIGHT_STD, nbytes // 4).astype(np.float32))
             continue
         # The pool repeated from a moving offset: every tensor differs, none needs its own RNG pass.
         start = offset % pool.size

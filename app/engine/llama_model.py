@@ -18,6 +18,7 @@ import numpy as np
 from app.engine.backends import BufferLog, flash_attn_for, list_devices
 from app.engine.engine import DECODE_NO_KV_SLOT, DECODE_OK
 from app.engine.grammar import Grammar
+from app.engine.kv_types import KV_TYPE_BYTES, kv_type_problem
 from app.engine.model_config import ModelConfig
 from app.engine.request import SamplingParams
 from app.engine.scheduler import Chunk
@@ -54,6 +55,73 @@ def _llama_log(level: int, text: bytes, _user) -> None:
         msg = text.decode("utf-8", "replace").rstrip()
         if msg:
             log.warning("llama.cpp: %s", msg)
+
+
+class _BuftOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@functools.cache
+def _ggml() -> ctypes.CDLL:
+    """libggml, the backend registry that llama-cpp-python's libllama links (the same loaded library)."""
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    lib.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_buft_name.restype = ctypes.c_char_p
+    return lib
+
+
+def buffer_types() -> dict[str, int]:
+    """Every device's buffer type by name ("CPU", "Vulkan0"), as llama-server's -ot looks them up."""
+    lib = _ggml()
+    out = {}
+    for i in range(lib.ggml_backend_dev_count()):
+        buft = lib.ggml_backend_dev_buffer_type(lib.ggml_backend_dev_get(i))
+        if buft:
+            out[lib.ggml_backend_buft_name(buft).decode()] = buft
+    return out
+
+
+def _device_list(names: tuple[str, ...]):
+    """The NULL-terminated ggml_backend_dev_t array of the named devices (--device), or None for all of them."""
+    if not names:
+        return None
+    lib = _ggml()
+    lib.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_dev_by_name.restype = ctypes.c_void_p
+    if names == ("none",):
+        return (ctypes.c_void_p * 1)()  # llama-server's --device none: no device offloads
+    arr = (ctypes.c_void_p * (len(names) + 1))()
+    for i, name in enumerate(names):
+        dev = lib.ggml_backend_dev_by_name(name.encode())
+        if not dev:
+            raise ValueError(f"--device {name}: no such device in this llama.cpp (its names: {', '.join(sorted(buffer_types()))})")
+        arr[i] = dev
+    return arr
+
+
+def _buft_overrides(rules: tuple[tuple[str, str], ...]):
+    """The NULL-terminated llama_model_tensor_buft_override array of the rules, or None without any."""
+    if not rules:
+        return None
+    bufts = buffer_types()
+    unknown = sorted({t for _, t in rules if t not in bufts})
+    if unknown:
+        raise ValueError(f"-ot: unknown buffer type {', '.join(unknown)}; this llama.cpp has {', '.join(sorted(bufts))}")
+    arr = (_BuftOverride * (len(rules) + 1))()
+    for i, (pattern, target) in enumerate(rules):
+        arr[i].pattern = pattern.encode()
+        arr[i].buft = bufts[target]
+    return arr
+
+
+def _ggml_type(kv_type: str) -> int:
+    """ggml's enum value of a KV cache type name (app.engine.kv_types.KV_TYPES)."""
+    return getattr(llama_cpp, f"GGML_TYPE_{kv_type.upper()}")
 
 
 def _init_backend(verbose: bool) -> None:
@@ -158,6 +226,20 @@ class LlamaModel:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = config.n_gpu_layers
         mparams.use_extra_bufts = config.repack_enabled
+        # Kept referenced while the model loads: llama.cpp reads the patterns through these pointers.
+        self._overrides = _buft_overrides(config.tensor_overrides)
+        if self._overrides is not None:
+            mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
+        self._devices = _device_list(config.devices)
+        if self._devices is not None:
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        mparams.split_mode = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+                              "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}[config.split_mode]
+        mparams.main_gpu = config.main_gpu
+        if config.tensor_split:
+            self._split = (ctypes.c_float * max(llama_cpp.llama_max_devices(), len(config.tensor_split)))(
+                *config.tensor_split)
+            mparams.tensor_split = self._split
         # The load's phases (the Models page's cold-start split): reading the weights, then with GPU layers
         # the tensors' copy into device buffers, which llama.cpp reports through the progress callback
         # (its first call ends the metadata and mapping, the last one the tensors' upload).
@@ -186,6 +268,11 @@ class LlamaModel:
         cparams.n_ubatch = config.n_ubatch or min(config.n_batch, 512)
         cparams.flash_attn_type = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                                    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[config.flash_attn]
+        problem = kv_type_problem(config.type_k, config.type_v, config.flash_attn)
+        if problem:
+            raise ValueError(problem)
+        cparams.type_k = _ggml_type(config.type_k)
+        cparams.type_v = _ggml_type(config.type_v)
         # With KV tiers the context takes one more sequence id after the slots and their twins (the prefix
         # cache's guard), the transfer sequence: llama.cpp saves and restores states only below n_seq_max.
         self.transfer_seq: int | None = 2 * config.n_seq_max if config.kv_transfer else None
@@ -306,6 +393,11 @@ class LlamaModel:
             "devices": [dataclasses.asdict(d) for d in self.devices],
             "buffers": self.buffers,
             "offloaded_layers": list(self.offloaded_layers) if self.offloaded_layers else None,
+            "cache_type_k": self.config.type_k,
+            "cache_type_v": self.config.type_v,
+            "tensor_overrides": [f"{p}={t}" for p, t in self.config.tensor_overrides],
+            "use_devices": list(self.config.devices), "tensor_split": list(self.config.tensor_split),
+            "split_mode": self.config.split_mode, "main_gpu": self.config.main_gpu,
         }
 
     def vocab_facts(self) -> dict:
@@ -331,7 +423,7 @@ class LlamaModel:
         return self._meta("general.architecture")
 
     def kv_cache_bytes(self) -> int:
-        """Bytes of the f16 KV cache for n_ctx cells over every layer (sliding-window layers at full size)."""
+        """Bytes of the KV cache for n_ctx cells over every layer (sliding-window layers at full size), in its types."""
         arch = self._meta("general.architecture") or ""
         n_layer = int(self._meta(f"{arch}.block_count") or 0)
         n_head_kv = int(self._meta(f"{arch}.attention.head_count_kv") or 0)
@@ -339,7 +431,8 @@ class LlamaModel:
         n_embd = int(self._meta(f"{arch}.embedding_length") or 0)
         k_len = int(self._meta(f"{arch}.attention.key_length") or n_embd // n_head)
         v_len = int(self._meta(f"{arch}.attention.value_length") or n_embd // n_head)
-        return n_layer * self.n_ctx * n_head_kv * (k_len + v_len) * 2
+        per_cell = n_head_kv * (k_len * KV_TYPE_BYTES[self.config.type_k] + v_len * KV_TYPE_BYTES[self.config.type_v])
+        return round(n_layer * self.n_ctx * per_cell)
 
     # -- text ------------------------------------------------------------------------------
 
@@ -409,7 +502,7 @@ class LlamaModel:
     def kv_settings(self) -> dict:
         """What decides the bytes of a saved KV state besides the model file: the disk tier's key."""
         c = self.config
-        return {"n_ctx": self.n_ctx, "n_swa": self.n_swa, "type_k": "f16", "type_v": "f16", "kv_unified": True,
+        return {"n_ctx": self.n_ctx, "n_swa": self.n_swa, "type_k": c.type_k, "type_v": c.type_v, "kv_unified": True,
                 "swa_full": True, "flash_attn": c.flash_attn, "n_gpu_layers": c.n_gpu_layers,
                 "n_ubatch": c.n_ubatch or min(c.n_batch, 512), "llama_cpp": llama_cpp.__version__}
 

@@ -20,6 +20,18 @@ class ModelConfig:
     n_ubatch: int | None = None
     # Flash attention: "auto" (llama.cpp decides), "on" or "off" (llama-server's -fa).
     flash_attn: str = "auto"
+    # KV cache element types (llama-server's -ctk / -ctv: app.engine.kv_types); a quantized V needs flash attention.
+    type_k: str = "f16"
+    type_v: str = "f16"
+    # Tensor buffer-type overrides (llama-server's -ot, --cpu-moe, --n-cpu-moe), in order: (name pattern, buffer
+    # type name such as "CPU" or "Vulkan0"); the first rule a tensor's name matches places it.
+    tensor_overrides: tuple[tuple[str, str], ...] = ()
+    # Several GPUs (llama-server's --device, --tensor-split, --split-mode, --main-gpu): the devices offloaded layers
+    # may use by name (empty: all), their shares of the layers (empty: by free memory), how layers are split.
+    devices: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
+    split_mode: str = "layer"
+    main_gpu: int = 0
     n_threads: int = max(1, os.cpu_count() or 1)
     n_gpu_layers: int = 0
     # Weight repacking (llama.cpp's "extra buffer types"). None = automatic: off on CPUs with AMX,

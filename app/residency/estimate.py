@@ -37,6 +37,7 @@ import functools
 import os
 from dataclasses import dataclass, replace
 
+from app.engine.kv_types import DEFAULT_KV_TYPE, KV_TYPE_BYTES
 from app.gguf_meta import GgufError, read_metadata
 from app.residency.catalog import CatalogEntry
 
@@ -120,6 +121,15 @@ def bytes_per_token(entry: CatalogEntry, kv_type_bytes: float = 2.0) -> int:
     return round(entry.n_layers * entry.n_head_kv * head_dims * kv_type_bytes)
 
 
+def kv_bytes_per_cell(entry: CatalogEntry, type_k: str = DEFAULT_KV_TYPE, type_v: str = DEFAULT_KV_TYPE) -> float:
+    """KV-cache bytes per cell with these cache types (-ctk/-ctv): K and V heads each at their type's size."""
+    if not entry.n_layers or not entry.n_head_kv or not entry.head_dim_k:
+        return 0
+    k = entry.head_dim_k * KV_TYPE_BYTES[type_k]
+    v = (entry.head_dim_v or entry.head_dim_k) * KV_TYPE_BYTES[type_v]
+    return entry.n_layers * entry.n_head_kv * (k + v)
+
+
 def with_draft(estimate: MemoryEstimate, draft: CatalogEntry, n_ctx: int, parallel: int,
                n_batch: int = 512) -> MemoryEstimate:
     """A runner's estimate with its draft model added: the draft's own context has the target's cells and slots
@@ -137,12 +147,15 @@ def estimate_memory(
     n_outputs_extra: int = 0,
     ram_tier_mib: int = 0,
     flash_attn: bool = True,
+    type_k: str = DEFAULT_KV_TYPE,
+    type_v: str = DEFAULT_KV_TYPE,
 ) -> MemoryEstimate:
     """Estimates a runner's footprint for n_ctx cells shared by `parallel` slots.
 
     `n_outputs_extra`: logit rows the runner reserves beyond one per slot (a hearth runner that drafts
     reserves its draft_max: app.residency.supervisor.RunnerSpec.n_outputs_extra). `ram_tier_mib`: its RAM
-    tier's budget (RunnerSpec.ram_tier_mib; -1 no limit, 0 none), counted whole: the runner may fill it."""
+    tier's budget (RunnerSpec.ram_tier_mib; -1 no limit, 0 none), counted whole: the runner may fill it.
+    `type_k`/`type_v`: the KV cache types (-ctk/-ctv, app.engine.kv_types); q8_0 is 17/32 of f16's bytes."""
     if not entry.usable or entry.weights_bytes is None:
         reason = entry.unusable_reason or "no header facts"
         raise ValueError(f"cannot estimate {entry.name}: {reason}")
@@ -156,7 +169,10 @@ def estimate_memory(
         raise ValueError(f"ram_tier_mib must be -1 (no limit), 0 (none) or a size in MiB (got {ram_tier_mib})")
     ram_tier_bytes = max(ram_tier_mib, 0) * MIB
     cells = -(-n_ctx // KV_CELL_PADDING) * KV_CELL_PADDING
-    kv_bytes = bytes_per_token(entry, kv_type_bytes) * cells
+    if (type_k, type_v) == (DEFAULT_KV_TYPE, DEFAULT_KV_TYPE):
+        kv_bytes = bytes_per_token(entry, kv_type_bytes) * cells
+    else:
+        kv_bytes = round(kv_bytes_per_cell(entry, type_k, type_v) * cells)
     # Each extra logit row costs n_vocab floats twice: in the compute buffer's logits phase and in the
     # host output buffer (Gemma's 262k vocabulary: 16 draft rows are 32 MiB).
     compute_bytes = _compute_bytes(entry, cells, parallel + n_outputs_extra, min(n_batch, MAX_UBATCH), flash_attn)
@@ -311,10 +327,11 @@ class RunnerSizing:
 
 def size_runner(entry: CatalogEntry, budget_bytes: int, n_batch: int = 512, gpu: bool = False,
                 parallel: int | None = None, n_ctx: int | None = None, n_outputs_extra: int = 0,
-                ram_tier_mib: int = 0) -> RunnerSizing:
+                ram_tier_mib: int = 0, type_k: str = DEFAULT_KV_TYPE, type_v: str = DEFAULT_KV_TYPE) -> RunnerSizing:
     """Slots and KV cells for a runner where the admin set none (parallel / n_ctx None): the household's
     overlap, as far as AUTO_BUDGET_SHARE of the memory budget and the model's trained context allow
-    (`n_outputs_extra`: the draft rows of speculative decoding, `ram_tier_mib` the RAM tier, as estimate_memory)."""
+    (`n_outputs_extra`: the draft rows of speculative decoding, `ram_tier_mib` the RAM tier, `type_k`/`type_v` the
+    KV cache types, as estimate_memory)."""
     trained = entry.n_ctx_train or AUTO_MIN_CELLS
     target = parallel or min(AUTO_SLOTS_GPU if gpu else AUTO_SLOTS_CPU, n_batch)
     options = []
@@ -323,7 +340,8 @@ def size_runner(entry: CatalogEntry, budget_bytes: int, n_batch: int = 512, gpu:
             continue
         # A slot holds at most the trained context; all slots together get at least AUTO_MIN_CELLS.
         cells = n_ctx or min(max(p * AUTO_CELLS_PER_SLOT, AUTO_MIN_CELLS), trained * p)
-        est = estimate_memory(entry, cells, p, n_batch, n_outputs_extra=n_outputs_extra, ram_tier_mib=ram_tier_mib)
+        est = estimate_memory(entry, cells, p, n_batch, n_outputs_extra=n_outputs_extra, ram_tier_mib=ram_tier_mib,
+                              type_k=type_k, type_v=type_v)
         options.append((p, cells, est.total_bytes, est.at_load_bytes))
     # Within the share one model may take, its RAM tier included; else within the whole budget without the tier
     # (it will be alone, and the catalog gives the tier what is left: app.services.catalog.fit_ram_tier); else the

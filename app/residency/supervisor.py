@@ -26,6 +26,7 @@ import httpx
 import psutil
 
 from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MAX_AGE_H, DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB
+from app.engine.kv_types import DEFAULT_KV_TYPE, KV_TYPE_BYTES
 from app.engine.speculation import NGRAM_TYPES, SpecConfig
 from app.exposition import parse_exposition
 from app.hardware import cpu_has_amx, usable_cores
@@ -125,6 +126,17 @@ class RunnerSpec:
     # hearth runners with a projector: fetch http(s) image URLs (public hosts, plus these LAN ones).
     image_url_fetch: bool = False
     image_url_hosts: str | None = None
+    # KV cache types (runner_settings.cache_type_k/_v; -ctk/-ctv for either kind, unless runner_args name them).
+    # f16 passes no flag: both runners' own default.
+    cache_type_k: str = DEFAULT_KV_TYPE
+    cache_type_v: str = DEFAULT_KV_TYPE
+    # Experts kept in RAM (runner_settings.n_cpu_moe: N the first N layers' with --n-cpu-moe, -1 all with --cpu-moe)
+    # and the GPUs (--device names, --tensor-split shares, --split-mode, --main-gpu); the defaults pass no flag.
+    n_cpu_moe: int = 0
+    devices: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
+    split_mode: str = "layer"
+    main_gpu: int = 0
 
     def __post_init__(self):
         if self.kind not in RUNNER_KINDS:
@@ -164,6 +176,40 @@ class RunnerSpec:
                 or self._arg("--spec-draft-model", "-md", "--model-draft") is not None):
             return []
         return ["-md", self.draft_model_path]
+
+    @property
+    def kv_type_flag(self) -> list[str]:
+        """-ctk/-ctv of the model's KV cache types where not f16, unless runner_args name the flag themselves."""
+        flags = []
+        for flag, long, value in (("-ctk", "--cache-type-k", self.cache_type_k), ("-ctv", "--cache-type-v", self.cache_type_v)):
+            if value != DEFAULT_KV_TYPE and self._arg(flag, long) is None:
+                flags += [flag, value]
+        return flags
+
+    @property
+    def placement_flag(self) -> list[str]:
+        """--cpu-moe / --n-cpu-moe and the GPU flags of the model's settings, each unless runner_args name it."""
+        flags: list[str] = []
+        if self.n_cpu_moe and self._arg("--cpu-moe", "-cmoe", "--n-cpu-moe", "-ncmoe") is None \
+                and not {"--cpu-moe", "-cmoe"} & set(self.extra_args):
+            flags += ["--cpu-moe"] if self.n_cpu_moe < 0 else ["--n-cpu-moe", str(self.n_cpu_moe)]
+        for names, value, default in (
+            (("--device", "-dev"), ",".join(self.devices), ""),
+            (("--tensor-split", "-ts"), ",".join(f"{x:g}" for x in self.tensor_split), ""),
+            (("--split-mode", "-sm"), self.split_mode, "layer"),
+            (("--main-gpu", "-mg"), str(self.main_gpu), "0"),
+        ):
+            if value != default and self._arg(*names) is None:
+                flags += [names[0], value]
+        return flags
+
+    @property
+    def kv_types(self) -> tuple[str, str]:
+        """The KV cache types (K, V) the runner gets: runner_args' own, else the setting's (what the estimate counts)."""
+        k = self._arg("-ctk", "--cache-type-k") or self.cache_type_k
+        v = self._arg("-ctv", "--cache-type-v") or self.cache_type_v
+        # A name the runner refuses stops it from starting; the estimate counts the setting's instead.
+        return (k if k in KV_TYPE_BYTES else self.cache_type_k, v if v in KV_TYPE_BYTES else self.cache_type_v)
 
     @property
     def effective_spec_type(self) -> str | None:
@@ -212,7 +258,7 @@ class RunnerSpec:
             if cpu_has_amx():
                 cmd.append("--no-repack")
             # `mode` is the hearth engine's scheduler; llama-server always batches continuously.
-            return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + list(self.extra_args)
+            return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + self.kv_type_flag + self.placement_flag + list(self.extra_args)
         cmd = [
             sys.executable, "-m", "app.cli", "runner", "--model", self.model_path,
             "--host", "127.0.0.1", "--port", str(port), "--ctx", str(self.n_ctx),
@@ -233,7 +279,7 @@ class RunnerSpec:
                     "--cache-disk-max-age-h", f"{self.cache_disk_max_age_h:g}"]
         if self.image_url_fetch and self.mmproj_flag:
             cmd += ["--image-url-fetch"] + (["--image-url-hosts", self.image_url_hosts] if self.image_url_hosts else [])
-        return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + list(self.extra_args)
+        return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + self.kv_type_flag + self.placement_flag + list(self.extra_args)
 
 
 # The flags serve sets on every runner itself (address, key, identity) or from settings of their own (slots,

@@ -17,13 +17,18 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.devices import Device
+from app.engine.kv_types import DEFAULT_KV_TYPE
+from app.gguf_meta import GgufError
 from app.residency.budget import KIND_RAM, counted_bytes, counts_ram_tier
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import MIB, MemoryEstimate, RunnerSizing, estimate_memory, size_runner, with_draft
+from app.residency.fit import fit_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
 from app.residency.pagecache import WEIGHTS_WARM
+from app.residency.placement import model_tensors
 from app.residency.supervisor import (
     DEFAULT_CACHE_DISK_MIB,
     DEFAULT_CACHE_RAM_MIB,
@@ -158,7 +163,8 @@ def runner_sizing(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: d
     plain = runner_spec(entry, rs, defaults)
     return size_runner(entry, budget, n_batch, gpu, int(parallel) if parallel else None,
                        int(n_ctx) if n_ctx else None, n_outputs_extra=plain.n_outputs_extra,
-                       ram_tier_mib=plain.ram_tier_mib if counts_ram_tier(budget_kind) else 0)
+                       ram_tier_mib=plain.ram_tier_mib if counts_ram_tier(budget_kind) else 0,
+                       type_k=plain.kv_types[0], type_v=plain.kv_types[1])
 
 
 def draft_for(entry: CatalogEntry, rs: db.RunnerSettings | None,
@@ -216,7 +222,33 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
         mmproj=str(entry.mmproj) if entry.mmproj else None,
         image_url_fetch=bool(defaults.get("image_url_fetch")),
         image_url_hosts=defaults.get("image_url_hosts") or None,
+        cache_type_k=(rs and rs.cache_type_k) or DEFAULT_KV_TYPE,
+        cache_type_v=(rs and rs.cache_type_v) or DEFAULT_KV_TYPE,
+        n_cpu_moe=(rs and rs.n_cpu_moe) or 0,
+        devices=tuple(d for d in ((rs and rs.devices) or "").split(",") if d),
+        tensor_split=tuple(float(x) for x in ((rs and rs.tensor_split) or "").split(",") if x),
+        split_mode=(rs and rs.split_mode) or "layer",
+        main_gpu=(rs and rs.main_gpu) or 0,
     )
+
+
+def fit_to_devices(entry: CatalogEntry, rs: db.RunnerSettings | None, spec: RunnerSpec,
+                   devices: list[Device]) -> tuple[RunnerSpec, str | None]:
+    """A model whose GPU layers the admin left unset, on a box with a GPU: its offload, experts in RAM and (unless
+    chosen) KV type fitted to the GPUs' free memory (app.residency.fit), with the reason for the Models page.
+    Without a GPU, or with GPU layers set, the spec is unchanged."""
+    if not any(d.is_gpu for d in devices) or (rs is not None and rs.gpu_layers is not None):
+        return spec, None
+    try:
+        tensors = model_tensors(entry.path)
+    except (OSError, GgufError):
+        return spec, None
+    chosen_kv = spec.kv_types[0] if (rs and rs.cache_type_k) else None
+    choice = fit_runner(entry, tensors, devices, spec.parallel, spec.n_batch, n_ctx=spec.n_ctx, kv_type=chosen_kv)
+    fitted = replace(spec, gpu_layers=choice.n_gpu_layers,
+                     n_cpu_moe=spec.n_cpu_moe if (rs and rs.n_cpu_moe is not None) else choice.n_cpu_moe,
+                     cache_type_k=choice.type_k, cache_type_v=choice.type_v)
+    return fitted, f"fit to the GPU: {choice.reason}"
 
 
 def fit_ram_tier(entry: CatalogEntry, spec: RunnerSpec, estimate: MemoryEstimate, budget: int,
@@ -233,7 +265,8 @@ def fit_ram_tier(entry: CatalogEntry, spec: RunnerSpec, estimate: MemoryEstimate
     wanted = "no limit" if estimate.ram_tier_unbounded else f"{spec.cache_ram_mib:,} MiB"
     fitted = replace(spec, cache_ram_mib=int(room_mib))
     estimate = estimate_memory(entry, fitted.n_ctx, fitted.parallel, fitted.n_batch,
-                               n_outputs_extra=fitted.n_outputs_extra, ram_tier_mib=fitted.ram_tier_mib)
+                               n_outputs_extra=fitted.n_outputs_extra, ram_tier_mib=fitted.ram_tier_mib,
+                               type_k=fitted.kv_types[0], type_v=fitted.kv_types[1])
     return fitted, estimate, (f"RAM tier {room_mib:,} MiB instead of runner_cache_ram_mib's {wanted}: what the "
                               f"{budget // MIB:,} MiB memory budget leaves beside the rest of the runner")
 
@@ -255,12 +288,15 @@ class Catalog:
     """The models folder's entries, what of it can be served (specs) and under which names (aliases)."""
 
     def __init__(self, sessions: sessionmaker, settings: SettingsCache, data_dir: Path, models_dir: Path,
-                 default_model: Path | None):
+                 default_model: Path | None, devices: Callable[[], list[Device]] | None = None):
         self.sessions = sessions
         self.settings = settings
         self.data_dir = data_dir
         self.models_dir = models_dir
         self.default_model = default_model
+        # The devices llama.cpp sees (app.devices), read at each rescan: with a GPU, a model whose GPU layers are
+        # unset is fitted to its free memory (fit_to_devices). None or an empty list: no GPU, nothing changes.
+        self.devices = devices or (lambda: [])
         # Set while the embedded default model is assembled in the background (first run).
         self.default_model_assembly: BackgroundAssembly | None = None
         self._lock = threading.Lock()
@@ -269,11 +305,12 @@ class Catalog:
 
     @classmethod
     def open(cls, data_dir: Path, sessions: sessionmaker, settings: SettingsCache, default_model: Path | None,
-             models_dir_override: str | None = None) -> Catalog:
-        """The catalog over the folder serve uses (see resolve_models_dir), created if missing, scanned once."""
+             models_dir_override: str | None = None, devices: Callable[[], list[Device]] | None = None) -> Catalog:
+        """The catalog over the folder serve uses (see resolve_models_dir), created if missing, scanned once;
+        `devices` gives the devices llama.cpp sees (the live probe), for the fit."""
         models_dir = resolve_models_dir(data_dir, settings.get("models_dir"), models_dir_override)
         models_dir.mkdir(parents=True, exist_ok=True)
-        catalog = cls(sessions, settings, data_dir, models_dir, default_model)
+        catalog = cls(sessions, settings, data_dir, models_dir, default_model, devices)
         catalog.rescan()
         return catalog
 
@@ -338,6 +375,7 @@ class Catalog:
                 defaults = {k: get_setting(s, f"runner_{k}") for k in RUNNER_DEFAULTS}
                 memory = memory_budget(self.settings)
                 budget = memory.usable_bytes
+                devices = self.devices()
                 for e, row in zip(entries, record_catalog(s, entries, datetime.now(UTC))):
                     if not e.usable:
                         continue
@@ -345,9 +383,11 @@ class Catalog:
                     sizing = runner_sizing(e, rs, defaults, budget, memory.kind)
                     draft, draft_note = draft_for(e, rs, entries)
                     spec = runner_spec(e, rs, defaults, sizing, kv_dir=self.data_dir / KV_CACHE_DIR, draft=draft)
+                    spec, fit_note = fit_to_devices(e, rs, spec, devices)
                     estimate = estimate_memory(e, spec.n_ctx, spec.parallel, spec.n_batch,
                                                n_outputs_extra=spec.n_outputs_extra, ram_tier_mib=spec.ram_tier_mib,
-                                               flash_attn=flash_attn_possible(spec.gpu_layers))
+                                               flash_attn=flash_attn_possible(spec.gpu_layers),
+                                               type_k=spec.kv_types[0], type_v=spec.kv_types[1])
                     if spec.draft_flag:
                         estimate = with_draft(estimate, draft, spec.n_ctx, spec.parallel, spec.n_batch)
                     spec, estimate, tier_note = fit_ram_tier(e, spec, estimate, budget, memory.kind)
@@ -357,8 +397,8 @@ class Catalog:
                         policy=row.policy,
                         keep_alive_s=row.keep_alive_s, runner=spec,
                         remote=tuple((n.url, n.label or n.url) for n in nodes),
-                        sizing_note="; ".join(n for n in (sizing.reason if sizing else None, tier_note, draft_note)
-                                              if n) or None,
+                        sizing_note="; ".join(n for n in (sizing.reason if sizing else None, fit_note, tier_note,
+                                                          draft_note) if n) or None,
                         weights=(rs.weights if rs else None) or WEIGHTS_WARM,
                     )
                     if row.alias:

@@ -153,6 +153,17 @@ class RunnerSettings(Base):
     # The catalog name of the model that drafts for this one (a smaller model of the same vocabulary, loaded by
     # its runner with -md); None: none. Used while speculation is auto. Migration 0018.
     draft_model: Mapped[str | None] = mapped_column(String(255))
+    # KV cache types (app.engine.kv_types: -ctk / -ctv); None means f16, llama.cpp's default. Migration 0020.
+    cache_type_k: Mapped[str | None] = mapped_column(String(16))
+    cache_type_v: Mapped[str | None] = mapped_column(String(16))
+    # Experts kept in RAM: the first N layers' (--n-cpu-moe N), -1 every layer's (--cpu-moe); None: none. The GPUs
+    # offloaded layers use (--device "Vulkan0,Vulkan1"; None: all), their shares (--tensor-split "3,1"; None: by
+    # free memory), --split-mode (None: layer) and --main-gpu (None: 0). Migration 0020.
+    n_cpu_moe: Mapped[int | None] = mapped_column(Integer)
+    devices: Mapped[str | None] = mapped_column(String(255))
+    tensor_split: Mapped[str | None] = mapped_column(String(255))
+    split_mode: Mapped[str | None] = mapped_column(String(8))
+    main_gpu: Mapped[int | None] = mapped_column(Integer)
 
 
 class Node(Base):

@@ -15,7 +15,14 @@ import time
 
 from flask import Blueprint, abort, current_app, redirect, render_template, request, url_for
 
-from app.admin import AdminError, set_model_draft, set_model_policy, set_model_speculation, set_model_weights
+from app.admin import (
+    AdminError,
+    set_model_draft,
+    set_model_kv_types,
+    set_model_policy,
+    set_model_speculation,
+    set_model_weights,
+)
 from app.gateway.context import services
 from app.policy import MODEL_POLICIES
 from app.protocols.openai import ApiError
@@ -93,7 +100,8 @@ def _render_card(name: str, status: int = 200, message: str | None = None, messa
     card = card or _card(name)
     body = render_template("models/_card.html", m=card, load_error=_errors().get(name), policies=POLICY_LABELS,
                            speculations=SPECULATION_LABELS, speculation_help=SPECULATION_HELP,
-                           weights_choices=WEIGHTS_LABELS, weights_help=WEIGHTS_HELP, **outcome)
+                           weights_choices=WEIGHTS_LABELS, weights_help=WEIGHTS_HELP, kv_choices=KV_CACHE_LABELS, kv_help=KV_CACHE_HELP,
+                           **outcome)
     # The page's tiles (resident, memory) change with the card: they ride along as an out-of-band swap.
     return body + render_template("models/_tiles.html", oob=True, **_summary()), status
 
@@ -113,7 +121,7 @@ def _page(outcomes: dict[str, dict] | None = None, pull_source: str | None = Non
         events = recent_events(s, EVENT_LIMIT)
     return render_template("models/index.html", events=events, models_dir=svc.catalog.models_dir, errors=_errors(),
                            policies=POLICY_LABELS, speculations=SPECULATION_LABELS, speculation_help=SPECULATION_HELP,
-                           weights_choices=WEIGHTS_LABELS, weights_help=WEIGHTS_HELP,
+                           weights_choices=WEIGHTS_LABELS, weights_help=WEIGHTS_HELP, kv_choices=KV_CACHE_LABELS, kv_help=KV_CACHE_HELP,
                            outcomes=outcomes or {}, pulls=svc.library.pulls(),
                            pull_source=pull_source, **_summary())
 
@@ -138,6 +146,20 @@ def _start_load(name: str) -> None:
         if state in (ModelState.LOADING, ModelState.READY, ModelState.FAILED):
             return
         time.sleep(0.02)
+
+# The KV cache choices, K and V alike (other pairs: runner_args' -ctk/-ctv); the bytes are ggml's block sizes
+# (app.engine.kv_types), the KL divergence `hearth bench kv-types` measured on the embedded Gemma 3 270M.
+KV_CACHE_LABELS = {
+    "f16": "f16: llama.cpp's default",
+    "q8_0": "q8_0: 53 % of f16's bytes, near-lossless",
+    "q4_0": "q4_0: 28 % of f16's bytes, a visible cost in accuracy",
+}
+KV_CACHE_HELP = (
+    "The element type of the KV cache (llama-server's -ctk/-ctv, K and V alike): a smaller type holds more context "
+    "in the same memory, at a cost in accuracy that `hearth bench kv-types` measures as the KL divergence of the "
+    "next-token distribution against f16. A quantized V needs flash attention (llama.cpp's auto turns it on where "
+    "the backend has it)."
+)
 
 
 @bp.get("/models")
@@ -295,6 +317,22 @@ def draft(name: str):
 
 def _entry(name: str):
     return next(e for e in services().catalog.entries if e.name == name)
+
+
+@bp.post("/models/<name>/kv-cache")
+@login_required
+def kv_cache(name: str):
+    """The model's KV cache type, K and V alike (-ctk/-ctv; applies at its runner's next start)."""
+    value = request.form.get("kv_cache", "").strip().lower()
+    problem = None if value in KV_CACHE_LABELS else f"Choose one of: {', '.join(KV_CACHE_LABELS)}."
+    card, problem = _save_choice(name, value, problem, set_model_kv_types)
+    if problem:
+        return _choice_refused(name, card, "kv_cache", value, problem)
+    message = f"Saved: KV cache {value}."
+    state = next((m["state"] for m in services().residency.status() if m["name"] == name), None)
+    if state in RESIDENT_STATES:
+        message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
+    return _render_card(name, message=message)
 
 
 @bp.post("/models/<name>/weights")

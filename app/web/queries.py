@@ -435,6 +435,10 @@ class ModelCard:
     # Warm weights: the model's choice (warm when unset) and its GGUF's share in the page cache now (None: unknown).
     weights: str = "warm"
     page_cache_pct: float | None = None
+    # KV cache types: the model's setting (K, V; f16 when unset) and the -ctk/-ctv its runner gets (runner_args' own
+    # win: then kv_types is what they say).
+    kv_types: tuple[str, str] = ("f16", "f16")
+    kv_flag: list[str] = field(default_factory=list)
     loads: list[LoadBreakdown] = field(default_factory=list)
 
     @property
@@ -525,7 +529,8 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
         if e.usable and spec is not None and spec.runner is not None:
             estimate = estimate_memory(e, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch,
                                        n_outputs_extra=spec.runner.n_outputs_extra,
-                                       ram_tier_mib=spec.runner.ram_tier_mib)
+                                       ram_tier_mib=spec.runner.ram_tier_mib,
+                                       type_k=spec.runner.kv_types[0], type_v=spec.runner.kv_types[1])
             draft = next((d for d in catalog.entries if str(d.path) == spec.runner.draft_model_path), None)
             if spec.runner.draft_flag and draft is not None:
                 estimate = with_draft(estimate, draft, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch)
@@ -561,6 +566,8 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             card.spec_type = spec.runner.effective_spec_type
             card.draft_rows = spec.runner.n_outputs_extra
             card.draft_path = spec.runner.draft_model_path if spec.runner.draft_flag else None
+            card.kv_types = spec.runner.kv_types
+            card.kv_flag = spec.runner.kv_type_flag
         if status is not None:
             card.in_flight = status.get("in_flight") or 0
             card.idle_s = status.get("idle_s")

@@ -18,6 +18,9 @@ from app.residency.estimate import estimate_memory
     # Parameter counts of Meta's releases (safetensors, embeddings tied in the 1B).
     ("llama-3.2-1b", 1_235_814_400),
     ("llama-3.1-8b", 8_030_261_248),
+    # Qwen3-30B-A3B and gpt-oss-20b as published (gpt-oss: with its attention biases, sinks and expert biases).
+    ("qwen3-30b-a3b", 30_532_122_624),
+    ("gpt-oss-20b", 20_914_757_184),
 ])
 def test_real_shapes_have_the_real_models_parameter_counts(name, params):
     assert SHAPES[name].n_params == params
@@ -57,3 +60,38 @@ def test_llama_cpp_loads_the_tiny_shape_and_the_engine_generates_fixed_lengths(t
         model.close()
     assert [f.stats.num_completion_tokens for f in finals] == [10, 10]
     assert requests[0].output_tokens == requests[1].output_tokens  # greedy on the same prompt
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "gpt-oss-tiny"])
+def test_llama_cpp_loads_the_moe_shapes_and_generates_with_experts_in_ram(tmp_path, name):
+    from app.residency.placement import expert_bytes, model_tensors, moe_overrides
+
+    path = tmp_path / f"{name}.gguf"
+    make_model(SHAPES[name], path)
+    meta = read_metadata(path)
+    assert meta.architecture == SHAPES[name].arch and meta.arch_value("expert_count") == SHAPES[name].n_expert
+    # The experts are most of a MoE's weights: what --cpu-moe keeps in RAM.
+    assert expert_bytes(model_tensors(path)) > 0.5 * meta.weights_bytes
+    rules = tuple((r.pattern, r.target) for r in moe_overrides(n_cpu_moe=2))
+    model = LlamaModel(ModelConfig(path=str(path), n_ctx=256, n_seq_max=1, n_batch=64, n_threads=1,
+                                   tensor_overrides=rules))
+    try:
+        assert model.architecture == SHAPES[name].arch
+        assert model.describe()["n_params"] == SHAPES[name].n_params
+        engine = Engine(model).start()
+        try:
+            r = engine.submit(model.tokenize("the household server"),
+                              SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+            final = next(e for e in engine.events(r, poll_s=5.0) if isinstance(e, Finished))
+        finally:
+            engine.stop()
+    finally:
+        model.close()
+    assert final.stats.num_completion_tokens == 6
+
+
+def test_an_unknown_buffer_type_is_refused_with_the_ones_there_are(tmp_path):
+    path = tmp_path / "m.gguf"
+    make_model(SHAPES["qwen3moe-tiny"], path)
+    with pytest.raises(ValueError, match="unknown buffer type Vulkan7; this llama.cpp has CPU"):
+        LlamaModel(ModelConfig(path=str(path), n_ctx=256, n_seq_max=1, tensor_overrides=(("exps", "Vulkan7"),)))

@@ -38,7 +38,8 @@ def entry(**changes) -> CatalogEntry:
 def settings(kind="hearth", speculation=None, **fields):
     """A model's runner_settings row as runner_spec reads it."""
     row = dict(kind=kind, binary_path=STOCK if kind == "llama-server" else None, n_ctx=None, parallel=None,
-               n_batch=None, threads=None, gpu_layers=None, mode=None, speculation=speculation)
+               n_batch=None, threads=None, gpu_layers=None, mode=None, speculation=speculation, cache_type_k=None,
+               cache_type_v=None, n_cpu_moe=None, devices=None, tensor_split=None, split_mode=None, main_gpu=None)
     return SimpleNamespace(**{**row, **fields})
 
 

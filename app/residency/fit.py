@@ -1,0 +1,148 @@
+"""Fit a model to the GPUs' free memory: context, KV type and offload (layers, or a MoE's experts), with the reason.
+
+The rule follows llama-server's --fit (common/fit.cpp), which measures and then: keeps the defaults when they fit;
+shrinks an unset context towards --fit-ctx (4096); fills the GPUs with whole layers from the back (a MoE's dense
+parts of every layer first, its experts kept in RAM, then experts moved to the GPUs from the front). Hearth counts
+instead of measuring (app.residency.estimate and app.residency.placement, as pure functions of a device list), and
+before shrinking the context it tries the KV cache in q8_0 (17/32 of f16's bytes; `hearth bench kv-types`
+measures its cost) where the admin chose no type. Each GPU keeps a margin free (llama-server's --fit-target,
+1024 MiB by default).
+
+The compute buffer is the CPU-calibrated estimate (app.residency.estimate, flash attention on), plus, without
+flash attention, the attention scores of a micro-batch (heads × cells × n_ubatch floats) on the GPU when the device
+may hold a tensor that large. llama-server's --fit measures instead (a no-alloc load); Hearth counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from app.devices import Device
+from app.engine.kv_types import DEFAULT_KV_TYPE
+from app.residency.catalog import CatalogEntry
+from app.residency.estimate import KV_CELL_PADDING, MAX_UBATCH, MIB, estimate_memory
+from app.residency.placement import CPU, DeviceSplit, moe_overrides, split_by_device
+
+# llama-server's --fit-target default: the memory each GPU keeps free.
+FIT_MARGIN_BYTES = 1024 * MIB
+# llama-server's --fit-ctx default: the smallest context an unset one is shrunk to.
+FIT_MIN_CTX = 4096
+SMALLER_KV = "q8_0"
+
+
+@dataclass(frozen=True)
+class FitChoice:
+    """What the fit chose, how it lays out, and why (in the admin's words, for the Models page)."""
+
+    n_ctx: int
+    n_gpu_layers: int
+    n_cpu_moe: int  # experts of the first N layers kept in RAM
+    type_k: str
+    type_v: str
+    split: DeviceSplit
+    fits: bool
+    reason: str
+    budgets: dict[str, int] = field(default_factory=dict)
+
+
+def _split(entry: CatalogEntry, tensors, gpus, n_ctx: int, parallel: int, n_batch: int, kv: str, ngl: int,
+           n_cpu_moe: int, n_outputs_extra: int = 0, flash_attn: bool = True) -> DeviceSplit:
+    est = estimate_memory(entry, n_ctx, parallel, n_batch, type_k=kv, type_v=kv, n_outputs_extra=n_outputs_extra)
+    split = split_by_device(tensors, entry.n_layers or 0, est.kv_bytes, est.compute_bytes, gpus, ngl,
+                            moe_overrides(n_cpu_moe=n_cpu_moe))
+    if flash_attn or not entry.n_head:
+        return split
+    # Without flash attention the attention scores of a micro-batch are one f32 tensor of heads × cells × tokens,
+    # on the GPU where the device may hold it (else llama.cpp computes attention on the CPU): 128 MiB of a 16-head
+    # shape at 4096 cells on lavapipe's Vulkan0 (141 MiB measured), 256 MiB of a 32-head one in RAM (282 MiB host).
+    # ggml reuses memory between the graph's nodes: the layer's buffer is the larger of the estimate's and the
+    # scores with the f16 mask and 8 f32 rows of the width a token (fitted: 141-145 MiB measured, this gives 148).
+    cells = -(-n_ctx // KV_CELL_PADDING) * KV_CELL_PADDING
+    ubatch = min(n_batch, MAX_UBATCH)
+    scores = entry.n_head * cells * ubatch * 4
+    gpu = next((d for d in split.compute if d != CPU), None)
+    limit = next((g.max_tensor_bytes for g in gpus if g.name == gpu), None)
+    where = gpu if gpu is not None and (limit is None or scores <= limit) else CPU
+    compute = dict(split.compute)
+    compute[where] = max(compute.get(where, 0), scores + cells * ubatch * 2 + 8 * ubatch * (entry.n_embd or 0) * 4)
+    return replace(split, compute=compute)
+
+
+def _fits(split: DeviceSplit, budgets: dict[str, int]) -> bool:
+    return all(split.total(d) <= b for d, b in budgets.items())
+
+
+def fit_runner(entry: CatalogEntry, tensors: Sequence[tuple[str, int]], devices: Sequence[Device], parallel: int,
+               n_batch: int = 512, n_ctx: int | None = None, kv_type: str | None = None,
+               margin_bytes: int = FIT_MARGIN_BYTES, min_ctx: int = FIT_MIN_CTX,
+               n_outputs_extra: int = 0, flash_attn: bool = True) -> FitChoice:
+    """The context, KV type and offload that fit the GPUs among `devices` (each keeps `margin_bytes` free).
+
+    `n_ctx` None: the fit chooses, from the trained context down to `min_ctx`; `kv_type` None: f16, or q8_0 when
+    that fits more. `n_outputs_extra`: logit rows reserved beyond one per slot (a hearth runner's draft rows).
+    Without a GPU, or when nothing fits, the choice runs on the CPU and says so."""
+    gpus = [d for d in devices if d.is_gpu]
+    n_layer = entry.n_layers or 0
+    all_layers = n_layer + 1
+    budgets = {g.name: max(0, g.free_bytes - margin_bytes) for g in gpus}
+    wanted = n_ctx or entry.n_ctx_train or min_ctx
+    floor = min(wanted, min_ctx) if n_ctx is None else n_ctx
+    kv_types = [kv_type] if kv_type else [DEFAULT_KV_TYPE, SMALLER_KV]
+    moe = any(name.endswith("_exps.weight") for name, _ in tensors)
+
+    def choice(ctx, ngl, ncm, kv, why, fits=True):
+        split = _split(entry, tensors, gpus, ctx, parallel, n_batch, kv, ngl, ncm, n_outputs_extra, flash_attn)
+        return FitChoice(ctx, ngl, ncm, kv, kv, split, fits, why, budgets)
+
+    if not gpus:
+        return choice(wanted, 0, 0, kv_types[0], "no GPU: the model runs on the CPU")
+    room = ", ".join(f"{g.name} {budgets[g.name] / MIB:,.0f} MiB" for g in gpus)
+    # 1. Everything on the GPUs at the wanted context, f16 then q8_0 KV.
+    for kv in kv_types:
+        if _fits(_split(entry, tensors, gpus, wanted, parallel, n_batch, kv, all_layers, 0, n_outputs_extra, flash_attn), budgets):
+            extra = "" if kv == kv_types[0] else f", the KV cache in {kv} (f16 would not fit)"
+            return choice(wanted, all_layers, 0, kv, f"every layer on the GPU ({room} free beyond the margin) at "
+                          f"{wanted:,} cells{extra}")
+    # 2. Everything on the GPUs at a smaller context (unset context only), the largest that fits.
+    kv = kv_types[-1]
+    if n_ctx is None and wanted > floor:
+        lo, hi = floor, wanted
+        if _fits(_split(entry, tensors, gpus, lo, parallel, n_batch, kv, all_layers, 0, n_outputs_extra, flash_attn), budgets):
+            while hi - lo > KV_CELL_PADDING:
+                mid = (lo + hi) // 2 // KV_CELL_PADDING * KV_CELL_PADDING
+                if _fits(_split(entry, tensors, gpus, mid, parallel, n_batch, kv, all_layers, 0, n_outputs_extra, flash_attn), budgets):
+                    lo = mid
+                else:
+                    hi = mid
+            return choice(lo, all_layers, 0, kv, f"every layer on the GPU ({room}): the context shrunk from "
+                          f"{wanted:,} to {lo:,} cells, KV {kv}")
+    ctx = floor
+    # 3. A MoE: every layer's dense part on the GPUs, the experts of the first N layers in RAM, N as small as fits.
+    if moe:
+        for ncm in range(n_layer + 1):
+            if _fits(_split(entry, tensors, gpus, ctx, parallel, n_batch, kv, all_layers, ncm, n_outputs_extra, flash_attn), budgets):
+                return choice(ctx, all_layers, ncm, kv, f"every layer on the GPU, the experts of the first {ncm} of "
+                              f"{n_layer} in RAM (--n-cpu-moe {ncm}; {room}), {ctx:,} cells, KV {kv}")
+    # 4. Whole layers from the back, as many as fit.
+    for ngl in range(all_layers - 1, 0, -1):
+        if _fits(_split(entry, tensors, gpus, ctx, parallel, n_batch, kv, ngl, 0, n_outputs_extra, flash_attn), budgets):
+            return choice(ctx, ngl, 0, kv, f"{ngl} of {all_layers} layers on the GPU (-ngl {ngl}; {room}), the rest "
+                          f"on the CPU, {ctx:,} cells, KV {kv}")
+    return choice(ctx, 0, 0, kv, f"not one layer fits the GPU ({room}): the model runs on the CPU", fits=False)
+
+
+def place_on(devices: Sequence[Device], need: dict[str, int], used: dict[str, int] | None = None) -> str | None:
+    """Of the GPUs, the one with the most room left that holds `need` (a single-device split's bytes, keyed by the
+    device it was laid out for, or by "GPU"), given the bytes `used` there by resident models; None if none does.
+    Lavapipe-like devices that report no usage are charged only what Hearth placed (`used`)."""
+    used = used or {}
+    want = sum(v for k, v in need.items() if k != CPU)
+    best = None
+    for d in devices:
+        if not d.is_gpu:
+            continue
+        free = d.free_bytes if d.reports_usage else d.total_bytes - used.get(d.name, 0)
+        if free >= want and (best is None or free > best[0]):
+            best = (free, d.name)
+    return best[1] if best else None
