@@ -88,7 +88,9 @@ def fit_runner(entry: CatalogEntry, tensors: Sequence[tuple[str, int]], devices:
     budgets = {g.name: max(0, g.free_bytes - margin_bytes) for g in gpus}
     wanted = n_ctx or entry.n_ctx_train or min_ctx
     floor = min(wanted, min_ctx) if n_ctx is None else n_ctx
-    kv_types = [kv_type] if kv_type else [DEFAULT_KV_TYPE, SMALLER_KV]
+    # A quantized V needs flash attention (llama.cpp refuses the context otherwise, app.engine.kv_types): without it
+    # (a runner on lavapipe) the fit never reaches for q8_0, or the runner it sizes would not start.
+    kv_types = [kv_type] if kv_type else [DEFAULT_KV_TYPE, SMALLER_KV] if flash_attn else [DEFAULT_KV_TYPE]
     moe = any(name.endswith("_exps.weight") for name, _ in tensors)
 
     def choice(ctx, ngl, ncm, kv, why, fits=True):

@@ -111,3 +111,14 @@ def test_a_model_goes_to_the_gpu_with_room():
     lava = [gpu("Vulkan0", 2048, reports_usage=False)]
     assert place_on(lava, {"GPU": 1500 * MIB}) == "Vulkan0"
     assert place_on(lava, {"GPU": 1500 * MIB}, used={"Vulkan0": 1000 * MIB}) is None
+
+
+def test_without_flash_attention_the_fit_never_quantizes_the_kv_cache(dense):
+    entry, tensors = dense
+    # The same GPU as above, where q8_0 would have fitted the whole context: a runner without flash attention (on
+    # lavapipe) could not start with a quantized V, so the fit keeps f16 and shrinks the context instead.
+    need = {kv: fit_runner(entry, tensors, [gpu("Vulkan0", 8192)], parallel=1, kv_type=kv).split.total("Vulkan0")
+            for kv in ("f16", "q8_0")}
+    dev = [gpu("Vulkan0", 1024 + (need["f16"] + need["q8_0"]) // 2 // MIB)]
+    choice = fit_runner(entry, tensors, dev, parallel=1, flash_attn=False)
+    assert (choice.type_k, choice.type_v) == ("f16", "f16") and choice.n_ctx < 32768
