@@ -34,7 +34,7 @@ from app.residency.pagecache import Warmer
 from app.services.catalog import Catalog, pull_refusal
 from app.services.preload import Preloader
 from app.services.records import Recorder, complete_load_event, record_residency_event
-from app.services.settings import SettingsCache, budget_bytes
+from app.services.settings import SettingsCache, budget_bytes, offload_devices
 from app.services.targets import TargetSizer
 from app.store.db import writing_sessions
 from app.store.models import RequestRecord, utcnow
@@ -118,7 +118,9 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
     writer = StoreWriter(engine)
     writer.start()
     settings = SettingsCache(sessions)
-    catalog = Catalog.open(data_dir, sessions, settings, default_model, models_dir_override)
+    # The fit reads the devices the runners' build offloads to (none with the default CPU build: no probe runs).
+    catalog = Catalog.open(data_dir, sessions, settings, default_model, models_dir_override,
+                           devices=lambda: list(offload_devices()))
     admission = Admission(max_in_flight_total=int(settings.get("max_in_flight_total")))
     # The warmer asks the residency manager what is up; the manager tells the warmer what stopped.
     holder: list[ResidencyManager] = []

@@ -17,6 +17,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.device_probe import is_software_vulkan
 from app.devices import Device
 from app.engine.kv_types import DEFAULT_KV_TYPE
 from app.gguf_meta import GgufError
@@ -244,7 +245,10 @@ def fit_to_devices(entry: CatalogEntry, rs: db.RunnerSettings | None, spec: Runn
     except (OSError, GgufError):
         return spec, None
     chosen_kv = spec.kv_types[0] if (rs and rs.cache_type_k) else None
-    choice = fit_runner(entry, tensors, devices, spec.parallel, spec.n_batch, n_ctx=spec.n_ctx, kv_type=chosen_kv)
+    # Layers on lavapipe load with flash attention off (app.engine.backends.flash_attn_for): the fit counts the scores.
+    flash_attn = not any(d.is_gpu and is_software_vulkan(d.description) for d in devices)
+    choice = fit_runner(entry, tensors, devices, spec.parallel, spec.n_batch, n_ctx=spec.n_ctx, kv_type=chosen_kv,
+                        flash_attn=flash_attn)
     fitted = replace(spec, gpu_layers=choice.n_gpu_layers,
                      n_cpu_moe=spec.n_cpu_moe if (rs and rs.n_cpu_moe is not None) else choice.n_cpu_moe,
                      cache_type_k=choice.type_k, cache_type_v=choice.type_v)

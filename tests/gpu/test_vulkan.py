@@ -111,7 +111,11 @@ def test_a_runner_reports_its_device_buffers_for_the_budget_and_charts(env, tiny
     assert props["offloaded_layers"][0] == props["offloaded_layers"][1] and props["flash_attn"] == "off"
 
 
-def test_through_serve_a_model_set_to_the_gpu_loads_on_vulkan0_and_eviction_frees_it(env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("gpu_layers", ["99", None], ids=["set-by-hand", "fitted"])
+def test_through_serve_a_model_set_to_the_gpu_loads_on_vulkan0_and_eviction_frees_it(env, tmp_path, monkeypatch,
+                                                                                      gpu_layers):
+    """Set by hand (--gpu-layers 99) or left unset, when serve's fit sizes the offload to lavapipe's free memory
+    (the live device probe wired to the catalog): either way the layers land on Vulkan0 and eviction frees them."""
     import time
 
     import httpx
@@ -136,14 +140,16 @@ def test_through_serve_a_model_set_to_the_gpu_loads_on_vulkan0_and_eviction_free
     engine.dispose()
     monkeypatch.setenv("HEARTH_DATA", str(data))
     monkeypatch.setenv("HEARTH_MODELS_DIR", str(models))
-    assert main(["models", "set", "tiny", "--gpu-layers", "99"]) == 0
+    if gpu_layers:
+        assert main(["models", "set", "tiny", "--gpu-layers", gpu_layers]) == 0
     serve = ServeProcess(data, models, Path(model), tmp_path / "serve.log")
     try:
         auth = {"Authorization": f"Bearer {tokens['alice']}"}
         r = serve.client.post("/v1/completions", headers=auth, json={"model": "tiny", "prompt": "The capital of",
                                                                       "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200, r.text
-        (runner,) = [c for _, c in serve.runner_commands() if "--gpu-layers 99" in c][:1]
+        # The tiny model fits whole: the fit offloads its 2 blocks and the output layer, as -ngl 99 does.
+        (runner,) = [c for _, c in serve.runner_commands() if f"--gpu-layers {gpu_layers or 3}" in c][:1]
         assert "tiny" in runner
         metrics = parse_exposition(httpx.get(serve.runner_url() + "/metrics", headers=serve.runner_headers(),
                                              timeout=30).text)
