@@ -164,7 +164,8 @@ def test_the_overview_shows_each_runners_decision_beside_the_policy(app, admin):
     source = f"runner:{name}@local"
     html = htmllib.unescape(admin.get("/partials/overview/policy").get_data(as_text=True))
     assert "Speculative decoding" in html and "ngram-lookup" in html and "decision not read yet" in html
-    assert "Speculation rule." in html and "more than 4 sequences decode" in html
+    # The rule, folded under "how this works" in short sentences, still names the threshold the runner uses.
+    assert "Speculative decoding guesses tokens" in html and "more than 4 answers are written" in html
     sampler.speculation.note(source, 0.0, {"enabled": True, "type": "ngram-lookup", "drafting": False, "note": NOTE,
                                            "acceptance": 0.625, "by_class": {}})
     sampler.latest = {source: {"spec_drafting": 0.0}}
