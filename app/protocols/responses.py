@@ -177,10 +177,8 @@ def to_chat(body: dict) -> dict:
         chat["max_tokens"] = body["max_output_tokens"]
     if body.get("stream"):
         chat["stream_options"] = {"include_usage": True}  # the usage of response.completed
-    reasoning = body.get("reasoning")
-    if reasoning is not None and not isinstance(reasoning, dict):
-        raise ApiError(400, "'reasoning' must be an object such as {\"effort\": \"low\"}", param="reasoning")
-    if (reasoning or {}).get("effort") is not None:
+    reasoning = _reasoning(body)
+    if reasoning.get("effort") is not None:
         chat["reasoning_effort"] = effort(reasoning["effort"], "reasoning.effort")
     for key in _PASSED:
         if body.get(key) is not None:
@@ -190,7 +188,15 @@ def to_chat(body: dict) -> dict:
 
 def shows_reasoning(body: dict) -> bool:
     """Whether the answer carries the model's reasoning: unless the request's effort is "none"."""
-    return (body.get("reasoning") or {}).get("effort") != EFFORT_OFF
+    return _reasoning(body).get("effort") != EFFORT_OFF
+
+
+def _reasoning(body: dict) -> dict:
+    """The request's reasoning object ({} when absent); a 400 for anything else (a bare "high" once was a 500)."""
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise ApiError(400, "'reasoning' must be an object such as {\"effort\": \"low\"}", param="reasoning")
+    return reasoning or {}
 
 
 def _usage(usage: dict) -> dict:
