@@ -100,12 +100,12 @@ def models():
     return {"object": "list", "data": services().router.model_list()}
 
 
-@bp.get("/v1/models/<path:model_id>")
-def model(model_id: str):
+@bp.get("/v1/models/<path:model>")
+def retrieve_model(model: str):
     """OpenAI's retrieve-model route: one entry of /v1/models, or a 404 in OpenAI's shape."""
     authenticate()
-    entry = next((m for m in services().router.model_list() if m["id"] == model_id), None)
+    entry = next((m for m in services().router.model_list() if m["id"] == model), None)
     if entry is None:
-        raise ApiError(404, f"The model '{model_id}' does not exist; GET /v1/models lists the models here",
+        raise ApiError(404, f"The model '{model}' does not exist; GET /v1/models lists the models here",
                        param="model", code="model_not_found")
     return entry

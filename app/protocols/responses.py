@@ -119,13 +119,16 @@ def _items(items: list) -> list[dict]:
 def _reasoning_text(item: dict) -> str:
     """The text of an input reasoning item: its reasoning_text parts, else its summary's."""
     def texts(parts, kind: str) -> str:
-        return "".join(p.get("text") or "" for p in parts or [] if isinstance(p, dict) and p.get("type") == kind)
+        parts = parts if isinstance(parts, list) else []
+        return "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict) and p.get("type") == kind)
 
     return texts(item.get("content"), "reasoning_text") or texts(item.get("summary"), "summary_text")
 
 
 def _format(text) -> dict | None:
     fmt = (text or {}).get("format") if isinstance(text, dict) else None
+    if fmt and not isinstance(fmt, dict):
+        raise ApiError(400, "'text.format' must be an object such as {\"type\": \"json_object\"}", param="text")
     if not fmt or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
@@ -155,7 +158,10 @@ def to_chat(body: dict) -> dict:
     else:
         raise ApiError(400, "'input' must be a string or a list of items", param="input")
     chat: dict = {"messages": messages}
-    tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"]
+    offered = body.get("tools")
+    if offered is not None and not isinstance(offered, list):
+        raise ApiError(400, "'tools' must be a list of tools", param="tools")
+    tools = [t for t in offered or [] if isinstance(t, dict) and t.get("type") == "function"]
     if tools:
         chat["tools"] = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters",
                                                                           "strict") if t.get(k) is not None}}

@@ -15,6 +15,8 @@ serve's schemathesis run (tests/reliability/test_fuzz.py, `model` tier) goes on 
 
 from __future__ import annotations
 
+import json
+import re
 import time
 
 import httpx
@@ -78,6 +80,50 @@ def test_no_request_gets_a_5xx(case, standin_serve):
         assert message and "Traceback" not in message
 
 
+# A body each generation route takes (its model absent from the catalog), for the field-by-field sweep below.
+HELLO = [{"role": "user", "content": "hi"}]
+VALID = {
+    "/v1/chat/completions": {"messages": HELLO}, "/v1/completions": {"prompt": "hi"},
+    "/infill": {"input_prefix": "a", "input_suffix": "b"}, "/v1/embeddings": {"input": "hi"},
+    "/v1/messages": {"messages": HELLO, "max_tokens": 8}, "/v1/responses": {"input": "hi"},
+    "/api/chat": {"messages": HELLO}, "/api/generate": {"prompt": "hi"}, "/api/embed": {"input": "hi"},
+    "/api/embeddings": {"prompt": "hi"},
+}
+# What a client may wrongly put in any field: each JSON type, and the two values json.loads once failed on.
+DEEP, LONG = "__deep__", "__long__"
+WRONG = ["high", "", -1, 2**63, 1.5e308, True, None, [], {}, [{}], {"": None}, "\u0000", DEEP, LONG]
+
+
+def _fields(path: str) -> list[str]:
+    body_schema = openapi_document()["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    name = body_schema["$ref"].rsplit("/", 1)[1]
+    return sorted(openapi_document()["components"]["schemas"][name]["properties"])
+
+
+@pytest.mark.parametrize("path", sorted(VALID))
+def test_every_field_of_every_generation_route_takes_any_wrong_value_without_a_5xx(standin_serve, path):
+    """Each described field of a valid body set to each kind of wrong value, one at a time: the sweep that finds
+    a field read before it is checked ("reasoning": "high"), which random generation may take long to hit."""
+    headers = {"Authorization": f"Bearer {standin_serve.tokens['alice']}", "Content-Type": "application/json"}
+    failures = []
+    with httpx.Client(base_url=standin_serve.url, timeout=60, headers=headers) as client:
+        for field in _fields(path):
+            for wrong in WRONG:
+                if field == "model" and wrong in ("", None):
+                    continue  # the default model's path (503 here: it cannot load), tests/gateway/test_bad_input.py
+                body = {**VALID[path], field: wrong}
+                if field != "model":
+                    body["model"] = ABSENT_MODEL
+                text = (json.dumps(body).replace(f'"{DEEP}"', "[" * 100_000 + "]" * 100_000)
+                        .replace(f'"{LONG}"', "9" * 5000))
+                STATS["cases"] += 1
+                r = client.post(path, content=text)
+                if r.status_code >= 500 or "application/json" not in r.headers.get("content-type", ""):
+                    failures.append((field, wrong if len(str(wrong)) < 20 else str(wrong)[:20], r.status_code,
+                                     r.text[:200]))
+    assert not failures
+
+
 def test_the_serve_still_serves_after_the_fuzzing(standin_serve, capsys):
     # After the parametrized cases above (pytest runs a module's tests in order).
     health = httpx.get(f"{standin_serve.url}/healthz", timeout=30)
@@ -88,5 +134,16 @@ def test_the_serve_still_serves_after_the_fuzzing(standin_serve, capsys):
     assert standin_serve.proc.poll() is None
     if STATS["started"] is not None:
         with capsys.disabled():
-            print(f"\nfuzzing: {STATS['cases']} requests over {len(list(schema.get_all_operations()))} operations "
+            print(f"\nfuzzing: {STATS['cases']} requests (schemathesis over {len(list(schema.get_all_operations()))} "
+                  "operations, then the field sweep) "
                   f"in {time.monotonic() - STATS['started']:.1f} s")
+
+
+def test_the_description_names_every_route_the_gateway_serves(gateway_app):
+    served = set()
+    for rule in gateway_app.url_map.iter_rules():
+        if rule.endpoint.split(".")[0] in ("gateway", "ollama", "vendors"):
+            path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
+            served |= {(path, method.lower()) for method in rule.methods - {"HEAD", "OPTIONS"}}
+    described = {(path, method) for path, operations in openapi_document()["paths"].items() for method in operations}
+    assert served == described
