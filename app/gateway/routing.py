@@ -48,7 +48,7 @@ class Router:
         except DefaultModelPending as exc:
             raise pending_error(exc.progress)
         except ModelUnusable as exc:
-            raise ApiError(404, str(exc), param="model", code="model_unusable")
+            raise ApiError(404, public_text(str(exc)), param="model", code="model_unusable")
         except ModelNotFound as exc:
             raise ApiError(404, str(exc), param="model", code="model_not_found")
 
