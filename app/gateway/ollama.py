@@ -383,7 +383,10 @@ def copy():
     """Ollama's copy, as Hearth's alias: the destination name becomes another name of the source."""
     _may_manage(action="copy a model (make an alias)")
     body = _json_body()
-    source = _catalog_name(body.get("source") or "")
+    source = body.get("source")
+    if not isinstance(source, str) or not source:
+        raise ApiError(400, "'source' is required: the name of a model to copy", param="source")
+    source = _catalog_name(source)
     destination = body.get("destination")
     if not isinstance(destination, str) or not destination:
         raise ApiError(400, "'destination' is required", param="destination")

@@ -185,3 +185,19 @@ def test_public_text_keeps_the_reason_and_drops_the_internals():
     assert public_text(raw) == "runner exited: ValueError: Failed to load model from file: gemma.gguf"
     assert public_text("see https://hf.co/o/r/x.gguf") == "see https://hf.co/o/r/x.gguf"
     assert public_text("bad\x00name") == "bad name"
+
+
+def test_fields_read_before_their_type_was_checked_are_400s(gateway_app, make_token, set_settings):
+    # Found by probing every message block and field with wrong types: each was a TypeError (500) before.
+    c = gateway_app.test_client()
+    h = make_token("alice")
+    block = {"model": MODEL, "max_tokens": 8,
+             "messages": [{"role": "assistant", "content": [{"type": "text", "text": -1}]}]}
+    r = c.post("/v1/messages", json=block, headers=h)
+    assert r.status_code == 400 and "'messages.0.content.0.text' must be a string" in r.json["error"]["message"]
+    for field, value in (("tools", 1), ("text", {"format": "json"})):
+        r = c.post("/v1/responses", json={"model": MODEL, "input": "hi", field: value}, headers=h)
+        assert r.status_code == 400 and r.json["error"]["param"] in (field, "text"), (field, r.json)
+    set_settings(api_manage_models=True)
+    r = c.post("/api/copy", json={"source": 1, "destination": "x"}, headers=make_token("admin-app", may_manage=True))
+    assert r.status_code == 400 and "'source' is required" in r.json["error"]
