@@ -152,7 +152,24 @@ _COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
 
 def normalise_schema(schema, path: str = "") -> dict:
     """A checked copy of schema that the converter renders faithfully; raises UnsupportedSchema (or SchemaTooLarge)."""
-    return _Walk(schema).normalise(path)
+    return _inline_root_ref(_Walk(schema).normalise(path))
+
+
+def _inline_root_ref(schema):
+    """A root that is a $ref into its own definitions, as that definition with the definitions beside it: the
+    converter loses the root's definitions while it resolves a $ref at the root (a KeyError, once a 500)."""
+    seen = set()
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and schema["$ref"] not in seen:
+        ref = schema["$ref"]
+        seen.add(ref)
+        kind, _, name = ref.removeprefix("#/").partition("/")
+        defs = schema.get(kind) if kind in ("$defs", "definitions") and "/" not in name else None
+        target = defs.get(name) if isinstance(defs, dict) else None
+        if not isinstance(target, dict):
+            break
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        schema = {**rest, **target}
+    return schema
 
 
 def measure_schema(schema, path: str = "") -> SchemaSize:

@@ -6,23 +6,15 @@ from __future__ import annotations
 import ipaddress
 
 from flask import Blueprint, Response, request
-from werkzeug.exceptions import RequestEntityTooLarge
 
+from app.gateway import bodies
 from app.gateway.auth import bearer_token
 from app.gateway.context import services
-from app.gateway.pipeline import authenticate, body_over_limit, error_response, limit_body, serve_generation
+from app.gateway.pipeline import authenticate, serve_generation
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, EmbeddingBody, InfillBody
 
 bp = Blueprint("gateway", __name__)
-
-
-@bp.errorhandler(ApiError)
-def _api_error(err: ApiError):
-    return error_response(err)
-
-
-bp.before_request(limit_body)
-bp.register_error_handler(RequestEntityTooLarge, lambda exc: _api_error(body_over_limit(exc)))
+bodies.install(bp, bodies.openai_shape)
 
 
 @bp.get("/metrics")
@@ -106,3 +98,14 @@ def models():
     """Usable models (resident or loadable) and their aliases."""
     authenticate()
     return {"object": "list", "data": services().router.model_list()}
+
+
+@bp.get("/v1/models/<path:model>")
+def retrieve_model(model: str):
+    """OpenAI's retrieve-model route: one entry of /v1/models, or a 404 in OpenAI's shape."""
+    authenticate()
+    entry = next((m for m in services().router.model_list() if m["id"] == model), None)
+    if entry is None:
+        raise ApiError(404, f"The model '{model}' does not exist; GET /v1/models lists the models here",
+                       param="model", code="model_not_found")
+    return entry

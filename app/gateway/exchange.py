@@ -16,6 +16,7 @@ from app.gateway.auth import Principal
 from app.gateway.context import Services
 from app.gateway.members import MemberLimits, RateLimited, class_quota, rate_limits
 from app.policy import SLO_HEADER, ClassPolicy, slo_header
+from app.protocols.errors import public_text
 from app.protocols.openai import ApiError
 from app.store.models import TTFT_DELIVERED
 
@@ -109,7 +110,7 @@ class Exchange:
             return send(url, forward, headers)
         except relay.RunnerUnreachable as exc:
             self.conclude(relay.RelayOutcome(status=502, error=str(exc)))
-            raise ApiError(502, f"the runner for '{self.lease.model_name}' failed ({exc}); it will be restarted "
+            raise ApiError(502, f"the runner for '{self.lease.model_name}' failed ({public_text(str(exc))}); it will be restarted "
                                 "on the next request", code="runner_failed", err_type="server_error")
 
     def ttft_ms(self) -> float | None:

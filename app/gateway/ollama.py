@@ -16,22 +16,23 @@ generation: the admin's keep-alive applies instead.
 from __future__ import annotations
 
 import hashlib
-import json
+import logging
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flask import Blueprint, Response, request, stream_with_context
+from flask import Blueprint, Response, stream_with_context
 from sqlalchemy import select
-from werkzeug.exceptions import RequestEntityTooLarge
 
 from app.engine.formats import detect
+from app.gateway import bodies
 from app.gateway.auth import Principal
 from app.gateway.context import services
-from app.gateway.pipeline import authenticate, body_over_limit, limit_body, serve_generation
+from app.gateway.pipeline import authenticate, serve_generation
 from app.gguf_meta import GgufArray, GgufError
 from app.protocols import ollama
+from app.protocols.errors import public_text
 from app.protocols.ollama import DEFAULT_TAG, NDJSON, hearth_name, ollama_name, parse_keep_alive
 from app.protocols.openai import ApiError, ChatBody, CompletionBody, EmbeddingBody
 from app.residency.catalog import file_facts
@@ -40,6 +41,7 @@ from app.services.catalog import alias_problem
 from app.store import models as db
 
 bp = Blueprint("ollama", __name__)
+log = logging.getLogger(__name__)
 
 # The Ollama release whose API this follows; clients that check a minimum version read it.
 OLLAMA_VERSION = "0.12.6"
@@ -49,16 +51,7 @@ PULL_STATUS = {"bad_source": 400, "not_found": 404, "host_refused": 403, "exists
                "disk_full": 507, "read_only": 500, "write_failed": 500, "unservable": 422, "mismatch": 502}
 # What /api/ps says for a model that never expires (pinned, or keep_alive -1), as Ollama does.
 NEVER = datetime(2318, 1, 1, tzinfo=UTC)
-
-
-@bp.errorhandler(ApiError)
-def _api_error(err: ApiError):
-    status, body = ollama.error_body(err)
-    return Response(json.dumps(body), status=status, headers=err.headers, mimetype="application/json")
-
-
-bp.before_request(limit_body)
-bp.register_error_handler(RequestEntityTooLarge, lambda exc: _api_error(body_over_limit(exc)))
+bodies.install(bp, ollama.error_body)
 
 
 # -- endpoints -------------------------------------------------------------------------------------
@@ -66,22 +59,16 @@ bp.register_error_handler(RequestEntityTooLarge, lambda exc: _api_error(body_ove
 
 def _json_body() -> dict:
     """The request's JSON object (an empty body is an empty object, as Ollama reads it)."""
-    raw = request.get_data(cache=True)
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json")
-    if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-    return data
+    return bodies.json_object(empty_is_object=True)
 
 
 def _model_field(body: dict) -> str:
     model = body.get("model") or body.get("name")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", param="model")
+    if not model.isprintable():
+        raise ApiError(400, "'model' holds a control character (a newline, a NUL byte…); send the name alone",
+                       param="model", code="invalid_model_name")
     return model
 
 
@@ -221,11 +208,14 @@ def show():
         # Cached per version of the file: Home Assistant and Open WebUI call show for every model they list.
         facts = file_facts(entry.path)
     except (GgufError, OSError) as exc:
-        raise ApiError(500, f"cannot read {entry.path}: {exc}", err_type="server_error")
+        log.warning("cannot read %s for /api/show: %s", entry.path, exc)
+        raise ApiError(500, f"cannot read model '{name}''s file {entry.path.name}: {public_text(str(exc))}",
+                       err_type="server_error")
     fields, template = facts.fields, facts.template
     runner = svc.catalog.model_specs()[name].runner
     parameters = f"num_ctx {runner.n_ctx}" if runner else ""
-    modelfile = f"# Modelfile of Hearth's model {name}\nFROM {entry.path}\n" + (f"PARAMETER {parameters}\n" if parameters else "")
+    # The file's name, not its path: where the models folder lies is the household's business.
+    modelfile = f"# Modelfile of Hearth's model {name}\nFROM {entry.path.name}\n" + (f"PARAMETER {parameters}\n" if parameters else "")
     info = _model_info(fields)
     info["general.parameter_count"] = entry.n_params
     fmt = detect(template)
@@ -353,7 +343,7 @@ def pull_lines(p) -> Iterator[dict]:
     while p.state == "verifying":
         time.sleep(PULL_POLL_S)
     if p.state != "done":
-        yield {"error": p.error or f"the pull {p.state}"}
+        yield {"error": public_text(p.error or f"the pull {p.state}")}
         return
     yield {"status": f"pulling {p.filename}", "digest": f"sha256:{p.sha256}", "total": p.total_bytes or p.done_bytes,
            "completed": p.done_bytes}
@@ -393,7 +383,10 @@ def copy():
     """Ollama's copy, as Hearth's alias: the destination name becomes another name of the source."""
     _may_manage(action="copy a model (make an alias)")
     body = _json_body()
-    source = _catalog_name(body.get("source") or "")
+    source = body.get("source")
+    if not isinstance(source, str) or not source:
+        raise ApiError(400, "'source' is required: the name of a model to copy", param="source")
+    source = _catalog_name(source)
     destination = body.get("destination")
     if not isinstance(destination, str) or not destination:
         raise ApiError(400, "'destination' is required", param="destination")

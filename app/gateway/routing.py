@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.policy import ClassPolicy
+from app.protocols.errors import public_text
 from app.protocols.openai import ApiError
 from app.residency.manager import (
     Lease,
@@ -19,13 +20,14 @@ from app.residency.manager import (
     ResidencyManager,
     UnknownModel,
 )
+from app.residency.supervisor import RUNNER_LOG_MARK
 from app.services.catalog import Catalog, DefaultModelPending, ModelEmbedded, ModelNotFound, ModelUnusable
 
 
 def pending_error(progress: dict) -> ApiError:
     """The 503 for a request that needs the default model while it is assembled (or failed to be)."""
     if progress["error"]:
-        return ApiError(503, f"the default model could not be assembled: {progress['error']}",
+        return ApiError(503, f"the default model could not be assembled: {public_text(progress['error'])}",
                         code="default_model_failed", err_type="unavailable_error", headers={"Retry-After": "60"})
     being = "assembled" if progress["phase"] == "assembling" else "verified"
     return ApiError(503, f"the default model is being {being} ({progress['percent']} %); retry in a few seconds",
@@ -46,7 +48,7 @@ class Router:
         except DefaultModelPending as exc:
             raise pending_error(exc.progress)
         except ModelUnusable as exc:
-            raise ApiError(404, str(exc), param="model", code="model_unusable")
+            raise ApiError(404, public_text(str(exc)), param="model", code="model_unusable")
         except ModelNotFound as exc:
             raise ApiError(404, str(exc), param="model", code="model_not_found")
 
@@ -57,10 +59,13 @@ class Router:
         except UnknownModel:
             raise ApiError(404, f"unknown model '{name}'", param="model", code="model_not_found")
         except ModelLoadFailed as exc:
-            raise ApiError(503, f"model '{name}' could not be loaded: {exc.reason}", code="model_load_failed",
+            # The reason may hold the runner's traceback and the model's path: the admin reads those in the log
+            # and on the dashboard, the caller gets the exception's last line with file names only.
+            raise ApiError(503, f"model '{name}' could not be loaded: {public_text(exc.reason.partition(RUNNER_LOG_MARK)[0])}",
+                           code="model_load_failed",
                            err_type="unavailable_error", headers={"Retry-After": "10"})
         except NotEnoughMemory as exc:
-            raise ApiError(503, str(exc), code="not_enough_memory", err_type="unavailable_error",
+            raise ApiError(503, public_text(str(exc)), code="not_enough_memory", err_type="unavailable_error",
                            headers={"Retry-After": "30"})
 
     def delete_model(self, name: str) -> Path:

@@ -11,46 +11,37 @@ name, as on /v1.
 
 from __future__ import annotations
 
-import json
+from flask import Blueprint, request
 
-from flask import Blueprint, Response, request
-from werkzeug.exceptions import RequestEntityTooLarge
-
-from app.gateway.pipeline import body_over_limit, error_response, limit_body, serve_generation
+from app.gateway import bodies
+from app.gateway.pipeline import authenticate, serve_generation
 from app.protocols import anthropic, responses
 from app.protocols.openai import ApiError, ChatBody
 
 bp = Blueprint("vendors", __name__)
 
 
-@bp.errorhandler(ApiError)
-def _api_error(err: ApiError):
+def _shape(err: ApiError) -> tuple[int, dict]:
     """Errors before the relay (token, class, queue) in the caller's vendor's shape."""
-    if request.path == "/v1/messages":
-        status, body = anthropic.error_body(err)
-        return Response(json.dumps(body), status=status, headers=err.headers, mimetype="application/json")
-    return error_response(err)
+    return anthropic.error_body(err) if request.path == "/v1/messages" else bodies.openai_shape(err)
 
 
-bp.before_request(limit_body)
-bp.register_error_handler(RequestEntityTooLarge, lambda exc: _api_error(body_over_limit(exc)))
-
-
-def _body() -> dict:
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-    return body
+bodies.install(bp, _shape)
 
 
 @bp.post("/v1/messages")
 def messages():
     """Anthropic's Messages API through the household's classes."""
+    # The token first: a client without one is answered before a byte of its body is read.
+    principal = authenticate()
     # The prompt's size is not known here before the end: message_start says 0, message_delta the count.
-    return serve_generation(ChatBody, "/v1/chat/completions", anthropic.MessagesAdapter(_body(), input_tokens=0))
+    adapter = anthropic.MessagesAdapter(bodies.json_object(), input_tokens=0)
+    return serve_generation(ChatBody, "/v1/chat/completions", adapter, principal=principal)
 
 
 @bp.post("/v1/responses")
 def create_response():
     """OpenAI's Responses API (stateless) through the household's classes."""
-    return serve_generation(ChatBody, "/v1/chat/completions", responses.ResponsesAdapter(_body()))
+    principal = authenticate()
+    return serve_generation(ChatBody, "/v1/chat/completions", responses.ResponsesAdapter(bodies.json_object()),
+                            principal=principal)

@@ -104,7 +104,10 @@ def _message(i: int, msg) -> list[dict]:
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append({"type": "text", "text": block.get("text", "")})
+            text = block.get("text", "")
+            if not isinstance(text, str):
+                raise ApiError(400, f"'messages.{i}.content.{j}.text' must be a string", param="messages")
+            texts.append({"type": "text", "text": text})
         elif kind == "thinking":
             thoughts.append(str(block.get("thinking") or ""))
         elif kind == "image":

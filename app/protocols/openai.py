@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -14,6 +13,8 @@ from pydantic import (
     model_validator,
 )
 
+from app.protocols.body import load_object
+from app.protocols.errors import ApiError
 from app.schema_subset import (
     GrammarTooLarge,
     InvalidGrammar,
@@ -51,35 +52,6 @@ UNSUPPORTED = {
     "best_of": (None, 1),
     "echo": (None, False),
 }
-
-
-class ApiError(Exception):
-    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        err_type: str = "invalid_request_error",
-        headers: dict[str, str] | None = None,
-        extra: dict | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.err_type = err_type
-        self.headers = headers or {}
-        # llama-server's extra fields of some error types (exceed_context_size_error: n_prompt_tokens, n_ctx).
-        self.extra = dict(extra or {})
-
-    def body(self) -> dict:
-        """The JSON body of the error response."""
-        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code,
-                          **self.extra}}
 
 
 class UnsupportedParameter(ValueError):
@@ -665,20 +637,7 @@ def parse_body(raw: bytes, schema: type[BaseModel], max_bytes: int = MAX_BODY_BY
     over max_bytes)."""
     if len(raw) > max_bytes:
         raise too_large(max_bytes)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ApiError(400, f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_utf8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                       code="invalid_json")
-    except RecursionError:
-        raise ApiError(400, "the request body nests arrays and objects too deeply to read; flatten it",
-                       code="invalid_json")
-    if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    data = load_object(raw)
     try:
         return schema.model_validate(data), data
     except ValidationError as exc:

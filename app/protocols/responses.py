@@ -119,13 +119,16 @@ def _items(items: list) -> list[dict]:
 def _reasoning_text(item: dict) -> str:
     """The text of an input reasoning item: its reasoning_text parts, else its summary's."""
     def texts(parts, kind: str) -> str:
-        return "".join(p.get("text") or "" for p in parts or [] if isinstance(p, dict) and p.get("type") == kind)
+        parts = parts if isinstance(parts, list) else []
+        return "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict) and p.get("type") == kind)
 
     return texts(item.get("content"), "reasoning_text") or texts(item.get("summary"), "summary_text")
 
 
 def _format(text) -> dict | None:
     fmt = (text or {}).get("format") if isinstance(text, dict) else None
+    if fmt and not isinstance(fmt, dict):
+        raise ApiError(400, "'text.format' must be an object such as {\"type\": \"json_object\"}", param="text")
     if not fmt or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
@@ -155,7 +158,10 @@ def to_chat(body: dict) -> dict:
     else:
         raise ApiError(400, "'input' must be a string or a list of items", param="input")
     chat: dict = {"messages": messages}
-    tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"]
+    offered = body.get("tools")
+    if offered is not None and not isinstance(offered, list):
+        raise ApiError(400, "'tools' must be a list of tools", param="tools")
+    tools = [t for t in offered or [] if isinstance(t, dict) and t.get("type") == "function"]
     if tools:
         chat["tools"] = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters",
                                                                           "strict") if t.get(k) is not None}}
@@ -177,10 +183,8 @@ def to_chat(body: dict) -> dict:
         chat["max_tokens"] = body["max_output_tokens"]
     if body.get("stream"):
         chat["stream_options"] = {"include_usage": True}  # the usage of response.completed
-    reasoning = body.get("reasoning")
-    if reasoning is not None and not isinstance(reasoning, dict):
-        raise ApiError(400, "'reasoning' must be an object such as {\"effort\": \"low\"}", param="reasoning")
-    if (reasoning or {}).get("effort") is not None:
+    reasoning = _reasoning(body)
+    if reasoning.get("effort") is not None:
         chat["reasoning_effort"] = effort(reasoning["effort"], "reasoning.effort")
     for key in _PASSED:
         if body.get(key) is not None:
@@ -190,7 +194,15 @@ def to_chat(body: dict) -> dict:
 
 def shows_reasoning(body: dict) -> bool:
     """Whether the answer carries the model's reasoning: unless the request's effort is "none"."""
-    return (body.get("reasoning") or {}).get("effort") != EFFORT_OFF
+    return _reasoning(body).get("effort") != EFFORT_OFF
+
+
+def _reasoning(body: dict) -> dict:
+    """The request's reasoning object ({} when absent); a 400 for anything else (a bare "high" once was a 500)."""
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise ApiError(400, "'reasoning' must be an object such as {\"effort\": \"low\"}", param="reasoning")
+    return reasoning or {}
 
 
 def _usage(usage: dict) -> dict:

@@ -387,6 +387,10 @@ class LoadSplit:
                    measured_by_runner=True)
 
 
+# Between a failed start's reason and the runner's log in its text: what comes after is the admin's to read.
+RUNNER_LOG_MARK = "\n--- runner log ---\n"
+
+
 class RunnerStartFailed(Exception):
     """The runner exited, reported a failed load, or was not ready in time."""
 
@@ -394,7 +398,7 @@ class RunnerStartFailed(Exception):
         self.reason = reason
         self.log_tail = log_tail
         tail = "\n".join(log_tail[-20:])
-        super().__init__(f"{reason}\n--- runner log ---\n{tail}" if tail else reason)
+        super().__init__(f"{reason}{RUNNER_LOG_MARK}{tail}" if tail else reason)
 
 
 def free_port() -> int:

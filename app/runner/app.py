@@ -135,7 +135,9 @@ class RunnerApp:
             return error_response(ApiError(exc.code or 500, exc.description or exc.name, err_type="invalid_request_error"))
         except Exception as exc:  # one bad request must never take the runner down
             log.exception("unhandled error on %s", req.path)
-            return error_response(ApiError(500, f"internal error: {exc}", err_type="server_error"))
+            # The exception's text may name files and internals: the log has it, the caller a pointer there.
+            return error_response(ApiError(500, f"internal error ({type(exc).__name__}); the runner's log has the "
+                                                "details", err_type="server_error"))
 
     def _check_key(self, req: HttpRequest) -> None:
         keys = self.state.config.api_keys

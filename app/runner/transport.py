@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
+from app.protocols.body import load_object
 from app.protocols.openai import ApiError, body_limit, parse_body, too_large
 
 # An error as an API answers it: HTTP status and body (OpenAI's shape unless a route names another).
@@ -46,16 +47,13 @@ def read_body(req: HttpRequest, schema: type[BaseModel]):
     return parse_body(raw, schema, body_limit(req.path))[0]
 
 
-class _AnyObject(BaseModel):
-    """Any JSON object: parse_body's checks (size, UTF-8, JSON, an object) without field validation."""
-
-    model_config = ConfigDict(extra="allow")
-
-
 def read_object(req: HttpRequest) -> dict:
     """A request's JSON object body, unvalidated (other APIs' bodies, translated before they are checked)."""
+    limit = body_limit(req.path)
     try:
         raw = req.get_data(cache=False)
     except RequestEntityTooLarge:
-        raise too_large(body_limit(req.path))
-    return parse_body(raw, _AnyObject, body_limit(req.path))[1]
+        raise too_large(limit)
+    if len(raw) > limit:
+        raise too_large(limit)
+    return load_object(raw)
