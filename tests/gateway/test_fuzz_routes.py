@@ -8,7 +8,7 @@ description states (types, required fields, bounds), which is where a parser's 5
 it underneath (tests/reliability/test_fuzz.py fuzzes the body parser alone with hypothesis).
 
 The serve's catalog holds the stand-in model, a GGUF nothing can load, and each generation body names a model
-the catalog lacks (a missing model is the default model's path, tests/gateway/test_bad_input.py): everything a request passes before a runner is asked (token, body reader, validation,
+the catalog lacks (a missing model is the default model's path, tests/gateway/test_untrusted_input.py): everything a request passes before a runner is asked (token, body reader, validation,
 adapters, class, model resolution) runs for every case, without starting a runner per case. The real-model
 serve's schemathesis run (tests/reliability/test_fuzz.py, `model` tier) goes on into the runners.
 """
@@ -110,7 +110,7 @@ def test_every_field_of_every_generation_route_takes_any_wrong_value_without_a_5
         for field in _fields(path):
             for wrong in WRONG:
                 if field == "model" and wrong in ("", None):
-                    continue  # the default model's path (503 here: it cannot load), tests/gateway/test_bad_input.py
+                    continue  # the default model's path (503 here: it cannot load), tests/gateway/test_untrusted_input.py
                 body = {**VALID[path], field: wrong}
                 if field != "model":
                     body["model"] = ABSENT_MODEL
