@@ -21,7 +21,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.paths import DATABASE_NAME, PRIVATE_FILE_MODE, private_dir
+from app.paths import DATABASE_NAME, PRIVATE_FILE_MODE, private_dir, private_file
 from app.store.seed import seed_defaults
 
 # Held (flock) by every process serving the store, taken exclusively by `hearth restore`.
@@ -40,13 +40,20 @@ def create_private(path: Path) -> None:
     """Create the database file owner-only (0600) before SQLite does, or make an existing one so.
 
     SQLite gives its -wal and -shm files the database file's mode, so they follow: the request log and the
-    tokens' hashes are never readable by another local user.
+    tokens' hashes are never readable by another local user. An existing file is changed by its path and never
+    opened: SQLite's locks are POSIX locks, which belong to the process, and closing any descriptor of the file
+    releases every lock this process's connections hold on it (serve opens an engine beside its writer's, and a
+    closed descriptor here let their transactions overlap: a serve's request log and residency events were lost).
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        private_file(path)
+        return
     try:
         os.fchmod(fd, PRIVATE_FILE_MODE)
     except PermissionError:
-        pass  # another user's file this one may write (an ACL): serve's start check says so
+        pass  # another user's folder this one may write (an ACL): serve's start check says so
     finally:
         os.close(fd)
 

@@ -284,3 +284,42 @@ def _insert(engine) -> bool:
     with engine.begin() as c:
         c.execute(text("INSERT INTO settings (key, value, updated_at) VALUES ('other', '1', '2026-12-03 00:00:00')"))
     return True
+
+
+
+def _count_elsewhere(path, write: bool = False) -> int:
+    """Rows of t as another process sees them (after inserting one, when `write`)."""
+    import subprocess
+    import sys
+
+    script = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1])\n"
+              + ("c.execute('INSERT INTO t VALUES (100)'); c.commit()\n" if write else "")
+              + "print(c.execute('SELECT count(*) FROM t').fetchone()[0])")
+    return int(subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True,
+                              check=True).stdout)
+
+
+def test_opening_the_store_again_loses_no_write_of_this_process(tmp_path):
+    """make_engine on a database this process already has open must not open and close a descriptor of it: SQLite's
+    POSIX locks belong to the process and closing any descriptor drops them all, so the next process to open the
+    file took the WAL for its own and this process's later commits were lost to every other reader (a serve's
+    request log and residency events came back empty)."""
+    path = tmp_path / "hearth.db"
+    first = db.make_engine(path)
+    with first.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+    conn = first.connect()
+    try:
+        for i in range(5):
+            conn.exec_driver_sql(f"INSERT INTO t VALUES ({i})")
+            conn.commit()
+        db.make_engine(path).dispose()  # a second engine on the same file, as serve opens one beside its writer's
+        assert _count_elsewhere(path, write=True) == 6
+        for i in range(5):
+            conn.exec_driver_sql(f"INSERT INTO t VALUES ({10 + i})")
+            conn.commit()
+        assert conn.exec_driver_sql("SELECT count(*) FROM t").scalar() == 11
+        assert _count_elsewhere(path) == 11
+    finally:
+        conn.close()
+        first.dispose()
