@@ -214,6 +214,7 @@ class Engine:
         # None when both are off or the model cannot save states.
         self.tiers = attach_tiers(self.scheduler, model, cache_ram_bytes, clock, cache_disk)
         self.counters = EngineCounters()
+        self._last_full_start: float | None = None  # the start of the last iteration, when it was a full batch (_note_period)
         self.iterations: collections.deque[IterationStats] = collections.deque(maxlen=iteration_history)
         self.finished_listeners: list[Callable[[RequestStats], None]] = []
         self._cv = threading.Condition()
@@ -408,6 +409,16 @@ class Engine:
                 self._finish(r, RequestStatus.FINISHED_CANCELLED)
         self._cancels.clear()
 
+    def _note_period(self, schedule, t0: float) -> None:
+        """The period between the starts of two iterations in a row that were each a full batch of decodes alone (no
+        prompt, no draft): the TPOT each of those sequences waited, as their clients measure it. A pair is needed:
+        after the last full iteration of a burst the engine may idle, and that wait is nobody's TPOT."""
+        full = (schedule.num_decode_tokens == self.scheduler.config.max_seqs and not schedule.num_prompt_tokens
+                and not schedule.num_draft_tokens and self.counters.iterations_total >= PACE_WARMUP_ITERATIONS)
+        if full and self._last_full_start is not None:
+            self.scheduler.full_batch_periods.append((t0 - self._last_full_start) * 1000)
+        self._last_full_start = t0 if full else None
+
     def _iterate(self) -> None:
         if self.media is not None:
             self.media.before_iteration(self)
@@ -476,6 +487,7 @@ class Engine:
             cost.observe(num_decoded, schedule.num_prompt_tokens, iteration_ms)
             if schedule.num_prompt_tokens:
                 self.scheduler.chunks.observe(schedule.num_prompt_tokens, iteration_ms - cost.decode_ms * num_decoded)
+        self._note_period(schedule, t0)
         c = self.counters
         c.iterations_total += 1
         c.busy_slots_total += len(schedule.chunks)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -20,6 +21,12 @@ from app.policy import Mode
 # for PACE_MIN_SAMPLES warm iterations, and the overview says "measuring" until then instead of "out of reach".
 PACE_WARMUP_ITERATIONS = 8
 PACE_MIN_SAMPLES = 32
+# The full batch's pace is the median period of the last this many iterations in which every slot decoded and
+# nothing else ran (what each of those sequences waited for its next token), once FULL_BATCH_MIN_PERIODS were seen;
+# the fit's extrapolation before that. The fit forgets over ~100 iterations of every shape, so after a busier or
+# quieter spell it told the Overview a pace the clients no longer saw (71 ms against their 56 at 8 streams).
+FULL_BATCH_WINDOW = 64
+FULL_BATCH_MIN_PERIODS = 16
 
 
 @dataclass(frozen=True)
@@ -266,6 +273,7 @@ class Scheduler:
         # "kv" when the cache had no room for a batch.
         self.preemptions_by_class: collections.Counter[tuple[str, str]] = collections.Counter()
         self.cost = CostModel()
+        self.full_batch_periods: collections.deque[float] = collections.deque(maxlen=FULL_BATCH_WINDOW)
         # Until measured, the knee is the smallest chunk the budget cuts anyway: the budget as it was.
         self.chunks = ChunkCosts(config.token_budget, default=config.min_prefill_tokens)
         # The pace the last budgeted iteration kept instead of a target out of its reach (None: in reach).
@@ -614,6 +622,13 @@ class Scheduler:
         # min_prefill_tokens bank their time).
         return max(within, self.chunks.knee) if self.chunks.measured else within
 
+    def full_batch_decode_ms(self) -> float:
+        """The TPOT every sequence gets while every slot decodes: measured (the median period of recent full
+        decode-only iterations) once enough were seen, else the cost fit's prediction."""
+        if len(self.full_batch_periods) >= FULL_BATCH_MIN_PERIODS:
+            return statistics.median(self.full_batch_periods)
+        return self.cost.iteration_ms(self.config.max_seqs, 0)
+
     def full_batch_tpot_ms(self) -> float:
         """The TPOT a full batch (every slot decoding) keeps on this hardware while prompts prefill at the knee.
 
@@ -632,7 +647,8 @@ class Scheduler:
         `pace_measured` false: the paces are the prior's and the first iterations', not to be shown as verdicts."""
         reachable = self.reachable_tpot_ms if self.pace_measured else None
         return {**self.chunks.as_dict(), "full_batch_tpot_ms": round(self.full_batch_tpot_ms(), 2),
-                "full_batch_decode_ms": round(self.cost.iteration_ms(self.config.max_seqs, 0), 2),
+                "full_batch_decode_ms": round(self.full_batch_decode_ms(), 2),
+                "full_batch_periods": len(self.full_batch_periods),
                 "headroom": self.config.slo_headroom,
                 "slots": self.config.max_seqs,
                 "pace_measured": self.pace_measured, "warm_iterations": self.cost.num_samples,

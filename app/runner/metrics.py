@@ -156,7 +156,7 @@ class _EngineCollector:
                     "The TPOT a full batch keeps while prompts prefill at the knee: tighter targets are out of reach "
                     "(0: measuring)", feasible.get("full_batch_tpot_ms", 0) / 1000 if measured else 0)
         yield gauge("hearth:full_batch_decode_seconds",
-                    "An iteration of a full batch's decode tokens alone (fitted; 0: measuring)",
+                    "A token every this often while every slot decodes: the median of recent full decode-only iterations' periods, the fit until enough were seen (0: measuring)",
                     feasible.get("full_batch_decode_ms", 0) / 1000 if measured else 0)
         yield gauge("hearth:budget_reachable_tpot_seconds",
                     "The pace the last budgeted iteration kept instead of an out-of-reach target (0: in reach)",

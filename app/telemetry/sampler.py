@@ -85,7 +85,7 @@ METRICS = {
         Metric("prefill_knee", "tokens", "prompt tokens per iteration past which a bigger chunk is no cheaper per token (measured)"),
         Metric("prefill_knee_measured", "0/1", "1 once the runner measured its chunk costs (before: the default knee)"),
         Metric("full_batch_tpot_ms", "ms", "the TPOT a full batch keeps while prompts prefill at the knee: tighter targets are out of reach"),
-        Metric("full_batch_decode_ms", "ms", "an iteration of a full batch's decode tokens alone (fitted)"),
+        Metric("full_batch_decode_ms", "ms", "a token every this often while every slot decodes (measured, fitted until seen)"),
         Metric("prefill_token_ms", "ms", "a prompt token's cost in an iteration (fitted)"),
         Metric("reachable_tpot_ms", "ms", "the pace the budget kept instead of an out-of-reach target (0: every target in reach)"),
         Metric("spec_draft_tok_s", "tok/s", "draft tokens verified per second (speculative decoding)"),

@@ -716,3 +716,22 @@ def test_a_voice_request_takes_the_only_slot_and_background_resumes_from_its_cac
     # On resumption only its last token went through the model again: its cells had stayed cached.
     resumed = next(b for b in model.batches[6:] if b[0].request_id == bg.request_id)
     assert len(resumed[0].tokens) == 1 and model.violations == []
+
+
+def test_the_full_batch_pace_is_the_measured_period_of_full_decode_only_iterations(make_engine):
+    """The pace the Overview shows ("a token every X ms with N at once") is what the sequences of a full batch waited
+    between tokens (the fake clock: 10 ms a decode), not the cost fit's extrapolation; half-full iterations and the idle
+    wait after the last full one are left out."""
+    model = FakeModel(n_seq_max=2, decode_step_s=0.010)
+    engine = make_engine(model)
+    a = engine.submit(prompt(1), greedy(60, ignore_eos=True))
+    b = engine.submit(prompt(2), greedy(60, ignore_eos=True))
+    run_all(engine, [a, b])
+    sched = engine.scheduler
+    assert len(sched.full_batch_periods) >= 16
+    assert sched.full_batch_decode_ms() == pytest.approx(10.0)
+    assert sched.feasibility()["full_batch_decode_ms"] == pytest.approx(10.0)
+    # One sequence alone afterwards is no full batch: the measured pace stays.
+    c = engine.submit(prompt(3), greedy(30, ignore_eos=True))
+    collect(c)
+    assert sched.full_batch_decode_ms() == pytest.approx(10.0)
