@@ -33,8 +33,9 @@ def advice(probe: Probe, nvidia: list, drm_cards: list) -> list[str]:
                      "`hearth models set NAME --gpu-layers 99` (llama-cpp-python built with CUDA)")
     elif gpus:
         names = ", ".join(f"{d.name} ({d.description})" for d in gpus)
-        notes.append(f"layers offload to {names}: set them per model with `hearth models set NAME --gpu-layers 99`; "
-                     "the budget is that device memory")
+        notes.append(f"layers offload to {names}: a model whose GPU layers are unset is fitted to the free memory "
+                     "(context, KV type, layers; the Models page says why), or set them with "
+                     "`hearth models set NAME --gpu-layers N`; the budget is that device memory")
         if any(not d.reports_usage for d in gpus):
             notes.append("the driver reports no memory use: Hearth counts the device buffers its runners report "
                          "(llama.cpp's own sizes)")
