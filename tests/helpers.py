@@ -232,3 +232,16 @@ def house_system_prompt(repeats: int) -> str:
     )
     return ("You are the voice assistant of a family home. Answer in one short sentence. "
             "These are the devices of the house and their state:\n" + devices)
+
+
+def class_form(app, name: str, **changes) -> dict:
+    """The Classes page's edit form for one class as stored now, with `changes` over it (what a browser posts)."""
+    from app.admin import CLASS_FIELDS
+    from app.gateway.context import services
+    from app.store.models import RequestClass
+
+    with services(app).sessions() as s:
+        row = s.get(RequestClass, name)
+        values = {f: str(getattr(row, f)) for f in CLASS_FIELDS}
+        values.update({"default_model": row.default_model or "", "thinking": row.thinking})
+    return {**values, **changes}

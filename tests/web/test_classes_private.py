@@ -1,16 +1,7 @@
 """The Classes page marks a class private (its prompts never written to the runners' KV disk tier)."""
 
-from app.admin import CLASS_FIELDS
 from app.gateway.context import services
-from app.store.models import RequestClass
-
-
-def _class_form(app, name, **changes):
-    with services(app).sessions() as s:
-        row = s.get(RequestClass, name)
-        values = {f: str(getattr(row, f)) for f in CLASS_FIELDS}
-        values.update({"default_model": row.default_model or "", "thinking": row.thinking})
-    return {**values, **changes}
+from tests.helpers import class_form
 
 
 def test_a_class_is_marked_private_on_the_classes_page(app, admin, csrf_token):
@@ -18,14 +9,14 @@ def test_a_class_is_marked_private_on_the_classes_page(app, admin, csrf_token):
     assert hearth.classes.get("chat").private is False
     form = admin.get("/classes/chat/edit", headers={"HX-Request": "true"}).get_data(as_text=True)
     assert '<select name="private"' in form and "never written to the KV cache on the data volume" in form
-    data = _class_form(app, "chat", private="on", csrf_token=csrf_token(admin, "/classes"))
+    data = class_form(app, "chat", private="on", csrf_token=csrf_token(admin, "/classes"))
     assert admin.post("/classes/chat", data=data, headers={"HX-Request": "true"}).status_code == 200
     assert hearth.classes.get("chat").private is True
     form = admin.get("/classes/chat/edit", headers={"HX-Request": "true"}).get_data(as_text=True)
     assert '<option value="on" selected>yes (never on disk)' in form
     # A form of an older page, without the field, leaves it as it is.
-    data = {k: v for k, v in _class_form(app, "chat", csrf_token=csrf_token(admin, "/classes")).items() if k != "private"}
+    data = {k: v for k, v in class_form(app, "chat", csrf_token=csrf_token(admin, "/classes")).items() if k != "private"}
     assert admin.post("/classes/chat", data=data, headers={"HX-Request": "true"}).status_code == 200
     assert hearth.classes.get("chat").private is True
-    bad = _class_form(app, "chat", private="perhaps", csrf_token=csrf_token(admin, "/classes"))
+    bad = class_form(app, "chat", private="perhaps", csrf_token=csrf_token(admin, "/classes"))
     assert admin.post("/classes/chat", data=bad, headers={"HX-Request": "true"}).status_code == 422

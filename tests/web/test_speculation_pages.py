@@ -12,6 +12,7 @@ from app.engine.speculation import LOOKUP_DRAFT_MAX
 from app.gateway.context import services
 from app.residency.manager import ModelState
 from app.store.models import Model, RequestClass, RequestRecord, RunnerSettings
+from tests.helpers import class_form
 
 NOTE = "standing aside: 6 sequences decode (drafts above 4 cost the batch)"
 CLASS_FIELDS = ("priority", "ttft_target_ms", "tpot_target_ms", "default_max_tokens", "max_output_tokens",
@@ -92,12 +93,6 @@ def test_saving_the_setting_needs_csrf(app, admin):
 # -- Classes ---------------------------------------------------------------------------------------------
 
 
-def _class_form(app, name, **changes):
-    with services(app).sessions() as s:
-        row = s.get(RequestClass, name)
-        values = {f: str(getattr(row, f)) for f in CLASS_FIELDS}
-        values.update({"default_model": row.default_model or "", "thinking": row.thinking})
-    return {**values, **changes}
 
 
 def test_the_class_switch_round_trips_and_applies_to_the_gateway(app, admin, csrf_token):
@@ -105,13 +100,13 @@ def test_the_class_switch_round_trips_and_applies_to_the_gateway(app, admin, csr
     assert hearth.classes.get("background").speculation is True
     form = admin.get("/classes/background/edit", headers={"HX-Request": "true"}).get_data(as_text=True)
     assert '<select name="speculation"' in form and '<option value="on" selected>' in form
-    data = _class_form(app, "background", speculation="off", csrf_token=csrf_token(admin, "/classes"))
+    data = class_form(app, "background", speculation="off", csrf_token=csrf_token(admin, "/classes"))
     assert admin.post("/classes/background", data=data, headers={"HX-Request": "true"}).status_code == 200
     assert hearth.classes.get("background").speculation is False
     form = admin.get("/classes/background/edit", headers={"HX-Request": "true"}).get_data(as_text=True)
     assert '<option value="off" selected>' in form
     # A form of an older page, without the field, leaves the switch as it is.
-    data = _class_form(app, "background", weight="2", csrf_token=csrf_token(admin, "/classes"))
+    data = class_form(app, "background", weight="2", csrf_token=csrf_token(admin, "/classes"))
     assert admin.post("/classes/background", data=data, headers={"HX-Request": "true"}).status_code == 200
     assert hearth.classes.get("background").speculation is False and hearth.classes.get("background").weight == 2
     page = admin.get("/classes").get_data(as_text=True)
@@ -120,7 +115,7 @@ def test_the_class_switch_round_trips_and_applies_to_the_gateway(app, admin, csr
 
 
 def test_a_bad_switch_value_is_refused_inline(app, admin, csrf_token):
-    data = _class_form(app, "chat", speculation="sometimes", csrf_token=csrf_token(admin, "/classes"))
+    data = class_form(app, "chat", speculation="sometimes", csrf_token=csrf_token(admin, "/classes"))
     r = admin.post("/classes/chat", data=data, headers={"HX-Request": "true"})
     assert r.status_code == 422
     assert "'sometimes' is not a valid speculation: enter yes or no" in htmllib.unescape(r.get_data(as_text=True))
