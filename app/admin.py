@@ -21,6 +21,15 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
 
+def runner_settings_of(s, row) -> db.RunnerSettings:
+    """A model's runner settings row, created (a hearth runner, every field at its default) when it has none yet."""
+    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
+    if rs is None:
+        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
+        s.add(rs)
+    return rs
+
+
 def _flag(value: str) -> bool:
     v = value.strip().lower()
     if v in _TRUE:
@@ -144,9 +153,7 @@ def set_model_speculation(s, name: str, value: str) -> db.RunnerSettings:
     problem = speculation_problem(rs.kind if rs else "hearth", value)
     if problem:
         raise AdminError(f"speculative decoding '{value}': {problem}")
-    if rs is None:
-        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
-        s.add(rs)
+    rs = rs or runner_settings_of(s, row)
     rs.speculation = None if value == SPEC_AUTO else value
     return rs
 
@@ -165,10 +172,7 @@ def set_model_draft(s, name: str, value: str) -> db.RunnerSettings:
         raise AdminError(f"{name} cannot be its own draft model: choose a smaller model of its family")
     if draft is not None and s.scalar(select(db.Model).where(db.Model.name == draft)) is None:
         raise AdminError(f"no model '{draft}' to draft with; `hearth models list` shows the names")
-    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
-    if rs is None:
-        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
-        s.add(rs)
+    rs = runner_settings_of(s, row)
     rs.draft_model = draft
     return rs
 
@@ -186,10 +190,7 @@ def set_model_kv_types(s, name: str, type_k: str, type_v: str | None = None) -> 
     problem = kv_type_problem(type_k, type_v)
     if problem:
         raise AdminError(f"KV cache type: {problem}")
-    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
-    if rs is None:
-        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
-        s.add(rs)
+    rs = runner_settings_of(s, row)
     rs.cache_type_k = None if type_k == DEFAULT_KV_TYPE else type_k
     rs.cache_type_v = None if type_v == DEFAULT_KV_TYPE else type_v
     return rs
@@ -217,10 +218,7 @@ def set_model_placement(s, name: str, n_cpu_moe: int | None = None, devices: str
         raise AdminError(f"--split-mode {split_mode!r}: none, layer or row")
     if main_gpu is not None and main_gpu < 0:
         raise AdminError("--main-gpu: a GPU's index, 0 or more")
-    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
-    if rs is None:
-        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
-        s.add(rs)
+    rs = runner_settings_of(s, row)
     if n_cpu_moe is not None:
         rs.n_cpu_moe = n_cpu_moe or None
     if devices is not None:
@@ -247,10 +245,7 @@ def set_model_weights(s, name: str, value: str) -> db.RunnerSettings:
     problem = weights_problem(value)
     if problem:
         raise AdminError(f"weights '{value}': {problem}")
-    rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
-    if rs is None:
-        rs = db.RunnerSettings(model_id=row.id, kind="hearth")
-        s.add(rs)
+    rs = runner_settings_of(s, row)
     rs.weights = None if value == WEIGHTS_WARM else value
     return rs
 
@@ -380,10 +375,7 @@ def _models(args, s, data: Path) -> None:
     runner_fields = {"kind": args.runner, "binary_path": args.binary, "n_ctx": args.ctx, "parallel": args.parallel,
                      "n_batch": args.batch, "threads": args.threads, "gpu_layers": args.gpu_layers, "mode": args.mode}
     if any(v is not None for v in runner_fields.values()):
-        rs = s.scalar(select(db.RunnerSettings).where(db.RunnerSettings.model_id == row.id))
-        if rs is None:
-            rs = db.RunnerSettings(model_id=row.id, kind="hearth")
-            s.add(rs)
+        rs = runner_settings_of(s, row)
         for k, v in runner_fields.items():
             if v is not None:
                 setattr(rs, k, v)

@@ -276,6 +276,14 @@ def _choice_refused(name: str, card, field: str, value: str, problem: str):
     return _render_card(name, 422, form=form, form_errors={field: problem})
 
 
+def _saved(name: str, message: str):
+    """The card after a runner setting was saved, saying so; a resident model is told its runner keeps the old one."""
+    state = next((m["state"] for m in services().residency.status() if m["name"] == name), None)
+    if state in RESIDENT_STATES:
+        message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
+    return _render_card(name, message=message)
+
+
 @bp.post("/models/<name>/speculation")
 @login_required
 def speculation(name: str):
@@ -287,10 +295,7 @@ def speculation(name: str):
     if problem:
         return _choice_refused(name, card, "speculation", value, problem)
     message = f"Saved: speculative decoding {SPECULATION_LABELS[value].split(':')[0].lower()}."
-    state = next((m["state"] for m in services().residency.status() if m["name"] == name), None)
-    if state in RESIDENT_STATES:
-        message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
-    return _render_card(name, message=message)
+    return _saved(name, message)
 
 
 @bp.post("/models/<name>/draft")
@@ -309,10 +314,7 @@ def draft(name: str):
         return _choice_refused(name, card, "draft_model", value, problem)
     message = (f"Saved: {value} drafts for {name} while its speculative decoding is auto." if value and value != "none"
                else "Saved: no draft model.")
-    state = next((m["state"] for m in services().residency.status() if m["name"] == name), None)
-    if state in RESIDENT_STATES:
-        message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
-    return _render_card(name, message=message)
+    return _saved(name, message)
 
 
 def _entry(name: str):
@@ -329,10 +331,7 @@ def kv_cache(name: str):
     if problem:
         return _choice_refused(name, card, "kv_cache", value, problem)
     message = f"Saved: KV cache {value}."
-    state = next((m["state"] for m in services().residency.status() if m["name"] == name), None)
-    if state in RESIDENT_STATES:
-        message += " The running runner keeps its setting until it restarts: unload and load it to apply it now."
-    return _render_card(name, message=message)
+    return _saved(name, message)
 
 
 @bp.post("/models/<name>/weights")
