@@ -459,6 +459,9 @@ class ChatBody(_Body):
             data = dict(data)
             functions = data.pop("functions", None)
             call = data.pop("function_call", None)
+            if functions is not None and not isinstance(functions, list):
+                raise BodyProblem("functions", "'functions' must be a list of function definitions "
+                                               f"(got {type(functions).__name__}); 'tools' is its current name")
             if functions and "tools" not in data:
                 data["tools"] = [{"type": "function", "function": f} for f in functions]
             if call is not None and "tool_choice" not in data:

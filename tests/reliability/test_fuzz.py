@@ -96,3 +96,15 @@ def test_openapi_description_is_generated_from_the_request_models(serve):
     assert {f.alias or name for name, f in ChatBody.model_fields.items()} <= set(chat["properties"])
     assert chat["properties"]["temperature"]["maximum"] == 2.0
     assert doc["paths"]["/v1/chat/completions"]["post"]["security"] == [{"bearerAuth": []}]
+
+
+def test_legacy_functions_that_are_not_a_list_are_a_400():
+    # Found by the fuzz test above in CI: {"functions": 1} reached a for loop.
+    for functions in (1, "f", {"name": "x"}, True):
+        raw = json.dumps({"messages": [{"role": "user", "content": "hi"}], "functions": functions}).encode()
+        try:
+            parse_body(raw, ChatBody)
+        except ApiError as err:
+            assert err.status == 400 and "'functions' must be a list" in err.message
+        else:
+            raise AssertionError(f"functions={functions!r} was accepted")
