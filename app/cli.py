@@ -273,6 +273,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                 _add_bench_parsing, _add_bench_families, _add_bench_spec, _add_bench_tiers,
                 _add_bench_vision):
         add(bench_sub)
+    from app.devtools import ceiling_bench
+
+    ceiling_bench.add_arguments(bench_sub.add_parser("ceiling", help="the serving path's token ceiling: runner and "
+                                                     "serve against stock llama-server on a tiny random model"))
 
 
 def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
@@ -916,6 +920,10 @@ def _bench(args) -> int:
         from app.devtools.flood import run_flood
 
         return run_flood(args, resolve_model(args.model))
+    if name == "ceiling":
+        from app.devtools import ceiling_bench
+
+        return ceiling_bench.run(args)
     if name in ("gateway", "residency"):
         from app.devtools import gateway_bench
 

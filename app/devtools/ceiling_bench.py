@@ -1,0 +1,256 @@
+"""`hearth bench ceiling`: the serving path's token ceiling against stock llama-server, on a model whose decode is free.
+
+A tiny random-weight model (`hearth models random tiny`) decodes in microseconds, so what the table shows is
+everything around llama.cpp: Python per token, the HTTP stream, serve's relay. Each target is started with the same
+model, slots (-np), context and threads; each row streams `--tokens` tokens per stream, best of `--repeats`, and
+reads the CPU seconds every process (its tree: gunicorn arbiter and worker) spent over that same best run.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
+
+from app.llama_tools import tools_cache_dir
+
+TARGETS = ("llama-server", "runner", "serve")
+# A streamed event's usage (OpenAI's include_usage chunk, or the final chunk's usage).
+_USAGE = re.compile(rb'"completion_tokens":\s*(\d+)')
+
+
+def default_llama_server() -> str:
+    """The cached stock llama-server of the pinned llama.cpp (scripts/build_llama_tools.sh)."""
+    return str(tools_cache_dir() / "bin" / "llama-server")
+
+
+def add_arguments(parser) -> None:
+    """The flags of `hearth bench ceiling`."""
+    parser.add_argument("--model", help="GGUF (default: a tiny random model written to a temporary folder)")
+    parser.add_argument("--llama-server", default=None, help="stock llama-server binary (default: the cached "
+                        "~/.cache/hearth/llama-tools/<version>/bin/llama-server)")
+    parser.add_argument("--streams", default="1,8,32", help="concurrent stream counts (default %(default)s); "
+                        "up to 8 run on -np 8, more on -np <streams>")
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per stream (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row, the best kept (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads of every target (default %(default)s)")
+    parser.add_argument("--ctx-per-slot", type=int, default=512, help="context per slot (default %(default)s)")
+    parser.add_argument("--targets", default=",".join(TARGETS), help="which of %(default)s to run")
+    parser.add_argument("--json", dest="json_path", help="write the rows here")
+
+
+@dataclass
+class Row:
+    """One target at one stream count: its best run."""
+
+    target: str
+    streams: int
+    tok_s: float
+    tokens: int
+    cpu_s: dict[str, float] = field(default_factory=dict)  # process name → CPU seconds over the best run
+
+    def cpu_per_1k(self, name: str) -> float:
+        """CPU seconds the process `name` spent per 1,000 tokens generated."""
+        return self.cpu_s[name] * 1000 / self.tokens if self.tokens else 0.0
+
+
+def tree_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes and all their descendants (gone ones count zero)."""
+    seen, total = set(), 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for p in procs:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system
+    return total
+
+
+def _one_stream(url: str, headers: dict, body: bytes, out: list, i: int) -> None:
+    """POST one streamed completion and read it to the end; out[i] = completion tokens (usage, else events)."""
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    try:
+        conn.request("POST", u.path, body=body, headers={"Content-Type": "application/json", **headers})
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}: {r.read()[:300]!r}")
+        chunks = []
+        while True:
+            b = r.read1(65536)
+            if not b:
+                break
+            chunks.append(b)
+        data = b"".join(chunks)
+        used = _USAGE.findall(data)
+        out[i] = int(used[-1]) if used else data.count(b"data: {")
+    finally:
+        conn.close()
+
+
+def run_streams(url: str, headers: dict, model: str, n: int, tokens: int) -> tuple[float, int]:
+    """n concurrent streams of `tokens` tokens each: (tok/s over the whole run, tokens generated)."""
+    counts = [0] * n
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        body = json.dumps({"model": model, "prompt": f"Story {i}:", "max_tokens": tokens, "ignore_eos": True,
+                           "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+        try:
+            _one_stream(url, headers, body, counts, i)
+        except BaseException as exc:  # reported below: a failed stream must not pass for a fast one
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return sum(counts) / elapsed, sum(counts)
+
+
+@dataclass
+class Started:
+    """A target the bench started: where to send, with what, the processes whose CPU counts, and how to stop it."""
+
+    url: str
+    headers: dict
+    processes: Callable[[], dict[str, list[int]]]  # name → root pids (each counted with its descendants)
+    stop: Callable[[], None]
+
+
+def start_target(target: str, model_path: str, parallel: int, ctx: int, threads: int, binary: str,
+                 tmp: Path) -> Started:
+    """Start llama-server, a hearth runner, or hearth serve (which starts its runner) with these constants."""
+    from app.residency.supervisor import RunnerProcess, RunnerSpec
+
+    if target in ("llama-server", "runner"):
+        kind = "llama-server" if target == "llama-server" else "hearth"
+        spec = RunnerSpec(model_name="tiny", model_path=model_path, kind=kind, binary_path=binary if
+                          kind == "llama-server" else None, n_ctx=ctx, parallel=parallel, threads=threads)
+        proc = RunnerProcess(spec).start(180)
+        return Started(proc.url, proc.headers, lambda: {target: [proc.pid]}, proc.stop)
+    from app.devtools.serve_process import ServeProcess, prepare_data
+
+    data, models = tmp / f"data-{parallel}", tmp / f"models-{parallel}"
+    models.mkdir(exist_ok=True)
+    # One token stands for every client: it may hold the whole class (member_class_share 1).
+    tokens = prepare_data(data, settings={"runner_ctx": ctx, "runner_parallel": parallel, "runner_threads": threads,
+                                          "member_class_share": 1.0},
+                          classes={"chat": {"max_concurrent": 64, "max_queue": 64}}, tokens=[("bench", "chat", [])])
+    serve = ServeProcess(data, models, Path(model_path), tmp / f"serve-{parallel}.log")
+
+    def processes() -> dict[str, list[int]]:
+        runners = serve.runner_arbiters()
+        runner_pids = {p.pid for p in serve.runner_processes()}
+        own = [p.pid for p in psutil.Process(serve.proc.pid).children(recursive=True) if p.pid not in runner_pids]
+        # serve's own tree less its runners: the arbiter alone, plus its worker(s) as separate roots.
+        return {"serve": [serve.proc.pid], "serve-only": own, "runner": [p.pid for p in runners]}
+
+    return Started(serve.url, {"Authorization": f"Bearer {tokens['bench']}"}, processes, serve.stop)
+
+
+def _cpu(processes: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far per named process; serve's own = its whole tree less its runner's."""
+    out = {name: tree_cpu_s(pids) for name, pids in processes.items() if name != "serve-only"}
+    if "serve" in out:
+        out["serve"] -= out.get("runner", 0.0)
+    return out
+
+
+def measure(started: Started, model: str, n: int, tokens: int, repeats: int) -> Row:
+    """Best of `repeats` runs of n streams, with the CPU each process spent over that run."""
+    best = None
+    for _ in range(repeats):
+        procs = started.processes()
+        before = _cpu(procs)
+        tok_s, got = run_streams(started.url + "/v1/completions", started.headers, model, n, tokens)
+        after = _cpu(procs)
+        row = Row("", n, tok_s, got, {k: after[k] - before[k] for k in after})
+        if best is None or row.tok_s > best.tok_s:
+            best = row
+    return best
+
+
+def run_ceiling(model_path: str, binary: str, stream_counts: list[int], tokens: int, repeats: int, threads: int,
+                ctx_per_slot: int, targets: list[str]) -> list[Row]:
+    """Every target at every stream count, grouped by slot count so each target starts once per group."""
+    groups: dict[int, list[int]] = {}
+    for n in stream_counts:
+        groups.setdefault(max(8, n), []).append(n)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hearth-ceiling-") as tmp:
+        for parallel, counts in sorted(groups.items()):
+            for target in targets:
+                print(f"  {target} -np {parallel} ...", file=sys.stderr, flush=True)
+                started = start_target(target, model_path, parallel, parallel * ctx_per_slot, threads, binary,
+                                       Path(tmp))
+                try:
+                    run_streams(started.url + "/v1/completions", started.headers, "tiny", 1, 16)  # warm (serve: load)
+                    for n in counts:
+                        row = measure(started, "tiny", n, tokens, repeats)
+                        row.target = target
+                        rows.append(row)
+                finally:
+                    started.stop()
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    """The markdown table: tok/s, the ratio to llama-server, CPU seconds per 1,000 tokens of each process."""
+    stock = {r.streams: r.tok_s for r in rows if r.target == "llama-server"}
+    lines = ["| path | streams | tok/s | × llama-server | CPU s / 1k tokens |", "|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r.streams, TARGETS.index(r.target))):
+        ratio = f"{r.tok_s / stock[r.streams]:.2f}×" if stock.get(r.streams) else "–"
+        cpu = ", ".join(f"{name} {r.cpu_per_1k(name):.3f}" for name in r.cpu_s)
+        lines.append(f"| {r.target} | {r.streams} | {r.tok_s:,.0f} | {ratio} | {cpu} |")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """`hearth bench ceiling`: make the tiny model if none was given, run every target, print the table."""
+    binary = args.llama_server or default_llama_server()
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        raise SystemExit(f"hearth bench ceiling: unknown target {unknown[0]!r}; choose from {', '.join(TARGETS)}")
+    if "llama-server" in targets and not Path(binary).is_file():
+        raise SystemExit(f"hearth bench ceiling: no llama-server at {binary}; pass --llama-server PATH "
+                         f"or leave it out with --targets runner,serve")
+    counts = [int(s) for s in args.streams.split(",") if s.strip()]
+    with tempfile.TemporaryDirectory(prefix="hearth-ceiling-model-") as tmp:
+        model = args.model
+        if not model:
+            from app.devtools.gguf_shapes import SHAPES, make_model
+
+            model = make_model(SHAPES["tiny"], Path(tmp) / "tiny.gguf")["path"]
+        rows = run_ceiling(model, binary, counts, args.tokens, args.repeats, args.threads, args.ctx_per_slot, targets)
+    print(f"{args.tokens} tokens per stream, best of {args.repeats}; threads {args.threads}, "
+          f"context {args.ctx_per_slot} per slot, -np 8 (or the stream count above 8)")
+    print(table(rows))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    return 0
