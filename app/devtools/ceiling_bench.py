@@ -13,8 +13,6 @@ import json
 import re
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from app.devtools.gateway_bench import run_together
 from app.llama_tools import tools_cache_dir
 
 TARGETS = ("llama-server", "runner", "serve")
@@ -120,13 +119,7 @@ def run_streams(url: str, headers: dict, model: str, n: int, tokens: int) -> tup
         except BaseException as exc:  # reported below: a failed stream must not pass for a fast one
             errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = run_together(one, n)
     if errors:
         raise errors[0]
     return sum(counts) / elapsed, sum(counts)
