@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -604,112 +605,96 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+# `hearth bench NAME` -> (module, function, whether it takes the resolved model path after args). Imported only when
+# that bench runs, so `hearth --help` stays fast.
+_BENCHES = {
+    "vulkan": ("app.devtools.vulkan_check", "run_from_args", False),
+    "vram": ("app.devtools.gpu_probe", "run_from_args", True),
+    "vision": ("app.devtools.vision_bench", "run_from_args", True),
+    "placement": ("app.devtools.moe_bench", "run_from_args", False),
+    "fit": ("app.devtools.fit_bench", "run_from_args", False),
+    "kv-types": ("app.devtools.kv_bench", "run_from_args", True),
+    "spec": ("app.devtools.spec_bench", "main", False),
+    "memory": ("app.devtools.memory_bench", "run_from_args", True),
+    "sampling": ("app.devtools.telemetry_bench", "run_sampling", True),
+    "pull": ("app.devtools.pull_bench", "run_pull_bench", True),
+    "members": ("app.devtools.members_bench", "run_members_bench", True),
+    "templates": ("app.devtools.template_parity", "run_templates_bench", True),
+    "hostile": ("app.devtools.hostile_bench", "run_hostile_bench", True),
+    "families": ("app.devtools.families_bench", "run_from_args", False),
+    "flood": ("app.devtools.flood", "run_flood", True),
+    "gateway": ("app.devtools.gateway_bench", "run_gateway", True),
+    "residency": ("app.devtools.gateway_bench", "run_residency", True),
+}
+
+
+def _bench_engine(args) -> int:
+    from app.devtools.engine_bench import run_from_args
+
+    return run_from_args(args, model_config(args, resolve_model(args.model)))
+
+
+def _bench_overhead(args) -> int:
+    from app.devtools.overhead import run_from_args as run_overhead
+
+    return run_overhead(args, None if args.no_model else resolve_model(args.model))
+
+
+def _bench_tiers(args) -> int:
+    if args.serve:
+        from app.devtools import tiers_serve_bench
+
+        return tiers_serve_bench.run_from_args(args)
+    from app.devtools.tiers_bench import main as run_tiers_bench
+
+    return run_tiers_bench(args)
+
+
+def _bench_parsing(args) -> int:
+    from app.devtools.parsing_bench import run_parsing_bench
+
+    run_parsing_bench(resolve_model(args.model), args.threads, args.rounds, args.max_tokens, args.out)
+    return 0
+
+
+def _bench_tools(args) -> int:
+    from app.devtools.tools_bench import run_tools_bench
+
+    run_tools_bench(resolve_model(args.model), args.threads, args.requests, args.reps, args.out,
+                    tuple(args.parts.split(",")))
+    return 0
+
+
+def _bench_replay(args) -> int:
+    from app.devtools.serve_process import serve_target
+    from app.verdict.command import run_from_args as run_replay
+
+    return run_replay(args, resolve_model(args.model), start_serve=serve_target)
+
+
+def _bench_history(args) -> int:
+    from app.devtools.history_bench import run_history
+
+    # HEARTH_DEFAULT_MODEL: a GGUF already at hand (tests share one) instead of assembling one.
+    return run_history(args, resolve_model(os.environ.get("HEARTH_DEFAULT_MODEL")))
+
+
+# The benches whose call is not (args) or (args, model path).
+_BENCH_STEPS = {"engine": _bench_engine, "overhead": _bench_overhead, "tiers": _bench_tiers,
+                "parsing": _bench_parsing, "tools": _bench_tools, "replay": _bench_replay,
+                "history": _bench_history}
+
+
 def _bench(args) -> int:
     """`hearth bench ...`: the benchmark asked for, with its model resolved."""
     name = args.bench_command
-    if name == "vulkan":
-        from app.devtools.vulkan_check import run_from_args as run_vulkan
-
-        return run_vulkan(args)
-    if name == "engine":
-        from app.devtools.engine_bench import run_from_args
-
-        return run_from_args(args, model_config(args, resolve_model(args.model)))
-    if name == "overhead":
-        from app.devtools.overhead import run_from_args as run_overhead
-
-        return run_overhead(args, None if args.no_model else resolve_model(args.model))
-    if name == "vram":
-        from app.devtools.gpu_probe import run_from_args as run_vram
-
-        return run_vram(args, resolve_model(args.model))
-    if name == "vision":
-        from app.devtools.vision_bench import run_from_args as run_vision
-
-        return run_vision(args, resolve_model(args.model))
-    if name == "placement":
-        from app.devtools.moe_bench import run_from_args as run_placement_bench
-
-        return run_placement_bench(args)
-    if name == "fit":
-        from app.devtools.fit_bench import run_from_args as run_fit_bench
-
-        return run_fit_bench(args)
-    if name == "kv-types":
-        from app.devtools.kv_bench import run_from_args as run_kv_bench
-
-        return run_kv_bench(args, resolve_model(args.model))
-    if name == "spec":
-        from app.devtools.spec_bench import main as run_spec_bench
-
-        return run_spec_bench(args)
-    if name == "tiers":
-        if args.serve:
-            from app.devtools import tiers_serve_bench
-
-            return tiers_serve_bench.run_from_args(args)
-        from app.devtools.tiers_bench import main as run_tiers_bench
-
-        return run_tiers_bench(args)
-    if name == "parsing":
-        from app.devtools.parsing_bench import run_parsing_bench
-
-        run_parsing_bench(resolve_model(args.model), args.threads, args.rounds, args.max_tokens, args.out)
-        return 0
-    if name == "tools":
-        from app.devtools.tools_bench import run_tools_bench
-
-        run_tools_bench(resolve_model(args.model), args.threads, args.requests, args.reps, args.out,
-                        tuple(args.parts.split(",")))
-        return 0
-    if name == "replay":
-        from app.devtools.serve_process import serve_target
-        from app.verdict.command import run_from_args as run_replay
-
-        return run_replay(args, resolve_model(args.model), start_serve=serve_target)
-    if name == "memory":
-        from app.devtools.memory_bench import run_from_args as run_memory
-
-        return run_memory(args, resolve_model(args.model))
-    if name == "sampling":
-        from app.devtools.telemetry_bench import run_sampling
-
-        return run_sampling(args, resolve_model(args.model))
-    if name == "history":
-        from app.devtools.history_bench import run_history
-
-        # HEARTH_DEFAULT_MODEL: a GGUF already at hand (tests share one) instead of assembling one.
-        return run_history(args, resolve_model(os.environ.get("HEARTH_DEFAULT_MODEL")))
-    if name == "pull":
-        from app.devtools.pull_bench import run_pull_bench
-
-        return run_pull_bench(args, resolve_model(args.model))
-    if name == "members":
-        from app.devtools.members_bench import run_members_bench
-
-        return run_members_bench(args, resolve_model(args.model))
-    if name == "templates":
-        from app.devtools.template_parity import run_templates_bench
-
-        return run_templates_bench(args, resolve_model(args.model))
-    if name == "hostile":
-        from app.devtools.hostile_bench import run_hostile_bench
-
-        return run_hostile_bench(args, resolve_model(args.model))
-    if name == "families":
-        from app.devtools.families_bench import run_from_args as run_families
-
-        return run_families(args)
-    if name == "flood":
-        from app.devtools.flood import run_flood
-
-        return run_flood(args, resolve_model(args.model))
-    if name in ("gateway", "residency"):
-        from app.devtools import gateway_bench
-
-        run = gateway_bench.run_gateway if name == "gateway" else gateway_bench.run_residency
-        return run(args, resolve_model(args.model))
-    return 2
+    if name in _BENCH_STEPS:
+        return _BENCH_STEPS[name](args)
+    if name not in _BENCHES:
+        return 2
+    module, function, takes_model = _BENCHES[name]
+    run = getattr(importlib.import_module(module), function)
+    return run(args, resolve_model(args.model)) if takes_model else run(args)
 
 
 def _traffic(args) -> int:
