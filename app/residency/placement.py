@@ -188,7 +188,7 @@ class DeviceSplit:
 
 def runner_overrides(n_cpu_moe: int, extra_args: Sequence[str] = ()) -> list[TensorOverride]:
     """The override rules a runner applies: runner_args' -ot ones first, then the experts' (the model's n_cpu_moe,
-    -1 all), as the runner orders them (app.cli.placement_config)."""
+    -1 all), as the runner orders them (app.runner.command.placement_config)."""
     rules: list[TensorOverride] = []
     args = list(extra_args)
     for i, a in enumerate(args):

@@ -133,7 +133,8 @@ def test_the_runner_gets_the_placement_flags_and_defaults_pass_none(kind):
 
 
 def test_the_runner_parses_llama_servers_placement_flags():
-    from app.cli import build_parser, placement_config
+    from app.cli import build_parser
+    from app.runner.command import placement_config
 
     args = build_parser().parse_args(["runner", "-ot", "attn=CPU", "--n-cpu-moe", "1", "-dev", "Vulkan0,Vulkan1",
                                       "-ts", "3,1", "-sm", "row", "-mg", "1"])

@@ -121,7 +121,8 @@ def test_the_default_grammar_holds_where_a_request_brings_no_constraint(make_run
 
 
 def test_a_default_grammar_is_checked_when_the_runner_starts(tmp_path):
-    from app.cli import _default_grammar, build_parser
+    from app.cli import build_parser
+    from app.runner.command import _default_grammar
 
     path = tmp_path / "yes.gbnf"
     path.write_text(YES)

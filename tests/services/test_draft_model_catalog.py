@@ -126,7 +126,8 @@ def test_the_admin_refuses_a_draft_that_is_the_model_or_unknown(catalog):
 
 def test_the_runner_command_parses_into_a_draft_model_config(catalog):
     """What serve starts is what `hearth runner` understands: the -md file loads with the target's threads."""
-    from app.cli import build_parser, draft_model_config, spec_config
+    from app.cli import build_parser
+    from app.runner.command import draft_model_config, spec_config
 
     runner = _set(catalog, "target", "small").runner
     cmd = runner.command(8081)
