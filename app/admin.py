@@ -143,7 +143,7 @@ def set_model_speculation(s, name: str, value: str) -> db.RunnerSettings:
 
     Stored as NULL for auto, so a model left alone follows what auto means in a later Hearth. Raises
     AdminError for an unknown model, an unknown value, or a type its runner kind cannot draft with."""
-    from app.residency.supervisor import SPEC_AUTO, speculation_problem
+    from app.residency.runner_spec import SPEC_AUTO, speculation_problem
 
     row = s.scalar(select(db.Model).where(db.Model.name == name))
     if row is None:

@@ -185,7 +185,7 @@ def json_string(path) -> str:
 
 def test_runner_serves_metrics_only_when_asked_as_llama_server_and_serve_asks():
     from app.cli import build_parser
-    from app.residency.supervisor import RunnerSpec
+    from app.residency.runner_spec import RunnerSpec
 
     p = build_parser()
     assert p.parse_args(["runner", "--model", "m.gguf"]).metrics is False

@@ -138,7 +138,8 @@ class Started:
 def start_target(target: str, model_path: str, parallel: int, ctx: int, threads: int, binary: str,
                  tmp: Path) -> Started:
     """Start llama-server, a hearth runner, or hearth serve (which starts its runner) with these constants."""
-    from app.residency.supervisor import RunnerProcess, RunnerSpec
+    from app.residency.runner_spec import RunnerSpec
+    from app.residency.supervisor import RunnerProcess
 
     if target in ("llama-server", "runner"):
         kind = "llama-server" if target == "llama-server" else "hearth"

@@ -16,7 +16,8 @@ import psutil
 
 from app.gateway.admission import Admission
 from app.residency.manager import ModelState
-from app.residency.supervisor import RunnerProcess, RunnerSpec
+from app.residency.runner_spec import RunnerSpec
+from app.residency.supervisor import RunnerProcess
 from app.store.db import make_engine, upgrade
 from app.store.writer import StoreWriter
 from app.telemetry.sampler import Sampler

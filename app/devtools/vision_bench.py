@@ -270,7 +270,7 @@ def stock_beside(serve, model_name: str, binary: Path, folder: Path):
     import httpx
 
     from app.engine.chat import GEMMA3_TEMPLATE
-    from app.residency.supervisor import RunnerSpec
+    from app.residency.runner_spec import RunnerSpec
 
     runner = next((cmd.split() for _, cmd in serve.runner_commands() if f"{model_name}.gguf" in cmd), None)
     if runner is None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from app.protocols import sse
-from app.residency.supervisor import node_tls_context, runner_headers
+from app.residency.remote import node_tls_context
+from app.residency.supervisor import runner_headers
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
 STREAM_READ_BYTES = 65536

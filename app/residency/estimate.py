@@ -153,7 +153,7 @@ def estimate_memory(
     """Estimates a runner's footprint for n_ctx cells shared by `parallel` slots.
 
     `n_outputs_extra`: logit rows the runner reserves beyond one per slot (a hearth runner that drafts
-    reserves its draft_max: app.residency.supervisor.RunnerSpec.n_outputs_extra). `ram_tier_mib`: its RAM
+    reserves its draft_max: app.residency.runner_spec.RunnerSpec.n_outputs_extra). `ram_tier_mib`: its RAM
     tier's budget (RunnerSpec.ram_tier_mib; -1 no limit, 0 none), counted whole: the runner may fill it.
     `type_k`/`type_v`: the KV cache types (-ctk/-ctv, app.engine.kv_types); q8_0 is 17/32 of f16's bytes."""
     if not entry.usable or entry.weights_bytes is None:

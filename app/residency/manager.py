@@ -17,7 +17,9 @@ from typing import Literal
 
 from app.policy import MODEL_POLICIES, ModelPolicy
 from app.residency.pagecache import WEIGHTS_CHOICES, WEIGHTS_WARM, WeightsFile
-from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, RunnerStartFailed, new_runner_key
+from app.residency.remote import RemoteNode
+from app.residency.runner_spec import RunnerSpec
+from app.residency.supervisor import RunnerProcess, RunnerStartFailed, new_runner_key
 
 log = logging.getLogger(__name__)
 

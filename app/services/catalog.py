@@ -21,6 +21,7 @@ from app.device_probe import is_software_vulkan
 from app.devices import Device
 from app.engine.kv_types import DEFAULT_KV_TYPE
 from app.gguf_meta import GgufError
+from app.paths import KV_CACHE_DIR
 from app.residency.budget import KIND_RAM, counted_bytes, counts_ram_tier
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
@@ -30,14 +31,7 @@ from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
 from app.residency.pagecache import WEIGHTS_WARM
 from app.residency.placement import model_tensors
-from app.residency.supervisor import (
-    DEFAULT_CACHE_DISK_MIB,
-    DEFAULT_CACHE_RAM_MIB,
-    KV_CACHE_DIR,
-    RunnerSpec,
-    parse_runner_args,
-    spec_type_for,
-)
+from app.residency.runner_spec import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB, RunnerSpec, parse_runner_args, spec_type_for
 from app.services.privacy import MAX_AGE_SETTING, expire_kv_cache, remove_orphans
 from app.services.settings import SettingsCache, flash_attn_possible, memory_budget
 from app.store import models as db
@@ -199,7 +193,7 @@ def runner_spec(entry: CatalogEntry, rs: db.RunnerSettings | None, defaults: dic
                 draft: CatalogEntry | None = None) -> RunnerSpec:
     """How a model's runner starts: its own runner settings where set, else the stored runner_* defaults,
     else the sizing (app.residency.estimate.size_runner). Speculation: the model's setting (auto when unset,
-    see app.residency.supervisor.spec_type_for); `draft`: its draft model (draft_for), used while it is auto."""
+    see app.residency.runner_spec.spec_type_for); `draft`: its draft model (draft_for), used while it is auto."""
     kind = rs.kind if rs else "hearth"
     return RunnerSpec(
         model_name=entry.name,

@@ -31,7 +31,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.policy import MODEL_POLICIES, MODES, RUNNER_KINDS
 from app.residency.pagecache import WEIGHTS_CHOICES
-from app.residency.supervisor import SPECULATION_SETTINGS
+from app.residency.runner_spec import SPECULATION_SETTINGS
 
 MODEL_SOURCES = ("default", "folder", "remote")
 # Checked by the code that writes them, not by CHECK constraints: adding a kind to a large log

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.residency.supervisor import runner_args_problem
+from app.residency.runner_spec import runner_args_problem
 from app.store.models import Model, RequestClass, Setting, utcnow
 
 log = logging.getLogger(__name__)

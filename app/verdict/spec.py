@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from app.residency.supervisor import (
+from app.residency.runner_spec import (
     HEARTH_ONLY_SPEC_TYPES,
     SPEC_AUTO,
     SPEC_AUTO_HEARTH,
@@ -75,7 +75,7 @@ def serve_settings(arm: str | None, model_name: str) -> dict:
     """The settings a fresh `hearth serve` data folder gets for this arm: none for auto (its default).
 
     Other arms go through the runner_args setting: a --spec-type there wins over the one serve derives
-    from the model's speculation setting (app.residency.supervisor.RunnerSpec.spec_flag)."""
+    from the model's speculation setting (app.residency.runner_spec.RunnerSpec.spec_flag)."""
     if arm is None or arm == AUTO:
         return {}
     return {"runner_args": json.dumps({model_name: ["--spec-type", spec_type_for("hearth", arm),

@@ -58,7 +58,8 @@ class Constants:
 
 def start_hearth(c: Constants, mode: str, arm: str | None = None, timeout_s: float = 180) -> Target:
     """A hearth runner in `mode` (and speculation arm) with the constants; waits until it serves."""
-    from app.residency.supervisor import RunnerProcess, RunnerSpec
+    from app.residency.runner_spec import RunnerSpec
+    from app.residency.supervisor import RunnerProcess
 
     extra = (("--budget", str(c.token_budget)) if c.token_budget else ()) + off_arm_args(arm)
     spec = RunnerSpec(model_name=c.model_name, model_path=c.model_path, kind="hearth", n_ctx=c.n_ctx,
@@ -71,7 +72,8 @@ def start_hearth(c: Constants, mode: str, arm: str | None = None, timeout_s: flo
 
 def start_llama_server(c: Constants, binary: str, arm: str | None = None, timeout_s: float = 180) -> Target:
     """Stock llama-server with the same model, context, slots (-np), batch and threads (and --spec-type of the arm)."""
-    from app.residency.supervisor import RunnerProcess, RunnerSpec
+    from app.residency.runner_spec import RunnerSpec
+    from app.residency.supervisor import RunnerProcess
 
     spec = RunnerSpec(model_name=c.model_name, model_path=c.model_path, kind="llama-server", binary_path=binary,
                       n_ctx=c.n_ctx, parallel=c.parallel, n_batch=c.n_batch, threads=c.threads,

@@ -28,7 +28,7 @@ from app.policy import MODEL_POLICIES
 from app.protocols.openai import ApiError
 from app.residency.manager import RESIDENT_STATES, ModelBusy, ModelState, ResidencyError
 from app.residency.pagecache import WEIGHTS_CHOICES, weights_problem
-from app.residency.supervisor import SPECULATION_SETTINGS, speculation_problem
+from app.residency.runner_spec import SPECULATION_SETTINGS, speculation_problem
 from app.services.catalog import draft_problem
 from app.services.settings import memory_budget
 from app.web.auth import login_required
@@ -42,7 +42,7 @@ STOP_POLLING = 286
 LOAD_START_WAIT_S = 1.0
 POLICY_LABELS = {"pinned": "Pinned: always resident", "keep_alive": "Keep alive: unload after the idle TTL",
                  "on_demand": "On demand: unload as soon as idle"}
-# The speculative decoding choices (app.residency.supervisor.SPECULATION_SETTINGS), in the admin's words.
+# The speculative decoding choices (app.residency.runner_spec.SPECULATION_SETTINGS), in the admin's words.
 SPECULATION_LABELS = {
     "auto": "Auto: n-gram lookup on Hearth's runner (the draft model, when one is chosen below), llama-server's "
             "own default on a stock one",

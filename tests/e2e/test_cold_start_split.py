@@ -10,7 +10,8 @@ import pytest
 
 from app.residency.manager import ModelSpec, ResidencyManager, weights_files
 from app.residency.pagecache import Warmer, cached_fraction, drop
-from app.residency.supervisor import RunnerSpec, runner_headers
+from app.residency.runner_spec import RunnerSpec
+from app.residency.supervisor import runner_headers
 
 pytestmark = pytest.mark.model
 

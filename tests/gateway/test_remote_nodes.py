@@ -19,7 +19,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from app.residency.supervisor import NODE_CA_ENV, RemoteNode
+from app.residency.remote import NODE_CA_ENV, RemoteNode
 from app.store.db import open_store
 from app.store.models import Model, Node, utcnow
 from tests.helpers import SMALL_RUNNERS, ServeStarter, wait_until

@@ -8,7 +8,7 @@ import pytest
 from app.cli import build_parser
 from app.engine.kv_types import KV_TYPE_BYTES, KV_TYPES, kv_type_problem
 from app.residency.estimate import estimate_memory, kv_bytes_per_cell, size_runner
-from app.residency.supervisor import RunnerSpec
+from app.residency.runner_spec import RunnerSpec
 from tests.residency.test_estimate import MIB, synthetic
 
 

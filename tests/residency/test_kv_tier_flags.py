@@ -6,7 +6,7 @@ import pytest
 
 from app.cli import build_parser
 from app.residency.catalog import CatalogEntry
-from app.residency.supervisor import RunnerSpec
+from app.residency.runner_spec import RunnerSpec
 from app.services.catalog import runner_spec
 
 DEFAULTS = {"ctx": 1024, "parallel": 1, "batch": 512, "threads": 1, "prefix_cache": True, "args": None,

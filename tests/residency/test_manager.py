@@ -20,7 +20,9 @@ from app.residency.manager import (
     ResidencyManager,
     UnknownModel,
 )
-from app.residency.supervisor import RemoteNode, RunnerProcess, RunnerSpec, free_port, runner_headers
+from app.residency.remote import RemoteNode
+from app.residency.runner_spec import RunnerSpec
+from app.residency.supervisor import RunnerProcess, free_port, runner_headers
 from tests.helpers import wait_until
 
 MiB = 2**20

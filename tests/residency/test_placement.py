@@ -21,7 +21,7 @@ from app.residency.placement import (
     split_by_device,
     weights_by_device,
 )
-from app.residency.supervisor import RunnerSpec
+from app.residency.runner_spec import RunnerSpec
 
 GIB = 1 << 30
 

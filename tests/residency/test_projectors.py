@@ -18,7 +18,7 @@ from app.residency.estimate import (
     projector_compute_bytes,
     vision_facts,
 )
-from app.residency.supervisor import RunnerSpec
+from app.residency.runner_spec import RunnerSpec
 from tests.residency.test_catalog import write_model
 
 

@@ -14,7 +14,7 @@ from app.engine.kv_tiers import DEFAULT_CACHE_RAM_MIB
 from app.residency.budget import KIND_RAM, KIND_VRAM, counted_bytes
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.estimate import MIB, estimate_memory, size_runner
-from app.residency.supervisor import LLAMA_SERVER_CACHE_RAM_MIB, RunnerSpec
+from app.residency.runner_spec import LLAMA_SERVER_CACHE_RAM_MIB, RunnerSpec
 from app.services.catalog import Catalog
 from app.services.settings import SettingsCache
 from app.store.db import open_store

@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.residency.supervisor import RunnerSpec, parse_runner_args, runner_args_problem
+from app.residency.runner_spec import RunnerSpec, parse_runner_args, runner_args_problem
 from app.store.settings import Invalid, validate
 
 

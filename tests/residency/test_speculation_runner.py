@@ -11,12 +11,7 @@ from app.engine.kv_tiers import DEFAULT_CACHE_RAM_MIB
 from app.engine.speculation import LOOKUP_DRAFT_MAX, NGRAM_TYPES
 from app.residency.catalog import CatalogEntry
 from app.residency.estimate import FLOAT32_BYTES, estimate_memory, size_runner
-from app.residency.supervisor import (
-    SPECULATION_SETTINGS,
-    RunnerSpec,
-    spec_type_for,
-    speculation_problem,
-)
+from app.residency.runner_spec import SPECULATION_SETTINGS, RunnerSpec, spec_type_for, speculation_problem
 from app.services.catalog import runner_sizing, runner_spec
 
 MIB = 1024 * 1024

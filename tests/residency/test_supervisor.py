@@ -16,15 +16,9 @@ import httpx
 import psutil
 import pytest
 
-from app.residency.supervisor import (
-    LOG_LINES,
-    RemoteNode,
-    RunnerProcess,
-    RunnerSpec,
-    RunnerStartFailed,
-    free_port,
-    parse_load,
-)
+from app.residency.remote import RemoteNode, parse_load
+from app.residency.runner_spec import RunnerSpec
+from app.residency.supervisor import LOG_LINES, RunnerProcess, RunnerStartFailed, free_port
 from tests.helpers import wait_until
 
 LLAMA_SERVER = Path.home() / ".cache/hearth/llama-tools/0.3.36/bin/llama-server"
@@ -109,7 +103,8 @@ def test_killed_runner_reports_an_unexpected_exit_and_leaves_nothing(gemma_path,
 
 CHILD = """
 import json, sys, time
-from app.residency.supervisor import RunnerProcess, RunnerSpec
+from app.residency.runner_spec import RunnerSpec
+from app.residency.supervisor import RunnerProcess
 spec = RunnerSpec(model_name="gemma", model_path=sys.argv[1], n_ctx=512, parallel=2, threads=2,
                   kind=sys.argv[2], binary_path=sys.argv[3] or None)
 runner = RunnerProcess(spec).start(120)
@@ -312,14 +307,14 @@ def test_remote_node_with_unreadable_metrics_warns_once_per_streak(caplog):
     thread.start()
     try:
         node = RemoteNode(f"http://127.0.0.1:{server.server_port}", "proxied")
-        with caplog.at_level("WARNING", logger="app.residency.supervisor"):
+        with caplog.at_level("WARNING", logger="app.residency.remote"):
             assert node.load() is None and node.load() is None
         warnings = [r for r in caplog.records if "proxied" in r.getMessage()]
         assert len(warnings) == 1 and "unreadable" in warnings[0].getMessage()
         server.body = b"llamacpp:requests_processing 1\n"
         assert node.load() == 1
         server.body = b"<html></html>"
-        with caplog.at_level("WARNING", logger="app.residency.supervisor"):
+        with caplog.at_level("WARNING", logger="app.residency.remote"):
             assert node.load() is None
         assert len([r for r in caplog.records if "proxied" in r.getMessage()]) == 2
     finally:

@@ -9,16 +9,9 @@ import psutil
 import pytest
 
 from app.gateway import relay
-from app.residency.supervisor import (
-    LLAMA_KEY_ENV,
-    RUNNER_KEY_ENV,
-    RemoteNode,
-    RunnerProcess,
-    RunnerSpec,
-    key_environment,
-    new_runner_key,
-    runner_headers,
-)
+from app.residency.remote import RemoteNode
+from app.residency.runner_spec import RunnerSpec
+from app.residency.supervisor import LLAMA_KEY_ENV, RUNNER_KEY_ENV, RunnerProcess, key_environment, new_runner_key, runner_headers
 from app.telemetry.sampler import RateTracker, ScrapeFailures, _httpx_get, sample_runners
 
 EVIL_ORIGIN = "http://evil.example"

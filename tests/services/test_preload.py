@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from app.residency.manager import ModelSpec, ModelState, NotEnoughMemory
-from app.residency.supervisor import RunnerSpec
+from app.residency.runner_spec import RunnerSpec
 from app.services.preload import (
     Line,
     Preloader,

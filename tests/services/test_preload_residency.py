@@ -11,7 +11,8 @@ import httpx
 from sqlalchemy import select
 
 from app.residency.manager import ModelSpec, ModelState, ResidencyManager
-from app.residency.supervisor import RunnerSpec, runner_headers
+from app.residency.runner_spec import RunnerSpec
+from app.residency.supervisor import runner_headers
 from app.services.preload import Preloader
 from app.services.records import record_residency_event
 from app.store.models import PreloadEntry, ResidencyEvent

@@ -7,7 +7,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.residency.supervisor import SPECULATION_SETTINGS
+from app.residency.runner_spec import SPECULATION_SETTINGS
 from app.store import db
 from app.store.models import Model, RequestClass, RequestRecord, RunnerSettings, utcnow
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from app.cli import build_parser
-from app.residency.supervisor import RunnerSpec, parse_runner_args
+from app.residency.runner_spec import RunnerSpec, parse_runner_args
 from app.verdict.command import run_from_args
 from app.verdict.replay import BenchConfig, plan_for, total_runs
 from app.verdict.runners import plan_runners
