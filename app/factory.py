@@ -14,8 +14,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from app.gateway.context import Services, build_services, install, services
+from app.gateway.context import Services, install, services
 from app.gateway.cors import install_cors, install_host_check
+from app.gateway.wiring import build_services
 from app.protocols.openai import ApiError
 from app.residency.manager import ResidencyManager
 
