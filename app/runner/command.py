@@ -65,7 +65,22 @@ POOLINGS = ("none", "mean", "cls", "last", "rank")
 
 def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     """llama-server's flags that `hearth runner` honours, so it can stand in for the binary."""
+    # In the order llama-server's flags were added, which is the order of the usage line; the groups' order is
+    # the order of --help's sections.
     g = p.add_argument_group("llama-server's flags")
+    _add_batch_and_kv_args(g)
+    _add_placement_args(p.add_argument_group("placement: experts, tensors, several GPUs (llama-server's flags)"))
+    _add_serving_args(g)
+    _add_image_args(p.add_argument_group("images (llama-server's --mmproj)"))
+    _add_speculation_args(p.add_argument_group("speculative decoding (llama-server's --spec-* flags)"))
+    g.add_argument("--verbose", dest="runner_verbose", action="store_true",
+                   help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")
+    g.add_argument("--cors-origins", default="*",
+                   help="CORS origins answered (default %(default)s, as llama-server; 'localhost' for loopback only, "
+                        "'none' for no CORS at all, as `hearth serve` starts its runners)")
+
+
+def _add_batch_and_kv_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("-ub", "--ubatch-size", dest="ubatch", type=int, default=None,
                    help="n_ubatch: tokens per physical batch (default: min(--batch, 512))")
     g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=("on", "off", "auto"), default="auto",
@@ -74,7 +89,9 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache type of K (default %(default)s; q8_0 takes 17/32 of f16's bytes)")
     g.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
                    help="KV cache type of V (default %(default)s; a quantized V needs flash attention)")
-    pl = p.add_argument_group("placement: experts, tensors, several GPUs (llama-server's flags)")
+
+
+def _add_placement_args(pl: argparse._ArgumentGroup) -> None:
     pl.add_argument("-cmoe", "--cpu-moe", dest="cpu_moe", action="store_true",
                     help="keep every Mixture-of-Experts layer's experts in RAM")
     pl.add_argument("-ncmoe", "--n-cpu-moe", dest="n_cpu_moe", type=int, default=0,
@@ -89,6 +106,9 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                     help="how layers are split over several GPUs (default %(default)s)")
     pl.add_argument("-mg", "--main-gpu", dest="main_gpu", type=int, default=0,
                     help="the GPU of the whole model with --split-mode none (default %(default)s)")
+
+
+def _add_serving_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="tokens to generate when a request names no limit (-1: until the context is full)")
     g.add_argument("--temp", type=float, default=None, help="sampling temperature when a request names none")
@@ -139,7 +159,9 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar-file", default=None,
                    help="file with a GBNF for requests that bring no constraint of their own")
     g.add_argument("--tags", default="", help="comma-separated tags listed on /models")
-    mm = p.add_argument_group("images (llama-server's --mmproj)")
+
+
+def _add_image_args(mm: argparse._ArgumentGroup) -> None:
     mm.add_argument("-mm", "--mmproj", default=None,
                     help="the model's multimodal projector (an mmproj GGUF): the model then takes images")
     mm.add_argument("--no-mmproj", action="store_true", help="no projector, even when --mmproj is given: text only")
@@ -158,7 +180,9 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                          "networks, comma-separated (default: none)")
     mm.add_argument("--image-url-timeout", type=float, default=ImageLimits.fetch_timeout_s,
                     help="seconds a whole image fetch may take (default %(default)s)")
-    sp = p.add_argument_group("speculative decoding (llama-server's --spec-* flags)")
+
+
+def _add_speculation_args(sp: argparse._ArgumentGroup) -> None:
     sp.add_argument("--spec-type", default="none",
                     help="draft source: none, ngram-lookup (Hearth's), ngram-simple, ngram-map-k, ngram-map-k4v, "
                          "ngram-mod, draft-simple (a draft model, -md) (default %(default)s)")
@@ -197,11 +221,6 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                     help="ngram-mod: longest draft (default %(default)s)")
     sp.add_argument("--spec-max-seqs", dest="spec_max_seqs", type=int, default=4,
                     help="Hearth: drafting stands aside while more sequences decode at once (default %(default)s)")
-    g.add_argument("--verbose", dest="runner_verbose", action="store_true",
-                   help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")
-    g.add_argument("--cors-origins", default="*",
-                   help="CORS origins answered (default %(default)s, as llama-server; 'localhost' for loopback only, "
-                        "'none' for no CORS at all, as `hearth serve` starts its runners)")
 
 
 def _add_runner(sub: argparse._SubParsersAction) -> None:
@@ -320,6 +339,7 @@ def _existing(path: str, flag: str) -> str:
 
 
 def _runner(args) -> int:
+    """`hearth runner`: check llama-server's flags, build the runner's config from them and serve it."""
     from app.llama_tools import LlamaToolsNotFound, apply_llama_lib_env
 
     # Before anything imports llama_cpp: it opens the build's libraries once, at import.
@@ -328,21 +348,44 @@ def _runner(args) -> int:
     except LlamaToolsNotFound as exc:
         raise SystemExit(f"hearth runner: {exc}")
     if args.list_devices:
-        from app.engine.backends import list_devices
-
-        # llama-server's format: the devices layers can go to (not the CPU), total and free MiB.
-        offload = [d for d in list_devices() if d.kind != "cpu"]
-        print("Available devices:")
-        for d in offload:
-            print(f"  {d.name}: {d.description} ({d.total_bytes >> 20} MiB, {d.free_bytes >> 20} MiB free)")
-        if not offload:
-            print("  (none)")
-        return 0
-    from app.engine.named_template import NamedTemplate, is_template_name
-    from app.residency.supervisor import RUNNER_KEY_ENV
-    from app.runner.config import RunnerConfig
+        return _list_devices()
     from app.runner.main import serve
 
+    _check_sizes(args)
+    template = _chat_template(args)
+    if args.reasoning_budget < -1:
+        raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
+    kv_problem = kv_type_problem(args.cache_type_k, args.cache_type_v, args.flash_attn)
+    if kv_problem:
+        raise SystemExit(f"hearth runner: {kv_problem}")
+    placement = placement_config(args)
+    grammar = _default_grammar(args)
+    spec = spec_config(args)
+    tiers = _kv_tiers(args)
+    if args.runner_verbose:
+        logging.getLogger().setLevel(logging.INFO)
+    config = _runner_config(args, template, placement, grammar, spec, tiers)
+    print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
+          f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)
+    serve(config, host=args.host, port=args.port, parent_pid=args.parent_pid)
+    return 0
+
+
+def _list_devices() -> int:
+    """--list-devices: llama-server's format, the devices layers can go to (not the CPU), total and free MiB."""
+    from app.engine.backends import list_devices
+
+    offload = [d for d in list_devices() if d.kind != "cpu"]
+    print("Available devices:")
+    for d in offload:
+        print(f"  {d.name}: {d.description} ({d.total_bytes >> 20} MiB, {d.free_bytes >> 20} MiB free)")
+    if not offload:
+        print("  (none)")
+    return 0
+
+
+def _check_sizes(args) -> None:
+    """Refuse slots, cells, batches and token limits that cannot work, and llama-server's --cache-reuse."""
     if args.parallel < 1 or args.ctx < 16 or args.batch < args.parallel:
         raise SystemExit("hearth runner: need --parallel ≥ 1, --ctx ≥ 16 and --batch ≥ --parallel")
     if args.cache_reuse:
@@ -352,6 +395,12 @@ def _runner(args) -> int:
         raise SystemExit("hearth runner: need 1 ≤ --ubatch-size ≤ --batch-size")
     if args.n_predict == 0 or args.n_predict < -1:
         raise SystemExit("hearth runner: --n-predict must be -1 (no limit) or a positive number of tokens")
+
+
+def _chat_template(args) -> str | None:
+    """The chat template given by --chat-template (Jinja text or a known name) or --chat-template-file; None: the model's."""
+    from app.engine.named_template import NamedTemplate, is_template_name
+
     if args.chat_template and args.chat_template_file:
         raise SystemExit("hearth runner: give --chat-template or --chat-template-file, not both")
     template = args.chat_template
@@ -365,14 +414,11 @@ def _runner(args) -> int:
             template = Path(args.chat_template_file).read_text()
         except OSError as exc:
             raise SystemExit(f"hearth runner: cannot read --chat-template-file: {exc}")
-    if args.reasoning_budget < -1:
-        raise SystemExit("hearth runner: --reasoning-budget must be -1 (unlimited), 0 (no thinking) or a token count")
-    kv_problem = kv_type_problem(args.cache_type_k, args.cache_type_v, args.flash_attn)
-    if kv_problem:
-        raise SystemExit(f"hearth runner: {kv_problem}")
-    placement = placement_config(args)
-    grammar = _default_grammar(args)
-    spec = spec_config(args)
+    return template
+
+
+def _kv_tiers(args) -> tuple[int, int, float]:
+    """The KV tiers' --cache-ram MiB, --cache-disk-mib and --cache-disk-max-age-h, defaults filled in and checked."""
     from app.engine.kv_tiers import (
         DEFAULT_CACHE_DISK_MAX_AGE_H,
         DEFAULT_CACHE_DISK_MIB,
@@ -391,19 +437,26 @@ def _runner(args) -> int:
             raise ValueError(f"--cache-disk-mib must be -1 (no limit) or a size in MiB, not {cache_disk_mib}")
     except ValueError as exc:
         raise SystemExit(f"hearth runner: {exc}")
-    if args.runner_verbose:
-        logging.getLogger().setLevel(logging.INFO)
+    return cache_ram, cache_disk_mib, max_age_h
+
+
+def _runner_config(args, template: str | None, placement: dict, grammar: str | None, spec,
+                   tiers: tuple[int, int, float]):
+    """The RunnerConfig of the checked flags; the API keys come from --api-key and the environment."""
+    from app.netguard import HostPolicy
+    from app.residency.supervisor import RUNNER_KEY_ENV
+    from app.runner.config import RunnerConfig
+
+    cache_ram, cache_disk_mib, max_age_h = tiers
     mode = Mode.SERIAL.value if args.cont_batching is False else args.mode
     # The environment's key, as llama-server reads LLAMA_API_KEY: a key on the command line is shown by `ps`.
     from_env = os.environ.pop(RUNNER_KEY_ENV, "")
     api_keys = tuple(k.strip() for v in [*args.api_key, from_env] for k in v.split(",") if k.strip())
-    from app.netguard import HostPolicy
-
     try:
         HostPolicy.parse(args.image_url_hosts)
     except ValueError as exc:
         raise SystemExit(f"hearth runner: --image-url-hosts: {exc}")
-    config = RunnerConfig(
+    return RunnerConfig(
         model=model_config(args, resolve_model(args.model), n_ubatch=args.ubatch, flash_attn=args.flash_attn,
                            type_k=args.cache_type_k, type_v=args.cache_type_v, **placement,
                            n_outputs_extra=spec.draft_max if spec.enabled else 0,
@@ -443,7 +496,3 @@ def _runner(args) -> int:
                            fetch_urls=args.image_url_fetch, fetch_allowed_hosts=args.image_url_hosts,
                            fetch_timeout_s=args.image_url_timeout),
     )
-    print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
-          f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)
-    serve(config, host=args.host, port=args.port, parent_pid=args.parent_pid)
-    return 0
