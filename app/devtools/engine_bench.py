@@ -230,13 +230,56 @@ def run_from_args(args, model_cfg: ModelConfig) -> int:
     from app.engine.llama_model import LlamaModel
 
     levels = args.levels
-    model_path = model_cfg.path
     cfg = dataclasses.replace(model_cfg, n_seq_max=max(max(levels), args.parallel))
     proc = psutil.Process()
     rss_before_load = proc.memory_info().rss
     model = LlamaModel(cfg)
+    constants = _constants(args, model, cfg)
+    print("hearth bench engine — held constant:", file=sys.stderr)
+    for k, v in constants.items():
+        print(f"  {k}: {v}", file=sys.stderr)
+    tokens = model.tokenize(corpus(), add_special=False)
+    runs, all_runs, uniform_reps, reference_reps = _measure(model, args, cfg, tokens)
+    rss_after = proc.memory_info().rss
+    kv_bytes = model.kv_cache_bytes()
+    model.close()
+    reference = reference_reps or None
+
+    shared = None
+    if getattr(args, "shared_prefix", 0):
+        model = LlamaModel(cfg)
+        try:
+            shared = run_shared(model, args, tokens)
+        finally:
+            model.close()
+    pressure = None
+    if args.pressure_ctx:
+        pressure = run_pressure(cfg, args.pressure_ctx, tokens_source=corpus())
+
+    print_table(runs)
+    summary = {"ratios": {}}
+    if reference:
+        _print_ratios(summary, levels, uniform_reps, reference)
+    _print_top_level(summary, runs, levels)
+    _print_memory(summary, constants, kv_bytes, rss_before_load, rss_after)
+    if shared:
+        _print_shared(summary, shared)
+    if pressure:
+        _print_pressure(summary, pressure)
+    if args.json_path:
+        doc = {"constants": constants, "summary": summary, "reference": reference, "pressure": pressure,
+               "shared": shared,
+               "runs": [asdict(r) for r in runs], "all_repetitions": [asdict(r) for r in all_runs]}
+        Path(args.json_path).write_text(json.dumps(doc, indent=1))
+        print(f"wrote {args.json_path}", file=sys.stderr)
+    return 0
+
+
+def _constants(args, model, cfg: ModelConfig) -> dict:
+    """What the benchmark holds constant, printed first and written into the JSON."""
+    model_path = cfg.path
     info = model.describe()
-    constants = {
+    return {
         "model": model_path,
         "model_sha256": sha256_of(model_path),
         "model_desc": info["desc"],
@@ -251,7 +294,7 @@ def run_from_args(args, model_cfg: ModelConfig) -> int:
         "token_budget": args.budget or model.n_batch,
         "kv_unified": True,
         "sampling": "greedy, ignore_eos (fixed output lengths)",
-        "levels": levels,
+        "levels": args.levels,
         "mixed_arrivals": f"request i arrives at i × {args.stagger_ms} ms",
         "mixed_prompt_tokens": MIXED_PROMPT_TOKENS,
         "mixed_output_tokens": MIXED_OUTPUT_TOKENS,
@@ -260,10 +303,14 @@ def run_from_args(args, model_cfg: ModelConfig) -> int:
         "repeats": args.repeats,
         "machine": machine(),
     }
-    print("hearth bench engine — held constant:", file=sys.stderr)
-    for k, v in constants.items():
-        print(f"  {k}: {v}", file=sys.stderr)
-    tokens = model.tokenize(corpus(), add_special=False)
+
+
+def _measure(model, args, cfg: ModelConfig, tokens: list[int]):
+    """The mixed runs per level and mode, then the uniform runs alternating with the C++ reference.
+
+    Returns the runs shown (medians), every repetition, the uniform repetitions per level and the reference's."""
+    levels = args.levels
+    model_path = cfg.path
     runs: list[RunResult] = []
     all_runs: list[RunResult] = []
 
@@ -305,42 +352,33 @@ def run_from_args(args, model_cfg: ModelConfig) -> int:
         all_runs.extend(reps)
     uniform = {level: median_run(reps) for level, reps in uniform_reps.items()}
     runs.extend(uniform.values())
-    rss_after = proc.memory_info().rss
-    kv_bytes = model.kv_cache_bytes()
-    model.close()
-    reference = reference_reps or None
+    return runs, all_runs, uniform_reps, reference_reps
 
-    shared = None
-    if getattr(args, "shared_prefix", 0):
-        model = LlamaModel(cfg)
-        try:
-            shared = run_shared(model, args, tokens)
-        finally:
-            model.close()
-    pressure = None
-    if args.pressure_ctx:
-        pressure = run_pressure(cfg, args.pressure_ctx, tokens_source=corpus())
 
-    print_table(runs)
-    summary = {"ratios": {}}
-    if reference:
-        print("\ndecode tok/s, engine vs llama-batched-bench (same model, ctx, batch, threads, unified KV), "
-              f"alternating, median of {len(reference)}:")
-        print(f"{'L':>3}{'engine':>10}{'reference':>11}{'ratio':>8}{'ratio range':>15}{'outside':>9}")
-        for lvl in levels:
-            pairs = [
-                (u.summary["decode_tok_s"], ref[lvl]["decode_tokens_per_s"])
-                for u, ref in zip(uniform_reps[lvl], reference)
-                if u.summary["decode_tok_s"] and ref[lvl]["decode_tokens_per_s"]
-            ]
-            ratios = [ours / theirs for ours, theirs in pairs]
-            ratio = median(ratios)
-            summary["ratios"][str(lvl)] = {"median": ratio, "all": ratios}
-            outside = median([u.summary["outside_decode_share_decode_phase"] for u in uniform_reps[lvl]])
-            spread = f"{min(ratios):.3f}–{max(ratios):.3f}" if ratios else "-"
-            print(f"{lvl:>3}{_fmt(median([p[0] for p in pairs])):>10}{_fmt(median([p[1] for p in pairs])):>11}"
-                  f"{_fmt(ratio, '.3f'):>8}{spread:>15}"
-                  f"{_fmt(None if outside is None else outside * 100, '.1f') + '%':>9}")
+def _print_ratios(summary: dict, levels: list[int], uniform_reps: dict[int, list[RunResult]],
+                  reference: list[dict[int, dict]]) -> None:
+    """Decode tok/s of the engine against llama-batched-bench per level, ratios into summary."""
+    print("\ndecode tok/s, engine vs llama-batched-bench (same model, ctx, batch, threads, unified KV), "
+          f"alternating, median of {len(reference)}:")
+    print(f"{'L':>3}{'engine':>10}{'reference':>11}{'ratio':>8}{'ratio range':>15}{'outside':>9}")
+    for lvl in levels:
+        pairs = [
+            (u.summary["decode_tok_s"], ref[lvl]["decode_tokens_per_s"])
+            for u, ref in zip(uniform_reps[lvl], reference)
+            if u.summary["decode_tok_s"] and ref[lvl]["decode_tokens_per_s"]
+        ]
+        ratios = [ours / theirs for ours, theirs in pairs]
+        ratio = median(ratios)
+        summary["ratios"][str(lvl)] = {"median": ratio, "all": ratios}
+        outside = median([u.summary["outside_decode_share_decode_phase"] for u in uniform_reps[lvl]])
+        spread = f"{min(ratios):.3f}–{max(ratios):.3f}" if ratios else "-"
+        print(f"{lvl:>3}{_fmt(median([p[0] for p in pairs])):>10}{_fmt(median([p[1] for p in pairs])):>11}"
+              f"{_fmt(ratio, '.3f'):>8}{spread:>15}"
+              f"{_fmt(None if outside is None else outside * 100, '.1f') + '%':>9}")
+
+
+def _print_top_level(summary: dict, runs: list[RunResult], levels: list[int]) -> None:
+    """The mixed workload at the top level: continuous against serial and static."""
     by = {(r.workload, r.mode, r.level): r for r in runs}
     top = max(levels)
     cont, ser, stat = (by.get(("mixed", m, top)) for m in MODES)
@@ -353,6 +391,10 @@ def run_from_args(args, model_cfg: ModelConfig) -> int:
                                         "static": stat.summary["completion_p50_ms"]}
         print(f"L={top} mixed: p50 completion continuous {cont.summary['completion_p50_ms']:.0f} ms, "
               f"static {stat.summary['completion_p50_ms']:.0f} ms")
+
+
+def _print_memory(summary: dict, constants: dict, kv_bytes: int, rss_before_load: int, rss_after: int) -> None:
+    """RSS after the runs against the model file + KV cache + allowance."""
     budget = constants["model_file_bytes"] + kv_bytes + RSS_ALLOWANCE_BYTES
     summary["memory"] = {"rss_before_load_bytes": rss_before_load, "rss_after_runs_bytes": rss_after,
                          "model_file_bytes": constants["model_file_bytes"], "kv_cache_bytes": kv_bytes,
@@ -360,29 +402,28 @@ def run_from_args(args, model_cfg: ModelConfig) -> int:
     mib = 1024 * 1024
     print(f"memory: RSS {rss_after / mib:.0f} MiB after the runs (before load {rss_before_load / mib:.0f} MiB); "
           f"target model {constants['model_file_bytes'] / mib:.0f} + KV {kv_bytes / mib:.0f} + 150 = {budget / mib:.0f} MiB")
-    if shared:
-        sh = summary["shared"] = shared["summary"]
-        print(f"shared prefix: {SHARED_REQUESTS} requests × ({sh['prefix_tokens']} shared + {SHARED_SUFFIX_TOKENS}) tokens "
-              f"at once: prompt tokens computed {sh['computed_on']:.0f} with the cache ({sh['computed_over_ideal']:.2f}× "
-              f"prefix + suffixes = {sh['ideal_prompt_tokens']}), {sh['computed_off']:.0f} without; TTFT p95 "
-              f"{sh['ttft_p95_on_ms']:.0f} vs {sh['ttft_p95_off_ms']:.0f} ms (ratio {sh['ttft_p95_ratio']:.3f}, "
-              f"all {', '.join(f'{r:.3f}' for r in sh['ttft_p95_ratios'])})")
-        print(f"no shared prefix (mixed L={SHARED_REQUESTS}): generated tok/s {sh['mixed_gen_tok_s_on']:.1f} with the cache, "
-              f"{sh['mixed_gen_tok_s_off']:.1f} without (ratio {sh['mixed_gen_ratio']:.3f}, "
-              f"all {', '.join(f'{r:.3f}' for r in sh['mixed_gen_ratios'])})")
-    if pressure:
-        summary["pressure"] = pressure["summary"]
-        p = pressure["summary"]
-        print(f"pressure: ctx {p['n_ctx']} cells, {p['requests']} requests × ({PRESSURE_PROMPT_TOKENS}+{PRESSURE_GEN_TOKENS})"
-              f" tokens: {p['completed']} completed, {p['with_right_token_count']} with {PRESSURE_GEN_TOKENS} tokens, "
-              f"{p['preemptions']} preemptions, lost {p['lost']}, duplicated {p['duplicated']}")
-    if args.json_path:
-        doc = {"constants": constants, "summary": summary, "reference": reference, "pressure": pressure,
-               "shared": shared,
-               "runs": [asdict(r) for r in runs], "all_repetitions": [asdict(r) for r in all_runs]}
-        Path(args.json_path).write_text(json.dumps(doc, indent=1))
-        print(f"wrote {args.json_path}", file=sys.stderr)
-    return 0
+
+
+def _print_shared(summary: dict, shared: dict) -> None:
+    """The shared-prefix runs: prompt tokens computed and TTFT with and without the cache."""
+    sh = summary["shared"] = shared["summary"]
+    print(f"shared prefix: {SHARED_REQUESTS} requests × ({sh['prefix_tokens']} shared + {SHARED_SUFFIX_TOKENS}) tokens "
+          f"at once: prompt tokens computed {sh['computed_on']:.0f} with the cache ({sh['computed_over_ideal']:.2f}× "
+          f"prefix + suffixes = {sh['ideal_prompt_tokens']}), {sh['computed_off']:.0f} without; TTFT p95 "
+          f"{sh['ttft_p95_on_ms']:.0f} vs {sh['ttft_p95_off_ms']:.0f} ms (ratio {sh['ttft_p95_ratio']:.3f}, "
+          f"all {', '.join(f'{r:.3f}' for r in sh['ttft_p95_ratios'])})")
+    print(f"no shared prefix (mixed L={SHARED_REQUESTS}): generated tok/s {sh['mixed_gen_tok_s_on']:.1f} with the cache, "
+          f"{sh['mixed_gen_tok_s_off']:.1f} without (ratio {sh['mixed_gen_ratio']:.3f}, "
+          f"all {', '.join(f'{r:.3f}' for r in sh['mixed_gen_ratios'])})")
+
+
+def _print_pressure(summary: dict, pressure: dict) -> None:
+    """The KV pressure run: every request whole, preemptions counted."""
+    summary["pressure"] = pressure["summary"]
+    p = pressure["summary"]
+    print(f"pressure: ctx {p['n_ctx']} cells, {p['requests']} requests × ({PRESSURE_PROMPT_TOKENS}+{PRESSURE_GEN_TOKENS})"
+          f" tokens: {p['completed']} completed, {p['with_right_token_count']} with {PRESSURE_GEN_TOKENS} tokens, "
+          f"{p['preemptions']} preemptions, lost {p['lost']}, duplicated {p['duplicated']}")
 
 
 def run_pressure(cfg, n_ctx: int, tokens_source: str) -> dict:
