@@ -464,6 +464,31 @@ def speculation(runs: list[dict], policies: dict[str, ClassPolicy], t: Threshold
         for on, off in v:
             evidence += [i for i in _ids(on, off) if i not in evidence]
     problems: list[str] = []
+    _identity_findings(same, reasons, problems)
+    if best_one is not None:
+        _one_stream_findings(best_one, runs, t, numbers, reasons, problems)
+    _mix_findings(mix, hearth_pairs, policies, t, numbers, reasons, problems)
+    measure = _missing_measures(best_one is None, mix_level is None, reasons)
+    numbers["problems"] = problems
+    if problems:
+        title = ("Speculative decoding changed greedy output: turn it off" if "greedy output differs" in problems[0]
+                 else "Speculative decoding does not pay here: turn it off")
+        return Recommendation("speculation_off", title,
+                              tuple(problems + reasons), numbers, tuple(evidence),
+                              None if setting == OFF else {"speculation": OFF}, measure)
+    if best_one is None:
+        return Recommendation("speculation_unproven", "Speculative decoding: not enough evidence",
+                              tuple(reasons), numbers, tuple(evidence), None, measure)
+    (_, _, arm), f = best_one
+    want = setting_of(arm)
+    title = (f"Use speculative decoding ({want}): {f['ratio']:.2f}× on one stream of repetitive work"
+             + (f", the mix keeps {min(x['ratio'] for x in mix.values()):.2f}×" if mix else ""))
+    return Recommendation("speculation_on", title, tuple(reasons), numbers, tuple(evidence),
+                          None if setting == want else {"speculation": want}, measure)
+
+
+def _identity_findings(same: dict, reasons: list[str], problems: list[str]) -> None:
+    """Greedy outputs with drafting against without: a difference is a problem unless rounding explains it."""
     changed = {k: e for k, e in same.items() if not e["all_identical"] and e["compared"]
                and not k.endswith(f"+{OFF}")}
     for label, e in changed.items():
@@ -496,23 +521,32 @@ def speculation(runs: list[dict], policies: dict[str, ClassPolicy], t: Threshold
                            f"({e['identical']} of {e['compared']} requests identical)")
         elif e["all_identical"]:
             reasons.append(f"{label}'s outputs are byte-identical to {e['against']}'s ({e['compared']} requests)")
-    if best_one is not None:
-        (m, _, arm), f = best_one
-        acc = f"acceptance {f['acceptance'] * 100:.0f} %" if f["acceptance"] is not None else "acceptance n/a"
-        tpd = f", {f['tokens_per_draft']:.2f} tokens per draft" if f["tokens_per_draft"] is not None else ""
-        dec = f"; decoding alone {f['decode_ratio']:.2f}×" if f["decode_ratio"] is not None else ""
-        reasons.append(f"one stream: {m} with {arm} generates {f['on_gen_tok_s']:.1f} tok/s against "
-                       f"{f['off_gen_tok_s']:.1f} without drafts: {f['ratio']:.2f}× (median of {f['repeats']}; "
-                       f"threshold {t.spec_min_gain:.2f}×{dec}); {acc}{tpd}")
-        llama = _best_llama(runs, 1)
-        if llama is not None:
-            numbers["llama_server_best"] = {"arm": llama[0], "gen_tok_s": llama[1],
-                                            "ratio": f["on_gen_tok_s"] / llama[1] if llama[1] else None}
-            reasons.append(f"stock llama-server's best arm, {llama[0]}: {llama[1]:.1f} tok/s; Hearth with {arm} "
-                           f"{f['on_gen_tok_s'] / llama[1]:.2f}× of it")
-        if f["ratio"] < t.spec_min_gain:
-            problems.append(f"one stream gains {f['ratio']:.2f}× with drafting, below the {t.spec_min_gain:.2f}× "
-                            "that makes it worth having on")
+
+
+def _one_stream_findings(best_one: tuple, runs: list[dict], t: Thresholds, numbers: dict, reasons: list[str],
+                         problems: list[str]) -> None:
+    """The best arm on one stream of repetitive work against spec_min_gain, and stock llama-server's best arm."""
+    (m, _, arm), f = best_one
+    acc = f"acceptance {f['acceptance'] * 100:.0f} %" if f["acceptance"] is not None else "acceptance n/a"
+    tpd = f", {f['tokens_per_draft']:.2f} tokens per draft" if f["tokens_per_draft"] is not None else ""
+    dec = f"; decoding alone {f['decode_ratio']:.2f}×" if f["decode_ratio"] is not None else ""
+    reasons.append(f"one stream: {m} with {arm} generates {f['on_gen_tok_s']:.1f} tok/s against "
+                   f"{f['off_gen_tok_s']:.1f} without drafts: {f['ratio']:.2f}× (median of {f['repeats']}; "
+                   f"threshold {t.spec_min_gain:.2f}×{dec}); {acc}{tpd}")
+    llama = _best_llama(runs, 1)
+    if llama is not None:
+        numbers["llama_server_best"] = {"arm": llama[0], "gen_tok_s": llama[1],
+                                        "ratio": f["on_gen_tok_s"] / llama[1] if llama[1] else None}
+        reasons.append(f"stock llama-server's best arm, {llama[0]}: {llama[1]:.1f} tok/s; Hearth with {arm} "
+                       f"{f['on_gen_tok_s'] / llama[1]:.2f}× of it")
+    if f["ratio"] < t.spec_min_gain:
+        problems.append(f"one stream gains {f['ratio']:.2f}× with drafting, below the {t.spec_min_gain:.2f}× "
+                        "that makes it worth having on")
+
+
+def _mix_findings(mix: dict, hearth_pairs: dict, policies: dict[str, ClassPolicy], t: Thresholds, numbers: dict,
+                  reasons: list[str], problems: list[str]) -> None:
+    """The household mix with drafting against without (spec_min_mix), and the interactive classes' TPOT targets."""
     for (m, lv, arm), f in sorted(mix.items()):
         line = (f"household mix at {lv} at once ({m}): {f['on_gen_tok_s']:.1f} tok/s with {arm} against "
                 f"{f['off_gen_tok_s']:.1f} without: {f['ratio']:.2f}× (must keep {t.spec_min_mix:.2f}×)")
@@ -533,32 +567,21 @@ def speculation(runs: list[dict], policies: dict[str, ClassPolicy], t: Threshold
                                 f"{name}'s p95 TPOT is {p95:.0f} ms with {arm} against its {target:.0f} ms target")
             elif p95 <= target:
                 reasons.append(f"{name} keeps its TPOT target with {arm}: p95 {p95:.0f} ms ≤ {target:.0f} ms")
+
+
+def _missing_measures(no_one_stream: bool, no_mix: bool, reasons: list[str]) -> dict | None:
+    """What the session did not measure, said in reasons; the replay that would measure it, or None."""
     measure = None
-    if best_one is None:
+    if no_one_stream:
         reasons.append("no one-stream run of repetitive work: the gain speculation is for was not measured")
         measure = {"scenario": "code-edit", "spec": ["off", SPEC_AUTO_HEARTH], "levels": [1], "modes": ["continuous"]}
-    if mix_level is None:
+    if no_mix:
         reasons.append("the household mix was not measured with drafting on and off: whether it stands aside "
                        "when the batch fills is unproven here (hearth bench replay --scenario household --levels 8 "
                        "--serve --spec off,auto)")
         measure = measure or {"scenario": "household", "spec": ["off", AUTO], "levels": [8], "modes": [],
                               "serve": True}
-    numbers["problems"] = problems
-    if problems:
-        title = ("Speculative decoding changed greedy output: turn it off" if "greedy output differs" in problems[0]
-                 else "Speculative decoding does not pay here: turn it off")
-        return Recommendation("speculation_off", title,
-                              tuple(problems + reasons), numbers, tuple(evidence),
-                              None if setting == OFF else {"speculation": OFF}, measure)
-    if best_one is None:
-        return Recommendation("speculation_unproven", "Speculative decoding: not enough evidence",
-                              tuple(reasons), numbers, tuple(evidence), None, measure)
-    (_, _, arm), f = best_one
-    want = setting_of(arm)
-    title = (f"Use speculative decoding ({want}): {f['ratio']:.2f}× on one stream of repetitive work"
-             + (f", the mix keeps {min(x['ratio'] for x in mix.values()):.2f}×" if mix else ""))
-    return Recommendation("speculation_on", title, tuple(reasons), numbers, tuple(evidence),
-                          None if setting == want else {"speculation": want}, measure)
+    return measure
 
 
 def measure_command(m: dict) -> str:
