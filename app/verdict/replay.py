@@ -26,7 +26,7 @@ from app.paths import sha256_of
 from app.policy import MODES, ClassPolicy
 from app.verdict.load import run_level
 from app.verdict.results import RunResult, median_runs
-from app.verdict.runners import ONCE_MODES, RunnerPlan, plan_runners
+from app.verdict.runners import ONCE_MODES, RunnerGroup, RunnerPlan, plan_runners
 from app.verdict.scenarios import PromptCutter, Scenario, plan, script_size
 from app.verdict.spec import DEFAULT_LLAMA_SPEC, label
 from app.verdict.targets import (
@@ -194,12 +194,7 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
 
     With cfg.serve, start_serve(constants, arm) (app.devtools.serve_process.serve_target) starts a `hearth serve`
     target: arm None or "auto" with its default settings, another arm with that speculation (app.verdict.spec)."""
-    from dataclasses import replace
-
-    from app.store.settings import all_settings
     from app.verdict import sessions as store
-    from app.verdict.decide import decide, thresholds_from
-    from app.verdict.overlap import traffic as read_traffic
     from app.verdict.scenarios import load_scenario
 
     scenario = load_scenario(cfg.scenario)
@@ -235,24 +230,7 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
 
     try:
         for group in runner_plan.groups:
-            c = replace(base, n_ctx=group.n_ctx, parallel=group.slots, n_batch=_batch_for(cfg.n_batch, group.slots))
-            for mode in group.modes:
-                for arm in group.spec:
-                    log(f"starting hearth runner ({label(mode, arm)}, {group.slots} slots, {group.n_ctx} KV cells)")
-                    targets.append(start_hearth(c, mode, arm))
-            if group.llama_server:
-                for arm in group.llama_spec:
-                    log(f"starting llama-server ({label('llama-server', arm)}, {group.slots} slots)")
-                    targets.append(start_llama_server(c, cfg.llama_server, arm))
-            if cfg.target_url and group.external:
-                targets.append(external_target(cfg.target_url, model_name))
-            if cfg.serve and group.external:
-                for arm in cfg.arms():
-                    log(f"starting hearth serve ({label('serve', arm)}: "
-                        f"{'default settings' if arm in (None, 'auto') else 'speculation ' + arm}, fresh data folder)")
-                    serve = start_serve(base, arm)  # type: ignore[misc]
-                    serve.label = label(serve.label, arm)
-                    targets.append(serve)
+            _start_targets(targets, cfg, base, group, model_name, log, start_serve)
             if not targets:
                 continue
             for t in targets:
@@ -284,6 +262,45 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
         raise
     finally:
         stop_targets(targets)
+    verdict, traffic = _judge(cfg, sessions, session_id, model_name, runs, class_policies, runner_plan)
+    return BenchOutcome(session_id, constants, runs, verdict, traffic)
+
+
+def _start_targets(targets: list[Target], cfg: BenchConfig, base: Constants, group: RunnerGroup, model_name: str,
+                   log: Callable[[str], None], start_serve: Callable[[Constants, str | None], Target] | None) -> None:
+    """Start one group's runners, stock llama-server, the external target and serve, into `targets` as each starts
+    (so the caller stops those that started when a later one fails)."""
+    from dataclasses import replace
+
+    c = replace(base, n_ctx=group.n_ctx, parallel=group.slots, n_batch=_batch_for(cfg.n_batch, group.slots))
+    for mode in group.modes:
+        for arm in group.spec:
+            log(f"starting hearth runner ({label(mode, arm)}, {group.slots} slots, {group.n_ctx} KV cells)")
+            targets.append(start_hearth(c, mode, arm))
+    if group.llama_server:
+        for arm in group.llama_spec:
+            log(f"starting llama-server ({label('llama-server', arm)}, {group.slots} slots)")
+            targets.append(start_llama_server(c, cfg.llama_server, arm))
+    if cfg.target_url and group.external:
+        targets.append(external_target(cfg.target_url, model_name))
+    if cfg.serve and group.external:
+        for arm in cfg.arms():
+            log(f"starting hearth serve ({label('serve', arm)}: "
+                f"{'default settings' if arm in (None, 'auto') else 'speculation ' + arm}, fresh data folder)")
+            serve = start_serve(base, arm)  # type: ignore[misc]
+            serve.label = label(serve.label, arm)
+            targets.append(serve)
+
+
+def _judge(cfg: BenchConfig, sessions, session_id: int, model_name: str, runs: list[RunResult], class_policies: dict,
+           runner_plan: RunnerPlan) -> tuple:
+    """Decide on the stored runs with the household's settings, traffic and current runner settings; finish the
+    session with the verdict. Returns (verdict, traffic)."""
+    from app.store.settings import all_settings
+    from app.verdict import sessions as store
+    from app.verdict.decide import decide, thresholds_from
+    from app.verdict.overlap import traffic as read_traffic
+
     with sessions() as s:
         t = thresholds_from(all_settings(s))
         traffic = read_traffic(s, cfg.traffic_days, burst_overlap=t.burst_overlap)
@@ -291,4 +308,4 @@ def run_bench(cfg: BenchConfig, sessions, progress: Callable[[RunResult, int, in
         verdict = decide(store.evidence(median_runs(runs)), class_policies, t, traffic, current, runner_plan.notes,
                          every_rep=store.evidence(runs))
         store.finish_session(s, session_id, verdict.as_dict())
-    return BenchOutcome(session_id, constants, runs, verdict, traffic)
+    return verdict, traffic
