@@ -223,23 +223,7 @@ class LlamaModel:
             config = dataclasses.replace(config, flash_attn=flash_attn)
         buffer_log.clear()
         self.config = config
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = config.n_gpu_layers
-        mparams.use_extra_bufts = config.repack_enabled
-        # Kept referenced while the model loads: llama.cpp reads the patterns through these pointers.
-        self._overrides = _buft_overrides(config.tensor_overrides)
-        if self._overrides is not None:
-            mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
-        self._devices = _device_list(config.devices)
-        if self._devices is not None:
-            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
-        mparams.split_mode = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
-                              "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}[config.split_mode]
-        mparams.main_gpu = config.main_gpu
-        if config.tensor_split:
-            self._split = (ctypes.c_float * max(llama_cpp.llama_max_devices(), len(config.tensor_split)))(
-                *config.tensor_split)
-            mparams.tensor_split = self._split
+        mparams = self._model_params(config)
         # The load's phases (the Models page's cold-start split): reading the weights, then with GPU layers
         # the tensors' copy into device buffers, which llama.cpp reports through the progress callback
         # (its first call ends the metadata and mapping, the last one the tensors' upload).
@@ -261,34 +245,7 @@ class LlamaModel:
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
 
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = config.n_ctx
-        cparams.n_batch = config.n_batch
-        # Same micro-batch as llama.cpp's tools default (512), so the reference is comparable.
-        cparams.n_ubatch = config.n_ubatch or min(config.n_batch, 512)
-        cparams.flash_attn_type = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-                                   "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[config.flash_attn]
-        problem = kv_type_problem(config.type_k, config.type_v, config.flash_attn)
-        if problem:
-            raise ValueError(problem)
-        cparams.type_k = _ggml_type(config.type_k)
-        cparams.type_v = _ggml_type(config.type_v)
-        # With KV tiers the context takes one more sequence id after the slots and their twins (the prefix
-        # cache's guard), the transfer sequence: llama.cpp saves and restores states only below n_seq_max.
-        self.transfer_seq: int | None = 2 * config.n_seq_max if config.kv_transfer else None
-        cparams.n_seq_max = config.n_seq_max if self.transfer_seq is None else self.transfer_seq + 1
-        # The engine asks for at most one row of logits per sequence per batch; without this the
-        # compute buffer is reserved for n_batch rows × the vocabulary (512 MiB for Gemma's 262k).
-        # Speculative decoding verifies up to n_outputs_extra draft tokens per iteration beyond those.
-        # llama.cpp reserves a row per sequence id at least (output_reserve asserts it): the transfer one's too.
-        cparams.n_outputs_max = max(config.n_seq_max + config.n_outputs_extra, cparams.n_seq_max)
-        cparams.kv_unified = True
-        # Sliding-window layers get as many cells as the others (llama.cpp's default here, said
-        # explicitly): the prefix cache keeps positions that slid out of a sequence's window.
-        cparams.swa_full = True
-        cparams.n_threads = config.n_threads
-        cparams.n_threads_batch = config.n_threads
-        cparams.no_perf = True
+        cparams = self._context_params(config)
         t_ctx = time.perf_counter()
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         t_done = time.perf_counter()
@@ -328,6 +285,59 @@ class LlamaModel:
         self._one = np.zeros(1, dtype=_TOKEN_DATA)
         self._one_arr = llama_cpp.llama_token_data_array(
             data=self._one.ctypes.data_as(llama_cpp.llama_token_data_p), size=1, selected=-1, sorted=False)
+
+    def _model_params(self, config: ModelConfig):
+        """llama.cpp's model parameters: GPU layers, repacking, tensor overrides, devices and their split."""
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
+        mparams.use_extra_bufts = config.repack_enabled
+        # Kept referenced while the model loads: llama.cpp reads the patterns through these pointers.
+        self._overrides = _buft_overrides(config.tensor_overrides)
+        if self._overrides is not None:
+            mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
+        self._devices = _device_list(config.devices)
+        if self._devices is not None:
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        mparams.split_mode = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+                              "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}[config.split_mode]
+        mparams.main_gpu = config.main_gpu
+        if config.tensor_split:
+            self._split = (ctypes.c_float * max(llama_cpp.llama_max_devices(), len(config.tensor_split)))(
+                *config.tensor_split)
+            mparams.tensor_split = self._split
+        return mparams
+
+    def _context_params(self, config: ModelConfig):
+        """llama.cpp's context parameters: cells, batches, flash attention, KV types, sequences and outputs, threads."""
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = config.n_ctx
+        cparams.n_batch = config.n_batch
+        # Same micro-batch as llama.cpp's tools default (512), so the reference is comparable.
+        cparams.n_ubatch = config.n_ubatch or min(config.n_batch, 512)
+        cparams.flash_attn_type = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                   "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[config.flash_attn]
+        problem = kv_type_problem(config.type_k, config.type_v, config.flash_attn)
+        if problem:
+            raise ValueError(problem)
+        cparams.type_k = _ggml_type(config.type_k)
+        cparams.type_v = _ggml_type(config.type_v)
+        # With KV tiers the context takes one more sequence id after the slots and their twins (the prefix
+        # cache's guard), the transfer sequence: llama.cpp saves and restores states only below n_seq_max.
+        self.transfer_seq: int | None = 2 * config.n_seq_max if config.kv_transfer else None
+        cparams.n_seq_max = config.n_seq_max if self.transfer_seq is None else self.transfer_seq + 1
+        # The engine asks for at most one row of logits per sequence per batch; without this the
+        # compute buffer is reserved for n_batch rows × the vocabulary (512 MiB for Gemma's 262k).
+        # Speculative decoding verifies up to n_outputs_extra draft tokens per iteration beyond those.
+        # llama.cpp reserves a row per sequence id at least (output_reserve asserts it): the transfer one's too.
+        cparams.n_outputs_max = max(config.n_seq_max + config.n_outputs_extra, cparams.n_seq_max)
+        cparams.kv_unified = True
+        # Sliding-window layers get as many cells as the others (llama.cpp's default here, said
+        # explicitly): the prefix cache keeps positions that slid out of a sequence's window.
+        cparams.swa_full = True
+        cparams.n_threads = config.n_threads
+        cparams.n_threads_batch = config.n_threads
+        cparams.no_perf = True
+        return cparams
 
     # -- metadata ------------------------------------------------------------------------
 
