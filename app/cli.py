@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2) if args.json else render(report))
         return 0
     if args.command == "soak":
-        from app.devtools.soak import main as soak_main
+        from app.devtools.serving.soak import main as soak_main
 
         return soak_main(args)
     if args.command == "bench":

@@ -279,7 +279,7 @@ run_checks() {
             --modes continuous --gpu-layers "$gl" --threads "$threads" --ctx "$ctx" --parallel 64 \
             --pressure-ctx 0 --json "$results/engine_8b.json"
     fi
-    "$python_bin" -m app.devtools.gpu_report "$results" "$budget_s" "$(( $(date +%s) - t_start ))" >/dev/null \
+    "$python_bin" -m app.devtools.gpu.gpu_report "$results" "$budget_s" "$(( $(date +%s) - t_start ))" >/dev/null \
         || die "could not write $results/gpu_check.json"
     # At most 8 files come back from a device call: these are they.
     cp "$results"/gpu_check.json "$results"/steps.jsonl "$out/"

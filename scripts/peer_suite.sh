@@ -4,10 +4,10 @@
 # per test file: total, both pass, llama-server only, both fail, Hearth only — with Hearth's
 # failure for every test that only llama-server passes. Not part of CI: about 280 tests, each
 # starting its own server, so ~20 minutes on an idle box and hours on a busy 2-core one. One pytest
-# runs per file, so a stopped run keeps its finished files; `python -m app.devtools.peer_suite
+# runs per file, so a stopped run keeps its finished files; `python -m app.devtools.parity.peer_suite
 # report --out OUT_DIR` prints the table of what has finished.
 #
-# Usage: scripts/peer_suite.sh [OUT_DIR] [extra args of `python -m app.devtools.peer_suite run`]
+# Usage: scripts/peer_suite.sh [OUT_DIR] [extra args of `python -m app.devtools.parity.peer_suite run`]
 #   e.g. scripts/peer_suite.sh /tmp/peer --targets hearth      (rerun Hearth, keep the stock result)
 #        scripts/peer_suite.sh /tmp/peer --files test_tokenize,test_basic
 #   PEER_PYTHON   interpreter with the tests' requirements (tools/server/tests/requirements.txt and
@@ -38,4 +38,4 @@ if [[ -z "${PEER_PYTHON:-}" ]]; then
 fi
 
 cd "$repo_root"
-PYTHONPATH="$repo_root" PEER_PYTHON="$PEER_PYTHON" exec "$python_bin" -m app.devtools.peer_suite run --out "$out" "$@"
+PYTHONPATH="$repo_root" PEER_PYTHON="$PEER_PYTHON" exec "$python_bin" -m app.devtools.parity.peer_suite run --out "$out" "$@"

@@ -40,7 +40,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
                 _add_bench_parsing, _add_bench_families, _add_bench_spec, _add_bench_tiers,
                 _add_bench_vision):
         add(bench_sub)
-    from app.devtools import ceiling_bench
+    from app.devtools.serving import ceiling_bench
 
     ceiling_bench.add_arguments(bench_sub.add_parser("ceiling", help="the serving path's token ceiling: runner and "
                                                      "serve against stock llama-server on a tiny random model"))
@@ -388,58 +388,58 @@ def _add_bench_replay(bench_sub: argparse._SubParsersAction) -> None:
 # `hearth bench NAME` -> (module, function, whether it takes the resolved model path after args). Imported only when
 # that bench runs, so `hearth --help` stays fast.
 _BENCHES = {
-    "vulkan": ("app.devtools.vulkan_check", "run_from_args", False),
-    "vram": ("app.devtools.gpu_probe", "run_from_args", True),
-    "vision": ("app.devtools.vision_bench", "run_from_args", True),
-    "placement": ("app.devtools.moe_bench", "run_from_args", False),
-    "fit": ("app.devtools.fit_bench", "run_from_args", False),
-    "kv-types": ("app.devtools.kv_bench", "run_from_args", True),
-    "spec": ("app.devtools.spec_bench", "main", False),
-    "memory": ("app.devtools.memory_bench", "run_from_args", True),
-    "sampling": ("app.devtools.telemetry_bench", "run_sampling", True),
-    "pull": ("app.devtools.pull_bench", "run_pull_bench", True),
-    "members": ("app.devtools.members_bench", "run_members_bench", True),
-    "templates": ("app.devtools.template_parity", "run_templates_bench", True),
-    "hostile": ("app.devtools.hostile_bench", "run_hostile_bench", True),
-    "families": ("app.devtools.families_bench", "run_from_args", False),
-    "flood": ("app.devtools.flood", "run_flood", True),
-    "gateway": ("app.devtools.gateway_bench", "run_gateway", True),
-    "residency": ("app.devtools.gateway_bench", "run_residency", True),
-    "ceiling": ("app.devtools.ceiling_bench", "run", False),
+    "vulkan": ("app.devtools.gpu.vulkan_check", "run_from_args", False),
+    "vram": ("app.devtools.gpu.gpu_probe", "run_from_args", True),
+    "vision": ("app.devtools.parity.vision_bench", "run_from_args", True),
+    "placement": ("app.devtools.gpu.moe_bench", "run_from_args", False),
+    "fit": ("app.devtools.gpu.fit_bench", "run_from_args", False),
+    "kv-types": ("app.devtools.engine.kv_bench", "run_from_args", True),
+    "spec": ("app.devtools.engine.spec_bench", "main", False),
+    "memory": ("app.devtools.engine.memory_bench", "run_from_args", True),
+    "sampling": ("app.devtools.engine.telemetry_bench", "run_sampling", True),
+    "pull": ("app.devtools.serving.pull_bench", "run_pull_bench", True),
+    "members": ("app.devtools.serving.members_bench", "run_members_bench", True),
+    "templates": ("app.devtools.parity.template_parity", "run_templates_bench", True),
+    "hostile": ("app.devtools.serving.hostile_bench", "run_hostile_bench", True),
+    "families": ("app.devtools.serving.families_bench", "run_from_args", False),
+    "flood": ("app.devtools.serving.flood", "run_flood", True),
+    "gateway": ("app.devtools.serving.gateway_bench", "run_gateway", True),
+    "residency": ("app.devtools.serving.gateway_bench", "run_residency", True),
+    "ceiling": ("app.devtools.serving.ceiling_bench", "run", False),
 }
 
 
 def _bench_engine(args) -> int:
-    from app.devtools.engine_bench import run_from_args
+    from app.devtools.engine.engine_bench import run_from_args
 
     return run_from_args(args, model_config(args, resolve_model(args.model)))
 
 
 def _bench_overhead(args) -> int:
-    from app.devtools.overhead import run_from_args as run_overhead
+    from app.devtools.engine.overhead import run_from_args as run_overhead
 
     return run_overhead(args, None if args.no_model else resolve_model(args.model))
 
 
 def _bench_tiers(args) -> int:
     if args.serve:
-        from app.devtools import tiers_serve_bench
+        from app.devtools.serving import tiers_serve_bench
 
         return tiers_serve_bench.run_from_args(args)
-    from app.devtools.tiers_bench import main as run_tiers_bench
+    from app.devtools.engine.tiers_bench import main as run_tiers_bench
 
     return run_tiers_bench(args)
 
 
 def _bench_parsing(args) -> int:
-    from app.devtools.parsing_bench import run_parsing_bench
+    from app.devtools.engine.parsing_bench import run_parsing_bench
 
     run_parsing_bench(resolve_model(args.model), args.threads, args.rounds, args.max_tokens, args.out)
     return 0
 
 
 def _bench_tools(args) -> int:
-    from app.devtools.tools_bench import run_tools_bench
+    from app.devtools.engine.tools_bench import run_tools_bench
 
     run_tools_bench(resolve_model(args.model), args.threads, args.requests, args.reps, args.out,
                     tuple(args.parts.split(",")))
@@ -454,7 +454,7 @@ def _bench_replay(args) -> int:
 
 
 def _bench_history(args) -> int:
-    from app.devtools.history_bench import run_history
+    from app.devtools.serving.history_bench import run_history
 
     # HEARTH_DEFAULT_MODEL: a GGUF already at hand (tests share one) instead of assembling one.
     return run_history(args, resolve_model(os.environ.get("HEARTH_DEFAULT_MODEL")))

@@ -30,7 +30,7 @@ size covers those within -2.1 / +5.7 MiB; estimate against measured after the im
 size first (Pillow, transiently; libmtmd's stb_image gets at most 2048 px a side, 8 bits a channel): the request's
 decoded-pixel budget (--image-max-request-pixels, 8.4 MP) bounds it, which the estimate does not count: the 16-bit
 2896² PNG that fills the budget peaked 97 MiB above the estimate and left the runner within it
-(app.devtools.image_memory, app/runner/images.py).
+(app.devtools.engine.image_memory, app/runner/images.py).
 """
 
 import functools

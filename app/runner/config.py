@@ -21,7 +21,7 @@ class ImageLimits:
     # Pixels a request's images may decode to, all together, after the reduction on decode a format allows (a JPEG's
     # DCT scaling); a request over it is refused before its first pixel is decoded. 8.4 MP: a 4K screenshot as PNG,
     # or two 12 MP phone photos (JPEGs decoded at half their sides); one 8192² 16-bit PNG (520 KB sent) grew the
-    # runner by 770 MB for 2.8 s without it (app.devtools.image_memory measures it).
+    # runner by 770 MB for 2.8 s without it (app.devtools.engine.image_memory measures it).
     max_request_pixels: int = 1 << 23
     # http(s) image URLs are fetched only when this is on (--image-url-fetch): off, a prompt cannot make
     # the server reach into the household's network.

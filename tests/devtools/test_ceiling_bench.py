@@ -4,7 +4,7 @@ import os
 
 import psutil
 
-from app.devtools.ceiling_bench import Row, table, tree_cpu_s
+from app.devtools.serving.ceiling_bench import Row, table, tree_cpu_s
 
 
 def test_table_gives_the_ratio_to_llama_server_and_cpu_per_1k_tokens():

@@ -6,8 +6,8 @@ import gguf
 import pytest
 
 from app.devtools import family_models
-from app.devtools.families_bench import Got, Outcome, judge, stream_mismatch
 from app.devtools.family_models import FAMILIES, SCRIPTS_DIR, Script, load_scripts, script_gbnf, split_specials
+from app.devtools.serving.families_bench import Got, Outcome, judge, stream_mismatch
 from app.schema_subset import check_gbnf
 
 

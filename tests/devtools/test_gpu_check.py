@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.devtools.gpu_report import build_report, engine_figures
+from app.devtools.gpu.gpu_report import build_report, engine_figures
 from app.llama_tools import pinned_llama_cpp_version
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"

@@ -7,7 +7,7 @@ import numpy as np
 from sqlalchemy import text
 
 from app.cli import main
-from app.devtools.history_bench import (
+from app.devtools.serving.history_bench import (
     DAY_S,
     HistoryConfig,
     _minute_rows,

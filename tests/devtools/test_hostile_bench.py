@@ -1,6 +1,6 @@
 """`hearth bench hostile`'s search: the largest body of each family still accepted sits at its bound (no model needed)."""
 
-from app.devtools import hostile_bench as hb
+from app.devtools.serving import hostile_bench as hb
 from app.schema_subset import MAX_GRAMMAR_LEFT_DEPTH, MAX_GRAMMAR_NESTING, MAX_GRAMMAR_WIDTH
 
 

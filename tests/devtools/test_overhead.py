@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from app.devtools.overhead import PHASES, InstantModel, run_level, run_levels
+from app.devtools.engine.overhead import PHASES, InstantModel, run_level, run_levels
 from app.engine.engine import Engine
 from app.engine.request import Finished, SamplingParams
 

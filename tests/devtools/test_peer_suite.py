@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from app.devtools.peer_suite import map_args, report
+from app.devtools.parity.peer_suite import map_args, report
 
 MODEL = "/models/gemma.gguf"
 

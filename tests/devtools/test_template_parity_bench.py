@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import date
 
-from app.devtools.template_parity import (
+from app.devtools.parity.template_parity import (
     HISTORIES,
     Render,
     TemplateResult,

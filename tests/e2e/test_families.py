@@ -12,8 +12,8 @@ grammar of their own take three scripts a family (each costs a runner restart), 
 import pytest
 
 from app.devtools import family_models
-from app.devtools.families_bench import APIS, FamiliesServe, ask, check_pair
 from app.devtools.family_models import load_scripts
+from app.devtools.serving.families_bench import APIS, FamiliesServe, ask, check_pair
 
 # Reasoning and calls in three markups: <think> + Hermes, harmony channels, [THINK] + [TOOL_CALLS].
 FAMILIES = ["qwen3", "gpt_oss", "magistral"]

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from app.devices import Device
-from app.devtools.fit_bench import hearth_holds, llama_fit
 from app.devtools.gguf_shapes import SHAPES, make_model
+from app.devtools.gpu.fit_bench import hearth_holds, llama_fit
 from app.llama_tools import tools_cache_dir
 from app.residency.catalog import scan
 from app.residency.estimate import MIB

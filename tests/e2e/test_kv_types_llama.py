@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.devtools.kv_bench import greedy_against_stock, measure
+from app.devtools.engine.kv_bench import greedy_against_stock, measure
 from app.llama_tools import stock_llama_server
 
 pytestmark = pytest.mark.model

@@ -8,7 +8,7 @@ import pytest
 
 from app.devices import Device
 from app.devtools.gguf_shapes import make_model
-from app.devtools.moe_bench import BENCH_SHAPE, compare
+from app.devtools.gpu.moe_bench import BENCH_SHAPE, compare
 from app.llama_tools import stock_llama_server, tools_cache_dir
 from app.residency.estimate import MIB
 

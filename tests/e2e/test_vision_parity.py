@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.devtools.mmproj import cached_mmproj
-from app.devtools.vision_bench import stock_beside
+from app.devtools.parity.vision_bench import stock_beside
 from app.llama_tools import stock_llama_server
 from tests.images import data_url, image_bytes
 

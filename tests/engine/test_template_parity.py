@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from app.devtools.template_parity import HISTORIES, render_in_process
+from app.devtools.parity.template_parity import HISTORIES, render_in_process
 from app.llama_tools import pinned_llama_cpp_version, tools_cache_dir
 
 GOLDENS = Path(__file__).resolve().parents[1] / "data" / "templates"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app import device_probe
-from app.devtools.vulkan_check import PROMPTS, TOLERANCE, load_and_free, oracle, tiny_model, vulkan_env
+from app.devtools.gpu.vulkan_check import PROMPTS, TOLERANCE, load_and_free, oracle, tiny_model, vulkan_env
 from app.llama_tools import vulkan_lib_dir, vulkan_llama_server
 from app.residency.catalog import scan
 from app.residency.estimate import estimate_memory
@@ -96,7 +96,7 @@ def test_a_runner_reports_its_device_buffers_for_the_budget_and_charts(env, tiny
 
     import httpx
 
-    from app.devtools.vulkan_check import _start, _stop
+    from app.devtools.gpu.vulkan_check import _start, _stop
     from app.exposition import parse_exposition
 
     proc, url = _start([sys.executable, "-m", "app.cli", "runner", "--model", tiny, "--ctx", "512", "--parallel", "1",

@@ -1,6 +1,6 @@
 """A shortened `hearth soak` against the real serve: 6 clients for 20 s, a fifth hanging up mid-stream."""
 
-from app.devtools.soak import format_report, run_soak
+from app.devtools.serving.soak import format_report, run_soak
 
 
 def test_short_soak_comes_back_to_baseline(serve):

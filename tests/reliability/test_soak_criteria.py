@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
-from app.devtools.soak import MAX_FDS_GROWTH, MAX_STORE_FDS, SoakReport, _criteria, _idle_state, _is_idle
+from app.devtools.serving.soak import MAX_FDS_GROWTH, MAX_STORE_FDS, SoakReport, _criteria, _idle_state, _is_idle
 
 
 def _figures(fds, pooled=0, **kinds):

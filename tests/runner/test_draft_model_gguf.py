@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from app.devtools.draft_gguf import cached_draft
+from app.devtools.engine.spec_bench import PROMPT
 from app.devtools.gguf_shapes import SHAPES, make_model
-from app.devtools.spec_bench import PROMPT
 from app.engine.model_config import ModelConfig
 from app.engine.speculation import SpecConfig
 from app.runner.app import create_app

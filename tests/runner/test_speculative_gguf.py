@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.devtools.spec_bench import PROMPT
+from app.devtools.engine.spec_bench import PROMPT
 from app.engine.model_config import ModelConfig
 from app.engine.speculation import SpecConfig
 from app.protocols import sse

@@ -6,8 +6,8 @@ which drops the Hugging Face model flags the tests pass (no network) and puts th
 in their place; stock llama-server also gets `--kv-unified`, Hearth's cache layout. Each target's
 outcomes land in a JUnit XML file, and the report compares them test by test.
 
-    python -m app.devtools.peer_suite run --out DIR [--targets llama-server,hearth] [--files ...]
-    python -m app.devtools.peer_suite report --out DIR
+    python -m app.devtools.parity.peer_suite run --out DIR [--targets llama-server,hearth] [--files ...]
+    python -m app.devtools.parity.peer_suite report --out DIR
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ OUT_OF_SCOPE: dict[tuple[str, str | None], str] = {
     ("test_security", "test_cors_proxy_only_forwards_explicit_proxy_headers"): "/cors-proxy",
 }
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 PER_TEST_TIMEOUT_S = 90
 
 

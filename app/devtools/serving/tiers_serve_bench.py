@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.devtools.engine.tiers_bench import QUESTIONS, SYSTEM, file_sha256, model_path, stock_restart
 from app.devtools.serve_process import ServeProcess, prepare_data
-from app.devtools.tiers_bench import QUESTIONS, SYSTEM, file_sha256, model_path, stock_restart
 from app.hardware import machine
 from app.protocols import sse
 

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from app.devtools.gateway_bench import run_together
+from app.devtools.serving.gateway_bench import run_together
 from app.llama_tools import tools_cache_dir
 
 TARGETS = ("llama-server", "runner", "serve")

@@ -1,6 +1,6 @@
 """Embedding batching, measured: 64 short inputs in one call against one input, same model, same run.
 
-Run: python -m app.devtools.embed_bench [GGUF] [--threads N] [--reps N]. Prints what it held constant,
+Run: python -m app.devtools.engine.embed_bench [GGUF] [--threads N] [--reps N]. Prints what it held constant,
 the median wall time of each over interleaved repetitions with the spread, their ratio, and JSON.
 """
 

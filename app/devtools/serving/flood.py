@@ -36,8 +36,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from app.devtools.gateway_bench import TOKEN_EVENT, _streams, added_latency_samples
 from app.devtools.serve_process import ServeProcess, prepare_data
+from app.devtools.serving.gateway_bench import TOKEN_EVENT, _streams, added_latency_samples
 
 MIB = 1024 * 1024
 CHAT = "/v1/chat/completions"

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from app.devices import Device
-from app.devtools.moe_bench import parse_buffers, run_server
+from app.devtools.gpu.moe_bench import parse_buffers, run_server
 from app.residency.catalog import scan
 from app.residency.estimate import MIB
 from app.residency.fit import fit_runner

@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.devtools.flood import CHAT, Answer, _chat, _request, say
 from app.devtools.serve_process import ServeProcess, prepare_data
+from app.devtools.serving.flood import CHAT, Answer, _chat, _request, say
 
 CLASS = "chat"
 

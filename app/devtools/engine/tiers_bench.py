@@ -293,7 +293,7 @@ def model_path(args) -> str:
 
 
 def main(args) -> int:
-    """Entry point of `hearth bench tiers` (lab arms; --serve is app.devtools.tiers_serve_bench)."""
+    """Entry point of `hearth bench tiers` (lab arms; --serve is app.devtools.serving.tiers_serve_bench)."""
     model = model_path(args)
     common = ["-m", model, "-c", str(args.ctx), "-np", str(args.parallel), "-t", str(args.threads)]
     hearth = [sys.executable, "-m", "app.cli", "runner", *common]

@@ -1,6 +1,6 @@
 """Multi-turn satellites through `hearth serve` (default settings) and stock llama-server, in one run.
 
-    python -m app.devtools.prefix_bench --llama-server ~/.cache/hearth/llama-tools/<v>/bin/llama-server \
+    python -m app.devtools.serving.prefix_bench --llama-server ~/.cache/hearth/llama-tools/<v>/bin/llama-server \
         [--model GGUF] [--repeats 3] [--json out.json]
 
 Two voice satellites share a ~2,000-token system prompt (instructions and a device list) and differ
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run both servers, interleaved per repetition, and print the figures."""
     from app.residency.default_model import ensure_default_model
 
-    p = argparse.ArgumentParser(prog="python -m app.devtools.prefix_bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m app.devtools.serving.prefix_bench", description=__doc__.split("\n")[0])
     p.add_argument("--model", help="GGUF (default: the embedded Gemma 3 270M)")
     p.add_argument("--llama-server", required=True)
     p.add_argument("--repeats", type=int, default=3)

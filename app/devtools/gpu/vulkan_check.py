@@ -53,7 +53,7 @@ def _device_total(stderr: str) -> list[int]:
 def load_and_free(model: str, ctx: int, parallel: int, env: dict[str, str], timeout_s: float = 600) -> dict:
     """Step 1 in a child process: what a full offload allocates on the device, and what is left after freeing."""
     child_env = {**env, "GGML_VK_MEMORY_LOGGER": "1", "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run([sys.executable, "-m", "app.devtools.vulkan_check", "--load-and-free", model, str(ctx),
+    done = subprocess.run([sys.executable, "-m", "app.devtools.gpu.vulkan_check", "--load-and-free", model, str(ctx),
                            str(parallel)], env=child_env, capture_output=True, text=True, timeout=timeout_s,
                           check=False)
     if done.returncode != 0:
@@ -249,4 +249,4 @@ def run_from_args(args) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--load-and-free":
         raise SystemExit(_child_load_and_free(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
-    raise SystemExit("usage: python -m app.devtools.vulkan_check --load-and-free MODEL CTX PARALLEL")
+    raise SystemExit("usage: python -m app.devtools.gpu.vulkan_check --load-and-free MODEL CTX PARALLEL")

@@ -1,6 +1,6 @@
 """The summary of one scripts/gpu_check.sh run: every step's status and the figures the issue asks for, in one JSON.
 
-`python -m app.devtools.gpu_report OUT BUDGET_S ELAPSED_S` reads OUT/steps.jsonl and the JSON
+`python -m app.devtools.gpu.gpu_report OUT BUDGET_S ELAPSED_S` reads OUT/steps.jsonl and the JSON
 files the steps wrote there (engine_1b.json, engine_8b.json, vram.json, served_1b.json,
 voice.json) and writes OUT/gpu_check.json. A missing or partial file is reported as such, never
 fatal: a run that ran out of time still says what it measured.

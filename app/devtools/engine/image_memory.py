@@ -1,4 +1,4 @@
-"""What one request's images cost a vision runner's memory: `python -m app.devtools.image_memory GEMMA.gguf`.
+"""What one request's images cost a vision runner's memory: `python -m app.devtools.engine.image_memory GEMMA.gguf`.
 
 Starts `hearth runner` on the text model with a random Gemma 3 projector (app.devtools.mmproj), then sends, each
 after the runner's peak RSS is reset (/proc/PID/clear_refs 5): a small PNG (the baseline), the 16-bit RGBA PNG of
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = next(e for e in scan(folder, None) if e.name == model.stem)
         est = estimate_memory(entry, args.ctx, args.parallel)
         port = _free_port()
-        env = {**os.environ, "PYTHONPATH": str(Path(args.runner_root or Path(__file__).parents[2]).resolve())}
+        env = {**os.environ, "PYTHONPATH": str(Path(args.runner_root or Path(__file__).parents[3]).resolve())}
         runner = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "runner", "-m", str(model), "--mmproj", str(projector), "-c",
              str(args.ctx), "-np", str(args.parallel), "-t", str(args.threads), "--port", str(port),

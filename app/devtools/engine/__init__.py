@@ -1,0 +1,1 @@
+"""Developers' benches of the engine and one runner: in-process decode, the engine's own overhead, KV types and tiers, speculation, memory, embeddings, parsing, constrained decoding, the telemetry job's cost."""

@@ -1,0 +1,1 @@
+"""Parity with llama.cpp: its chat templates, its own server tests, and images, against stock llama-server."""

@@ -1,0 +1,1 @@
+"""Developers' benches through a real `hearth serve`: the control plane's cost, floods, members, hostile bodies, history, pulls, the families' answers, the KV tiers and prefixes as the household meets them, the token ceiling, the soak."""
