@@ -194,33 +194,37 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.command == "runner":
-        return _runner(args)
-    if args.command == "doctor":
-        import json
+    run = _COMMANDS.get(args.command)
+    return run(args) if run is not None else 2
 
-        from app.services.doctor import examine, render
 
-        report = examine()
-        print(json.dumps(report, indent=2) if args.json else render(report))
-        return 0
-    if args.command == "soak":
-        from app.devtools.serving.soak import main as soak_main
+def _doctor(args) -> int:
+    import json
 
-        return soak_main(args)
-    if args.command == "bench":
-        return bench.run(args)
-    if args.command == "traffic":
-        return _traffic(args)
-    if args.command == "models" and args.models_command == "random" and args.shape.startswith("mmproj"):
+    from app.services.doctor import examine, render
+
+    report = examine()
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
+
+
+def _soak(args) -> int:
+    from app.devtools.serving.soak import main as soak_main
+
+    return soak_main(args)
+
+
+def _models(args) -> int:
+    """`hearth models ...`: the files Hearth makes itself here (random, truncate, default), the rest in app.admin."""
+    if args.models_command == "random" and args.shape.startswith("mmproj"):
         from app.devtools.mmproj import run_from_args as run_random_mmproj
 
         return run_random_mmproj(args, resolve_model(args.text_model))
-    if args.command == "models" and args.models_command == "random":
+    if args.models_command == "random":
         from app.devtools.gguf_shapes import run_from_args as run_random_model
 
         return run_random_model(args)
-    if args.command == "models" and args.models_command == "truncate":
+    if args.models_command == "truncate":
         from app.devtools.draft_gguf import run_from_args as run_truncate
 
         try:
@@ -228,6 +232,23 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"hearth models truncate: {exc}", file=sys.stderr)
             return 2
+    if args.models_command == "default":
+        print(resolve_model(None))
+        return 0
+    return _admin(args)
+
+
+def _serve(args) -> int:
+    from app.serve import serve as run_serve
+
+    run_serve(args.bind)
+    return 0
+
+
+def _admin(args) -> int:
+    from app.admin import run as run_admin
+
+    return run_admin(args)
     if args.command == "models" and args.models_command == "default":
         print(resolve_model(None))
         return 0
@@ -300,14 +321,10 @@ def _backup(args) -> int:
     return 0
 
 
-
-
-
-
-
-
-
-
+# `hearth NAME` -> its handler; each imports what it runs only when called, so `hearth --help` stays fast.
+_COMMANDS = {"runner": _runner, "doctor": _doctor, "soak": _soak, "bench": bench.run, "traffic": _traffic,
+             "models": _models, "serve": _serve, "token": tokens.run, "backup": _backup, "restore": _backup,
+             "classes": _admin, "settings": _admin}
 
 
 if __name__ == "__main__":
