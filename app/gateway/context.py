@@ -133,7 +133,7 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
                                  device_budgets=partial(device_budget_bytes, settings))
     holder.append(residency)
     sampler = Sampler(writer, residency.status, admission.snapshot)
-    metrics = GatewayMetrics(residency.status, admission.snapshot, sampler, writer.health)
+    metrics = GatewayMetrics(residency.status, admission.snapshot, sampler, writer.health, residency.device_status)
     tokens = TokenCache(principal_loader(sessions))
     classes = ClassRegistry(sessions)
 

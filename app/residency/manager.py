@@ -818,6 +818,22 @@ class ResidencyManager:
 
     # --- reading -----------------------------------------------------------------------------
 
+    def device_status(self) -> dict[str, dict]:
+        """Per device of the budget per device ("CPU" is RAM): its usable bytes, the bytes resident models hold there
+        (Hearth's count, as placed) and each model's share; empty without a budget per device."""
+        budgets = self._device_budgets_fn() if self._device_budgets_fn is not None else {}
+        if not budgets:
+            return {}
+        with self._lock:
+            placed = {m.name: m.placed or {RAM_DEVICE: m.resident_bytes} for m in self._models.values() if m.resident}
+        out = {d: {"budget_bytes": b, "used_bytes": 0, "models": {}} for d, b in budgets.items()}
+        for name, by_device in sorted(placed.items()):
+            for device, n in by_device.items():
+                row = out.setdefault(device, {"budget_bytes": 0, "used_bytes": 0, "models": {}})
+                row["used_bytes"] += n
+                row["models"][name] = n
+        return out
+
     def status(self) -> list[dict]:
         """Every model in the catalog or resident: state, policy, nodes, memory, in-flight, log tail."""
         catalog = self._models_fn()
