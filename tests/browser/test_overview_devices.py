@@ -15,9 +15,9 @@ def test_the_device_block_shows_where_the_model_sits_and_matches_metrics(page, s
         page.goto("/")
         # The block polls every 5 s; the model is resident once the answer came back.
         page.wait_for_function(
-            f"() => !!document.querySelector('#overview-devices tr[data-device=CPU] [data-model=\"{model}\"]')",
+            f"() => !!document.querySelector('#overview-device-budget tr[data-device=CPU] [data-model=\"{model}\"]')",
             timeout=30_000)
-        row = page.locator("#overview-devices tr[data-device=CPU]")
+        row = page.locator("#overview-device-budget tr[data-device=CPU]")
         shown = {"used": int(row.get_attribute("data-used")), "budget": int(row.get_attribute("data-budget"))}
         metrics = parse_exposition(client.get("/metrics").text)
     used = {labels["device"]: v for labels, v in metrics.series("hearth:device_used_bytes")}
