@@ -60,6 +60,8 @@ class ModelSpec:
     # Bytes per device its runner takes ("CPU" for RAM, "Vulkan0", or ANY_GPU for the GPU the residency places it on),
     # summing to estimate_bytes; empty: all of estimate_bytes in RAM. Counted against a budget per device.
     need_by_device: tuple[tuple[str, int], ...] = ()
+    # Why its GPU layers, experts in RAM and KV type are what they are, when the fit chose them (app.residency.fit).
+    fit_note: str | None = None
 
     def __post_init__(self):
         if self.policy not in MODEL_POLICIES:

@@ -418,7 +418,7 @@ class Catalog:
                         sizing_note="; ".join(n for n in (sizing.reason if sizing else None, fit_note, tier_note,
                                                           draft_note) if n) or None,
                         weights=(rs.weights if rs else None) or WEIGHTS_WARM,
-                        need_by_device=need,
+                        need_by_device=need, fit_note=fit_note,
                     )
                     if row.alias:
                         aliases[row.alias] = e.name
