@@ -56,9 +56,7 @@ def _split(entry: CatalogEntry, tensors, gpus, n_ctx: int, parallel: int, n_batc
         return split
     # Without flash attention the attention scores of a micro-batch are one f32 tensor of heads × cells × tokens,
     # on the GPU where the device may hold it (else llama.cpp computes attention on the CPU): 128 MiB of a 16-head
-    # shape at 4096 cells on lavapipe's Vulkan0 (141 MiB measured), 256 MiB of a 32-head one in RAM (282 MiB host).
-    # ggml reuses memory between the graph's nodes: the layer's buffer is the larger of the estimate's and the
-    # scores with the f16 mask and 8 f32 rows of the width a token (fitted: 141-145 MiB measured, this gives 148).
+    # shape at 4096 cells on lavapipe's Vulkan0, 256 MiB of a 32-head one in RAM (282 MiB host).
     cells = -(-n_ctx // KV_CELL_PADDING) * KV_CELL_PADDING
     ubatch = min(n_batch, MAX_UBATCH)
     scores = entry.n_head * cells * ubatch * 4
@@ -66,8 +64,18 @@ def _split(entry: CatalogEntry, tensors, gpus, n_ctx: int, parallel: int, n_batc
     limit = next((g.max_tensor_bytes for g in gpus if g.name == gpu), None)
     where = gpu if gpu is not None and (limit is None or scores <= limit) else CPU
     compute = dict(split.compute)
-    compute[where] = max(compute.get(where, 0), scores + cells * ubatch * 2 + 8 * ubatch * (entry.n_embd or 0) * 4)
+    compute[where] = max(compute.get(where, 0), attention_peak_bytes(entry.n_head, entry.n_embd or 0, cells, ubatch))
     return replace(split, compute=compute)
+
+
+def attention_peak_bytes(n_head: int, n_embd: int, cells: int, ubatch: int) -> int:
+    """A layer's compute buffer at its peak without flash attention: the scores (f32, heads × cells × tokens), the
+    mask (f32 without flash attention: llama-graph's build_attn_inp_kq_mask, cells × tokens) and what lives beside
+    them (the residual, the queries, the attention's output: 4.5 f32 rows of the width a token, ggml's allocator
+    included, and 64 KiB of small inputs). Checked against lavapipe's "Vulkan0 compute buffer size" lines,
+    llama-server -fa off, 512-token micro-batch: 1024 wide, 16 heads at 2048/3072/4096 cells 77.06/111.06/145.06 MiB
+    (this gives the same to 0.01 MiB); 2048 wide, 16 heads, 4096 cells 152.25 (this gives 154.06)."""
+    return n_head * cells * ubatch * 4 + cells * ubatch * 4 + 9 * ubatch * n_embd * 2 + 64 * 1024
 
 
 def _fits(split: DeviceSplit, budgets: dict[str, int]) -> bool:
