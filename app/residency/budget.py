@@ -236,8 +236,12 @@ def plan_on_devices(need: Mapping[str, int], budgets: Mapping[str, int], placed:
     An ANY_GPU need goes to the GPU with the most room that holds it without evicting (app.residency.fit.place_on's
     rule), else to the first GPU, by room, that eviction clears."""
     used = used_by_device(placed)
+    gpus = [d for d in budgets if d != RAM_DEVICE]
+    if ANY_GPU in need and not gpus:
+        # The GPU is gone since the catalog counted it (a driver or probe change): llama.cpp then keeps every layer
+        # in RAM, and so does the plan.
+        need = {RAM_DEVICE: sum(need.values())}
     if ANY_GPU in need:
-        gpus = [d for d in budgets if d != RAM_DEVICE]
         rooms = {d: budgets[d] - used.get(d, 0) for d in gpus}
         rest = {d: n for d, n in need.items() if d != ANY_GPU}
         first = most_room(need[ANY_GPU], rooms)

@@ -150,3 +150,8 @@ def test_need_per_device_of_a_runner(dense):
     assert set(split) == {CPU, "Vulkan0", "Vulkan1"} and sum(split.values()) == total
     # No GPU layer: all in RAM.
     assert device_need(entry, tensors, replace(runner, gpu_layers=0), total, kv, compute, two) == {CPU: total}
+
+
+def test_a_gpu_share_with_no_gpu_left_is_counted_in_ram():
+    where, victims = plan_on_devices({RAM_DEVICE: 100 * MIB, ANY_GPU: 900 * MIB}, {RAM_DEVICE: 8000 * MIB}, {}, [])
+    assert (mib(where), victims) == ({RAM_DEVICE: 1000}, [])
