@@ -63,8 +63,10 @@ class _BuftOverride(ctypes.Structure):
 
 @functools.cache
 def _ggml() -> ctypes.CDLL:
-    """libggml, the backend registry that llama-cpp-python's libllama links (the same loaded library)."""
-    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))
+    """libggml, the backend registry that llama-cpp-python's libllama links: opened by its soname, so the copy
+    libllama loaded (from LLAMA_CPP_LIB_PATH: the Vulkan build's, with its devices) is found again, not the wheel's
+    CPU-only one beside llama_cpp (where --device Vulkan0 and -ot ...=Vulkan0 found no such device)."""
+    lib = ctypes.CDLL("libggml.so.0")
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
     lib.ggml_backend_dev_get.restype = ctypes.c_void_p

@@ -25,7 +25,7 @@ from app.residency.pagecache import Warmer
 from app.services.catalog import Catalog, pull_refusal
 from app.services.preload import Preloader
 from app.services.records import Recorder, complete_load_event, record_residency_event
-from app.services.settings import SettingsCache, budget_bytes, offload_devices
+from app.services.settings import SettingsCache, budget_bytes, device_budget_bytes, offload_devices
 from app.services.targets import TargetSizer
 from app.store.db import writing_sessions
 from app.store.models import RequestRecord, utcnow
@@ -73,10 +73,11 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
     residency = ResidencyManager(catalog.model_specs, partial(budget_bytes, settings),
                                  partial(record_residency_event, writer),
                                  busy_wait_s=lambda: float(settings.get("model_swap_wait_s")),
-                                 on_first_use=partial(complete_load_event, writer), on_stopped=warmer.stopped)
+                                 on_first_use=partial(complete_load_event, writer), on_stopped=warmer.stopped,
+                                 device_budgets=partial(device_budget_bytes, settings))
     holder.append(residency)
     sampler = Sampler(writer, residency.status, admission.snapshot)
-    metrics = GatewayMetrics(residency.status, admission.snapshot, sampler, writer.health)
+    metrics = GatewayMetrics(residency.status, admission.snapshot, sampler, writer.health, residency.device_status)
     tokens = TokenCache(principal_loader(sessions))
     classes = ClassRegistry(sessions)
 

@@ -1,12 +1,13 @@
 """The memory budget resident models must fit in: GPU memory via NVML, else the GPUs llama.cpp's Vulkan build sees
-(app.device_probe, when the runners use it), else RAM via psutil.
+(app.device_probe, when the runners use it), else RAM via psutil; and the same per device (RAM and each GPU), with the
+plan that puts a model on the device with room, evicting only models that hold memory there.
 
 No NVIDIA library, driver or GPU is the ordinary case on a NAS, not an error: the budget is
 then RAM. Inside a container RAM is also capped by the cgroup's memory limit, which psutil does
 not see, so the limit is read from /sys/fs/cgroup as well.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,11 @@ DEFAULT_RESERVE_FRACTION = 0.10
 # On small RAM boxes 10% is too little for the OS and Hearth's own gateway process.
 MIN_RAM_RESERVE_BYTES = 512 * MIB
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# The device of host RAM in a per-device budget, as llama.cpp names its CPU buffers (app.residency.placement.CPU).
+RAM_DEVICE = "CPU"
+# In a model's need per device: bytes for whichever GPU the residency places it on (a model that fits one GPU whole,
+# its devices unset), started there with --device NAME.
+ANY_GPU = "GPU"
 # cgroup v1 reports "no limit" as a page-rounded 2^63; anything this large means unlimited.
 _UNLIMITED_BYTES = 1 << 60
 
@@ -185,3 +191,95 @@ def _read_bytes(path: Path) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+def device_budgets(ram: MemoryBudget, devices: Sequence[Device] = (),
+                   reserve_fraction: float = DEFAULT_RESERVE_FRACTION) -> dict[str, MemoryBudget]:
+    """The budget per device: RAM (`ram`, a RAM budget from detect_budget(use_gpu=False), under the stored limit and
+    reserve) as "CPU", and each GPU among `devices` as llama.cpp names it, its total less `reserve_fraction`."""
+    out = {RAM_DEVICE: ram}
+    for d in devices:
+        if not d.is_gpu:
+            continue
+        # A driver that reports no use (lavapipe) says all is free: Hearth's own count is then the only limit.
+        free = d.free_bytes if d.reports_usage else d.total_bytes
+        out[d.name] = _budget(KIND_VRAM, d.total_bytes, free, int(d.total_bytes * reserve_fraction), None,
+                              (f"{d.name} ({d.description})",), f"{d.backend} device as llama.cpp reports it")
+    return out
+
+
+def most_room(want: int, rooms: Mapping[str, int]) -> str | None:
+    """Of the devices' rooms (bytes left), the one with the most that holds `want`; None if none does."""
+    best = None
+    for name, room in sorted(rooms.items()):
+        if room >= want and (best is None or room > rooms[best]):
+            best = name
+    return best
+
+
+def used_by_device(placed: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """Bytes per device held by the resident models (`placed`: each model's bytes per device)."""
+    used: dict[str, int] = {}
+    for by_device in placed.values():
+        for device, n in by_device.items():
+            used[device] = used.get(device, 0) + n
+    return used
+
+
+def plan_on_devices(need: Mapping[str, int], budgets: Mapping[str, int], placed: Mapping[str, Mapping[str, int]],
+                    evictable: Sequence[str] = ()) -> tuple[dict[str, int], list[str]] | None:
+    """Where a model goes and whom to evict: (its bytes per device as placed, the models to evict), or None.
+
+    `need`: bytes per device ("CPU" for RAM; ANY_GPU for whichever GPU has room); `budgets`: usable bytes per device;
+    `placed`: each resident model's bytes per device; `evictable`: the models that may go, least recently used first.
+    A device short of room evicts only the models holding memory on it (a model on GPU1 stays for a load on GPU0).
+    An ANY_GPU need goes to the GPU with the most room that holds it without evicting (app.residency.fit.place_on's
+    rule), else to the first GPU, by room, that eviction clears."""
+    used = used_by_device(placed)
+    gpus = [d for d in budgets if d != RAM_DEVICE]
+    if ANY_GPU in need and not gpus:
+        # The GPU is gone since the catalog counted it (a driver or probe change): llama.cpp then keeps every layer
+        # in RAM, and so does the plan.
+        need = {RAM_DEVICE: sum(need.values())}
+    if ANY_GPU in need:
+        rooms = {d: budgets[d] - used.get(d, 0) for d in gpus}
+        rest = {d: n for d, n in need.items() if d != ANY_GPU}
+        first = most_room(need[ANY_GPU], rooms)
+        order = ([first] if first else []) + sorted((d for d in gpus if d != first), key=lambda d: (-rooms[d], d))
+        for gpu in order:
+            concrete = dict(rest)
+            concrete[gpu] = concrete.get(gpu, 0) + need[ANY_GPU]
+            victims = _evictions(concrete, budgets, placed, used, evictable)
+            if victims is not None:
+                return concrete, victims
+        return None
+    victims = _evictions(need, budgets, placed, used, evictable)
+    return None if victims is None else (dict(need), victims)
+
+
+def short_devices(need: Mapping[str, int], budgets: Mapping[str, int], used: Mapping[str, int]) -> dict[str, int]:
+    """The devices `need` does not fit on beside `used`, with the bytes each is short by (no budget: not limited)."""
+    short = {}
+    for device, n in need.items():
+        if n and device in budgets and used.get(device, 0) + n > budgets[device]:
+            short[device] = used.get(device, 0) + n - budgets[device]
+    return short
+
+
+def _evictions(need: Mapping[str, int], budgets: Mapping[str, int], placed: Mapping[str, Mapping[str, int]],
+               used: Mapping[str, int], evictable: Sequence[str]) -> list[str] | None:
+    """The least recently used models to evict, of those holding memory where `need` is short; None if not enough."""
+    used = dict(used)
+    victims: list[str] = []
+    short = short_devices(need, budgets, used)
+    for name in evictable:
+        if not short:
+            break
+        held = placed.get(name, {})
+        if not any(held.get(d, 0) for d in short):
+            continue
+        victims.append(name)
+        for device, n in held.items():
+            used[device] = used.get(device, 0) - n
+        short = short_devices(need, budgets, used)
+    return None if short else victims

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field, replace
 
 from app.devices import Device
 from app.engine.kv_types import DEFAULT_KV_TYPE
+from app.residency.budget import ANY_GPU, most_room
 from app.residency.catalog import CatalogEntry
 from app.residency.estimate import KV_CELL_PADDING, MAX_UBATCH, MIB, estimate_memory
-from app.residency.placement import CPU, DeviceSplit, moe_overrides, split_by_device
+from app.residency.placement import CPU, DeviceSplit, moe_overrides, runner_overrides, split_by_device
 
 # llama-server's --fit-target default: the memory each GPU keeps free.
 FIT_MARGIN_BYTES = 1024 * MIB
@@ -55,9 +56,7 @@ def _split(entry: CatalogEntry, tensors, gpus, n_ctx: int, parallel: int, n_batc
         return split
     # Without flash attention the attention scores of a micro-batch are one f32 tensor of heads × cells × tokens,
     # on the GPU where the device may hold it (else llama.cpp computes attention on the CPU): 128 MiB of a 16-head
-    # shape at 4096 cells on lavapipe's Vulkan0 (141 MiB measured), 256 MiB of a 32-head one in RAM (282 MiB host).
-    # ggml reuses memory between the graph's nodes: the layer's buffer is the larger of the estimate's and the
-    # scores with the f16 mask and 8 f32 rows of the width a token (fitted: 141-145 MiB measured, this gives 148).
+    # shape at 4096 cells on lavapipe's Vulkan0, 256 MiB of a 32-head one in RAM (282 MiB host).
     cells = -(-n_ctx // KV_CELL_PADDING) * KV_CELL_PADDING
     ubatch = min(n_batch, MAX_UBATCH)
     scores = entry.n_head * cells * ubatch * 4
@@ -65,8 +64,18 @@ def _split(entry: CatalogEntry, tensors, gpus, n_ctx: int, parallel: int, n_batc
     limit = next((g.max_tensor_bytes for g in gpus if g.name == gpu), None)
     where = gpu if gpu is not None and (limit is None or scores <= limit) else CPU
     compute = dict(split.compute)
-    compute[where] = max(compute.get(where, 0), scores + cells * ubatch * 2 + 8 * ubatch * (entry.n_embd or 0) * 4)
+    compute[where] = max(compute.get(where, 0), attention_peak_bytes(entry.n_head, entry.n_embd or 0, cells, ubatch))
     return replace(split, compute=compute)
+
+
+def attention_peak_bytes(n_head: int, n_embd: int, cells: int, ubatch: int) -> int:
+    """A layer's compute buffer at its peak without flash attention: the scores (f32, heads × cells × tokens), the
+    mask (f32 without flash attention: llama-graph's build_attn_inp_kq_mask, cells × tokens) and what lives beside
+    them (the residual, the queries, the attention's output: 4.5 f32 rows of the width a token, ggml's allocator
+    included, and 64 KiB of small inputs). Checked against lavapipe's "Vulkan0 compute buffer size" lines,
+    llama-server -fa off, 512-token micro-batch: 1024 wide, 16 heads at 2048/3072/4096 cells 77.06/111.06/145.06 MiB
+    (this gives the same to 0.01 MiB); 2048 wide, 16 heads, 4096 cells 152.25 (this gives 154.06)."""
+    return n_head * cells * ubatch * 4 + cells * ubatch * 4 + 9 * ubatch * n_embd * 2 + 64 * 1024
 
 
 def _fits(split: DeviceSplit, budgets: dict[str, int]) -> bool:
@@ -140,11 +149,32 @@ def place_on(devices: Sequence[Device], need: dict[str, int], used: dict[str, in
     Lavapipe-like devices that report no usage are charged only what Hearth placed (`used`)."""
     used = used or {}
     want = sum(v for k, v in need.items() if k != CPU)
-    best = None
-    for d in devices:
-        if not d.is_gpu:
-            continue
-        free = d.free_bytes if d.reports_usage else d.total_bytes - used.get(d.name, 0)
-        if free >= want and (best is None or free > best[0]):
-            best = (free, d.name)
-    return best[1] if best else None
+    rooms = {d.name: d.free_bytes if d.reports_usage else d.total_bytes - used.get(d.name, 0) for d in devices if d.is_gpu}
+    return most_room(want, rooms)
+
+
+def device_need(entry: CatalogEntry, tensors: Sequence[tuple[str, int]], runner, total_bytes: int,
+                kv_bytes: int, compute_bytes: int, devices: Sequence[Device],
+                margin_bytes: int = FIT_MARGIN_BYTES) -> dict[str, int]:
+    """A runner's bytes per device for the budget per device: its GPU parts as placement lays them out (compute
+    included), the rest of `total_bytes` in RAM ("CPU"). Where the admin named no device and the GPU part fits one
+    GPU whole (beside `margin_bytes`), it is keyed ANY_GPU: the residency puts it on the GPU with room (--device)."""
+    gpus = [d for d in devices if d.is_gpu]
+    if runner.devices:
+        gpus = [d for d in gpus if d.name in runner.devices]
+    if not gpus or not runner.gpu_layers or not entry.n_layers:
+        return {CPU: total_bytes}
+    n_layer = entry.n_layers
+    overrides = runner_overrides(runner.n_cpu_moe, runner.extra_args)
+    movable = not runner.devices and not runner.tensor_split and runner.split_mode != "row"
+    if movable:
+        # Laid out on the GPU with the most room: the same bytes whichever GPU the residency picks.
+        roomiest = max(gpus, key=lambda g: (g.free_bytes, g.name))
+        split = split_by_device(tensors, n_layer, kv_bytes, compute_bytes, [roomiest], runner.gpu_layers, overrides)
+        on_gpu = split.total(roomiest.name)
+        if on_gpu <= max(g.free_bytes for g in gpus) - margin_bytes or len(gpus) == 1:
+            return {CPU: max(0, total_bytes - on_gpu), ANY_GPU: on_gpu}
+    split = split_by_device(tensors, n_layer, kv_bytes, compute_bytes, gpus, runner.gpu_layers, overrides,
+                            runner.tensor_split, runner.split_mode, runner.main_gpu)
+    parts = {d: split.total(d) for d in split.devices if d != CPU}
+    return {CPU: max(0, total_bytes - sum(parts.values())), **parts}

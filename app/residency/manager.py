@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Literal
 
 from app.policy import MODEL_POLICIES, ModelPolicy
+from app.residency.budget import ANY_GPU, RAM_DEVICE, plan_on_devices, short_devices, used_by_device
 from app.residency.pagecache import WEIGHTS_CHOICES, WEIGHTS_WARM, WeightsFile
 from app.residency.remote import RemoteNode
 from app.residency.runner_spec import RunnerSpec
@@ -58,6 +59,11 @@ class ModelSpec:
     sizing_note: str | None = None
     # The weights in the page cache while no runner maps them (app.residency.pagecache): pinned, warm or cold.
     weights: str = WEIGHTS_WARM
+    # Bytes per device its runner takes ("CPU" for RAM, "Vulkan0", or ANY_GPU for the GPU the residency places it on),
+    # summing to estimate_bytes; empty: all of estimate_bytes in RAM. Counted against a budget per device.
+    need_by_device: tuple[tuple[str, int], ...] = ()
+    # Why its GPU layers, experts in RAM and KV type are what they are, when the fit chose them (app.residency.fit).
+    fit_note: str | None = None
 
     def __post_init__(self):
         if self.policy not in MODEL_POLICIES:
@@ -65,6 +71,12 @@ class ModelSpec:
         if self.weights not in WEIGHTS_CHOICES:
             raise ValueError(f"unknown weights choice {self.weights!r}; choose from {WEIGHTS_CHOICES}")
         object.__setattr__(self, "remote", tuple((url, label) for url, label in self.remote))
+        need = self.need_by_device.items() if isinstance(self.need_by_device, dict) else self.need_by_device
+        object.__setattr__(self, "need_by_device", tuple((d, int(n)) for d, n in need))
+
+    def need(self) -> dict[str, int]:
+        """Bytes per device its runner takes (all in RAM where no split was given)."""
+        return dict(self.need_by_device) or {RAM_DEVICE: self.estimate_bytes}
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,17 @@ class ResidencyEvent:
     first_prefill_ms: float | None = None
     weights_source: str | None = None  # page_cache | disk
     kv_source: str | None = None  # ram | disk | none
+
+
+def _on_device(spec: ModelSpec, placed: dict[str, int]) -> ModelSpec:
+    """`spec` with its runner started on the GPU the plan placed its ANY_GPU bytes on (--device NAME)."""
+    need = spec.need()
+    if ANY_GPU not in need or spec.runner is None:
+        return spec
+    gpu = next((d for d in placed if d != RAM_DEVICE and d not in need), None)
+    if gpu is None:
+        return spec
+    return dataclasses.replace(spec, runner=dataclasses.replace(spec.runner, devices=(gpu,)))
 
 
 def weights_files(specs: dict[str, ModelSpec]) -> list[WeightsFile]:
@@ -195,6 +218,8 @@ class _Model:
         self.starting: RunnerProcess | None = None
         self.last_runner: RunnerProcess | None = None
         self.resident_bytes = 0
+        # Its resident runner's bytes per device, as placed by the budget per device (else all in RAM).
+        self.placed: dict[str, int] = {}
         self.in_flight = 0
         self.last_used: float | None = None
         self.cold_start_ms: float | None = None
@@ -251,12 +276,16 @@ class ResidencyManager:
                  start_timeout_s: float = 120, node_cooldown_s: float = 10.0,
                  busy_wait_s: Callable[[], float] = lambda: 0.0,
                  on_first_use: Callable[[ResidencyEvent], None] | None = None,
-                 on_stopped: Callable[[str], None] | None = None):
+                 on_stopped: Callable[[str], None] | None = None,
+                 device_budgets: Callable[[], dict[str, int]] | None = None):
         # on_first_use: a load's event again, completed with its first request's KV restore and prefill (the
         # store updates the load's row). on_stopped: a model's local runner has exited (the weights warmer).
         # models() is called on every acquire: it must be cheap (a cached catalog).
         self._models_fn = models
         self._budget_fn = budget_bytes
+        # Usable bytes per device ("CPU" for RAM, each GPU by llama.cpp's name): when given (and not empty) each device
+        # is a budget of its own, and a model is placed on the GPU with room (app.residency.budget.plan_on_devices).
+        self._device_budgets_fn = device_budgets
         self._on_event = on_event
         self._on_first_use = on_first_use
         self._on_stopped = on_stopped
@@ -319,7 +348,7 @@ class ResidencyManager:
                     wait_for = m.loading
                 else:
                     try:
-                        evict = self._plan_room(m)
+                        evict, placed = self._plan_room(m)
                     except NotEnoughMemory as exc:
                         if exc.busy_only:
                             now = time.monotonic()
@@ -340,6 +369,8 @@ class ResidencyManager:
                     m.loading_since = self._clock()
                     m.loading = wait_for = Future()
                     m.resident_bytes = spec.estimate_bytes
+                    m.placed = placed
+                    spec = _on_device(spec, placed)
                     owner = True
             if owner:
                 self._emit(events)
@@ -376,14 +407,18 @@ class ResidencyManager:
         down = ", ".join(f"{n.label} ({n.error or 'unhealthy'})" for n in m.remotes.values())
         return f"no healthy node: {down}"
 
-    def _plan_room(self, m: _Model) -> list[_Model]:
-        """The models to evict so `m` fits the budget; raises NotEnoughMemory and evicts nothing."""
+    def _plan_room(self, m: _Model) -> tuple[list[_Model], dict[str, int]]:
+        """The models to evict so `m` fits the budget, and its bytes per device as placed; raises NotEnoughMemory and
+        evicts nothing."""
+        budgets = self._device_budgets_fn() if self._device_budgets_fn is not None else None
+        if budgets:
+            return self._plan_on_devices(m, budgets)
         budget = self._budget_fn()
         need = m.spec.estimate_bytes
         resident = [x for x in self._models.values() if x is not m and x.resident]
         used = sum(x.resident_bytes for x in resident)
         if used + need <= budget:
-            return []
+            return [], m.spec.need()
         blocked: dict[str, str] = {}
         evictable = []
         for x in resident:
@@ -401,7 +436,7 @@ class ResidencyManager:
             victims.append(x)
             freed += x.resident_bytes
             if used - freed + need <= budget:
-                return victims
+                return victims, m.spec.need()
         sizes = ", ".join(f"{x.name} {_mib(x.resident_bytes)}" + (f" ({blocked[x.name]})" if x.name in blocked else "")
                           for x in resident) or "none"
         message = (f"not enough memory for {m.name}: needs {_mib(need)}, budget {_mib(budget)}, "
@@ -415,6 +450,51 @@ class ResidencyManager:
         raise NotEnoughMemory(message, needed_bytes=need, budget_bytes=budget,
                               resident={x.name: x.resident_bytes for x in resident}, blocked=blocked,
                               busy_only=bool(busy) and room_once_idle)
+
+    def _plan_on_devices(self, m: _Model, budgets: dict[str, int]) -> tuple[list[_Model], dict[str, int]]:
+        """_plan_room with a budget per device: a device short of room evicts only the models holding memory there."""
+        need = m.spec.need()
+        resident = [x for x in self._models.values() if x is not m and x.resident]
+        placed = {x.name: x.placed or {RAM_DEVICE: x.resident_bytes} for x in resident}
+        blocked: dict[str, str] = {}
+        evictable = []
+        for x in resident:
+            if x.state == ModelState.LOADING:
+                blocked[x.name] = "loading"
+            elif x.spec.policy == "pinned":
+                blocked[x.name] = "pinned"
+            elif x.in_flight:
+                blocked[x.name] = f"busy: {x.in_flight} in flight"
+            else:
+                evictable.append(x)
+        lru = sorted(evictable, key=lambda x: x.last_used if x.last_used is not None else float("-inf"))
+        plan = plan_on_devices(need, budgets, placed, [x.name for x in lru])
+        if plan is not None:
+            where, victims = plan
+            return [self._models[v] for v in victims], where
+        used = used_by_device(placed)
+        wanted = {d: n for d, n in need.items() if d != ANY_GPU}
+        if ANY_GPU in need:
+            # Shown against the GPU with the most room: where it would have gone.
+            gpu = max((d for d in budgets if d != RAM_DEVICE), key=lambda d: budgets[d] - used.get(d, 0), default=None)
+            if gpu is not None:
+                wanted[gpu] = wanted.get(gpu, 0) + need[ANY_GPU]
+        short = short_devices(wanted, budgets, used) or wanted
+        device = max(short, key=short.get)
+        on = ", ".join(f"{d} needs {_mib(n)} beside {_mib(used.get(d, 0))} of {_mib(budgets.get(d, 0))}"
+                       for d, n in wanted.items() if d in short)
+        sizes = ", ".join(f"{x.name} {' + '.join(f'{_mib(n)} {d}' for d, n in placed[x.name].items() if n)}"
+                          + (f" ({blocked[x.name]})" if x.name in blocked else "") for x in resident) or "none"
+        message = f"not enough memory for {m.name}: {on}; resident [{sizes}]"
+        if blocked:
+            message += "; cannot evict " + ", ".join(f"{k} ({v})" for k, v in blocked.items())
+        busy = [x for x in resident if x.name in blocked and x.state != ModelState.LOADING
+                and x.spec.policy != "pinned" and x.in_flight]
+        # Waiting helps when the busy models, once idle and evicted, leave room (pinned and loading ones stay).
+        once_idle = plan_on_devices(need, budgets, placed, [x.name for x in lru + busy]) is not None
+        raise NotEnoughMemory(message, needed_bytes=wanted.get(device, 0), budget_bytes=budgets.get(device, 0),
+                              resident={x.name: x.resident_bytes for x in resident}, blocked=blocked,
+                              busy_only=bool(busy) and once_idle)
 
     def _load(self, m: _Model, spec: ModelSpec, done: Future, reason: str) -> None:
         """Start `m`'s runner (the caller owns the load) and settle `done` for everyone waiting."""
@@ -742,6 +822,22 @@ class ResidencyManager:
 
     # --- reading -----------------------------------------------------------------------------
 
+    def device_status(self) -> dict[str, dict]:
+        """Per device of the budget per device ("CPU" is RAM): its usable bytes, the bytes resident models hold there
+        (Hearth's count, as placed) and each model's share; empty without a budget per device."""
+        budgets = self._device_budgets_fn() if self._device_budgets_fn is not None else {}
+        if not budgets:
+            return {}
+        with self._lock:
+            placed = {m.name: m.placed or {RAM_DEVICE: m.resident_bytes} for m in self._models.values() if m.resident}
+        out = {d: {"budget_bytes": b, "used_bytes": 0, "models": {}} for d, b in budgets.items()}
+        for name, by_device in sorted(placed.items()):
+            for device, n in by_device.items():
+                row = out.setdefault(device, {"budget_bytes": 0, "used_bytes": 0, "models": {}})
+                row["used_bytes"] += n
+                row["models"][name] = n
+        return out
+
     def status(self) -> list[dict]:
         """Every model in the catalog or resident: state, policy, nodes, memory, in-flight, log tail."""
         catalog = self._models_fn()
@@ -765,6 +861,8 @@ class ResidencyManager:
                     # Seconds until an idle expiry unloads it: None never (pinned, inf, remote-only).
                     "expires_in_s": _expires_in_s(m, now),
                     "estimate_bytes": m.spec.estimate_bytes,
+                    # Bytes per device of its resident runner ("CPU" is RAM); empty when not resident.
+                    "placed": dict(m.placed) if m.resident else {},
                     "measured_bytes": m.measured_bytes,
                     "rss_bytes": m.runner.rss_bytes() if m.runner else None,
                     "pid": runner.pid if runner is not None and m.state in RESIDENT_STATES else None,

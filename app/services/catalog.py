@@ -26,11 +26,11 @@ from app.residency.budget import KIND_RAM, counted_bytes, counts_ram_tier
 from app.residency.catalog import CatalogEntry, scan
 from app.residency.default_model import BackgroundAssembly
 from app.residency.estimate import MIB, MemoryEstimate, RunnerSizing, estimate_memory, size_runner, with_draft
-from app.residency.fit import fit_runner
+from app.residency.fit import device_need, fit_runner
 from app.residency.library import budget_refusal
 from app.residency.manager import ModelSpec, ResidencyManager
 from app.residency.pagecache import WEIGHTS_WARM
-from app.residency.placement import model_tensors
+from app.residency.placement import CPU, model_tensors
 from app.residency.runner_spec import DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB, RunnerSpec, parse_runner_args, spec_type_for
 from app.services.privacy import MAX_AGE_SETTING, expire_kv_cache, remove_orphans
 from app.services.settings import SettingsCache, flash_attn_possible, memory_budget
@@ -249,6 +249,19 @@ def fit_to_devices(entry: CatalogEntry, rs: db.RunnerSettings | None, spec: Runn
     return fitted, f"fit to the GPU: {choice.reason}"
 
 
+def need_by_device(entry: CatalogEntry, spec: RunnerSpec, estimate: MemoryEstimate,
+                   devices: list[Device]) -> dict[str, int]:
+    """The runner's bytes per device for the residency's budget per device (app.residency.fit.device_need): all in
+    RAM without a GPU layer or a readable header."""
+    if not spec.gpu_layers or not any(d.is_gpu for d in devices):
+        return {CPU: estimate.total_bytes}
+    try:
+        tensors = model_tensors(entry.path)
+    except (OSError, GgufError):
+        return {CPU: estimate.total_bytes}
+    return device_need(entry, tensors, spec, estimate.total_bytes, estimate.kv_bytes, estimate.compute_bytes, devices)
+
+
 def fit_ram_tier(entry: CatalogEntry, spec: RunnerSpec, estimate: MemoryEstimate, budget: int,
                  kind: str) -> tuple[RunnerSpec, MemoryEstimate, str | None]:
     """A hearth runner whose RAM tier alone keeps it from fitting the (RAM) budget gets the tier the budget leaves
@@ -389,6 +402,7 @@ class Catalog:
                     if spec.draft_flag:
                         estimate = with_draft(estimate, draft, spec.n_ctx, spec.parallel, spec.n_batch)
                     spec, estimate, tier_note = fit_ram_tier(e, spec, estimate, budget, memory.kind)
+                    need = need_by_device(e, spec, estimate, devices)
                     nodes = s.scalars(select(db.Node).where(db.Node.model_id == row.id, db.Node.enabled)).all()
                     specs[e.name] = ModelSpec(
                         name=e.name, path=str(e.path), estimate_bytes=counted_bytes(estimate, memory.kind),
@@ -398,6 +412,7 @@ class Catalog:
                         sizing_note="; ".join(n for n in (sizing.reason if sizing else None, fit_note, tier_note,
                                                           draft_note) if n) or None,
                         weights=(rs.weights if rs else None) or WEIGHTS_WARM,
+                        need_by_device=need, fit_note=fit_note,
                     )
                     if row.alias:
                         aliases[row.alias] = e.name

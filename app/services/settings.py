@@ -14,7 +14,7 @@ from sqlalchemy.orm import sessionmaker
 from app.device_probe import cached_probe, is_software_vulkan
 from app.devices import Device
 from app.llama_tools import BACKEND_ENV
-from app.residency.budget import MemoryBudget, detect_budget
+from app.residency.budget import MemoryBudget, detect_budget, device_budgets
 from app.store.settings import REGISTRY, get_setting
 
 MIB = 1024 * 1024
@@ -67,6 +67,21 @@ def offload_devices() -> tuple[Device, ...]:
     if (os.environ.get(BACKEND_ENV) or "cpu").strip().lower() == "cpu":
         return ()
     return cached_probe().devices
+
+
+def memory_budgets(settings: SettingsCache) -> dict[str, MemoryBudget]:
+    """The budget per device: RAM ("CPU", under the stored limit and reserve) and each GPU the runners' llama.cpp
+    build sees, by its name ("Vulkan0"), its total less 10 %."""
+    limit = settings.get("memory_limit_mb")
+    reserve = settings.get("memory_reserve_mb")
+    ram = detect_budget(reserve_bytes=None if reserve is None else int(reserve) * MIB,
+                        limit_bytes=None if limit is None else int(limit) * MIB, use_gpu=False)
+    return device_budgets(ram, offload_devices())
+
+
+def device_budget_bytes(settings: SettingsCache) -> dict[str, int]:
+    """Usable bytes per device, for the residency's budget per device (memory_budgets)."""
+    return {name: b.usable_bytes for name, b in memory_budgets(settings).items()}
 
 
 def budget_bytes(settings: SettingsCache) -> int:

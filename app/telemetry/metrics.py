@@ -23,8 +23,10 @@ class _ResidencyCollector:
     """Per-model gauges from the residency manager and per-class admission from the gateway."""
 
     def __init__(self, runner_status: Callable[[], list[dict]], gateway_status: Callable[[], dict[str, dict]],
-                 sampler: Sampler, writer_health: Callable[[], dict]):
+                 sampler: Sampler, writer_health: Callable[[], dict],
+                 device_status: Callable[[], dict[str, dict]] = dict):
         self.runner_status = runner_status
+        self.device_status = device_status
         self.gateway_status = gateway_status
         self.sampler = sampler
         self.writer_health = writer_health
@@ -42,6 +44,7 @@ class _ResidencyCollector:
             estimate.add_metric([name], float(m.get("estimate_bytes") or 0))
             in_flight.add_metric([name], float(m.get("in_flight") or 0))
         yield from (state, rss, estimate, in_flight)
+        yield from self._devices()
         # KV usage per model and node from the sampler's latest 1-second scrape of each runner.
         kv = GaugeMetricFamily("hearth:model_kv_used_percent", "KV cache cells in use, latest 1-s sample",
                                labels=["model", "node"])
@@ -75,6 +78,21 @@ class _ResidencyCollector:
         yield from (lost, written, failing)
 
 
+    def _devices(self):
+        """The budget per device (RAM is "CPU"): usable bytes, and the bytes resident models hold there by model."""
+        budget = GaugeMetricFamily("hearth:device_budget_bytes", "Memory resident models may use on the device "
+                                   "(CPU: RAM)", labels=["device"])
+        used = GaugeMetricFamily("hearth:device_used_bytes", "Memory resident models hold on the device, as placed",
+                                 labels=["device"])
+        held = GaugeMetricFamily("hearth:model_device_bytes", "Memory a resident model holds on the device, as placed",
+                                 labels=["model", "device"])
+        for device, row in self.device_status().items():
+            budget.add_metric([device], float(row["budget_bytes"]))
+            used.add_metric([device], float(row["used_bytes"]))
+            for model, n in row["models"].items():
+                held.add_metric([model, device], float(n))
+        yield from (budget, used, held)
+
     def _tiers(self):
         """The KV tiers per model, node and tier, from the sampler's latest scrape of each hearth runner (totals
         since the runner started, as its own /metrics says; a model unloaded leaves the families)."""
@@ -103,9 +121,11 @@ class GatewayMetrics:
     """The registry behind `hearth serve`'s /metrics: request counters, and gauges read from the services' state."""
 
     def __init__(self, runner_status: Callable[[], list[dict]], gateway_status: Callable[[], dict[str, dict]],
-                 sampler: Sampler, writer_health: Callable[[], dict]):
+                 sampler: Sampler, writer_health: Callable[[], dict],
+                 device_status: Callable[[], dict[str, dict]] = dict):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_ResidencyCollector(runner_status, gateway_status, sampler, writer_health))
+        self.registry.register(_ResidencyCollector(runner_status, gateway_status, sampler, writer_health,
+                                                   device_status))
         r = self.registry
         self.requests = Counter("hearth:gateway_requests", "Requests by class, model and outcome",
                                 ["class", "model", "status"], registry=r)

@@ -19,6 +19,7 @@ from app.admin import (
     AdminError,
     set_model_draft,
     set_model_kv_types,
+    set_model_placement,
     set_model_policy,
     set_model_speculation,
     set_model_weights,
@@ -28,9 +29,10 @@ from app.policy import MODEL_POLICIES
 from app.protocols.openai import ApiError
 from app.residency.manager import RESIDENT_STATES, ModelBusy, ModelState, ResidencyError
 from app.residency.pagecache import WEIGHTS_CHOICES, weights_problem
+from app.residency.placement import SPLIT_MODES
 from app.residency.runner_spec import SPECULATION_SETTINGS, speculation_problem
 from app.services.catalog import draft_problem
-from app.services.settings import memory_budget
+from app.services.settings import memory_budget, offload_devices
 from app.web.auth import login_required
 from app.web.queries import EVENT_LIMIT, model_cards, recent_events
 
@@ -332,6 +334,73 @@ def kv_cache(name: str):
         return _choice_refused(name, card, "kv_cache", value, problem)
     message = f"Saved: KV cache {value}."
     return _saved(name, message)
+
+
+PLACEMENT_FIELDS = ("n_cpu_moe", "devices", "tensor_split", "split_mode", "main_gpu")
+
+
+def placement_problems(form: dict[str, str], gpus: list[str]) -> dict[str, str]:
+    """What is wrong with each field of the placement form, in words saying what to enter; `gpus`: the GPUs the
+    runners' llama.cpp build sees, by name."""
+    problems = {}
+    moe = form["n_cpu_moe"]
+    if moe not in ("", "all") and not (moe.isdigit()):
+        problems["n_cpu_moe"] = ("Experts in RAM: a number of layers, 0 or more (the first N layers' experts stay in "
+                                 "RAM, as --n-cpu-moe N), or all (--cpu-moe); empty for none.")
+    names = [d.strip() for d in form["devices"].split(",") if d.strip()]
+    unknown = [d for d in names if d not in gpus]
+    if unknown:
+        seen = f"this box's GPUs are {', '.join(gpus)}" if gpus else \
+            "the runners' llama.cpp build sees no GPU here (HEARTH_LLAMA_BACKEND=vulkan for an Intel or AMD one)"
+        problems["devices"] = f"No GPU called {', '.join(unknown)}: {seen}. Leave empty for every GPU."
+    n_gpus = len(names) or len(gpus)
+    if form["tensor_split"]:
+        try:
+            shares = [float(x) for x in form["tensor_split"].split(",")]
+        except ValueError:
+            shares = [-1.0]
+        if any(x < 0 for x in shares) or not any(shares):
+            problems["tensor_split"] = ("Split: comma-separated shares of 0 or more, one per GPU, e.g. 3,1 (three "
+                                        "quarters of the layers on the first); empty to split by free memory.")
+        elif len(shares) > max(n_gpus, 1):
+            problems["tensor_split"] = (f"Split: {len(shares)} shares for {n_gpus} GPU(s); give one share per GPU, "
+                                        "or leave it empty.")
+    if form["split_mode"] not in SPLIT_MODES:
+        problems["split_mode"] = f"Split mode: choose one of {', '.join(SPLIT_MODES)}."
+    if not form["main_gpu"].isdigit():
+        problems["main_gpu"] = "Main GPU: the index of a GPU among the model's, 0 or more."
+    elif n_gpus and int(form["main_gpu"]) >= n_gpus:
+        problems["main_gpu"] = f"Main GPU: {form['main_gpu']} is past the model's {n_gpus} GPU(s) (0 to {n_gpus - 1})."
+    return problems
+
+
+@bp.post("/models/<name>/placement")
+@login_required
+def placement(name: str):
+    """Where the model's weights go: experts in RAM (--n-cpu-moe/--cpu-moe), its GPUs (--device), their shares
+    (--tensor-split), --split-mode and --main-gpu (app.admin.set_model_placement; applies at its runner's next start)."""
+    form = {f: request.form.get(f, "").strip() for f in PLACEMENT_FIELDS}
+    form["split_mode"] = form["split_mode"].lower() or "layer"
+    form["main_gpu"] = form["main_gpu"] or "0"
+    form["n_cpu_moe"] = form["n_cpu_moe"].lower()
+    problems = placement_problems(form, [d.name for d in offload_devices() if d.is_gpu])
+    card = _card(name)
+    if not problems:
+        n_cpu_moe = -1 if form["n_cpu_moe"] == "all" else int(form["n_cpu_moe"] or 0)
+        try:
+            with services().write_sessions() as s:
+                set_model_placement(s, name, n_cpu_moe=n_cpu_moe, devices=form["devices"],
+                                    tensor_split=form["tensor_split"], split_mode=form["split_mode"],
+                                    main_gpu=int(form["main_gpu"]))
+                s.commit()
+        except AdminError as exc:
+            problems["devices"] = str(exc)
+    if problems:
+        outcome = {"policy": card.policy, "keep_alive_s": int(card.keep_alive_s), **form}
+        return _render_card(name, 422, form=outcome, form_errors=problems)
+    services().catalog.rescan()
+    flags = _card(name).placement_flag
+    return _saved(name, "Saved: placement " + (f"({' '.join(flags)})." if flags else "at the defaults."))
 
 
 @bp.post("/models/<name>/weights")

@@ -447,7 +447,7 @@ def index():
     return render_template(
         "overview/index.html", live=live, gpu=has_gpu(svc, live), glance=glance(svc, live, recent(svc)),
         policy=admission_policy(svc, live.models, range_acceptance(svc, range_key)), range=range_key, MIB=MIB,
-        tiers=tier_cards(svc),
+        tiers=tier_cards(svc), devices=svc.residency.device_status(),
     )
 
 
@@ -476,3 +476,10 @@ def policy_panel():
 def tiers_panel():
     """The KV tier card, polled every 5 s."""
     return render_template("overview/_tiers.html", tiers=tier_cards(services()))
+
+
+@bp.get("/partials/overview/devices")
+@login_required
+def devices_panel():
+    """Memory per device (RAM and each GPU) and the models there, polled every 5 s."""
+    return render_template("overview/_devices.html", devices=services().residency.device_status())

@@ -439,6 +439,12 @@ class ModelCard:
     # win: then kv_types is what they say).
     kv_types: tuple[str, str] = ("f16", "f16")
     kv_flag: list[str] = field(default_factory=list)
+    # Where its weights go: the model's settings as the placement form shows them (n_cpu_moe, devices, tensor_split,
+    # split_mode, main_gpu), the flags its runner gets, and, while resident, its bytes per device as placed.
+    placement: dict[str, str] = field(default_factory=dict)
+    placement_flag: list[str] = field(default_factory=list)
+    placed: dict[str, int] = field(default_factory=dict)
+    fit_note: str | None = None
     loads: list[LoadBreakdown] = field(default_factory=list)
 
     @property
@@ -568,11 +574,21 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             card.draft_path = spec.runner.draft_model_path if spec.runner.draft_flag else None
             card.kv_types = spec.runner.kv_types
             card.kv_flag = spec.runner.kv_type_flag
+            card.placement_flag = spec.runner.placement_flag
+            card.fit_note = spec.fit_note
+        card.placement = {
+            "n_cpu_moe": "" if rs is None or rs.n_cpu_moe is None else ("all" if rs.n_cpu_moe < 0 else str(rs.n_cpu_moe)),
+            "devices": (rs.devices if rs else None) or "",
+            "tensor_split": (rs.tensor_split if rs else None) or "",
+            "split_mode": (rs.split_mode if rs else None) or "layer",
+            "main_gpu": str((rs.main_gpu if rs else None) or 0),
+        }
         if status is not None:
             card.in_flight = status.get("in_flight") or 0
             card.idle_s = status.get("idle_s")
             card.measured_bytes = status.get("measured_bytes") or card.measured_bytes
             card.rss_bytes = status.get("rss_bytes")
+            card.placed = status.get("placed") or {}
             card.cold_start_ms = status.get("cold_start_ms")
             card.error = status.get("error")
             card.log_tail = list(status.get("log_tail") or [])[-LOG_LINES_SHOWN:]

@@ -155,6 +155,13 @@ def test_through_serve_a_model_set_to_the_gpu_loads_on_vulkan0_and_eviction_free
                                              timeout=30).text)
         held = {labels["device"]: value for labels, value in metrics.series("hearth:device_buffer_bytes")}
         assert held.get("Vulkan0", 0) > 0
+        # The budget per device placed it on the GPU with room, its runner started there with --device, and serve's
+        # /metrics counts it on Vulkan0 (its layers) and in RAM (the token embedding and the rest).
+        assert "--device Vulkan0" in runner
+        placed = {labels["device"]: value for labels, value in
+                  parse_exposition(serve.client.get("/metrics").text).series("hearth:model_device_bytes")
+                  if labels["model"] == "tiny"}
+        assert placed.keys() == {"CPU", "Vulkan0"} and placed["Vulkan0"] > 0
         # Ollama's keep_alive 0 unloads at once: the runner process ends and its device buffers with it.
         r = serve.client.post("/api/generate", headers={"Authorization": f"Bearer {manager}"},
                               json={"model": "tiny", "keep_alive": 0})

@@ -12,7 +12,7 @@ import pytest
 from app.devices import Device
 from app.devtools.gguf_shapes import SHAPES, make_model
 from app.residency.catalog import scan
-from app.residency.fit import fit_runner, place_on
+from app.residency.fit import attention_peak_bytes, fit_runner, place_on
 from app.residency.placement import CPU, model_tensors
 
 MIB = 1 << 20
@@ -122,3 +122,11 @@ def test_without_flash_attention_the_fit_never_quantizes_the_kv_cache(dense):
     dev = [gpu("Vulkan0", 1024 + (need["f16"] + need["q8_0"]) // 2 // MIB)]
     choice = fit_runner(entry, tensors, dev, parallel=1, flash_attn=False)
     assert (choice.type_k, choice.type_v) == ("f16", "f16") and choice.n_ctx < 32768
+
+
+@pytest.mark.parametrize("n_head, n_embd, cells, measured_mib", [
+    (16, 1024, 2048, 77.06), (16, 1024, 3072, 111.06), (16, 1024, 4096, 145.06), (16, 2048, 4096, 152.25)])
+def test_the_attention_peak_holds_what_llama_cpp_reserved_on_lavapipe(n_head, n_embd, cells, measured_mib):
+    # "Vulkan0 compute buffer size" of llama-server -fa off, 512-token micro-batch (random weights, lavapipe).
+    estimate = attention_peak_bytes(n_head, n_embd, cells, 512) / MIB
+    assert measured_mib <= estimate <= measured_mib * 1.02

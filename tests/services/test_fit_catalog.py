@@ -67,3 +67,24 @@ def test_the_admins_gpu_layers_and_kv_type_stand(make_catalog):
     catalog.rescan()
     spec = catalog.model_specs()["moe"]
     assert spec.runner.gpu_layers == 2 and "fit to the GPU" not in (spec.sizing_note or "")
+
+
+def test_each_spec_counts_its_bytes_per_device_for_the_residency(make_catalog):
+    from app.residency.budget import ANY_GPU
+
+    # No GPU: all of it in RAM, as the one RAM budget counted it before.
+    spec = make_catalog([]).model_specs()["moe"]
+    assert spec.need() == {"CPU": spec.estimate_bytes}
+    # Two GPUs, every layer fits one: the GPU part is for whichever GPU has room (started there with --device).
+    catalog = make_catalog([gpu("Vulkan0", 8192), gpu("Vulkan1", 8192)])
+    need = catalog.model_specs()["moe"].need()
+    assert set(need) == {"CPU", ANY_GPU} and need[ANY_GPU] > 0 and need["CPU"] > 0
+    # The admin names both GPUs: split over them by name, as llama.cpp lays the layers out.
+    from app.admin import set_model_placement
+
+    with catalog.sessions() as s:
+        set_model_placement(s, "moe", devices="Vulkan0,Vulkan1")
+        s.commit()
+    catalog.rescan()
+    need = catalog.model_specs()["moe"].need()
+    assert set(need) == {"CPU", "Vulkan0", "Vulkan1"} and need["Vulkan0"] > 0 and need["Vulkan1"] > 0
