@@ -9,6 +9,10 @@ Tests that only need a catalog entry take `standin_model`, a tiny GGUF with the 
 Within the fast tier, the modules under SLOW_PATHS are marked `slow`: integration tests that start browsers,
 serves, stock llama-server or llama.cpp itself. `pytest -m "not model and not slow"` is the loop between edits;
 `-m "not model"` (the fast tier, whose time issue 43 sets) still runs them.
+
+No pytest-xdist (tried for issue 43): schemathesis gives all 24 operations of tests/gateway/test_fuzz_routes.py one
+node id, and xdist ran one of them; `-n 2 --dist loadfile` took the fast tier from 291 to 229 s on the shared 2-core
+box for 10 % more CPU, and the model tier's session serves would start once per worker on the same two cores.
 """
 
 import shutil
