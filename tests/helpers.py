@@ -10,12 +10,16 @@
 - `ServeStarter`: real `hearth serve` processes on fresh data folders (behind the `start_serve` fixtures).
 - `dashboard_app`, `csrf_token`, `setup_code`, `set_up_admin`: the dashboard app in-process and its first-run /setup
   (the setup code read from the data folder).
+- `copy_migrated_store(data_dir)`: a store already migrated to head in a fresh data folder, copied instead of migrated.
 """
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
@@ -28,6 +32,7 @@ import numpy as np
 from gguf.constants import LlamaFileType
 
 from app.devtools.serve_process import ServeProcess, prepare_data
+from app.store.db import database_path, make_engine, upgrade
 
 T = TypeVar("T")
 
@@ -83,6 +88,36 @@ def store_points(session, source: str, metric: str, points: Iterable[tuple[int, 
         series_id = session.scalar(select(Series.id).where(Series.source == source, Series.metric == metric))
         session.execute(insert(Sample).prefix_with("OR REPLACE"),
                         [{"series_id": series_id, "at": at, "value": value} for at, value in rest])
+
+
+# --- a store migrated once per process ------------------------------------------------------
+
+_migrated: list[Path] = []
+
+
+def _migrated_template() -> Path:
+    """A store file migrated to head, made on first use in a folder of its own (removed when the process ends)."""
+    if not _migrated:
+        folder = Path(tempfile.mkdtemp(prefix="hearth-migrated-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        engine = make_engine(database_path(folder))
+        upgrade(engine)
+        engine.dispose()  # the last connection closed: the WAL is checkpointed into the file and removed
+        _migrated.append(database_path(folder))
+    return _migrated[0]
+
+
+def copy_migrated_store(data_dir: Path) -> None:
+    """Put a copy of a store migrated to head where data_dir's store would be created, unless one is there.
+
+    Migrating an empty store runs 19 scripts (about 100 ms); hundreds of tests start on a fresh one, and the
+    migrations themselves are checked in tests/store. Whoever opens the copy still runs upgrade (a no-op at head)
+    and makes the file owner-only, as with a store it created.
+    """
+    target = database_path(data_dir)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_migrated_template(), target)
 
 
 # --- a stand-in for the embedded model -------------------------------------------------------
@@ -154,6 +189,7 @@ class ServeStarter:
         # midway through a shared serve's session would change what later tests see.
         prepare["settings"] = {"size_targets_from_hardware": False, **prepare.get("settings", SMALL_RUNNERS)}
         prepare.setdefault("tokens", HOUSEHOLD)
+        copy_migrated_store(data)
         tokens = prepare_data(data, **prepare)
         s = ServeProcess(data, models, self._default_model, data.with_name(f"{data.name}.log"))
         s.tokens = tokens
@@ -178,6 +214,7 @@ def dashboard_app(data_root: Path, default_model: Path, **config: Any) -> Iterat
     """create_app on data_root/data and data_root/models, no scheduler, default_model as the embedded model."""
     from app.factory import create_app, shutdown_app
 
+    copy_migrated_store(data_root / "data")
     app = create_app({"HEARTH_DATA": str(data_root / "data"), "HEARTH_MODELS_DIR": str(data_root / "models"),
                       "HEARTH_DEFAULT_MODEL": str(default_model), "SCHEDULER": False, "TESTING": True, **config})
     try:

@@ -86,7 +86,8 @@ class HubServer:
         self.httpd = Server((host, port), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # close() waits for serve_forever's next poll: 0.5 s by default, paid by every test that closes a hub.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     def sha256(self, name: str) -> str:

@@ -137,7 +137,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
 def test_healthcheck_follows_healthz(status, expected):
     handler = type("Handler", (_Health,), {"status": status})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         port = server.server_address[1]
         assert entrypoint.healthcheck({"HEARTH_BIND": f"0.0.0.0:{port}"}) == expected

@@ -28,7 +28,7 @@ def first_run(tmp_path, standin_model, monkeypatch):
     app = create_app({"HEARTH_DATA": str(tmp_path / "data"), "HEARTH_MODELS_DIR": str(tmp_path / "models"),
                       "HEARTH_DEFAULT_MODEL": None, "SCHEDULER": False})
     server = make_server("127.0.0.1", free_port(), app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}", release
     release.set()

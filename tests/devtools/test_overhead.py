@@ -13,10 +13,12 @@ from app.engine.request import Finished, SamplingParams
 
 def test_instant_backend_runs_every_request_to_its_length_through_the_real_engine():
     model = InstantModel(n_seq_max=4, n_ctx=512)
-    engine = Engine(model).start()
+    engine = Engine(model)
     try:
         params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+        # All four queued before the loop runs: on a loaded box it could otherwise start the first one alone.
         handles = [engine.submit([100 + i, 200, 300, 400], params) for i in range(4)]
+        engine.start()
         finals = []
         for h in handles:
             events = list(engine.events(h, poll_s=5.0))

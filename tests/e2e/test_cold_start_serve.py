@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from tests.helpers import wait_until
+
 pytestmark = pytest.mark.model
 
 PROMPT = ("You are the voice assistant of a family home. These are the devices of the house:\n"
@@ -16,15 +18,16 @@ COLUMNS = ("cold_start_ms", "load_read_ms", "load_context_ms", "load_upload_ms",
 
 def _completed_load(db_path, timeout_s: float = 60.0) -> dict:
     """The latest load row once its first request has completed it (the writer queues the update)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    seen = []
+
+    def completed() -> dict | None:
         with sqlite3.connect(db_path) as con:
             row = con.execute(f"SELECT {', '.join(COLUMNS)} FROM residency_events WHERE event = 'load' "
                               "ORDER BY id DESC LIMIT 1").fetchone()
-        if row is not None and row[COLUMNS.index("first_prefill_ms")] is not None:
-            return dict(zip(COLUMNS, row))
-        assert time.monotonic() < deadline, f"the load was not completed by its first request: {row}"
-        time.sleep(0.1)
+        seen[:] = [row]
+        return dict(zip(COLUMNS, row)) if row is not None and row[COLUMNS.index("first_prefill_ms")] is not None else None
+
+    return wait_until(completed, timeout_s, lambda: f"the load was not completed by its first request: {seen}")
 
 
 def test_a_load_after_a_serve_restart_is_taken_apart_with_its_kv_from_the_disk(start_serve, models_dir):
@@ -35,10 +38,7 @@ def test_a_load_after_a_serve_restart_is_taken_apart_with_its_kv_from_the_disk(s
     assert r.status_code == 200, r.text
     first = _completed_load(s.data / "hearth.db")
     assert first["kv_source"] == "none" and first["load_restore_ms"] == 0
-    deadline = time.monotonic() + 60
-    while not list((s.data / "kv-cache").glob("*/*.kv")):
-        assert time.monotonic() < deadline, "the disk tier wrote nothing"
-        time.sleep(0.1)
+    wait_until(lambda: list((s.data / "kv-cache").glob("*/*.kv")), 60, "the disk tier wrote nothing")
     s.stop()
 
     s2 = start_serve(models_dir, data=s.data, tokens=[])
@@ -74,10 +74,7 @@ def test_serve_drops_a_cold_models_pages_when_its_runner_stops_and_keeps_a_warm_
         assert r.status_code == 200, r.text
     cold = models_dir / "gemma-b.gguf"
     # On demand: each runner stops after its request; serve's warmer (under its gevent loop) drops the cold one.
-    deadline = time.monotonic() + 60
-    while cached_fraction(cold) > 0.1:
-        assert time.monotonic() < deadline, f"gemma-b still {cached_fraction(cold):.0%} in the page cache"
-        time.sleep(0.1)
+    wait_until(lambda: cached_fraction(cold) <= 0.1, 60, lambda: f"gemma-b still {cached_fraction(cold):.0%} in the page cache")
     with sqlite3.connect(data / "hearth.db") as con:
         assert con.execute("SELECT count(*) FROM residency_events WHERE event = 'unload'").fetchone() == (2,)
         sources = dict(con.execute("SELECT model_name, weights_source FROM residency_events WHERE event = 'load'"))

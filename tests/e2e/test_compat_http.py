@@ -159,7 +159,7 @@ def reranker(gemma_path):
     """A runner in reranking mode, served in this process over loopback HTTP."""
     config = RunnerConfig(ModelConfig(path=str(gemma_path), n_ctx=1024, n_seq_max=1, n_threads=2), reranking=True)
     server = make_server("127.0.0.1", 0, create_app(config), threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     client = httpx.Client(base_url=f"http://127.0.0.1:{server.server_port}", timeout=120)
     wait_until(lambda: client.get("/health").status_code == 200, timeout_s=120, message="the reranker to load")
     yield client
@@ -221,7 +221,7 @@ def test_embeddings_with_pooling_are_stock_llama_servers(pooling, gemma_path, tm
         pytest.skip("stock llama-server is not built (scripts/build_llama_tools.sh)")
     config = RunnerConfig(ModelConfig(path=str(gemma_path), n_ctx=1024, n_seq_max=1, n_threads=2), pooling=pooling)
     server = make_server("127.0.0.1", 0, create_app(config), threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     ours = httpx.Client(base_url=f"http://127.0.0.1:{server.server_port}", timeout=120)
     proc, theirs = _stock_server(binary, gemma_path, tmp_path / "llama-server.log", "--embedding",
                                  "--pooling", pooling)

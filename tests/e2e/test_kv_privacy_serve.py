@@ -3,11 +3,11 @@ name whose request they hold, and a private class's prompts are never written th
 
 import os
 import stat
-import time
 
 import pytest
 
 from app.engine.kv_tiers import entry_owner
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.model
 
@@ -16,15 +16,6 @@ def prompt(topic: str) -> str:
     """~300 tokens: a prefix worth keeping (within SMALL_RUNNERS' cells with the answer), one per topic."""
     return (f"You are the {topic} assistant of a family home. These are the devices of the house:\n"
             + "".join(f"- {topic} device {i} in room {i % 7}: {'on' if i % 2 else 'off'}\n" for i in range(24)))
-
-
-def wait_for(condition, timeout_s: float = 60.0):
-    """Poll until condition() is truthy; its value."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-    return value
 
 
 def owners(data) -> list:
@@ -49,7 +40,7 @@ def test_the_disk_tier_is_owner_only_knows_whose_words_and_keeps_private_classes
     ask("alice", "kitchen", "chat")
     # Written when the runner goes idle, after the private prompt was cached: alice's file proves the writer has
     # caught up with both.
-    wait_for(lambda: owners(s.data) == ["alice"])
+    wait_until(lambda: owners(s.data) == ["alice"], 60, lambda: f"owners of the written prefixes: {owners(s.data)}")
     (entry,) = (s.data / "kv-cache").glob("*/*.kv")
     for path, mode in ((s.data, 0o700), (s.data / "kv-cache", 0o700), (entry.parent, 0o700), (entry, 0o600),
                        (s.data / "hearth.db", 0o600)):

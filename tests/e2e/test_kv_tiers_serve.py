@@ -1,23 +1,14 @@
 """Through `hearth serve` with default settings: a prompt's cached prefix outlives a serve restart (the disk KV tier)."""
 
-import time
-
 import pytest
+
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.model
 
 # ~300 tokens: a prefix worth restoring, and within SMALL_RUNNERS' 512 cells with the answer.
 PROMPT = ("You are the voice assistant of a family home. These are the devices of the house:\n"
           + "".join(f"- light {i} in room {i % 7}: {'on' if i % 2 else 'off'}\n" for i in range(24)))
-
-
-def wait_for(condition, timeout_s: float = 60.0):
-    """Poll until condition() is truthy; its value."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-    return value
 
 
 def test_a_prefix_cached_before_a_serve_restart_is_restored_from_the_data_volume(start_serve, models_dir):
@@ -27,7 +18,7 @@ def test_a_prefix_cached_before_a_serve_restart_is_restored_from_the_data_volume
     r = s.client.post("/v1/completions", headers=hdr, json={**body, "prompt": PROMPT + "Question: is light 3 on?"})
     assert r.status_code == 200, r.text
     # Written when the runner goes idle: the kv-cache folder of serve's data volume, one folder per model key.
-    wait_for(lambda: list((s.data / "kv-cache").glob("*/*.kv")))
+    wait_until(lambda: list((s.data / "kv-cache").glob("*/*.kv")), 60, "the disk tier wrote nothing")
     s.stop()
 
     s2 = start_serve(models_dir, data=s.data, tokens=[])

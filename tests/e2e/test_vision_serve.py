@@ -245,7 +245,7 @@ def test_an_image_url_is_refused_at_the_gateway_while_fetching_is_off(vserve):
         return [image_bytes(seed=3)]
 
     server = make_server("127.0.0.1", 0, app)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_port}/cam.png"
         headers = {"Authorization": f"Bearer {vserve.tokens['alice']}"}

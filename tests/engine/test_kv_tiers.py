@@ -5,7 +5,6 @@ wrong cells (or cells at the wrong positions) changes the answer; its violations
 """
 
 import logging
-import time
 
 import pytest
 from fake_model import FakeModel
@@ -13,6 +12,7 @@ from test_engine_fake import collect, greedy
 
 from app.engine.engine import Engine
 from app.engine.kv_tiers import MIB, DiskTier, RamTier, SavedPrefix, cache_ram_bytes
+from tests.helpers import wait_until
 
 TRANSFER = 4  # 2 × n_seq_max, as LlamaModel reserves it
 
@@ -152,10 +152,7 @@ KEY = {"format": 1, "model": "fake.gguf", "size": 1, "mtime_ns": 1, "template_sh
 
 def wait_for(condition, timeout_s: float = 10.0) -> None:
     """Poll a condition until it holds (or fail after timeout_s)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
+    wait_until(condition, timeout_s, every_s=0.01)
 
 
 def first_session(make_engine, root, key=KEY) -> tuple[list[int], DiskTier]:

@@ -12,6 +12,7 @@ from app.devtools.serve_process import ServeProcess, prepare_data
 from app.gateway.auth import PREFIX_CHARS
 from app.gateway.tokens import set_token
 from app.store.db import open_store
+from tests.helpers import wait_until
 
 DEFAULT = "gemma-3-270m-q4_k_m"
 SHORT = {"num_predict": 4, "temperature": 0}
@@ -66,14 +67,6 @@ def family(oserve):
 
 def ps_names(client) -> dict:
     return {m.model: m for m in client.ps().models}
-
-
-def wait_for(predicate, timeout_s: float = 30):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-    return value
 
 
 def test_version_is_open_and_the_rest_needs_a_token(oserve):
@@ -145,7 +138,7 @@ def test_keep_alive_zero_unloads_a_duration_sets_the_ttl(client):
     left_s = (m.expires_at.timestamp() - time.time())
     assert 500 < left_s <= 600
     client.generate(model=DEFAULT, prompt="Hi", options=SHORT, keep_alive=0)
-    wait_for(lambda: f"{DEFAULT}:latest" not in ps_names(client))
+    wait_until(lambda: f"{DEFAULT}:latest" not in ps_names(client), 30, "the default model was never unloaded")
     # An empty prompt only loads the model, here to stay (-1).
     r = client.generate(model=DEFAULT, keep_alive=-1)
     assert r.done and r.done_reason == "load"
@@ -155,7 +148,7 @@ def test_keep_alive_zero_unloads_a_duration_sets_the_ttl(client):
 
 
 def test_keep_alive_never_overrides_an_admins_pin(client):
-    wait_for(lambda: "gemma-b:latest" in ps_names(client))  # pinned: loaded at start
+    wait_until(lambda: "gemma-b:latest" in ps_names(client), 30, "gemma-b was never listed as loaded")  # pinned: loaded at start
     client.chat(model="gemma-b", messages=[{"role": "user", "content": "Hi"}], options=SHORT, keep_alive=0)
     assert ps_names(client)["gemma-b:latest"].expires_at.year > 2300
     with pytest.raises(ollama.ResponseError) as e:

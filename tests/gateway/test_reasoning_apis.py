@@ -76,7 +76,7 @@ def runner_url():
     app.state.load()
     assert app.state.status == "ok", app.state.error
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
@@ -354,7 +354,7 @@ def test_earlier_thoughts_of_each_api_reach_the_template_as_reasoning_content(ru
 def gateway_url(gateway):
     """The in-process gateway served over loopback HTTP, for clients that only speak HTTP."""
     server = make_server("127.0.0.1", 0, gateway, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()

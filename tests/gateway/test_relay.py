@@ -57,7 +57,7 @@ class StandIn(BaseHTTPRequestHandler):
 @pytest.fixture
 def standin():
     server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     StandIn.connections = set()
     StandIn.slo_headers = []
@@ -198,7 +198,7 @@ class RunningTimings(StandIn):
 def timed_runner():
     RunningTimings.finish = threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), RunningTimings)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     relay.close_idle()
     server.shutdown()

@@ -67,7 +67,7 @@ class Lease:
 @pytest.fixture
 def standin():
     server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     StandIn.bodies = []
     yield f"http://127.0.0.1:{server.server_address[1]}"
     relay.close_idle()

@@ -87,7 +87,7 @@ def test_a_string_reasoning_is_a_400_naming_the_field(gateway_app, make_token):
 def live_gateway(gateway_app):
     """The gateway app on a real loopback socket (threaded werkzeug), for what a test client cannot show."""
     server = make_server("127.0.0.1", 0, gateway_app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield server.server_port
     server.shutdown()

@@ -74,7 +74,7 @@ def test_idle_state_sums_labelled_series_and_reads_one_label():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Fixed)
     server.pages = {"/metrics": GATEWAY_METRICS, "/runner/metrics": RUNNER_METRICS,
                     "/runner/slots": '[{"id": 0, "is_processing": false}]'}
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_port}"
     try:

@@ -6,6 +6,7 @@ import pytest
 
 from app.devtools.hub_server import HubServer, tiny_gguf
 from app.residency.library import Library, Pull, PullError, part_path, pull, resolve
+from tests.helpers import wait_until
 
 WEIGHTS_MIB = 6
 
@@ -127,17 +128,11 @@ def test_plain_url_with_sha_and_the_background_library(hub, models):
     # The hub is on loopback: the admin's allow-list names it (a public host needs none).
     p = lib.start(f"{hub.url}/files/tiny-Q8_0.gguf#sha256={sha}", allowed_hosts="127.0.0.1")
     assert lib.start(f"{hub.url}/files/tiny-Q8_0.gguf#sha256={sha}") is p  # one pull per source at a time
-    import time
-
-    deadline = time.monotonic() + 30
-    while p.active:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: not p.active, 30, "the pull never ended")
     assert p.state == "done", p.error
     assert done == [models / "tiny-Q8_0.gguf"] and p.sha256 == sha and p.percent == 100
     again = lib.start(f"{hub.url}/files/tiny-Q8_0.gguf", allowed_hosts="127.0.0.1")
-    while again.active:
-        time.sleep(0.05)
+    wait_until(lambda: not again.active, 30, "the second pull never ended")
     assert again.state == "refused" and "already in the models folder" in again.error
 
 

@@ -273,7 +273,7 @@ class FakeVllm(BaseHTTPRequestHandler):
 
 def test_remote_node_without_health_endpoint():
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         node = RemoteNode(f"http://127.0.0.1:{server.server_port}/", "vllm")
@@ -303,7 +303,7 @@ class ProxyErrorPage(BaseHTTPRequestHandler):
 def test_remote_node_with_unreadable_metrics_warns_once_per_streak(caplog):
     server = ThreadingHTTPServer(("127.0.0.1", 0), ProxyErrorPage)
     server.body = b"<html><body>Welcome to nginx!</body></html>"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         node = RemoteNode(f"http://127.0.0.1:{server.server_port}", "proxied")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 
 from werkzeug.test import Client
 
 from app.runner.app import create_app
 from app.runner.config import RunnerConfig
+from tests.helpers import wait_until
 
 LOAD_TIMEOUT_S = 120
 
@@ -18,9 +18,7 @@ LOAD_TIMEOUT_S = 120
 def loaded_runner(cfg: RunnerConfig) -> Iterator[Client]:
     """A Client on a runner loaded from cfg (its load must succeed); the engine and model are freed on exit."""
     app = create_app(cfg)
-    deadline = time.monotonic() + LOAD_TIMEOUT_S
-    while app.state.status == "loading" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: app.state.status != "loading", LOAD_TIMEOUT_S, "the runner never finished loading")
     assert app.state.status == "ok", app.state.error
     try:
         yield Client(app)

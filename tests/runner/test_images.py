@@ -114,7 +114,7 @@ def image_server():
         return Response(b"", status=404)(environ, start_response)
 
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     server.data = data
     server.base = f"http://127.0.0.1:{server.server_port}"
     yield server

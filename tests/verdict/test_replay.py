@@ -297,7 +297,7 @@ def test_a_serve_target_that_refuses_the_warm_up_is_a_clear_error():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Loading)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         target = Target("serve", f"http://127.0.0.1:{server.server_port}", "serve", "m", headers={"Authorization": "Bearer t"})
         with pytest.raises(RuntimeError, match="hearth serve did not answer the warm-up: HTTP 503: .*loading"):

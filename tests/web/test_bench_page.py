@@ -3,7 +3,6 @@
 import json
 import re
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -15,6 +14,7 @@ from app.verdict import sessions as store
 from app.verdict.decide import HouseholdOverlap, Recommendation, Verdict
 from app.verdict.results import RunResult, summarise
 from app.web import bench as bench_page
+from tests.helpers import wait_until
 
 ROWS = [
     {"idx": 0, "class_name": "voice", "priority": 0, "sent_s": 0.0, "first_token_s": 0.1, "end_s": 0.5,
@@ -26,6 +26,14 @@ ROWS = [
 ]
 SAMPLES = [{"t_s": 0.2, "in_flight": 2, "util": 0.9, "kv_util": 0.1, "running": 2, "waiting": 0,
             "preemptions_total": 0}]
+
+
+def bench_finished(admin):
+    """A condition for wait_until: the progress poll once it answers 286 (htmx: stop polling), else None."""
+    def poll():
+        p = admin.get("/bench/progress")
+        return p if p.status_code == 286 else None
+    return poll
 
 
 def make_session(app, verdict=True):
@@ -167,10 +175,7 @@ def test_start_runs_in_the_background_and_polling_stops_when_done(app, admin, cs
     assert again.status_code == 409
     assert admin.get("/bench/progress").status_code == 200
     release.set()
-    deadline = time.monotonic() + 10
-    while (p := admin.get("/bench/progress")).status_code != 286:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    p = wait_until(bench_finished(admin), 10, "the bench's progress never said it ended (286)")
     done = p.get_data(as_text=True)
     sid = seen["sid"]
     assert "Done" in done and "hx-trigger" not in done and "see session" in done
@@ -189,10 +194,7 @@ def test_a_failed_job_says_so_on_the_page_and_keeps_its_traceback_in_the_log(adm
     token = csrf_token(admin, "/bench")
     with caplog.at_level("ERROR", logger="app.web.bench"):
         assert admin.post("/bench/start", data={"csrf_token": token, "levels": "1", "mode_serial": "1"}).status_code in (200, 302)
-        deadline = time.monotonic() + 10
-        while (p := admin.get("/bench/progress")).status_code != 286:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        p = wait_until(bench_finished(admin), 10, "the bench's progress never said it ended (286)")
     assert "RuntimeError: runner for continuous exited with code 1" in p.get_data(as_text=True)
     (record,) = [r for r in caplog.records if r.name == "app.web.bench"]
     assert record.levelname == "ERROR" and "household replay failed" in record.getMessage()
@@ -274,10 +276,7 @@ def test_not_enough_evidence_offers_exactly_the_run_that_settles_it(app, admin, 
     r = admin.post("/bench/start", data={"csrf_token": csrf_token(admin, "/bench"), **fields},
                    headers={"HX-Request": "true"})
     assert r.status_code == 200
-    deadline = time.monotonic() + 10
-    while "cfg" not in seen:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: "cfg" in seen, 10, "the bench job never started")
     assert seen["cfg"].levels == (1, 2, 4, 8, 16, 32) and seen["cfg"].modes == ("continuous", "serial")
     assert seen["cfg"].slots is None
 
@@ -290,10 +289,7 @@ def test_slots_are_swept_from_the_form_and_drawn_apart(app, admin, csrf_token, m
     assert bad.status_code == 400 and "slots" in bad.get_data(as_text=True)
     assert admin.post("/bench/start", data={"csrf_token": token, "mode_continuous": "1", "levels": "8",
                                             "slots": "4, 8"}).status_code == 302
-    deadline = time.monotonic() + 10
-    while "cfg" not in seen:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: "cfg" in seen, 10, "the bench job never started")
     assert seen["cfg"].slots == (4, 8)
     h = services(app)
     with h.sessions() as s:

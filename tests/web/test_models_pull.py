@@ -1,12 +1,12 @@
 """The Models page's library: pull form, a progress section that polls itself until 286, delete."""
 
-import time
 
 import pytest
 
 from app.devtools.hub_server import HubServer, tiny_gguf
 from app.gateway.context import services
 from app.store.settings import set_setting
+from tests.helpers import wait_until
 
 
 @pytest.fixture
@@ -26,17 +26,28 @@ def app(app, hub):
     return app
 
 
+def pulls_ended(admin):
+    """A condition for wait_until: the pulls section once it stops polling (no longer a 200), else None."""
+    def poll():
+        page = admin.get("/models/pulls")
+        return page if page.status_code != 200 else None
+    return poll
+
+
 def test_pull_shows_progress_lands_the_model_and_delete_removes_it(app, admin, csrf_token, tmp_path):
     page = admin.get("/models").get_data(as_text=True)
     assert "Add a model" in page and 'name="source"' in page
     r = admin.post("/models/pull", data={"source": "hf.co/owner/repo:Q4_K_M", "csrf_token": csrf_token(admin, "/models")},
                    headers={"HX-Request": "true"})
     assert r.status_code == 200 and "hf.co/owner/repo:Q4_K_M" in r.get_data(as_text=True)
-    deadline = time.monotonic() + 30
-    while (poll := admin.get("/models/pulls")).status_code == 200:
-        assert 'hx-trigger="every 1s"' in poll.get_data(as_text=True)
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    def ended():
+        poll = admin.get("/models/pulls")
+        if poll.status_code == 200:  # still running: the section polls again
+            assert 'hx-trigger="every 1s"' in poll.get_data(as_text=True)
+            return None
+        return poll
+
+    poll = wait_until(ended, 30, "the pull never ended")
     assert poll.status_code == 286
     html = poll.get_data(as_text=True)
     assert "done" in html and "hx-trigger" not in html  # finished: the section stops polling
@@ -50,10 +61,7 @@ def test_pull_shows_progress_lands_the_model_and_delete_removes_it(app, admin, c
 def test_a_refused_pull_says_why(app, admin, csrf_token):
     admin.post("/models/pull", data={"source": "llama3.2", "csrf_token": csrf_token(admin, "/models")},
                headers={"HX-Request": "true"})
-    deadline = time.monotonic() + 10
-    while (poll := admin.get("/models/pulls")).status_code == 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    poll = wait_until(pulls_ended(admin), 10, "the pull never ended")
     assert "Ollama registry is not supported" in poll.get_data(as_text=True)
 
 
@@ -68,10 +76,7 @@ def test_a_signed_url_is_shown_without_its_token(app, admin, csrf_token):
     source = f"https://10.20.30.40/repo/model.gguf?X-Amz-Signature={secret}"
     admin.post("/models/pull", data={"source": source, "csrf_token": csrf_token(admin, "/models")},
                headers={"HX-Request": "true"})
-    deadline = time.monotonic() + 10
-    while (poll := admin.get("/models/pulls")).status_code == 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    poll = wait_until(pulls_ended(admin), 10, "the pull never ended")
     html = poll.get_data(as_text=True)
     assert "https://10.20.30.40/repo/model.gguf?X-Amz-Signature=***" in html and secret not in html
     assert "Refused" in html and "a private address" in html

@@ -4,6 +4,7 @@ import time
 
 from app.gateway.context import services
 from app.store.settings import set_setting
+from tests.helpers import wait_until
 
 
 def make_public(app, value=True):
@@ -78,8 +79,6 @@ def test_status_on_this_box_names_the_cpu_once_the_probe_has_run(app, admin, mon
 
     monkeypatch.setattr(device_probe, "_cached", None)
     admin.get("/partials/status")
-    deadline = time.monotonic() + 60
-    while device_probe.peek_probe() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(device_probe.peek_probe, 60, "the device probe never finished")
     html = admin.get("/partials/status").get_data(as_text=True)
     assert '<span class="status-model-name">CPU</span>' in html and " · cpu" in html
