@@ -419,17 +419,7 @@ class ResidencyManager:
         used = sum(x.resident_bytes for x in resident)
         if used + need <= budget:
             return [], m.spec.need()
-        blocked: dict[str, str] = {}
-        evictable = []
-        for x in resident:
-            if x.state == ModelState.LOADING:
-                blocked[x.name] = "loading"
-            elif x.spec.policy == "pinned":
-                blocked[x.name] = "pinned"
-            elif x.in_flight:
-                blocked[x.name] = f"busy: {x.in_flight} in flight"
-            else:
-                evictable.append(x)
+        blocked, evictable = _evictable(resident)
         evictable.sort(key=lambda x: x.last_used if x.last_used is not None else float("-inf"))
         victims, freed = [], 0
         for x in evictable:
@@ -456,17 +446,7 @@ class ResidencyManager:
         need = m.spec.need()
         resident = [x for x in self._models.values() if x is not m and x.resident]
         placed = {x.name: x.placed or {RAM_DEVICE: x.resident_bytes} for x in resident}
-        blocked: dict[str, str] = {}
-        evictable = []
-        for x in resident:
-            if x.state == ModelState.LOADING:
-                blocked[x.name] = "loading"
-            elif x.spec.policy == "pinned":
-                blocked[x.name] = "pinned"
-            elif x.in_flight:
-                blocked[x.name] = f"busy: {x.in_flight} in flight"
-            else:
-                evictable.append(x)
+        blocked, evictable = _evictable(resident)
         lru = sorted(evictable, key=lambda x: x.last_used if x.last_used is not None else float("-inf"))
         plan = plan_on_devices(need, budgets, placed, [x.name for x in lru])
         if plan is not None:
@@ -878,3 +858,19 @@ class ResidencyManager:
                     "log_tail": runner.log_tail(STATUS_LOG_LINES) if runner is not None else list(m.error_log),
                 })
         return rows
+
+
+def _evictable(resident: list[_Model]) -> tuple[dict[str, str], list[_Model]]:
+    """Why each resident model that cannot be evicted now stays (loading, pinned, busy), and the ones that can."""
+    blocked: dict[str, str] = {}
+    evictable = []
+    for x in resident:
+        if x.state == ModelState.LOADING:
+            blocked[x.name] = "loading"
+        elif x.spec.policy == "pinned":
+            blocked[x.name] = "pinned"
+        elif x.in_flight:
+            blocked[x.name] = f"busy: {x.in_flight} in flight"
+        else:
+            evictable.append(x)
+    return blocked, evictable
