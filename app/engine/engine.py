@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import queue
 import threading
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app.engine.kv_tiers import IDLE_WRITE_DELAY_S, DiskTier, attach_tiers
+from app.engine.prefix_cache import PrefixCacheCounters
 from app.engine.reasoning_budget import BudgetTracker
 from app.engine.request import (
     ContextOverflow,
@@ -109,6 +111,14 @@ class EngineCounters:
         self.spec_accepted_per_pos = []
         self.spec_by_class = {}
 
+    def copy(self) -> EngineCounters:
+        """A copy that later iterations do not change (its counter, list and dict copied too)."""
+        c = copy.copy(self)
+        c.requests_finished = collections.Counter(self.requests_finished)
+        c.spec_accepted_per_pos = list(self.spec_accepted_per_pos)
+        c.spec_by_class = {name: list(v) for name, v in list(self.spec_by_class.items())}
+        return c
+
 
 @dataclass(frozen=True)
 class EngineSnapshot:
@@ -138,6 +148,11 @@ class EngineSnapshot:
     # Speculative decoding: the settings and this iteration's decision ("" drafting, else why not).
     spec: dict | None = None
     spec_note: str = ""
+    # The totals since start (/metrics, /props' speculative block) and the prefix cache's, copied at snapshot time,
+    # so readers never hold the engine's live counters.
+    counters: EngineCounters | None = None
+    prefix_cache_counters: PrefixCacheCounters | None = None
+    prefix_cache_max_entries: int = 0
 
 
 class Engine:
@@ -370,6 +385,9 @@ class Engine:
                 preemptions_by_class=dict(s.preemptions_by_class),
                 spec=s.config.spec.as_dict() if s.config.spec.enabled else None,
                 spec_note=s.spec_note,
+                counters=self.counters.copy(),
+                prefix_cache_counters=copy.copy(s.cache.counters),
+                prefix_cache_max_entries=s.cache.max_entries,
             )
 
     # -- engine thread ------------------------------------------------------------------------
