@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import queue
 import threading
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app.engine.kv_tiers import IDLE_WRITE_DELAY_S, DiskTier, attach_tiers
+from app.engine.prefix_cache import PrefixCacheCounters
 from app.engine.reasoning_budget import BudgetTracker
 from app.engine.request import (
     ContextOverflow,
@@ -109,6 +111,14 @@ class EngineCounters:
         self.spec_accepted_per_pos = []
         self.spec_by_class = {}
 
+    def copy(self) -> EngineCounters:
+        """A copy that later iterations do not change (its counter, list and dict copied too)."""
+        c = copy.copy(self)
+        c.requests_finished = collections.Counter(self.requests_finished)
+        c.spec_accepted_per_pos = list(self.spec_accepted_per_pos)
+        c.spec_by_class = {name: list(v) for name, v in list(self.spec_by_class.items())}
+        return c
+
 
 @dataclass(frozen=True)
 class EngineSnapshot:
@@ -138,6 +148,11 @@ class EngineSnapshot:
     # Speculative decoding: the settings and this iteration's decision ("" drafting, else why not).
     spec: dict | None = None
     spec_note: str = ""
+    # The totals since start (/metrics, /props' speculative block) and the prefix cache's, copied at snapshot time,
+    # so readers never hold the engine's live counters.
+    counters: EngineCounters | None = None
+    prefix_cache_counters: PrefixCacheCounters | None = None
+    prefix_cache_max_entries: int = 0
 
 
 class Engine:
@@ -370,6 +385,9 @@ class Engine:
                 preemptions_by_class=dict(s.preemptions_by_class),
                 spec=s.config.spec.as_dict() if s.config.spec.enabled else None,
                 spec_note=s.spec_note,
+                counters=self.counters.copy(),
+                prefix_cache_counters=copy.copy(s.cache.counters),
+                prefix_cache_max_entries=s.cache.max_entries,
             )
 
     # -- engine thread ------------------------------------------------------------------------
@@ -420,16 +438,35 @@ class Engine:
         self._last_full_start = t0 if full else None
 
     def _iterate(self) -> None:
+        """One engine step in named phases: schedule, decode (making room in the KV cache), sample and verify, account."""
         if self.media is not None:
             self.media.before_iteration(self)
         t0 = self.clock()
         with self._cv:
             preempted_before = self.scheduler.num_preemptions_total
             schedule = self.scheduler.schedule(now=t0)
+        self._progress(schedule, before=True)
+        schedule, logit_idx, decode_s, retried = self._decode(schedule)
+        num_preempted = self.scheduler.num_preemptions_total - preempted_before
+        self.counters.preemptions_total = self.scheduler.num_preemptions_total
+        if not schedule.chunks:
+            return
+        with self._cv:
+            self.scheduler.commit(schedule)
+        self._progress(schedule, before=False)
+        num_sampled, num_accepted = self._sample_and_verify(schedule, logit_idx)
+        iteration_s = self.clock() - t0
+        if not retried and self.counters.iterations_total >= PACE_WARMUP_ITERATIONS:
+            self._observe_cost(schedule, iteration_s)
+        self._note_period(schedule, t0)
+        self._count(schedule, num_sampled, iteration_s)
+        self._record(schedule, t0, iteration_s, decode_s, num_preempted, num_accepted)
+
+    def _decode(self, schedule) -> tuple:
+        """Decode the schedule, making room in the KV cache until it fits: (schedule, logit rows, seconds, retried)."""
         decode_s = 0.0
         retried = False
         logit_idx: list[int] = []
-        self._progress(schedule, before=True)
         while schedule.chunks:
             td = time.perf_counter()
             rc, logit_idx = self.model.decode(schedule.chunks)
@@ -438,30 +475,30 @@ class Engine:
             if rc == DECODE_OK:
                 break
             retried = True
-            with self._cv:
-                # Cached prefixes go first: a running sequence is preempted only when none is left.
-                if self.scheduler.cache.evict(schedule.num_tokens):
-                    schedule = self.scheduler.schedule(admit=False, now=self.clock(), draft=False)
-                    continue
-                victim = self.scheduler.choose_victim()
-                if len(self.scheduler.running) <= 1:
-                    # Alone and still no room: it cannot fit this context at all.
-                    self._finish(
-                        victim,
-                        RequestStatus.FINISHED_ERROR,
-                        error=f"the KV cache ({self.model.n_ctx} cells) cannot hold this request "
-                        f"({victim.num_tokens} tokens) even alone",
-                    )
-                else:
-                    self.scheduler.preempt(victim, reason="kv")
-                schedule = self.scheduler.schedule(admit=False, now=self.clock(), draft=False)
-        num_preempted = self.scheduler.num_preemptions_total - preempted_before
-        self.counters.preemptions_total = self.scheduler.num_preemptions_total
-        if not schedule.chunks:
-            return
+            schedule = self._make_room(schedule)
+        return schedule, logit_idx, decode_s, retried
+
+    def _make_room(self, schedule):
+        """After a decode found no KV room: evict a cached prefix, else preempt (or fail, when alone) and reschedule."""
         with self._cv:
-            self.scheduler.commit(schedule)
-        self._progress(schedule, before=False)
+            # Cached prefixes go first: a running sequence is preempted only when none is left.
+            if self.scheduler.cache.evict(schedule.num_tokens):
+                return self.scheduler.schedule(admit=False, now=self.clock(), draft=False)
+            victim = self.scheduler.choose_victim()
+            if len(self.scheduler.running) <= 1:
+                # Alone and still no room: it cannot fit this context at all.
+                self._finish(
+                    victim,
+                    RequestStatus.FINISHED_ERROR,
+                    error=f"the KV cache ({self.model.n_ctx} cells) cannot hold this request "
+                    f"({victim.num_tokens} tokens) even alone",
+                )
+            else:
+                self.scheduler.preempt(victim, reason="kv")
+            return self.scheduler.schedule(admit=False, now=self.clock(), draft=False)
+
+    def _sample_and_verify(self, schedule, logit_idx: list[int]) -> tuple[int, int]:
+        """Sample each sequence's next token, or verify its draft: (tokens sampled, draft tokens accepted)."""
         now = self.clock()
         num_sampled = 0
         num_accepted = 0
@@ -475,19 +512,21 @@ class Engine:
             else:
                 num_sampled += 1
                 self._sample_one(chunk.request, idx, now)
-        t1 = self.clock()
-        iteration_s = t1 - t0
-        if not retried and self.counters.iterations_total >= PACE_WARMUP_ITERATIONS:
-            # What the SLO budget is sized by: this model's iterations on this machine, as measured. A draft
-            # token needs its own row of logits, as a decode token does: it costs as one.
-            cost, iteration_ms = self.scheduler.cost, iteration_s * 1000
-            num_decoded = schedule.num_decode_tokens + schedule.num_draft_tokens
-            # The draft model's time is its own cost (draft_model.py), not the target's tokens'.
-            iteration_ms -= schedule.draft_ms
-            cost.observe(num_decoded, schedule.num_prompt_tokens, iteration_ms)
-            if schedule.num_prompt_tokens:
-                self.scheduler.chunks.observe(schedule.num_prompt_tokens, iteration_ms - cost.decode_ms * num_decoded)
-        self._note_period(schedule, t0)
+        return num_sampled, num_accepted
+
+    def _observe_cost(self, schedule, iteration_s: float) -> None:
+        """Feed the cost model: what the SLO budget is sized by, this model's iterations on this machine, as measured."""
+        # A draft token needs its own row of logits, as a decode token does: it costs as one.
+        cost, iteration_ms = self.scheduler.cost, iteration_s * 1000
+        num_decoded = schedule.num_decode_tokens + schedule.num_draft_tokens
+        # The draft model's time is its own cost (draft_model.py), not the target's tokens'.
+        iteration_ms -= schedule.draft_ms
+        cost.observe(num_decoded, schedule.num_prompt_tokens, iteration_ms)
+        if schedule.num_prompt_tokens:
+            self.scheduler.chunks.observe(schedule.num_prompt_tokens, iteration_ms - cost.decode_ms * num_decoded)
+
+    def _count(self, schedule, num_sampled: int, iteration_s: float) -> None:
+        """Add this iteration to the running counters (/metrics)."""
         c = self.counters
         c.iterations_total += 1
         c.busy_slots_total += len(schedule.chunks)
@@ -498,6 +537,10 @@ class Engine:
             share = schedule.num_prompt_tokens / schedule.num_tokens
             c.prompt_seconds_total += iteration_s * share
             c.tokens_predicted_seconds_total += iteration_s * (1 - share)
+
+    def _record(self, schedule, t0: float, iteration_s: float, decode_s: float, num_preempted: int,
+                num_accepted: int) -> None:
+        """Append this iteration's stats to the ring the dashboards and benches read."""
         with self._cv:
             self.iterations.append(
                 IterationStats(

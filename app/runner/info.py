@@ -92,7 +92,7 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
             "note": snap.prefix_cache_note,
             "n_swa": model.n_swa,
             "entries": snap.prefix_cache_entries,
-            "max_entries": engine.scheduler.cache.max_entries,
+            "max_entries": snap.prefix_cache_max_entries,
             "kv_cells_cached": snap.kv_cached,
         },
         "speculative": speculative_info(engine, snap, state.draft),
@@ -104,7 +104,7 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
 def speculative_info(engine, snap, draft=None) -> dict:
     """Speculative decoding: the settings, the last iteration's decision, the acceptance so far per class, and the
     draft model (draft-simple: its file, size, counters and measured step cost)."""
-    c = engine.counters
+    c = snap.counters
     by_class = {name: {"drafts": d, "draft_tokens": n, "accepted_tokens": k,
                        "acceptance": round(k / n, 4) if n else None}
                 for name, (d, n, k) in sorted(dict(c.spec_by_class).items())}

@@ -64,11 +64,10 @@ class _EngineCollector:
 
     def _llama_server(self, snap):
         """llama-server's `llamacpp:` names."""
-        e = self.engine
-        c = e.counters
+        c = snap.counters
         yield counter("llamacpp:prompt_tokens", "Number of prompt tokens processed", c.prompt_tokens_total)
         yield counter("llamacpp:prompt_tokens_cached", "Number of prompt tokens served from the cache",
-                      e.scheduler.cache.counters.hit_tokens_total)
+                      snap.prefix_cache_counters.hit_tokens_total)
         yield counter("llamacpp:prompt_seconds", "Total time spent processing prompts", c.prompt_seconds_total)
         yield counter("llamacpp:tokens_predicted", "Number of generation tokens processed", c.tokens_predicted_total)
         yield counter(
@@ -117,7 +116,7 @@ class _EngineCollector:
 
     def _scheduling(self, snap):
         """Hearth's KV, slot, preemption and SLO-budget figures."""
-        c = self.engine.counters
+        c = snap.counters
         yield gauge("hearth:kv_cells_used", "KV cache cells held by running sequences", snap.kv_used)
         yield gauge("hearth:kv_cells_total", "KV cache cells in the unified cache", snap.kv_total)
         yield counter("hearth:preemptions", "Sequences evicted from the KV cache for recompute", c.preemptions_total)
@@ -201,7 +200,7 @@ class _EngineCollector:
 
     def _prefix_cache(self, snap):
         """The prefix cache's use, and the last iteration's time outside llama_decode."""
-        pc = self.engine.scheduler.cache.counters
+        pc = snap.prefix_cache_counters
         yield gauge("hearth:kv_cells_cached", "KV cache cells held only by the prefix cache (evictable)", snap.kv_cached)
         yield counter("hearth:prefix_cache_query_tokens",
                       "Prompt tokens of admitted requests, once each (looked up in the prefix cache unless cache_prompt "

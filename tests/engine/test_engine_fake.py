@@ -735,3 +735,20 @@ def test_the_full_batch_pace_is_the_measured_period_of_full_decode_only_iteratio
     c = engine.submit(prompt(3), greedy(30, ignore_eos=True))
     collect(c)
     assert sched.full_batch_decode_ms() == pytest.approx(10.0)
+
+
+def test_snapshot_carries_a_copy_of_the_counters_that_later_work_does_not_change(make_engine):
+    model = FakeModel()
+    engine = make_engine(model)
+    first = engine.submit(prompt(1), greedy(4, ignore_eos=True))
+    run_all(engine, [first])
+    before = engine.snapshot()
+    assert before.counters.requests_finished == {"length": 1}
+    assert before.counters.tokens_predicted_total == engine.counters.tokens_predicted_total == 4
+    assert before.prefix_cache_counters.query_tokens_total == engine.scheduler.cache.counters.query_tokens_total
+    assert before.prefix_cache_max_entries == engine.scheduler.cache.max_entries
+    second = engine.submit(prompt(2), greedy(4, ignore_eos=True))
+    run_all(engine, [second])
+    assert engine.counters.requests_finished == {"length": 2} and engine.counters.tokens_predicted_total == 8
+    assert before.counters.requests_finished == {"length": 1} and before.counters.tokens_predicted_total == 4
+    assert engine.snapshot().counters.requests_finished == {"length": 2}
