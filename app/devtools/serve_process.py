@@ -14,6 +14,7 @@ import httpx
 import psutil
 from sqlalchemy import update
 
+from app.devtools.processes import stop_process
 from app.gateway.tokens import create_token
 from app.residency.supervisor import LLAMA_KEY_ENV, RUNNER_KEY_ENV, free_port
 from app.store.db import open_store
@@ -150,12 +151,7 @@ class ServeProcess:
                 kids = psutil.Process(self.proc.pid).children(recursive=True)
             except psutil.NoSuchProcess:
                 kids = []
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc)
             _, alive = psutil.wait_procs(kids, timeout=10)
             for p in alive:
                 try:

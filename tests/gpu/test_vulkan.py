@@ -96,7 +96,8 @@ def test_a_runner_reports_its_device_buffers_for_the_budget_and_charts(env, tiny
 
     import httpx
 
-    from app.devtools.gpu.vulkan_check import _start, _stop
+    from app.devtools.gpu.vulkan_check import _start
+    from app.devtools.processes import stop_process
     from app.exposition import parse_exposition
 
     proc, url = _start([sys.executable, "-m", "app.cli", "runner", "--model", tiny, "--ctx", "512", "--parallel", "1",
@@ -105,7 +106,7 @@ def test_a_runner_reports_its_device_buffers_for_the_budget_and_charts(env, tiny
         scrape = parse_exposition(httpx.get(url + "/metrics", timeout=30).text)
         props = httpx.get(url + "/props", timeout=30).json()["model"]
     finally:
-        _stop(proc)
+        stop_process(proc)
     held = {labels["device"]: value for labels, value in scrape.series("hearth:device_buffer_bytes")}
     assert held == {"Vulkan0": float(sum(props["buffers"]["Vulkan0"].values()))} and held["Vulkan0"] > 0
     assert props["offloaded_layers"][0] == props["offloaded_layers"][1] and props["flash_attn"] == "off"

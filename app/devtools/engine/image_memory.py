@@ -27,6 +27,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from app.devtools.processes import stop_process
+
 MIB = 1 << 20
 
 
@@ -145,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                               "estimate_projector_compute_mib": round(est.projector_compute_bytes / MIB)}))
         finally:
             family = psutil.Process(runner.pid).children(recursive=True) if runner.poll() is None else []
-            runner.terminate()
-            runner.wait(30)
+            stop_process(runner)
             psutil.wait_procs(family, timeout=10)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 
+from app.devtools.processes import stop_process
 from app.engine.kv_types import KV_TYPES
 from app.engine.model_config import ModelConfig
 from app.residency.catalog import scan
@@ -149,8 +150,7 @@ def _serve_tokens(command: list[str], prompt: str, n_predict: int) -> list[int]:
             time.sleep(0.2)
         return _completion_tokens(url, prompt, n_predict)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc)
 
 
 def greedy_against_stock(model_path: str, llama_server: str, kv_type: str, threads: int, n_ctx: int,

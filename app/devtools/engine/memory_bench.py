@@ -15,6 +15,7 @@ import time
 import httpx
 import psutil
 
+from app.devtools.processes import stop_process
 from app.residency.supervisor import free_port
 
 ALLOWANCE_BYTES = 150 * 1024 * 1024
@@ -78,8 +79,7 @@ def run_from_args(args, model_path: str) -> int:
         stop.set()
         sampler.join()
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc)
     model_bytes = os.path.getsize(model_path)
     kv_bytes = props["kv_cache_bytes"]
     target = model_bytes + kv_bytes + ALLOWANCE_BYTES

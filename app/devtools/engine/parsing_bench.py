@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from app.devtools.processes import stop_process
 from app.hardware import machine
 from app.protocols.sse import Decoder
 from app.residency.supervisor import free_port
@@ -73,7 +74,7 @@ def start_runner(model_path: str, threads: int, template: Path) -> tuple[subproc
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            proc.terminate()
+            stop_process(proc)
             sys.exit("the runner did not become ready in 300 s")
         time.sleep(0.2)
 
@@ -162,8 +163,7 @@ def run_parsing_bench(model_path: str, threads: int, rounds: int, max_tokens: in
             for arm in (("plain", "parser") if i % 2 == 0 else ("parser", "plain")):
                 runs[arm].append(one_round(url, arm, max_tokens))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc)
     per_token = {arm: median([s["per_token_ms"] for r in rs for s in r if s["per_token_ms"] is not None])
                  for arm, rs in runs.items()}
     ratio = per_token["parser"] / per_token["plain"] if per_token["plain"] else None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from app.devtools.processes import stop_process
 from app.protocols import sse
 from app.residency.supervisor import free_port
 
@@ -149,8 +150,7 @@ def run(model: str, threads: int, ctx: int, parallel: int, max_tokens: int, roun
                 _one(url, 16)  # warm-up: page cache, threads
                 rate, text, n, timings = _one(url, max_tokens)
             finally:
-                proc.terminate()
-                proc.wait(30)
+                stop_process(proc)
             arm.rates.append(rate)
             arm.texts.append(text)
             arm.tokens = n

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from app.devtools.processes import stop_process
 from app.hardware import machine
 from app.protocols import sse
 from app.residency.supervisor import free_port
@@ -93,12 +94,7 @@ class Server:
 
     def stop(self) -> None:
         """SIGTERM and wait (a hearth runner writes its disk tier on the way out)."""
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 def turn(question: str) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from app.devtools.processes import stop_process
 from app.hardware import gpu_memory, machine, nvml_gpus
 from app.residency.catalog import scan
 from app.residency.estimate import estimate_memory
@@ -144,12 +145,7 @@ def run_vram(model: str, ctx: int, parallel: int, gpu_layers: int, threads: int,
         rss_after = _rss(_tree(ps))
     finally:
         stop.set()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     gpu = bool(before)
     measured = None
     if gpu:

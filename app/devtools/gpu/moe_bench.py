@@ -17,6 +17,7 @@ from pathlib import Path
 
 from app.devices import Device
 from app.devtools.gguf_shapes import SHAPES, make_model
+from app.devtools.processes import stop_process
 from app.residency.catalog import scan
 from app.residency.estimate import MIB, estimate_memory
 from app.residency.placement import CPU, model_tensors, moe_overrides, split_by_device
@@ -56,12 +57,7 @@ def run_server(binary: str, model: str, args: list[str], env: dict[str, str]) ->
         # The pipe closed first: a server blocked writing its log to it could not exit.
         if proc.stdout is not None:
             proc.stdout.close()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
+        stop_process(proc)
     return "".join(lines)
 
 

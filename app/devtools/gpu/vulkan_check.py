@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from app.devtools.processes import stop_process
 from app.hardware import machine
 from app.llama_tools import BACKEND_ENV, LlamaToolsNotFound, llama_lib_env, vulkan_llama_server
 from app.residency.catalog import scan
@@ -109,15 +110,6 @@ def _start(command: list[str], env: dict[str, str], log: Path, timeout_s: float 
     raise RuntimeError(f"{command[0]} was not ready within {timeout_s} s")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 TOP_N = 5
 
 
@@ -159,7 +151,7 @@ def oracle(model: str, ctx: int, env: dict[str, str], prompts: tuple[str, ...], 
             answers[name], tops[name] = greedy_tokens(url, prompts, n_predict)
             props = httpx.get(url + "/props", timeout=30).json() if name == "hearth" else None
         finally:
-            _stop(proc)
+            stop_process(proc)
         if props is not None:
             answers["hearth_props_model"] = props.get("model")
     same = [a == b for a, b in zip(answers["hearth"], answers["llama-server"])]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from app.devtools.processes import stop_process
 from app.llama_tools import BUILD_SCRIPT, stock_llama_server, tools_cache_dir
 
 _WEATHER = {"type": "function", "function": {
@@ -179,12 +180,7 @@ class _Server:
     def stop(self) -> None:
         """Terminate and reap the process."""
         self.client.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 10)
         if self.proc.stderr:
             self.proc.stderr.close()
 

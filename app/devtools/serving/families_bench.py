@@ -33,6 +33,7 @@ import httpx
 
 from app.devtools.family_models import FAMILIES, TOOLS, FamilyModel, Script, family_model, load_scripts
 from app.devtools.gguf_shapes import SHAPES, make_model
+from app.devtools.processes import stop_process
 from app.devtools.serve_process import ServeProcess, prepare_data
 from app.protocols import sse
 
@@ -472,20 +473,12 @@ def run_llama_server(binary: Path, families: list[str], root: Path, report: Repo
                         pair = check_pair("llama-server", script, "openai", whole,
                                           ask(client, "openai", name, script, True))
                 finally:
-                    _stop(proc)
+                    stop_process(proc, 10)
             report(pair)
             out += pair
     return out
 
 
-def _stop(proc: subprocess.Popen, timeout_s: float = 10) -> None:
-    """SIGTERM, then SIGKILL if it has not exited in timeout_s (llama-server can take a while to drain)."""
-    proc.terminate()
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def summary(outcomes: list[Outcome], target: str) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import httpx
 import psutil
 
+from app.devtools.processes import stop_process
 from app.residency.supervisor import free_port
 
 MAX_BODY_BYTES = 64 * 1024
@@ -279,8 +280,7 @@ def run_hostile_bench(args, model_path: str) -> int:
         alive = proc.poll() is None and client.get("/health").status_code == 200
     finally:
         client.close()
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc)
     table = [row for row, _ in rows]
     _print(table)
     accepted = [r for r in table if r.accepted]

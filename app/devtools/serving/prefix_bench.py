@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from app.devtools.processes import stop_process
 from app.devtools.serve_process import ServeProcess, prepare_data
 from app.hardware import machine
 from app.paths import sha256_of
@@ -165,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  repetition {rep + 1}/{args.repeats} done", file=sys.stderr, flush=True)
     finally:
         serve.stop()
-        llama.terminate()
-        llama.wait(30)
+        stop_process(llama)
     summary = {k: summarise(v) for k, v in rows.items()}
     summary["hearth_later_over_llama_later"] = (summary["hearth"]["later_turns_p50_ms"]
                                                 / summary["llama-server"]["later_turns_p50_ms"])
