@@ -9,6 +9,7 @@ from app.engine.model_config import ModelConfig
 from app.engine.speculation import NO_SPEC, SpecConfig
 from app.policy import Mode
 from app.protocols.openai import MAX_IMAGE_BYTES
+from app.runner.audio import AudioLimits
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class RunnerConfig:
     # llama-server's --mmproj: the model's multimodal projector (vision), loaded with libmtmd; None: text only.
     mmproj: str | None = None
     images: ImageLimits = ImageLimits()
+    audio: AudioLimits = AudioLimits()
 
     @property
     def model_name(self) -> str:
