@@ -638,7 +638,8 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_GENERATION_BODY_BYTES = MAX_BODY_BYTES + 4 * -(-MAX_IMAGE_BYTES // 3)
 # The routes that generate (gateway and runner, every API): the ones that take images.
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-                              "/completion", "/v1/messages", "/v1/responses", "/api/chat", "/api/generate"})
+                              "/completion", "/v1/messages", "/v1/responses", "/api/chat", "/api/generate",
+                              "/v1/audio/transcriptions", "/audio/transcriptions"})
 
 
 def body_limit(path: str) -> int:
