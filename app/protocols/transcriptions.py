@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 
+from app.protocols import audio
 from app.protocols.openai import ApiError, audio_part
 
 # common_chat_get_asr_prompt's user prompt for every template but LFM2's.
@@ -59,6 +60,12 @@ class TranscriptionAdapter:
             raise ApiError(400, "'stream' takes the json response_format only (its events are JSON)", param="stream")
         self.text = ""
 
+    @property
+    def answer_mimetype(self) -> str:
+        """The content type of the whole answer in its response_format."""
+        return {"text": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}.get(self.response_format,
+                                                                                          "application/json")
+
     def to_openai(self) -> dict:
         """The chat request llama-server makes of the upload (the same prompt, so the same tokens)."""
         prompt = self.form.get("prompt") or ASR_PROMPT
@@ -66,6 +73,8 @@ class TranscriptionAdapter:
             prompt += f" (language: {self.form['language']})"
         chat = {"model": self.model, "stream": self.stream, **({"stream_options": {"include_usage": True}} if self.stream else {}), "messages": [{"role": "user", "content": [
             {"type": "text", "text": prompt}, audio_part(base64.b64encode(self.audio).decode(), self.format)]}]}
+        if self.form.get("hearth_class"):
+            chat["hearth_class"] = self.form["hearth_class"]
         temperature = _number(self.form, "temperature", float)
         if temperature is not None:
             chat["temperature"] = temperature
@@ -122,3 +131,36 @@ class TranscriptionAdapter:
     def error(self, err: ApiError) -> tuple[int, dict]:
         """OpenAI's error shape."""
         return err.status, err.body()
+
+
+def from_upload(form: dict, data: bytes, limits: audio.AudioLimits, model: str) -> TranscriptionAdapter:
+    """The adapter of one upload: the file sniffed (wav, mp3 or flac) and checked as an input_audio part is."""
+    fmt = audio.sniff(data) if data else None
+    if fmt is None:
+        raise ApiError(400, "'file' is not a WAV, MP3 or FLAC file: send one of those", param="file",
+                       code="unsupported_audio_format")
+    info = audio.check_audio(data, fmt, "file", limits)
+    return TranscriptionAdapter(form, data, fmt, info.seconds, model)
+
+
+def read_upload(req, limit: int) -> tuple[dict, bytes]:
+    """A werkzeug request's multipart form fields and its `file`, within limit bytes."""
+    from werkzeug.exceptions import RequestEntityTooLarge
+
+    from app.protocols.openai import too_large
+
+    if (req.content_length or 0) > limit:
+        raise too_large(limit)
+    if not (req.mimetype or "").startswith("multipart/form-data"):
+        raise ApiError(400, "send the audio as multipart/form-data with a 'file' field (OpenAI's transcription "
+                            "upload)", param="file")
+    req.max_content_length = limit
+    try:
+        form, upload = req.form.to_dict(), req.files.get("file")
+        if upload is None:
+            raise ApiError(400, "no 'file' field: send the audio file as the multipart field 'file'", param="file")
+        return form, upload.read()
+    except RequestEntityTooLarge:
+        raise too_large(limit)
+    finally:
+        req.close()  # the parser spools a large upload to a temporary file

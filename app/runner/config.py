@@ -8,8 +8,8 @@ from pathlib import Path
 from app.engine.model_config import ModelConfig
 from app.engine.speculation import NO_SPEC, SpecConfig
 from app.policy import Mode
+from app.protocols.audio import AudioLimits
 from app.protocols.openai import MAX_IMAGE_BYTES
-from app.runner.audio import AudioLimits
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from typing import NamedTuple
 from app.engine import tools as toolfmt
 from app.engine.chat import ChatTemplateError, strip_leading_bos
 from app.engine.media import MEDIA_MARKER
+from app.protocols import audio
 from app.protocols.openai import ApiError, ChatBody
-from app.runner import audio, images
+from app.runner import images
 from app.runner.state import RunnerState
 
 

@@ -18,8 +18,8 @@ from app.devtools.audio_mmproj import AUDIO_SHAPES, cached_audio_mmproj
 from app.devtools.gguf_shapes import CHATML_TEMPLATE
 from app.engine.model_config import ModelConfig
 from app.llama_tools import stock_llama_server
+from app.protocols.audio import AudioLimits
 from app.runner.app import create_app
-from app.runner.audio import AudioLimits
 from app.runner.config import RunnerConfig
 from tests.e2e.test_compat_http import _stock_server
 from tests.runner.loaded import LOAD_TIMEOUT_S
