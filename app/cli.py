@@ -66,6 +66,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
     ceiling_bench.add_arguments(bench_sub.add_parser("ceiling", help="the serving path's token ceiling: runner and "
                                                      "serve against stock llama-server on a tiny random model"))
+    from app.devtools import audio_bench
+
+    audio_bench.add_arguments(bench_sub.add_parser("audio", help="audio: hearth runner against stock llama-server "
+                                                   "(oracle) per format and route, whole and streamed"))
 
 
 def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
@@ -632,6 +636,7 @@ _BENCHES = {
     "gateway": ("app.devtools.gateway_bench", "run_gateway", True),
     "residency": ("app.devtools.gateway_bench", "run_residency", True),
     "ceiling": ("app.devtools.ceiling_bench", "run", False),
+    "audio": ("app.devtools.audio_bench", "run", False),
 }
 
 

@@ -144,23 +144,20 @@ def from_upload(form: dict, data: bytes, limits: audio.AudioLimits, model: str) 
 
 
 def read_upload(req, limit: int) -> tuple[dict, bytes]:
-    """A werkzeug request's multipart form fields and its `file`, within limit bytes."""
-    from werkzeug.exceptions import RequestEntityTooLarge
-
+    """A werkzeug request's multipart form fields and its `file`, within limit bytes (werkzeug raises its
+    RequestEntityTooLarge past it, which the caller's HTTP layer answers as a 413)."""
     from app.protocols.openai import too_large
 
-    if (req.content_length or 0) > limit:
-        raise too_large(limit)
-    if not (req.mimetype or "").startswith("multipart/form-data"):
-        raise ApiError(400, "send the audio as multipart/form-data with a 'file' field (OpenAI's transcription "
-                            "upload)", param="file")
-    req.max_content_length = limit
     try:
+        if (req.content_length or 0) > limit:
+            raise too_large(limit)
+        if not (req.mimetype or "").startswith("multipart/form-data"):
+            raise ApiError(400, "send the audio as multipart/form-data with a 'file' field (OpenAI's transcription "
+                                "upload)", param="file")
+        req.max_content_length = limit
         form, upload = req.form.to_dict(), req.files.get("file")
         if upload is None:
             raise ApiError(400, "no 'file' field: send the audio file as the multipart field 'file'", param="file")
         return form, upload.read()
-    except RequestEntityTooLarge:
-        raise too_large(limit)
     finally:
         req.close()  # the parser spools a large upload to a temporary file

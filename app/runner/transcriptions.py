@@ -4,11 +4,12 @@ one chat job; the answer in the asked response_format."""
 
 from __future__ import annotations
 
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Request as HttpRequest
 from werkzeug.wrappers import Response
 
 from app.protocols import transcriptions
-from app.protocols.openai import body_limit
+from app.protocols.openai import body_limit, too_large
 from app.runner import generation
 from app.runner.apis import _adapted, _chat_body
 from app.runner.job import chat_job
@@ -20,7 +21,11 @@ PATHS = ("/v1/audio/transcriptions", "/audio/transcriptions")
 
 def on_transcriptions(state: RunnerState, req: HttpRequest) -> Response:
     """POST /v1/audio/transcriptions."""
-    form, data = transcriptions.read_upload(req, body_limit(req.path))
+    limit = body_limit(req.path)
+    try:
+        form, data = transcriptions.read_upload(req, limit)
+    except RequestEntityTooLarge:
+        raise too_large(limit)
     adapter = transcriptions.from_upload(form, data, state.config.audio, state.config.model_name)
     body = _chat_body(adapter.to_openai())
     state.ready()

@@ -98,3 +98,10 @@ def test_stock_llama_server_answers_input_audio_through_the_projector(shape_name
     n_audio = audio_mmproj.AUDIO_SHAPES[shape_name].tokens_for_seconds(2.0)
     assert with_audio["usage"]["prompt_tokens"] >= text_only["usage"]["prompt_tokens"] + n_audio
     assert with_audio["usage"]["completion_tokens"] == 4
+
+
+def test_hearth_bench_audio_is_registered():
+    from app.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "audio", "--formats", "wav", "--seconds", "1"])
+    assert (args.bench_command, args.formats, args.seconds, args.shape) == ("audio", "wav", 1.0, "mmproj-qwen2a-tiny")

@@ -251,3 +251,4 @@ def test_bad_uploads_are_400s_and_the_runner_keeps_serving(runner, data, form, f
 def test_a_transcription_without_a_file_names_the_field(runner):
     r = runner.post("/v1/audio/transcriptions", data={"model": "m"}, content_type="multipart/form-data")
     assert r.status_code == 400 and r.get_json()["error"]["param"] == "file"
+
