@@ -97,3 +97,19 @@ def test_the_openapi_document_describes_the_upload(aserve):
     doc = aserve.client.get("/openapi.json").json()
     post = doc["paths"]["/v1/audio/transcriptions"]["post"]
     assert "file" in post["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]
+
+
+def test_ollama_show_and_the_models_page_say_audio_for_the_paired_model(aserve):
+    show = aserve.client.post("/api/show", headers=_auth(aserve), json={"model": AUDIO}).json()
+    assert "audio" in show["capabilities"] and "vision" not in show["capabilities"]
+    plain = aserve.client.post("/api/show", headers=_auth(aserve), json={"model": "gemma-3-270m-q4_k_m"}).json()
+    assert "audio" not in plain["capabilities"]
+
+
+def test_projector_modalities_read_the_encoders(gemma_path, tmp_path):
+    from app.devtools.mmproj import cached_mmproj
+    from app.gguf_meta import projector_modalities
+
+    assert projector_modalities(cached_audio_mmproj(gemma_path)) == (False, True)
+    assert projector_modalities(cached_mmproj(gemma_path)) == (True, False)
+    assert projector_modalities(None) == (False, False)
