@@ -97,7 +97,9 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     mrand = models_sub.add_parser("random", help="write a random-weight GGUF of a real model's shape (for benchmarks)")
     mrand.add_argument("shape", help="llama-3.2-1b, llama-3.1-8b, qwen3-30b-a3b, gpt-oss-20b (MoE), tiny, qwen3moe-tiny "
                        "or gpt-oss-tiny (app/devtools/gguf_shapes.py: SHAPES); "
-                       "mmproj-gemma3-tiny or mmproj-gemma3-siglip: a projector (app/devtools/mmproj.py)")
+                       "mmproj-gemma3-tiny or mmproj-gemma3-siglip: a projector (app/devtools/mmproj.py); "
+                       "mmproj-qwen2a-tiny, mmproj-ultravox-tiny or mmproj-qwen2a-base: an audio projector "
+                       "(app/devtools/audio_mmproj.py)")
     mrand.add_argument("out", help="the GGUF file to write")
     mrand.add_argument("--type", choices=["q8_0", "f16"], default="q8_0", help="weight type (default %(default)s)")
     mrand.add_argument("--seed", type=int, default=0)

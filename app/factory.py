@@ -96,6 +96,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     """Build the app: store (migrated), catalog, residency, gateway, jobs."""
     from app import web
     from app.gateway.api import bp as gateway_bp
+    from app.gateway.audio import bp as audio_bp
     from app.gateway.ollama import bp as ollama_bp
     from app.gateway.vendors import bp as vendors_bp
     from app.paths import data_dir
@@ -130,6 +131,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(gateway_bp)
     app.register_blueprint(ollama_bp)
     app.register_blueprint(vendors_bp)
+    app.register_blueprint(audio_bp)
     install_host_check(app)
     install_cors(app)
     web.init_app(app)

@@ -133,6 +133,22 @@ def read_metadata(path: str | PathLike[str]) -> GgufMetadata:
             return _HeaderWalker(view, os.fspath(path)).metadata()
 
 
+def projector_modalities(path: str | PathLike[str] | None) -> tuple[bool, bool]:
+    """(vision, audio): which encoders a multimodal projector (an mmproj GGUF) has; (False, False) without one.
+
+    A projector that says neither (older files) is a vision one, as clip.cpp reads it."""
+    if path is None:
+        return False, False
+    try:
+        fields = read_metadata(path).fields
+    except (OSError, GgufError):
+        return True, False
+    vision, audio = fields.get("clip.has_vision_encoder"), fields.get("clip.has_audio_encoder")
+    if vision is None and audio is None:
+        return True, False
+    return bool(vision), bool(audio)
+
+
 def read_metadata_prefix(prefix: bytes, file_size: int, name: str) -> GgufMetadata:
     """Reads the header from the first bytes of a GGUF of `file_size` bytes (a download under way);
     raises GgufError, "truncated" while the prefix is too short to hold the whole header."""

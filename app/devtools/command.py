@@ -44,6 +44,10 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 
     ceiling_bench.add_arguments(bench_sub.add_parser("ceiling", help="the serving path's token ceiling: runner and "
                                                      "serve against stock llama-server on a tiny random model"))
+    from app.devtools.parity import audio_bench
+
+    audio_bench.add_arguments(bench_sub.add_parser("audio", help="audio: hearth runner against stock llama-server "
+                                                   "(oracle) per format and route, whole and streamed"))
 
 
 def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
@@ -406,6 +410,7 @@ _BENCHES = {
     "gateway": ("app.devtools.serving.gateway_bench", "run_gateway", True),
     "residency": ("app.devtools.serving.gateway_bench", "run_residency", True),
     "ceiling": ("app.devtools.serving.ceiling_bench", "run", False),
+    "audio": ("app.devtools.parity.audio_bench", "run", False),
 }
 
 

@@ -67,9 +67,11 @@ class Projector:
         if not self._ctx:
             raise ProjectorError(f"libmtmd could not load the projector {path} for {Path(model.config.path).name} "
                                  "(not an mmproj GGUF, or its output width is not the model's)")
-        if not mtmd.mtmd_support_vision(self._ctx):
+        self.vision = bool(mtmd.mtmd_support_vision(self._ctx))
+        self.audio = bool(mtmd.mtmd_support_audio(self._ctx))
+        if not (self.vision or self.audio):
             self.close()
-            raise ProjectorError(f"{path} has no vision encoder")
+            raise ProjectorError(f"{path} has neither a vision nor an audio encoder")
         self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model.llama_model))
         self.mrope = bool(mtmd.mtmd_decode_use_mrope(self._ctx))
         self.file_bytes = Path(path).stat().st_size
@@ -79,7 +81,8 @@ class Projector:
 
     def describe(self) -> dict:
         """Facts for /props and /api/show."""
-        return {"path": self.path, "file_bytes": self.file_bytes, "n_embd": self.n_embd, "vision": True}
+        return {"path": self.path, "file_bytes": self.file_bytes, "n_embd": self.n_embd, "vision": self.vision,
+                "audio": self.audio}
 
     # -- tokenize --------------------------------------------------------------------------------
 
@@ -94,7 +97,7 @@ class Projector:
                 buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
                 bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self._ctx, buf, len(data), False)
                 if not bitmap:
-                    raise ProjectorError(f"image {i + 1}: libmtmd could not decode it")
+                    raise ProjectorError(f"media {i + 1}: libmtmd could not decode it")
                 mtmd.mtmd_bitmap_set_id(bitmap, keys[i].encode())
                 bitmaps.append(bitmap)
             raw = text.encode("utf-8")
@@ -122,8 +125,8 @@ class Projector:
                 ptr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                 tokens.extend(ptr[: n.value])
                 continue
-            if kind != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                raise ProjectorError("only images are taken (the projector produced another kind of chunk)")
+            if kind not in (mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE, mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO):
+                raise ProjectorError("only images and audio are taken (the projector produced another kind of chunk)")
             n_tokens = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
             n_pos = int(mtmd.mtmd_input_chunk_get_n_pos(chunk))
             if n_pos != n_tokens or self.mrope:
@@ -152,10 +155,22 @@ class Projector:
         """Evaluate an image's embeddings into sequence `slot` from position `pos`; llama_decode's return code.
 
         Engine thread only (it uses the model's context). Non-causal where the projector asks (Gemma 3
-        attends across the whole image), as mtmd_helper_decode_image_chunk does."""
-        n = span.n_tokens
+        attends across the whole image), as mtmd_helper_decode_image_chunk does; a causal span longer than the
+        context's batch (30 s of audio is 750 positions) in batch-sized pieces, as that helper splits it."""
+        embd = np.ascontiguousarray(embd, dtype=np.float32).reshape(span.n_tokens, self.n_embd)
+        n_batch = int(llama_cpp.llama_n_batch(self._model.llama_context))
+        if span.non_causal or span.n_tokens <= n_batch:
+            return self._decode_piece(slot, pos, embd, span.non_causal)
+        for start in range(0, span.n_tokens, n_batch):
+            rc = self._decode_piece(slot, pos + start, embd[start:start + n_batch], False)
+            if rc != 0:
+                return rc
+        return 0
+
+    def _decode_piece(self, slot: int, pos: int, embd: np.ndarray, non_causal: bool) -> int:
+        n = len(embd)
         batch = llama_cpp.llama_batch()
-        embd = np.ascontiguousarray(embd, dtype=np.float32)
+        embd = np.ascontiguousarray(embd)
         positions = np.arange(pos, pos + n, dtype=np.int32)
         n_seq = np.ones(n, dtype=np.int32)
         seq = np.full(n, slot, dtype=np.int32)
@@ -170,12 +185,12 @@ class Projector:
         batch.seq_id = seq_ptrs
         batch.logits = logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         ctx = self._model.llama_context
-        if span.non_causal:
+        if non_causal:
             llama_cpp.llama_set_causal_attn(ctx, False)
         try:
             return int(llama_cpp.llama_decode(ctx, batch))
         finally:
-            if span.non_causal:
+            if non_causal:
                 llama_cpp.llama_set_causal_attn(ctx, True)
 
     def share_cpu(self, encoding: bool) -> None:

@@ -19,8 +19,8 @@ from app.gateway.pipeline import error_response
 from app.protocols.openai import ApiError
 from app.store.settings import cors_origins, host_names
 
-# The blueprints whose routes are the API (app.gateway.api, .ollama, .vendors).
-API_BLUEPRINTS = frozenset({"gateway", "ollama", "vendors"})
+# The blueprints whose routes are the API (app.gateway.api, .ollama, .vendors, .audio).
+API_BLUEPRINTS = frozenset({"gateway", "ollama", "vendors", "audio"})
 ALLOW_METHODS = "GET, POST, DELETE, HEAD, OPTIONS"
 # What clients send besides the simple headers; a preflight's own list is echoed instead when it has one.
 ALLOW_HEADERS = "Authorization, Content-Type, X-Api-Key, X-Hearth-Class, anthropic-version, OpenAI-Beta"

@@ -30,7 +30,7 @@ from app.gateway import bodies
 from app.gateway.auth import Principal
 from app.gateway.context import services
 from app.gateway.pipeline import authenticate, serve_generation
-from app.gguf_meta import GgufArray, GgufError
+from app.gguf_meta import GgufArray, GgufError, projector_modalities
 from app.protocols import ollama
 from app.protocols.errors import public_text
 from app.protocols.ollama import DEFAULT_TAG, NDJSON, hearth_name, ollama_name, parse_keep_alive
@@ -172,10 +172,11 @@ def _model_info(fields: dict) -> dict:
     return out
 
 
-def capabilities(fields: dict, template: str | None, vision: bool = False) -> list[str]:
+def capabilities(fields: dict, template: str | None, vision: bool = False, audio: bool = False) -> list[str]:
     """What a model can do, from its GGUF: completion (a generative model), tools (its template takes
     them), thinking (its format has reasoning, app.engine.formats.detect), insert (it has
-    fill-in-the-middle tokens), embedding (every hearth runner can embed); vision when a projector is paired."""
+    fill-in-the-middle tokens), embedding (every hearth runner can embed); vision and audio as the paired
+    projector's encoders take them."""
     arch = fields.get("general.architecture")
     fmt = detect(template)
     caps = []
@@ -190,6 +191,8 @@ def capabilities(fields: dict, template: str | None, vision: bool = False) -> li
         caps.append("insert")
     if generates and vision:
         caps.append("vision")
+    if generates and audio:
+        caps.append("audio")
     caps.append("embedding")
     return caps
 
@@ -220,7 +223,7 @@ def show():
     info["general.parameter_count"] = entry.n_params
     fmt = detect(template)
     return {"modelfile": modelfile, "parameters": parameters, "template": template or "", "details": _details(entry),
-            "model_info": info, "capabilities": capabilities(fields, template, entry.mmproj is not None), "modified_at": _modified_at(entry),
+            "model_info": info, "capabilities": capabilities(fields, template, *projector_modalities(entry.mmproj)), "modified_at": _modified_at(entry),
             # Hearth's own: the answer format detected from the template the runner prompts it with.
             "hearth": {"chat_format": fmt.name, "native_tools": fmt.tools, "reasoning": fmt.reasoning}}
 

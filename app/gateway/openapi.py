@@ -143,6 +143,23 @@ def _post(schema_name: str, summary: str, success: str, errors: tuple[str, ...] 
     }}
 
 
+def _transcription() -> dict:
+    """OpenAI's transcription upload (multipart), as llama-server takes it."""
+    fields = {"file": {"type": "string", "format": "binary", "description": "WAV, MP3 or FLAC"},
+              "model": {"type": "string"}, "prompt": {"type": "string"}, "language": {"type": "string"},
+              "response_format": {"enum": ["json", "text", "verbose_json", "srt", "vtt"], "default": "json"},
+              "temperature": {"type": "number"}, "max_tokens": {"type": "integer"},
+              "stream": {"type": "boolean", "default": False}, "hearth_class": {"type": "string"}}
+    return {"post": {
+        "summary": "Speech to text (OpenAI's transcription upload; the chat route of an audio model answers it)",
+        "security": [{"bearerAuth": []}],
+        "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+            "type": "object", "required": ["file"], "properties": fields}}}},
+        "responses": _responses("Transcript (transcript.text.done JSON; text, srt or vtt as asked; server-sent "
+                                "transcript.text.delta events when stream is true)", streams="text/event-stream"),
+    }}
+
+
 def _get(summary: str, success: str, errors: tuple[str, ...] = ("401",), media: str = "application/json",
          security: bool = True, **extra) -> dict:
     return {"get": {"summary": summary, "security": [{"bearerAuth": []}] if security else [],
@@ -218,6 +235,7 @@ def openapi_document() -> dict:
             "/v1/responses": _post("ResponsesBody", "OpenAI's Responses API (stateless)",
                                    "Response (JSON, or server-sent events when stream is true)",
                                    streams="text/event-stream"),
+            **{p: _transcription() for p in ("/v1/audio/transcriptions", "/audio/transcriptions")},
             "/v1/models": _get("Models that can be served, and their aliases", "Model list"),
             "/v1/models/{model}": _get("One model (OpenAI's retrieve-model route)", "Model",
                                        errors=("401", "404"), parameters=[model_id]),

@@ -293,6 +293,8 @@ def _answer(status: int, content: bytes, adapter: Adapter | None) -> tuple[int, 
                                                      err_type="server_error"))
         else:
             payload = adapter.answer(completion)
+            if isinstance(payload, str):  # a plain-text answer (a transcription's text, srt or vtt)
+                return status, payload.encode()
     return status, json.dumps(payload, ensure_ascii=False).encode()
 
 
@@ -309,7 +311,8 @@ def _whole(ex: Exchange, url: str, forward: dict, headers: dict, adapter: Adapte
         # A whole answer reaches the client all at once: its first token goes out now.
         ex.first_token_s = time.monotonic()
     ex.finish(outcome)
-    return Response(content, status=status, headers=out_headers, mimetype="application/json")
+    mimetype = getattr(adapter, "answer_mimetype", "application/json") if status == 200 else "application/json"
+    return Response(content, status=status, headers=out_headers, mimetype=mimetype)
 
 
 def _stream(ex: Exchange, url: str, forward: dict, headers: dict, adapter: Adapter | None,

@@ -280,7 +280,28 @@ class ImagePart(BaseModel):
     image_url: ImageUrl
 
 
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+class InputAudio(BaseModel):
+    """An input_audio part's audio: the file as base64 and its format."""
+
+    model_config = ConfigDict(extra="ignore")
+    data: str
+    format: str
+
+
+class AudioPart(BaseModel):
+    """An audio part of a message's content (audio models: a projector with an audio encoder)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
+
+
+def audio_part(data: str, fmt: str) -> dict:
+    """An OpenAI input_audio content part: what the other APIs' audio is translated to."""
+    return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
 
 
 def image_part(url: str) -> dict:
@@ -617,7 +638,8 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_GENERATION_BODY_BYTES = MAX_BODY_BYTES + 4 * -(-MAX_IMAGE_BYTES // 3)
 # The routes that generate (gateway and runner, every API): the ones that take images.
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-                              "/completion", "/v1/messages", "/v1/responses", "/api/chat", "/api/generate"})
+                              "/completion", "/v1/messages", "/v1/responses", "/api/chat", "/api/generate",
+                              "/v1/audio/transcriptions", "/audio/transcriptions"})
 
 
 def body_limit(path: str) -> int:

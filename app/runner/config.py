@@ -8,6 +8,7 @@ from pathlib import Path
 from app.engine.model_config import ModelConfig
 from app.engine.speculation import NO_SPEC, SpecConfig
 from app.policy import Mode
+from app.protocols.audio import AudioLimits
 from app.protocols.openai import MAX_IMAGE_BYTES
 
 
@@ -89,6 +90,7 @@ class RunnerConfig:
     # llama-server's --mmproj: the model's multimodal projector (vision), loaded with libmtmd; None: text only.
     mmproj: str | None = None
     images: ImageLimits = ImageLimits()
+    audio: AudioLimits = AudioLimits()
 
     @property
     def model_name(self) -> str:

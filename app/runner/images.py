@@ -43,6 +43,8 @@ FORMATS = ("PNG", "JPEG", "WEBP")
 # one only costs stb_image's decode of it (3 bytes a pixel, 8 for 16-bit RGBA) beside Pillow's.
 MAX_SIDE = 2048
 MAX_IMAGE_REDIRECTS = 3
+# The content parts libmtmd takes at a media marker: images, and audio (app.runner.audio).
+MEDIA_PARTS = ("image_url", "input_audio")
 FETCH_CHUNK_BYTES = 64 * 1024
 
 
@@ -60,13 +62,13 @@ def image_parts(messages: list[dict]) -> list[tuple[str, str]]:
 
 
 def with_markers(messages: list[dict], marker: str) -> list[dict]:
-    """The messages with each image part replaced by a media-marker part (the template renders its text)."""
+    """The messages with each image (and audio) part replaced by a media-marker part (the template renders its text)."""
     out = []
     for m in messages:
         content = m.get("content")
-        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content):
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in MEDIA_PARTS for p in content):
             content = [{"type": MEDIA_MARKER, "text": marker}
-                       if isinstance(p, dict) and p.get("type") == "image_url" else p for p in content]
+                       if isinstance(p, dict) and p.get("type") in MEDIA_PARTS else p for p in content]
             m = {**m, "content": content}
         out.append(m)
     return out

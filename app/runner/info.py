@@ -65,7 +65,7 @@ def on_props(state: RunnerState, req: HttpRequest) -> Response:
         "default_generation_settings": {"params": generation_settings(state, None), "n_ctx": model.n_ctx},
         "model_path": cfg.model.path,
         "model_alias": cfg.model_name,
-        "modalities": {"vision": state.projector is not None, "video": False, "audio": False},
+        "modalities": _modalities(state.projector),
         # Where /completion's prompt_string puts each of its multimodal_data images. llama-server's is random per
         # process (<__media_…__>, LLAMA_MEDIA_MARKER pins it) and read here by its clients; Hearth's is fixed.
         "media_marker": MEDIA_MARKER,
@@ -139,3 +139,10 @@ def on_models(state: RunnerState, req: HttpRequest) -> Response:
     if state.status == "ok":
         entry["chat_format"] = format_info(state)
     return json_response({"object": "list", "data": [entry]})
+
+
+def _modalities(projector) -> dict:
+    """llama-server's /props modalities: what the projector's encoders take (none without one)."""
+    facts = projector.describe() if projector is not None else {}
+    return {"vision": bool(facts.get("vision", projector is not None)), "video": False,
+            "audio": bool(facts.get("audio"))}

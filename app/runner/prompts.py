@@ -9,6 +9,7 @@ from typing import NamedTuple
 from app.engine import tools as toolfmt
 from app.engine.chat import ChatTemplateError, strip_leading_bos
 from app.engine.media import MEDIA_MARKER
+from app.protocols import audio
 from app.protocols.openai import ApiError, ChatBody
 from app.runner import images
 from app.runner.state import RunnerState
@@ -75,7 +76,10 @@ def chat_prompt(state: RunnerState, body: ChatBody, *, thinking: bool | None = N
     model = state.model
     text, tools = chat_text(state.template, body, thinking=thinking, tool_format=state.tool_format,
                             add_bos=getattr(model, "add_bos", True), add_eos=getattr(model, "add_eos", False))
-    found = images.image_parts([m.model_dump(exclude_none=True) for m in body.messages])
+    dumped = [m.model_dump(exclude_none=True) for m in body.messages]
+    if audio.audio_parts(dumped):
+        return _media_prompt(state, text, tools, dumped)
+    found = images.image_parts(dumped)
     if found:
         return _image_prompt(state, text, tools, found)
     return ChatPrompt(model.tokenize(text, add_special=True, parse_special=True), tools, text)
@@ -94,6 +98,9 @@ def _image_prompt(state: RunnerState, text: str, tools: list[dict], found: list[
         raise ApiError(400, f"'{where}': this model takes no images (it has no vision projector): put its mmproj "
                             "GGUF beside it in the models folder as mmproj-<model name>.gguf (hearth serve), or start "
                             "its runner with --mmproj PATH; or send text only", param=where, code="images_unsupported")
+    if not state.projector.describe().get("vision", True):
+        raise ApiError(400, f"'{where}': this model takes no images (its projector has an audio encoder only): send "
+                            "text or audio", param=where, code="images_unsupported")
     limits = state.config.images
     if len(found) > limits.max_images:
         raise ApiError(400, f"'messages': {len(found)} images, more than the limit of {limits.max_images} a request",
@@ -105,6 +112,47 @@ def _image_prompt(state: RunnerState, text: str, tools: list[dict], found: list[
         tokens, spans = state.projector.tokenize(text, [d for _, d in loaded], [image_key(sent) for sent, _ in loaded])
     except ProjectorError as exc:
         raise ApiError(400, f"'{where}': {exc}", param=where, code="invalid_image")
+    return ChatPrompt(tokens, tools, text, MediaPrompt(spans))
+
+
+def _media_prompt(state: RunnerState, text: str, tools: list[dict], messages: list[dict]) -> ChatPrompt:
+    """A prompt with audio (and perhaps images): each part checked, then tokenized by the projector at its marker in
+    prompt order, the audio keyed by a hash of its bytes as images are."""
+    from app.engine.media import MediaPrompt, image_key
+    from app.engine.mtmd_model import ProjectorError
+
+    parts = [(p, f"messages.{i}.content.{j}") for i, m in enumerate(messages) if isinstance(m.get("content"), list)
+             for j, p in enumerate(m["content"]) if isinstance(p, dict) and p.get("type") in images.MEDIA_PARTS]
+    where = next(at for p, at in parts if p["type"] == audio.PART_TYPE)
+    projector = state.projector
+    if projector is None or not projector.describe().get("audio"):
+        raise ApiError(400, f"'{where}': this model takes no audio (it has no audio projector): give it an mmproj "
+                            "GGUF with an audio encoder (mmproj-<model name>.gguf beside it, or its runner's --mmproj "
+                            "PATH), or send text only", param=where, code="audio_unsupported")
+    limits = state.config.audio
+    n_audio = sum(p["type"] == audio.PART_TYPE for p, _ in parts)
+    if n_audio > limits.max_parts:
+        raise ApiError(400, f"'messages': {n_audio} audio parts, more than the limit of {limits.max_parts} a request",
+                       param="messages", code="too_many_audio_parts")
+    budget = images.PixelBudget(state.config.images.max_request_pixels)
+    sent, for_mtmd = [], []
+    for part, at in parts:
+        if part["type"] == audio.PART_TYPE:
+            data, _ = audio.load_audio(part.get("input_audio") or {}, at, limits)
+            sent.append(data)
+            for_mtmd.append(data)
+        else:
+            if not projector.describe().get("vision", True):
+                raise ApiError(400, f"'{at}': this model takes no images (its projector has audio only)", param=at,
+                               code="images_unsupported")
+            raw, checked = images.load_image((part.get("image_url") or {}).get("url", ""), at, state.config.images,
+                                             budget=budget)
+            sent.append(raw)
+            for_mtmd.append(checked)
+    try:
+        tokens, spans = projector.tokenize(text, for_mtmd, [image_key(d) for d in sent])
+    except ProjectorError as exc:
+        raise ApiError(400, f"'{where}': {exc}", param=where, code="invalid_audio")
     return ChatPrompt(tokens, tools, text, MediaPrompt(spans))
 
 

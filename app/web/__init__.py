@@ -166,9 +166,9 @@ def init_app(app: Flask) -> None:
     if hops:
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_prefix=hops)
     csrf.init_app(app)
-    # The OpenAI, Ollama, Anthropic and Responses APIs authenticate every call by bearer token, never by cookie:
+    # The OpenAI (transcriptions too), Ollama, Anthropic and Responses APIs authenticate every call by bearer token, never by cookie:
     # no CSRF there.
-    for name in ("gateway", "ollama", "vendors"):
+    for name in ("gateway", "ollama", "vendors", "audio"):
         if name in app.blueprints:
             csrf.exempt(app.blueprints[name])
     # The limiter object is shared by every app in this process, and flask-limiter keeps the last

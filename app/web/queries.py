@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.engine.prefix_cache import reuse_note
 from app.gateway.tokens import TokenInfo, list_tokens
+from app.gguf_meta import projector_modalities
 from app.residency.budget import KIND_RAM, KIND_VRAM, counted_bytes, counts_ram_tier
 from app.residency.estimate import MemoryEstimate, estimate_memory, with_draft
 from app.residency.manager import ModelState
@@ -416,8 +417,10 @@ class ModelCard:
     chat_format: str | None = None
     native_tools: bool = False
     reasoning: bool = False
-    # The vision projector the catalog paired with it (its runner gets --mmproj), None: text only.
+    # The projector the catalog paired with it (its runner gets --mmproj), None: text only; and what it takes.
     mmproj: str | None = None
+    mmproj_vision: bool = False
+    mmproj_audio: bool = False
     error: str | None = None
     log_tail: list[str] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
@@ -554,6 +557,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             sizing_note=spec.sizing_note if spec else None,
             chat_format=e.chat_format, native_tools=e.native_tools, reasoning=e.reasoning,
             mmproj=str(e.mmproj) if e.mmproj is not None else None,
+            mmproj_vision=projector_modalities(e.mmproj)[0], mmproj_audio=projector_modalities(e.mmproj)[1],
             ram_tier_counted=counts_ram_tier(budget_kind),
         )
         rs = runner_rows.get(row.id) if row else None

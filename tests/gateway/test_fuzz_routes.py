@@ -142,7 +142,7 @@ def test_the_serve_still_serves_after_the_fuzzing(standin_serve, capsys):
 def test_the_description_names_every_route_the_gateway_serves(gateway_app):
     served = set()
     for rule in gateway_app.url_map.iter_rules():
-        if rule.endpoint.split(".")[0] in ("gateway", "ollama", "vendors"):
+        if rule.endpoint.split(".")[0] in ("gateway", "ollama", "vendors", "audio"):
             path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)
             served |= {(path, method.lower()) for method in rule.methods - {"HEAD", "OPTIONS"}}
     described = {(path, method) for path, operations in openapi_document()["paths"].items() for method in operations}
