@@ -147,7 +147,7 @@ def start_target(target: str, model_path: str, parallel: int, ctx: int, threads:
 
     if target in ("llama-server", "runner"):
         kind = "llama-server" if target == "llama-server" else "hearth"
-        spec = RunnerSpec(model_name="tiny", model_path=model_path, kind=kind, binary_path=binary if
+        spec = RunnerSpec(model_name=Path(model_path).stem, model_path=model_path, kind=kind, binary_path=binary if
                           kind == "llama-server" else None, n_ctx=ctx, parallel=parallel, threads=threads)
         proc = RunnerProcess(spec).start(180)
         return Started(proc.url, proc.headers, lambda: {target: [proc.pid]}, proc.stop)
@@ -199,6 +199,7 @@ def run_ceiling(model_path: str, binary: str, stream_counts: list[int], tokens: 
     for n in stream_counts:
         groups.setdefault(max(8, n), []).append(n)
     rows = []
+    name = Path(model_path).stem  # serve's catalog names a model after its file
     with tempfile.TemporaryDirectory(prefix="hearth-ceiling-") as tmp:
         for parallel, counts in sorted(groups.items()):
             for target in targets:
@@ -206,9 +207,9 @@ def run_ceiling(model_path: str, binary: str, stream_counts: list[int], tokens: 
                 started = start_target(target, model_path, parallel, parallel * ctx_per_slot, threads, binary,
                                        Path(tmp))
                 try:
-                    run_streams(started.url + "/v1/completions", started.headers, "tiny", 1, 16)  # warm (serve: load)
+                    run_streams(started.url + "/v1/completions", started.headers, name, 1, 16)  # warm (serve: load)
                     for n in counts:
-                        row = measure(started, "tiny", n, tokens, repeats)
+                        row = measure(started, name, n, tokens, repeats)
                         row.target = target
                         rows.append(row)
                 finally:
