@@ -46,6 +46,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads of every target (default %(default)s)")
     parser.add_argument("--ctx-per-slot", type=int, default=512, help="context per slot (default %(default)s)")
     parser.add_argument("--targets", default=",".join(TARGETS), help="which of %(default)s to run")
+    parser.add_argument("--drafts", action="store_true", help="let hearth runners draft (n-gram lookup: serve's "
+                        "runner does by default, a random model's loops hit often); default: every request sends "
+                        "speculative.n_max 0, so no target drafts, as stock llama-server without a draft model")
     parser.add_argument("--json", dest="json_path", help="write the rows here")
 
 
@@ -110,14 +113,17 @@ def _one_stream(url: str, headers: dict, body: bytes, out: list, i: int) -> None
         conn.close()
 
 
-def run_streams(url: str, headers: dict, model: str, n: int, tokens: int) -> tuple[float, int]:
+def run_streams(url: str, headers: dict, model: str, n: int, tokens: int, drafts: bool = False) -> tuple[float, int]:
     """n concurrent streams of `tokens` tokens each: (tok/s over the whole run, tokens generated)."""
     counts = [0] * n
     errors: list[BaseException] = []
+    # llama-server's per-request field, which the hearth runner reads too (serve passes it on).
+    no_drafts = {} if drafts else {"speculative.n_max": 0}
 
     def one(i: int) -> None:
         body = json.dumps({"model": model, "prompt": f"Story {i}:", "max_tokens": tokens, "ignore_eos": True,
-                           "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+                           "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                           **no_drafts}).encode()
         try:
             _one_stream(url, headers, body, counts, i)
         except BaseException as exc:  # reported below: a failed stream must not pass for a fast one
@@ -179,13 +185,13 @@ def _cpu(processes: dict[str, list[int]]) -> dict[str, float]:
     return out
 
 
-def measure(started: Started, model: str, n: int, tokens: int, repeats: int) -> Row:
+def measure(started: Started, model: str, n: int, tokens: int, repeats: int, drafts: bool = False) -> Row:
     """Best of `repeats` runs of n streams, with the CPU each process spent over all of them."""
     procs = started.processes()
     before = _cpu(procs)
     rates, total = [], 0
     for _ in range(repeats):
-        tok_s, got = run_streams(started.url + "/v1/completions", started.headers, model, n, tokens)
+        tok_s, got = run_streams(started.url + "/v1/completions", started.headers, model, n, tokens, drafts)
         rates.append(tok_s)
         total += got
     after = _cpu(procs)
@@ -193,7 +199,7 @@ def measure(started: Started, model: str, n: int, tokens: int, repeats: int) -> 
 
 
 def run_ceiling(model_path: str, binary: str, stream_counts: list[int], tokens: int, repeats: int, threads: int,
-                ctx_per_slot: int, targets: list[str]) -> list[Row]:
+                ctx_per_slot: int, targets: list[str], drafts: bool = False) -> list[Row]:
     """Every target at every stream count, grouped by slot count so each target starts once per group."""
     groups: dict[int, list[int]] = {}
     for n in stream_counts:
@@ -209,7 +215,7 @@ def run_ceiling(model_path: str, binary: str, stream_counts: list[int], tokens: 
                 try:
                     run_streams(started.url + "/v1/completions", started.headers, name, 1, 16)  # warm (serve: load)
                     for n in counts:
-                        row = measure(started, name, n, tokens, repeats)
+                        row = measure(started, name, n, tokens, repeats, drafts)
                         row.target = target
                         rows.append(row)
                 finally:
@@ -246,9 +252,11 @@ def run(args) -> int:
             from app.devtools.gguf_shapes import SHAPES, make_model
 
             model = make_model(SHAPES["tiny"], Path(tmp) / "tiny.gguf")["path"]
-        rows = run_ceiling(model, binary, counts, args.tokens, args.repeats, args.threads, args.ctx_per_slot, targets)
+        rows = run_ceiling(model, binary, counts, args.tokens, args.repeats, args.threads, args.ctx_per_slot, targets,
+                           args.drafts)
     print(f"{args.tokens} tokens per stream, tok/s best of {args.repeats}, CPU over all {args.repeats}; threads "
-          f"{args.threads}, context {args.ctx_per_slot} per slot, -np 8 (or the stream count above 8)")
+          f"{args.threads}, context {args.ctx_per_slot} per slot, -np 8 (or the stream count above 8); "
+          f"{'hearth runners draft as configured' if args.drafts else 'no drafting (speculative.n_max 0)'}")
     cpu_name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                      if line.startswith("model name")), "?") if Path("/proc/cpuinfo").is_file() else "?"
     print(f"machine: {cpu_name}, {psutil.cpu_count()} cores, load average {psutil.getloadavg()[0]:.2f} at the end")
