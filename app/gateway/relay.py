@@ -315,11 +315,14 @@ _EVENT_TIMINGS = re.compile(rb',\s*"timings"\s*:\s*\{[^{}]*\}\s*\}\n\n')
 
 def _plain_events(whole: bytes, outcome: RelayOutcome, strip_timings: bool) -> bytes:
     """Whole token events as bytes: the last one's running count kept, the timings taken out when asked."""
-    # JSON escapes newlines, so a blank line only ever ends an event: the last one starts after the one before.
-    start = whole.rfind(b"\n\n", 0, len(whole) - 2)
-    last = whole[start + 2 if start >= 0 else 0:-2]
-    if last.startswith(b"data: ") and (b'"timings"' in last or b'"tokens_predicted"' in last):
-        outcome.counted = last[6:]
+    # The last event with a count (a parsed chat answer's later deltas carry none). JSON escapes newlines and quotes
+    # inside strings, so a blank line only ever ends an event and the field name only ever is the field.
+    at = max(whole.rfind(b'"timings"'), whole.rfind(b'"tokens_predicted"'))
+    if at >= 0:
+        start = whole.rfind(b"\n\n", 0, at)
+        event = whole[start + 2 if start >= 0 else 0:whole.find(b"\n\n", at)]
+        if event.startswith(b"data: "):
+            outcome.counted = event[6:]
     return _EVENT_TIMINGS.sub(b"}\n\n", whole) if strip_timings else whole
 
 
