@@ -502,16 +502,25 @@ class Engine:
         now = self.clock()
         num_sampled = 0
         num_accepted = 0
-        for chunk, idx in zip(schedule.chunks, logit_idx):
-            if idx < 0:
-                continue
-            if chunk.num_draft:
-                kept = self._verify(chunk, idx, now)
-                num_sampled += kept + 1
-                num_accepted += kept
-            else:
-                num_sampled += 1
-                self._sample_one(chunk.request, idx, now)
+        # The iteration's events go out together once every sequence is sampled: a stream's thread woken at its
+        # token would take the GIL at the engine's next llama.cpp call and hold the other sequences' sampling up
+        # (a verified draft's burst likewise reaches its reader at once: one wake-up, one socket write).
+        self._outbox = []
+        try:
+            for chunk, idx in zip(schedule.chunks, logit_idx):
+                if idx < 0:
+                    continue
+                if chunk.num_draft:
+                    kept = self._verify(chunk, idx, now)
+                    num_sampled += kept + 1
+                    num_accepted += kept
+                else:
+                    num_sampled += 1
+                    self._sample_one(chunk.request, idx, now)
+        finally:
+            held, self._outbox = self._outbox, None
+            for req, ev in held:
+                req.events.put(ev)
         return num_sampled, num_accepted
 
     def _observe_cost(self, schedule, iteration_s: float) -> None:
@@ -599,15 +608,7 @@ class Engine:
             d.num_drafts += 1
             d.num_drafted += k
         per_pos = c.spec_accepted_per_pos
-        kept = 0
-        # The burst's events go out together, so a stream reader wakes once for them (app.runner.generation).
-        self._outbox = []
-        try:
-            kept = self._verify_rows(r, draft, first_index, now, row, per_pos)
-        finally:
-            held, self._outbox = self._outbox, None
-            for req, ev in held:
-                req.events.put(ev)
+        kept = self._verify_rows(r, draft, first_index, now, row, per_pos)
         if d is not None:
             d.learn(k, kept)
         return kept
@@ -639,7 +640,7 @@ class Engine:
         return kept
 
     def _send(self, r: Request, ev) -> None:
-        """Hand a request its next event; a verification holds them until its whole burst is known."""
+        """Hand a request its next event; while sequences are sampled they wait for the iteration's end."""
         if self._outbox is None:
             r.events.put(ev)
         else:

@@ -36,6 +36,7 @@ MAX_CACHED_GRAMMAR_ELEMENTS = 2 << 20
 # How far into the output an anchored trigger (the generic envelope's opening brace) may appear.
 ANCHORED_TRIGGER_CHARS = 64
 
+MAX_LOGIT_VIEWS = 4096  # logits row views kept (one per row address a decode has used)
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 _backend_lock = threading.Lock()
@@ -276,6 +277,9 @@ class LlamaModel:
         self._eog_tokens = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
         self._batch = BatchBuffer(self.n_batch)
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}  # token (~token: rendered special) → its bytes
+        self._eog_set = frozenset(self._eog_tokens)
+        self._logit_views: dict[int, np.ndarray] = {}  # row address → a numpy view of it (logits())
         # Parsed grammars, cloned per sequence: parsing is paid once per distinct grammar.
         self._grammars: collections.OrderedDict[tuple[str, str], tuple[object, int]] = collections.OrderedDict()
         self._grammar_lock = threading.Lock()
@@ -461,6 +465,14 @@ class LlamaModel:
         return list(buf[:n])
 
     def _piece(self, token: int, special: bool) -> bytes:
+        # A token's bytes never change: each is asked of llama.cpp once (a vocabulary's worth at most).
+        key = token if not special else ~token
+        piece = self._pieces.get(key)
+        if piece is None:
+            piece = self._pieces[key] = self._piece_of(token, special)
+        return piece
+
+    def _piece_of(self, token: int, special: bool) -> bytes:
         n = llama_cpp.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
         if n < 0:
             self._piece_buf = ctypes.create_string_buffer(-n)
@@ -482,7 +494,7 @@ class LlamaModel:
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, end of turn)."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return token in self._eog_set
 
     # -- batch and decode ------------------------------------------------------------------
 
@@ -606,8 +618,7 @@ class LlamaModel:
             return sampler.sample(batch_index)
         if sampler is not None:
             return llama_cpp.llama_sampler_sample(sampler, self._ctx, batch_index)
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
-        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        logits = self.logits(batch_index)
         if params.ignore_eos and self._eog_tokens:
             logits[self._eog_tokens] = -np.inf
         return int(logits.argmax())
@@ -632,7 +643,15 @@ class LlamaModel:
     def logits(self, batch_index: int) -> np.ndarray:
         """The logits row at batch_index of the last decode (a view; valid until the next decode)."""
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        # Viewing a pointer as an array costs more than the greedy pick on a small vocabulary: one view per row
+        # address, reused (only ever read at the address llama.cpp just gave, so a moved buffer is never read).
+        view = self._logit_views.get(address)
+        if view is None:
+            if len(self._logit_views) >= MAX_LOGIT_VIEWS:
+                self._logit_views.clear()
+            view = self._logit_views[address] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return view
 
     def top_token(self, batch_index: int, with_p: bool = False, top_k: int = 10) -> tuple[int, float]:
         """The most likely token at batch_index and, with_p, its probability among the top_k most likely (a draft

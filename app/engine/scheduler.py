@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -126,24 +127,36 @@ class CostModel:
         self._solve()
 
     def _solve(self) -> None:
-        # (XᵀX + wI) θ = Xᵀy + w θ₀, by Gaussian elimination with partial pivoting (3 × 3).
-        w = self.prior_weight
-        a = [[self._xx[i][j] + (w if i == j else 0.0) for j in range(3)] + [self._xy[i] + w * self.prior_ms[i]]
-             for i in range(3)]
-        for col in range(3):
-            pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
-            a[col], a[pivot] = a[pivot], a[col]
-            if abs(a[col][col]) < 1e-12:
-                return
-            for r in range(3):
-                if r != col:
-                    k = a[r][col] / a[col][col]
-                    a[r] = [a[r][c] - k * a[col][c] for c in range(4)]
-        theta = [a[i][3] / a[i][i] for i in range(3)]
+        # (XᵀX + wI) θ = Xᵀy + w θ₀. The matrix is symmetric positive definite (the ridge term), so a Cholesky
+        # solve written out for 3 × 3 is stable without pivoting; it runs every iteration, and the general
+        # elimination with pivoting cost the engine thread some 3 % of a free-decode iteration (issue 44).
+        (a11, a12, a13), (_, a22, a23), (_, _, a33) = self._xx
+        w, p = self.prior_weight, self.prior_ms
+        b1, b2, b3 = (self._xy[i] + w * p[i] for i in range(3))
+        d1 = a11 + w
+        if d1 < 1e-12:
+            return
+        l11 = math.sqrt(d1)
+        l21, l31 = a12 / l11, a13 / l11
+        d2 = a22 + w - l21 * l21
+        if d2 < 1e-12:
+            return
+        l22 = math.sqrt(d2)
+        l32 = (a23 - l31 * l21) / l22
+        d3 = a33 + w - l31 * l31 - l32 * l32
+        if d3 < 1e-12:
+            return
+        l33 = math.sqrt(d3)
+        y1 = b1 / l11
+        y2 = (b2 - l21 * y1) / l22
+        y3 = (b3 - l31 * y1 - l32 * y2) / l33
+        t3 = y3 / l33
+        t2 = (y2 - l32 * t3) / l22
+        t1 = (y1 - l21 * t2 - l31 * t3) / l11
         # A cost is never negative; a per-token cost of 0 would make the budget unbounded.
-        self.base_ms = max(theta[0], 0.0)
-        self.decode_ms = max(theta[1], 1e-3)
-        self.prefill_ms = max(theta[2], 1e-3)
+        self.base_ms = max(t1, 0.0)
+        self.decode_ms = max(t2, 1e-3)
+        self.prefill_ms = max(t3, 1e-3)
 
     def iteration_ms(self, num_decode: int, num_prefill: int) -> float:
         """Predicted time of an iteration with these tokens (the linear fit; see ChunkCosts for chunk sizes)."""

@@ -309,40 +309,72 @@ def open_stream(url: str, body: dict, headers: dict[str, str] | None = None) -> 
     return RunnerStream(resp, conn, origin), outcome
 
 
+# The running timings as the last field of an event, up to the event's end (flat numbers, so no inner brace).
+_EVENT_TIMINGS = re.compile(rb',\s*"timings"\s*:\s*\{[^{}]*\}\s*\}\n\n')
+
+
+def _plain_events(whole: bytes, outcome: RelayOutcome, strip_timings: bool) -> bytes:
+    """Whole token events as bytes: the last one's running count kept, the timings taken out when asked."""
+    # The last event with a count (a parsed chat answer's later deltas carry none). JSON escapes newlines and quotes
+    # inside strings, so a blank line only ever ends an event and the field name only ever is the field.
+    at = max(whole.rfind(b'"timings"'), whole.rfind(b'"tokens_predicted"'))
+    if at >= 0:
+        start = whole.rfind(b"\n\n", 0, at)
+        event = whole[start + 2 if start >= 0 else 0:whole.find(b"\n\n", at)]
+        if event.startswith(b"data: "):
+            outcome.counted = event[6:]
+    return _EVENT_TIMINGS.sub(b"}\n\n", whole) if strip_timings else whole
+
+
+def _parsed_events(decoder: sse.Decoder, whole: bytes, outcome: RelayOutcome, strip_timings: bool) -> bytes:
+    """Whole events parsed one by one: the first token's, the usage's and an error's (read for the request log)."""
+    out: list[bytes] = []
+    for ev in decoder.feed(whole):
+        data = ev.data
+        try:
+            payload = ev.json()
+        except ValueError:
+            payload = None
+        if payload is not None:
+            read_summary(payload, outcome)
+            outcome.token_seen = outcome.token_seen or carries_token(payload)
+        if b'"timings"' in data or b'"tokens_predicted"' in data:
+            outcome.counted = data
+            if strip_timings and b'"usage"' not in data:
+                data = without_timings(data)
+        out.append(_frame(ev.event, data))
+    return b"".join(out)
+
+
 def stream_chunks(stream: RunnerStream, outcome: RelayOutcome, strip_timings: bool = False) -> Iterator[bytes]:
     """Pass the runner's SSE bytes through as they arrive, noting the first token, usage and timings.
 
     Each chunk is looked at before it is passed on, so `outcome.token_seen` is true once the chunk
     holding the first generated token has been handed over. The last event with a running count is kept
     (outcome.counted); `strip_timings` takes the running timings the gateway asked for out of every event
-    but the last (the events are then framed anew, not passed as the runner's bytes).
+    but the last. Once the first token has gone by, a chunk of plain token events is handled as bytes (no
+    event parsed, nothing framed anew): what serve spends per token is what makes its ceiling (issue 44).
     """
     decoder = sse.Decoder()
+    tail = b""  # an event the last read cut short: it waits for its end
     try:
         for chunk in stream.chunks():
-            out: list[bytes] | None = [] if strip_timings else None
-            # Only the events that can matter are parsed as JSON; content passes untouched once the
-            # first token has been seen.
-            for ev in decoder.feed(chunk):
-                data = ev.data
-                if not outcome.token_seen or b'"usage"' in data or b'"error"' in data:
-                    try:
-                        payload = ev.json()
-                    except ValueError:
-                        payload = None
-                    if payload is not None:
-                        read_summary(payload, outcome)
-                        outcome.token_seen = outcome.token_seen or carries_token(payload)
-                if b'"timings"' in data or b'"tokens_predicted"' in data:
-                    outcome.counted = data
-                    if strip_timings and b'"usage"' not in data:
-                        data = without_timings(data)
-                if out is not None:
-                    out.append(_frame(ev.event, data))
-            if out is None:
-                yield chunk
-            elif out:
-                yield b"".join(out)
+            data = tail + chunk
+            if b"\r" in data:  # a remote server's CRLF lines, as the decoder reads them
+                data = data.replace(b"\r\n", b"\n")
+            end = data.rfind(b"\n\n") + 2
+            if end < 2:
+                tail = data
+                continue
+            whole, tail = data[:end], data[end:]
+            if outcome.token_seen and b'"usage"' not in whole and b'"error"' not in whole:
+                out = _plain_events(whole, outcome, strip_timings)
+            else:
+                out = _parsed_events(decoder, whole, outcome, strip_timings)
+            if out:
+                yield out
+        if tail:
+            yield tail
     except (OSError, http.client.HTTPException) as exc:
         outcome.lost_mid_stream = True
         outcome.error = f"the runner stopped mid-stream: {exc or type(exc).__name__}"

@@ -33,6 +33,7 @@ from app.store.writer import StoreWriter
 from app.telemetry.metrics import GatewayMetrics
 from app.telemetry.rollup import Rollups
 from app.telemetry.sampler import Sampler
+from app.telemetry.stream_cost import StreamCost, StreamCostCollector, counter_total
 
 
 def seeded_usage(sessions: sessionmaker) -> Usage:
@@ -78,6 +79,10 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
     holder.append(residency)
     sampler = Sampler(writer, residency.status, admission.snapshot)
     metrics = GatewayMetrics(residency.status, admission.snapshot, sampler, writer.health, residency.device_status)
+    # What a stream costs serve and its runners in CPU per 1,000 tokens: sampled with the telemetry, read by the
+    # Overview and /metrics.
+    sampler.stream_cost = StreamCost(partial(counter_total, metrics.completion_tokens))
+    metrics.registry.register(StreamCostCollector(sampler.stream_cost))
     tokens = TokenCache(principal_loader(sessions))
     classes = ClassRegistry(sessions)
 

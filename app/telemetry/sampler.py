@@ -35,6 +35,7 @@ from app.residency.supervisor import runner_headers
 from app.store.models import Sample, Series
 from app.store.writer import StoreWriter
 from app.telemetry.drm import DrmSampler
+from app.telemetry.stream_cost import StreamCost
 
 log = logging.getLogger(__name__)
 
@@ -521,6 +522,8 @@ class Sampler:
         # Each runner's KV tier totals from the latest scrape (tier_totals), by source; replaced whole per sample.
         self.tiers: dict[str, dict[str, float]] = {}
         self._tiers_next: dict[str, dict[str, float]] = {}
+        # CPU per 1,000 tokens of serve and its runners (app.telemetry.stream_cost), wired in by serve.
+        self.stream_cost: StreamCost | None = None
 
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
@@ -543,6 +546,8 @@ class Sampler:
         for source, metric, value in readings:
             latest.setdefault(source, {})[metric] = value
         self.latest, self.latest_at, self.tiers = latest, at, self._tiers_next
+        if self.stream_cost is not None:
+            self.stream_cost.sample(m["pid"] for m in self.runner_status() if m.get("pid"))
         self.writer.submit(lambda session: store_readings(session, at, readings))
         return len(readings)
 

@@ -20,6 +20,7 @@ from app.gateway.context import Services, services
 from app.residency.manager import ModelState
 from app.store.models import Series
 from app.telemetry.feasibility import Hardware, class_costs, hardware_of, target_cost
+from app.telemetry.stream_cost import Cost
 from app.web.auth import login_required
 from app.web.queries import Acceptance, Recent, class_acceptance, recent_activity, utc_now
 from app.web.series import RANGES, percentile, source_label
@@ -447,7 +448,7 @@ def index():
     return render_template(
         "overview/index.html", live=live, gpu=has_gpu(svc, live), glance=glance(svc, live, recent(svc)),
         policy=admission_policy(svc, live.models, range_acceptance(svc, range_key)), range=range_key, MIB=MIB,
-        tiers=tier_cards(svc), devices=svc.residency.device_status(),
+        tiers=tier_cards(svc), devices=svc.residency.device_status(), cost=stream_cost(svc, range_key),
     )
 
 
@@ -469,6 +470,20 @@ def policy_panel():
     range_key = _range_arg()
     return render_template("overview/_policy.html", range=range_key,
                            policy=admission_policy(svc, svc.residency.status(), range_acceptance(svc, range_key)))
+
+
+def stream_cost(svc: Services, range_key: str) -> Cost | None:
+    """CPU seconds per 1,000 tokens of serve and its runners over the range (the sampler's points; never collects)."""
+    cost = svc.sampler.stream_cost
+    return cost.over(RANGES[range_key].total_seconds()) if cost is not None else None
+
+
+@bp.get("/partials/overview/stream-cost")
+@login_required
+def stream_cost_panel():
+    """The CPU per 1,000 tokens card, polled every 10 s."""
+    range_key = _range_arg()
+    return render_template("overview/_stream_cost.html", range=range_key, cost=stream_cost(services(), range_key))
 
 
 @bp.get("/partials/overview/tiers")

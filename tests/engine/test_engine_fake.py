@@ -1,6 +1,7 @@
 """Tests for app.engine.engine: the engine thread driven end to end by a fake model (no llama.cpp)."""
 
 import logging
+import queue
 import threading
 
 import pytest
@@ -752,3 +753,34 @@ def test_snapshot_carries_a_copy_of_the_counters_that_later_work_does_not_change
     assert engine.counters.requests_finished == {"length": 2} and engine.counters.tokens_predicted_total == 8
     assert before.counters.requests_finished == {"length": 1} and before.counters.tokens_predicted_total == 4
     assert engine.snapshot().counters.requests_finished == {"length": 2}
+
+
+class CountingModel(FakeModel):
+    """Counts the tokens sampled, so a test can see when an event left the engine."""
+
+    num_samples = 0
+
+    def sample(self, sampler, params, batch_index):
+        self.num_samples += 1
+        return super().sample(sampler, params, batch_index)
+
+
+def test_an_iterations_events_reach_their_readers_once_every_sequence_is_sampled(make_engine):
+    model = CountingModel()
+    engine = make_engine(model)
+    requests = [engine.submit(prompt(tag), greedy(3, ignore_eos=True)) for tag in (1, 4, 5)]
+    delivered: list[tuple[int, object]] = []  # (tokens sampled so far, event) at each hand-over
+
+    class Recorded(queue.SimpleQueue):
+        def put(self, ev, *args, **kwargs):
+            delivered.append((model.num_samples, ev))
+            super().put(ev, *args, **kwargs)
+
+    for r in requests:
+        r.events = Recorded()
+    results = run_all(engine, requests)
+    assert all(len(deltas) == 3 for deltas, _ in results.values())
+    # The three sequences run side by side from the first iteration: no event goes out mid-iteration, so a
+    # stream's thread never wakes to take the GIL while the engine still samples the others.
+    assert [n for n, _ in delivered] == [3] * 3 + [6] * 3 + [9] * 6
+    assert model.violations == []

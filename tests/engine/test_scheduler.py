@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 from fake_model import FakeModel
 
@@ -725,6 +726,21 @@ def test_cost_model_fits_the_measured_iterations():
     assert cost.decode_ms == pytest.approx(3.0, abs=0.1)
     assert cost.prefill_ms == pytest.approx(0.25, abs=0.01)
     assert cost.prefill_within(100.0, 2) == pytest.approx((100 - 12 - 6) / 0.25, abs=10)
+
+
+def test_cost_model_solves_its_ridge_system_as_a_general_solver_does():
+    # Noisy iterations, decode-only stretches (prefill column all zero but for the ridge) and prompt bursts.
+    cost = CostModel()
+    rng = random.Random(3)
+    for i in range(400):
+        n_decode = rng.randint(1, 8)
+        n_prefill = 0 if i < 150 or rng.random() < 0.7 else rng.choice([16, 64, 512])
+        cost.observe(n_decode, n_prefill, rng.uniform(0.5, 2.0) * (0.2 + 0.05 * n_decode + 0.01 * n_prefill))
+        w = cost.prior_weight
+        a = np.array(cost._xx) + w * np.eye(3)
+        theta = np.linalg.solve(a, np.array(cost._xy) + w * np.array(cost.prior_ms))
+        assert (cost.base_ms, cost.decode_ms, cost.prefill_ms) == pytest.approx(
+            (max(theta[0], 0.0), max(theta[1], 1e-3), max(theta[2], 1e-3)), rel=1e-9, abs=1e-12)
 
 
 # -- preemption by priority ---------------------------------------------------------------------------

@@ -234,3 +234,37 @@ def test_a_native_piece_counts_itself():
                                                      "tokens_evaluated": 12}).encode())
     relay.count_so_far(outcome)
     assert outcome.usage == {"prompt_tokens": 12, "completion_tokens": 4}
+
+
+class Cut:
+    """A runner's stream as the relay reads it, cut where the test says (read1 returns what has arrived)."""
+
+    def __init__(self, parts: list[bytes]):
+        self.parts = parts
+
+    def chunks(self):
+        yield from self.parts
+
+    def close(self):
+        pass
+
+
+def test_token_events_pass_as_bytes_cut_anywhere_with_their_timings_out():
+    events = [ROLE] + [{**TOKEN, "timings": {"cache_n": 0, "prompt_n": 3, "predicted_n": n}} for n in (1, 2, 3)]
+    events.append(TOKEN)  # a parsed answer's second delta of one token: no count of its own
+    body = b"".join(b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in events)
+    # The role and the first token whole, then a burst of two token events cut inside the second, CRLF lines.
+    first = body.index(b"\n\n", body.index(b'"Hi"')) + 2
+    rest = body[first:].replace(b"\n", b"\r\n")
+    outcome = relay.RelayOutcome()
+    # The last read ends the third token's event and holds the fourth, which has no count.
+    cut = rest.rindex(b'"timings"') - 10
+    out = list(relay.stream_chunks(Cut([body[:first], rest[:cut], rest[cut:]]), outcome, strip_timings=True))
+    whole = b"".join(out)
+    assert b'"timings"' not in whole and b"\r" not in whole
+    assert [json.loads(line[6:]) for line in whole.split(b"\n") if line.startswith(b"data: ")] == [
+        ROLE, TOKEN, TOKEN, TOKEN, TOKEN]
+    # The cut event went out once it was whole, and the last running count is the third token's.
+    assert len(out) == 3 and outcome.token_seen
+    relay.count_so_far(outcome)
+    assert outcome.usage["completion_tokens"] == 3

@@ -80,3 +80,15 @@ def test_the_kv_tiers_are_exported_per_model_node_and_tier_as_the_runner_said_th
     assert served.value("hearth:model_kv_tier_bytes", {"tier": "ram"}) > 0
     assert served.value("hearth:model_kv_tier_restore_seconds_total", {"model": "gemma", "node": "local"}) == \
         runner.value("hearth:kv_tier_restore_seconds_total") > 0
+
+
+def test_the_cpu_a_stream_costs_is_exported_per_process(app, client):
+    hearth = services(app)
+    assert hearth.sampler.stream_cost is not None
+    assert "hearth:stream_cpu_seconds_per_1k_tokens" in families(client)  # no samples before any token
+    hearth.sampler.stream_cost.sample([])
+    hearth.metrics.observe({"class_name": "chat", "model": "gemma", "status": "ok", "completion_tokens": 1000})
+    hearth.sampler.stream_cost.sample([])  # serve's own CPU, no runner: the runner's figure is 0
+    samples = {s.labels["process"]: s.value
+               for s in families(client)["hearth:stream_cpu_seconds_per_1k_tokens"].samples}
+    assert set(samples) == {"serve", "runner"} and samples["serve"] >= 0.0 and samples["runner"] == 0.0

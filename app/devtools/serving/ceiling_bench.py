@@ -3,7 +3,7 @@
 A tiny random-weight model (`hearth models random tiny`) decodes in microseconds, so what the table shows is
 everything around llama.cpp: Python per token, the HTTP stream, serve's relay. Each target is started with the same
 model, slots (-np), context and threads; each row streams `--tokens` tokens per stream, best of `--repeats`, and
-reads the CPU seconds every process (its tree: gunicorn arbiter and worker) spent over that same best run.
+reads the CPU seconds every process (its tree: gunicorn arbiter and worker) spent over all those runs.
 """
 
 from __future__ import annotations
@@ -41,10 +41,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--streams", default="1,8,32", help="concurrent stream counts (default %(default)s); "
                         "up to 8 run on -np 8, more on -np <streams>")
     parser.add_argument("--tokens", type=int, default=256, help="tokens per stream (default %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per row, the best kept (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row, the best tok/s kept, CPU summed over "
+                        "all (default %(default)s)")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads of every target (default %(default)s)")
     parser.add_argument("--ctx-per-slot", type=int, default=512, help="context per slot (default %(default)s)")
     parser.add_argument("--targets", default=",".join(TARGETS), help="which of %(default)s to run")
+    parser.add_argument("--drafts", action="store_true", help="let hearth runners draft (n-gram lookup: serve's "
+                        "runner does by default, a random model's loops hit often); default: every request sends "
+                        "speculative.n_max 0, so no target drafts, as stock llama-server without a draft model")
     parser.add_argument("--json", dest="json_path", help="write the rows here")
 
 
@@ -54,9 +58,12 @@ class Row:
 
     target: str
     streams: int
-    tok_s: float
-    tokens: int
-    cpu_s: dict[str, float] = field(default_factory=dict)  # process name → CPU seconds over the best run
+    tok_s: float  # the best run's
+    tokens: int  # generated over all the runs
+    # process name → CPU seconds over all the runs: a run of 256 tokens lasts some 30 ms, and a process's CPU time
+    # moves in 10 ms ticks, so only the sum over the runs measures to a few percent
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    runs_tok_s: list[float] = field(default_factory=list)  # every run's, the best one among them
 
     def cpu_per_1k(self, name: str) -> float:
         """CPU seconds the process `name` spent per 1,000 tokens generated."""
@@ -106,14 +113,17 @@ def _one_stream(url: str, headers: dict, body: bytes, out: list, i: int) -> None
         conn.close()
 
 
-def run_streams(url: str, headers: dict, model: str, n: int, tokens: int) -> tuple[float, int]:
+def run_streams(url: str, headers: dict, model: str, n: int, tokens: int, drafts: bool = False) -> tuple[float, int]:
     """n concurrent streams of `tokens` tokens each: (tok/s over the whole run, tokens generated)."""
     counts = [0] * n
     errors: list[BaseException] = []
+    # llama-server's per-request field, which the hearth runner reads too (serve passes it on).
+    no_drafts = {} if drafts else {"speculative.n_max": 0}
 
     def one(i: int) -> None:
         body = json.dumps({"model": model, "prompt": f"Story {i}:", "max_tokens": tokens, "ignore_eos": True,
-                           "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+                           "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                           **no_drafts}).encode()
         try:
             _one_stream(url, headers, body, counts, i)
         except BaseException as exc:  # reported below: a failed stream must not pass for a fast one
@@ -143,7 +153,7 @@ def start_target(target: str, model_path: str, parallel: int, ctx: int, threads:
 
     if target in ("llama-server", "runner"):
         kind = "llama-server" if target == "llama-server" else "hearth"
-        spec = RunnerSpec(model_name="tiny", model_path=model_path, kind=kind, binary_path=binary if
+        spec = RunnerSpec(model_name=Path(model_path).stem, model_path=model_path, kind=kind, binary_path=binary if
                           kind == "llama-server" else None, n_ctx=ctx, parallel=parallel, threads=threads)
         proc = RunnerProcess(spec).start(180)
         return Started(proc.url, proc.headers, lambda: {target: [proc.pid]}, proc.stop)
@@ -175,27 +185,27 @@ def _cpu(processes: dict[str, list[int]]) -> dict[str, float]:
     return out
 
 
-def measure(started: Started, model: str, n: int, tokens: int, repeats: int) -> Row:
-    """Best of `repeats` runs of n streams, with the CPU each process spent over that run."""
-    best = None
+def measure(started: Started, model: str, n: int, tokens: int, repeats: int, drafts: bool = False) -> Row:
+    """Best of `repeats` runs of n streams, with the CPU each process spent over all of them."""
+    procs = started.processes()
+    before = _cpu(procs)
+    rates, total = [], 0
     for _ in range(repeats):
-        procs = started.processes()
-        before = _cpu(procs)
-        tok_s, got = run_streams(started.url + "/v1/completions", started.headers, model, n, tokens)
-        after = _cpu(procs)
-        row = Row("", n, tok_s, got, {k: after[k] - before[k] for k in after})
-        if best is None or row.tok_s > best.tok_s:
-            best = row
-    return best
+        tok_s, got = run_streams(started.url + "/v1/completions", started.headers, model, n, tokens, drafts)
+        rates.append(tok_s)
+        total += got
+    after = _cpu(procs)
+    return Row("", n, max(rates), total, {k: after[k] - before[k] for k in after}, rates)
 
 
 def run_ceiling(model_path: str, binary: str, stream_counts: list[int], tokens: int, repeats: int, threads: int,
-                ctx_per_slot: int, targets: list[str]) -> list[Row]:
+                ctx_per_slot: int, targets: list[str], drafts: bool = False) -> list[Row]:
     """Every target at every stream count, grouped by slot count so each target starts once per group."""
     groups: dict[int, list[int]] = {}
     for n in stream_counts:
         groups.setdefault(max(8, n), []).append(n)
     rows = []
+    name = Path(model_path).stem  # serve's catalog names a model after its file
     with tempfile.TemporaryDirectory(prefix="hearth-ceiling-") as tmp:
         for parallel, counts in sorted(groups.items()):
             for target in targets:
@@ -203,9 +213,9 @@ def run_ceiling(model_path: str, binary: str, stream_counts: list[int], tokens: 
                 started = start_target(target, model_path, parallel, parallel * ctx_per_slot, threads, binary,
                                        Path(tmp))
                 try:
-                    run_streams(started.url + "/v1/completions", started.headers, "tiny", 1, 16)  # warm (serve: load)
+                    run_streams(started.url + "/v1/completions", started.headers, name, 1, 16)  # warm (serve: load)
                     for n in counts:
-                        row = measure(started, "tiny", n, tokens, repeats)
+                        row = measure(started, name, n, tokens, repeats, drafts)
                         row.target = target
                         rows.append(row)
                 finally:
@@ -216,11 +226,12 @@ def run_ceiling(model_path: str, binary: str, stream_counts: list[int], tokens: 
 def table(rows: list[Row]) -> str:
     """The markdown table: tok/s, the ratio to llama-server, CPU seconds per 1,000 tokens of each process."""
     stock = {r.streams: r.tok_s for r in rows if r.target == "llama-server"}
-    lines = ["| path | streams | tok/s | × llama-server | CPU s / 1k tokens |", "|---|---|---|---|---|"]
+    lines = ["| path | streams | tok/s | × llama-server | runs (tok/s) | CPU s / 1k tokens |", "|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r.streams, TARGETS.index(r.target))):
         ratio = f"{r.tok_s / stock[r.streams]:.2f}×" if stock.get(r.streams) else "–"
         cpu = ", ".join(f"{name} {r.cpu_per_1k(name):.3f}" for name in r.cpu_s)
-        lines.append(f"| {r.target} | {r.streams} | {r.tok_s:,.0f} | {ratio} | {cpu} |")
+        runs = " ".join(f"{x:,.0f}" for x in r.runs_tok_s)
+        lines.append(f"| {r.target} | {r.streams} | {r.tok_s:,.0f} | {ratio} | {runs} | {cpu} |")
     return "\n".join(lines)
 
 
@@ -241,9 +252,14 @@ def run(args) -> int:
             from app.devtools.gguf_shapes import SHAPES, make_model
 
             model = make_model(SHAPES["tiny"], Path(tmp) / "tiny.gguf")["path"]
-        rows = run_ceiling(model, binary, counts, args.tokens, args.repeats, args.threads, args.ctx_per_slot, targets)
-    print(f"{args.tokens} tokens per stream, best of {args.repeats}; threads {args.threads}, "
-          f"context {args.ctx_per_slot} per slot, -np 8 (or the stream count above 8)")
+        rows = run_ceiling(model, binary, counts, args.tokens, args.repeats, args.threads, args.ctx_per_slot, targets,
+                           args.drafts)
+    print(f"{args.tokens} tokens per stream, tok/s best of {args.repeats}, CPU over all {args.repeats}; threads "
+          f"{args.threads}, context {args.ctx_per_slot} per slot, -np 8 (or the stream count above 8); "
+          f"{'hearth runners draft as configured' if args.drafts else 'no drafting (speculative.n_max 0)'}")
+    cpu_name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name")), "?") if Path("/proc/cpuinfo").is_file() else "?"
+    print(f"machine: {cpu_name}, {psutil.cpu_count()} cores, load average {psutil.getloadavg()[0]:.2f} at the end")
     print(table(rows))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps([r.__dict__ for r in rows], indent=1))
