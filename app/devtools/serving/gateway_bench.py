@@ -70,16 +70,25 @@ def added_latency_samples(client: httpx.Client, serve: ServeProcess, gw_headers:
 def _streams(url: str, headers: dict, n: int, tokens: int) -> float:
     """Generated tok/s of n concurrent streams."""
     counts = [0] * n
+    last: list[str] = [""] * n
 
     def one(i: int):
         with httpx.Client(timeout=600) as c:
             with c.stream("POST", url, headers=headers, json={"prompt": f"Story {i}:", "max_tokens": tokens,
                                                              "ignore_eos": True, "stream": True}) as r:
+                last[i] = f"HTTP {r.status_code}"
                 for line in r.iter_lines():
                     if line.startswith("data: {") and '"text": ""' not in line:
                         counts[i] += 1
+                    elif line.strip():
+                        last[i] = f"HTTP {r.status_code}, last line {line[:300]!r}"
 
-    return sum(counts) / run_together(one, n)
+    wall_s = run_together(one, n)
+    if 0 in counts:
+        # A stream that generated nothing would make the rate (and the ratio against it) meaningless.
+        i = counts.index(0)
+        raise SystemExit(f"hearth bench gateway: stream {i} to {url} got no tokens ({last[i]})")
+    return sum(counts) / wall_s
 
 
 def run_together(one, n: int) -> float:
