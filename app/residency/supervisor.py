@@ -508,7 +508,8 @@ class RunnerProcess:
         if not self.alive or self.url is None:
             return None
         try:
-            r = httpx.get(f"{self.url}/health", timeout=2.0, headers=self.headers)
+            # verify=False: a local runner is plain http, and it spares a fresh SSL context per call.
+            r = httpx.get(f"{self.url}/health", timeout=2.0, headers=self.headers, verify=False)
         except httpx.HTTPError:
             return None
         timings = _json_field(r, "load_timings") if r.status_code == 200 else None
