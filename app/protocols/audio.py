@@ -158,7 +158,8 @@ def _wav_info(data: bytes) -> AudioInfo:
 
 
 def _flac_info(data: bytes) -> AudioInfo:
-    """A FLAC's STREAMINFO: rate, channels and total samples (a file that does not say its length is refused)."""
+    """A FLAC's STREAMINFO: rate, channels and total samples (a file that does not say its length is refused),
+    checked against its last frame: that frame must end where STREAMINFO says and be whole (its CRC-16)."""
     if data[4] & 0x7F != 0:
         raise ValueError("the first metadata block is not STREAMINFO")
     info = data[8 + 10:8 + 18]
@@ -170,7 +171,104 @@ def _flac_info(data: bytes) -> AudioInfo:
         raise ValueError("STREAMINFO does not say how many samples it holds")
     if rate == 0:
         raise ValueError("no sample rate")
+    block = int.from_bytes(data[8:10], "big")  # STREAMINFO's minimum block size: every frame's in a fixed stream
+    max_frame = int.from_bytes(data[8 + 7:8 + 10], "big") or FLAC_FRAME_WINDOW  # 0: the encoder did not say
+    held = _flac_samples_held(data, _flac_audio_start(data), block, max_frame)
+    if held is None:
+        raise ValueError("its last frame is cut short")
+    if held < total:
+        raise ValueError(f"STREAMINFO says {total:,} samples, the frames hold {held:,}")
     return AudioInfo("flac", rate, channels, total / rate)
+
+
+def _flac_audio_start(data: bytes) -> int:
+    """Where the frames begin: after the last metadata block."""
+    pos = 4
+    while True:
+        if pos + 4 > len(data):
+            raise ValueError("the metadata blocks are cut short")
+        last, size = data[pos] & 0x80, int.from_bytes(data[pos + 1:pos + 4], "big")
+        pos += 4 + size
+        if last:
+            if pos >= len(data):
+                raise ValueError("no audio frames after the metadata")
+            return pos
+        if pos > len(data):
+            raise ValueError("the metadata blocks are cut short")
+
+
+# How far from the end the last frame's header is looked for when STREAMINFO does not say its largest frame.
+FLAC_FRAME_WINDOW = 1 << 20
+
+
+def _flac_samples_held(data: bytes, start: int, fixed_block: int, max_frame: int) -> int | None:
+    """The sample the last frame ends at, where a whole frame ends the file; None where none does.
+    The last frame is looked for from the end, within the largest frame's size: a frame header's sync code and
+    CRC-8, then the frame's CRC-16 up to the file's end (a file cut inside a frame has no whole frame at its end;
+    one cut at a frame boundary holds fewer samples than STREAMINFO says)."""
+    pos, floor = len(data) - 2, max(start, len(data) - max_frame - 16)
+    while (pos := data.rfind(b"\xff", floor, pos)) >= 0:
+        header = _flac_frame_header(data, pos, fixed_block)
+        if header is not None and _crc16(data[pos:-2]) == int.from_bytes(data[-2:], "big"):
+            first_sample, block_size = header
+            return first_sample + block_size
+    return None
+
+
+def _flac_frame_header(data: bytes, pos: int, fixed_block: int) -> tuple[int, int] | None:
+    """(first sample, block size) of a frame header at pos, or None where none is (its CRC-8 decides)."""
+    if pos + 6 > len(data) or data[pos + 1] & 0xFE != 0xF8:
+        return None
+    variable = data[pos + 1] & 1
+    size_code, rate_code = data[pos + 2] >> 4, data[pos + 2] & 0xF
+    if size_code == 0 or rate_code == 0xF or data[pos + 3] & 1:
+        return None
+    # The frame or sample number: UTF-8-style, 1 to 7 bytes.
+    lead, i = data[pos + 4], pos + 5
+    ones = 8 - (~lead & 0xFF).bit_length()  # leading 1 bits: 0 for one byte, else the byte count (2 to 7)
+    if ones == 1 or ones > 7:
+        return None
+    extra = max(ones - 1, 0)
+    number = lead & (0xFF >> (ones + 1)) if ones else lead
+    for _ in range(extra):
+        if i >= len(data) or data[i] & 0xC0 != 0x80:
+            return None
+        number, i = number << 6 | data[i] & 0x3F, i + 1
+    if size_code in (6, 7):
+        n = size_code - 5
+        block_size, i = int.from_bytes(data[i:i + n], "big") + 1, i + n
+    else:
+        block_size = 192 if size_code == 1 else 576 << (size_code - 2) if size_code <= 5 else 256 << (size_code - 8)
+    i += {12: 1, 13: 2, 14: 2}.get(rate_code, 0)
+    if i >= len(data) or _crc8(data[pos:i]) != data[i]:
+        return None
+    return (number if variable else number * fixed_block), block_size
+
+
+def _crc8(data: bytes) -> int:
+    """FLAC's frame header CRC-8 (polynomial x^8 + x^2 + x + 1)."""
+    crc = 0
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc << 1 ^ 0x07) & 0xFF if crc & 0x80 else crc << 1 & 0xFF
+    return crc
+
+
+_CRC16_TABLE = []
+for _n in range(256):
+    _c = _n << 8
+    for _ in range(8):
+        _c = (_c << 1 ^ 0x8005) & 0xFFFF if _c & 0x8000 else _c << 1 & 0xFFFF
+    _CRC16_TABLE.append(_c)
+
+
+def _crc16(data: bytes) -> int:
+    """FLAC's frame CRC-16 (polynomial x^16 + x^15 + x^2 + 1), by table: a frame can be tens of kilobytes."""
+    crc = 0
+    for byte in data:
+        crc = (crc << 8 & 0xFFFF) ^ _CRC16_TABLE[crc >> 8 ^ byte]
+    return crc
 
 
 # MPEG audio frame header tables: bit rates (kbit/s) by version and layer, sample rates by version.

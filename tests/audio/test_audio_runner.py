@@ -125,6 +125,12 @@ def test_a_truncated_mp3_is_refused(runner):
     assert "cut short" in err["message"]
 
 
+def test_a_truncated_flac_is_refused_and_the_runner_keeps_serving(runner):
+    err = refusal(runner, audio_files.sweep("flac", seconds=3.0)[:-300], "flac")
+    assert err["code"] == "invalid_audio" and "its last frame is cut short" in err["message"], err
+    assert ask(runner, audio_files.sweep("flac", seconds=1.0), "flac")["usage"]["completion_tokens"] > 0
+
+
 def test_an_unknown_format_names_the_formats_taken(runner):
     r = runner.post(CHAT, json={**GREEDY, "messages": [{"role": "user", "content": [{"type": "input_audio",
                                 "input_audio": {"data": "AAAA", "format": "ogg"}}]}]})
