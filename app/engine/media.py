@@ -159,12 +159,19 @@ class MediaStep:
 
         Engine thread; scheduler state is changed under the engine's lock."""
         scheduler = engine.scheduler
+        # Less urgent prompts wait while a more urgent one with media is still in its prompt (its encode, the
+        # embeddings' decode, the text after them): its first token is not queued behind their prefill, and the
+        # encode has the cores their prefill would take (decoding sequences go on).
+        hold = min((r.priority for r in scheduler.running
+                    if r.media is not None and not r.is_decoding and r.num_pending > 0), default=None)
+        with engine.lock:
+            scheduler.encoding_priority = hold
         blocked: list[Future] = []
         can_run = False
         for r in list(scheduler.running):
             media = r.media
             if media is None:
-                can_run = True
+                can_run = can_run or r.is_decoding or hold is None or r.priority <= hold
                 continue
             for s in media.spans:
                 # A prompt's spans may be shared (n choices of one prompt): each image is encoded once.
@@ -188,7 +195,8 @@ class MediaStep:
             self._evaluate(engine, r, span)
             can_run = True
         if blocked and not can_run and not scheduler.waiting:
-            # Nothing else to do: wait for an encode here instead of spinning through empty iterations.
+            # Nothing else to do (held prompts included): wait for an encode here instead of spinning through
+            # empty iterations on the cores the encode needs.
             wait_futures(blocked, timeout=ENCODE_POLL_S)
         encoding = any(s.future is not None and not s.future.done()
                        for r in scheduler.running if r.media is not None for s in r.media.spans)

@@ -12,6 +12,7 @@ from test_engine_fake import collect, greedy, only_cache_left
 
 from app.engine.engine import DECODE_NO_KV_SLOT, DECODE_OK, Engine
 from app.engine.media import MediaPrompt, MediaSpan, MediaStep, image_key, placeholder_tokens
+from tests.helpers import wait_until
 
 N_IMAGE = 6
 TIMEOUT_S = 10.0
@@ -191,3 +192,31 @@ def test_placeholders_differ_per_image_and_offset_and_are_no_token_ids():
     assert len(set(a)) == 8 and not set(a) & set(b)
     assert all(-(2**31) <= t < 0 for t in a + b)  # never a vocabulary id, always an int32
     assert placeholder_tokens(image_key(b"a"), 8) == a
+
+
+def test_a_less_urgent_prompt_waits_while_a_more_urgent_ones_media_is_in_its_prompt(make_engine):
+    """A voice request's audio encodes on the cores a background prefill would take: the background prompt is not
+    prefilled until the voice prompt (encode, embeddings, text after them) is done; a decoding stream goes on."""
+    model = FakeModel(n_ctx=8192)  # room for all three at once, and for a long talker
+    engine, projector = make_engine(model)
+    projector.release.clear()
+    talker = engine.submit([1, 60, 61, 62], greedy(8000, ignore_eos=True), priority=2)
+    tokens, media = image_prompt(b"voice", [1, 70], [71])
+    voice = engine.submit(tokens, greedy(2, ignore_eos=True), media=media, priority=0)
+    engine.start()
+    assert projector.encode_started.wait(TIMEOUT_S)
+    background = engine.submit(list(range(100, 140)), greedy(2, ignore_eos=True), priority=4)
+    wait_until(lambda: background.admitted_s is not None, TIMEOUT_S, "the background request admitted")
+    decoded = len(talker.output_tokens)
+    # The engine iterates on (the talker decodes) while the encode is held; the background prompt waits.
+    wait_until(lambda: len(talker.output_tokens) >= decoded + 20, TIMEOUT_S, "the talker decoding on")
+    assert background.num_computed == 0 and engine.scheduler.encoding_priority == 0
+    projector.release.set()
+    _, fin = collect(voice)
+    _, bg_fin = collect(background)
+    assert fin.error is None and bg_fin.error is None
+    assert voice.first_token_s <= background.first_token_s
+    engine.cancel(talker)
+    collect(talker)
+    assert engine.scheduler.encoding_priority is None
+    assert model.violations == []

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from app.devtools.parity import audio_load
 from app.devtools.processes import stop_process
 
 ASK = "Transcribe the audio."
@@ -34,6 +35,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--formats", default="wav,mp3,flac")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
+    audio_load.add_arguments(parser)
 
 
 def _wait_healthy(client: httpx.Client, proc: subprocess.Popen | None, log: Path | None) -> None:
@@ -141,6 +143,8 @@ def run(args) -> int:
         raise SystemExit(f"hearth bench audio: apt-get install {' '.join(audio_files.encoders_missing())}")
     model = resolve_model(args.model)
     projector = cached_audio_mmproj(model, args.shape)
+    if args.under_load:
+        return audio_load.run(args, model, projector)
     rows = []
     print(f"{'format':6} {'route':15} {'mode':8} {'prompt ours':>11} {'stock':>6}  same text")
     for fmt in args.formats.split(","):
