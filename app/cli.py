@@ -219,9 +219,14 @@ def _soak(args) -> int:
 def _models(args) -> int:
     """`hearth models ...`: the files Hearth makes itself here (random, truncate, default), the rest in app.admin."""
     if args.models_command == "random" and args.shape.startswith("mmproj"):
-        from app.devtools.mmproj import run_from_args as run_random_mmproj
+        from app.devtools import audio_mmproj, mmproj
 
-        return run_random_mmproj(args, resolve_model(args.text_model))
+        if args.shape in audio_mmproj.AUDIO_SHAPES:
+            return audio_mmproj.run_from_args(args, resolve_model(args.text_model))
+        if args.shape not in mmproj.MMPROJ_SHAPES:
+            shapes = ", ".join([*mmproj.MMPROJ_SHAPES, *audio_mmproj.AUDIO_SHAPES])
+            raise SystemExit(f"hearth: unknown projector shape {args.shape!r}; choose from {shapes}")
+        return mmproj.run_from_args(args, resolve_model(args.text_model))
     if args.models_command == "random":
         from app.devtools.gguf_shapes import run_from_args as run_random_model
 

@@ -180,13 +180,8 @@ def cached_mmproj(text_model: str | Path, shape_name: str = "mmproj-gemma3-tiny"
 
 def run_from_args(args, text_model: str) -> int:
     """`hearth models random mmproj-…`: write one random projector for text_model and print its path."""
-    from app.devtools import audio_mmproj
-
-    if args.shape in audio_mmproj.AUDIO_SHAPES:
-        return audio_mmproj.run_from_args(args, text_model)
     if args.shape not in MMPROJ_SHAPES:
-        shapes = ", ".join([*MMPROJ_SHAPES, *audio_mmproj.AUDIO_SHAPES])
-        raise SystemExit(f"hearth: unknown projector shape {args.shape!r}; choose from {shapes}")
+        raise SystemExit(f"hearth: unknown image projector shape {args.shape!r}; choose from {', '.join(MMPROJ_SHAPES)}")
     info = make_mmproj(MMPROJ_SHAPES[args.shape], text_model, args.out, args.seed)
     print(f"{info['path']}: {args.shape} for {Path(text_model).name} (width {info['n_embd_text']}), "
           f"{info['n_image_tokens']} tokens an image, {info['file_bytes'] / 2**20:,.2f} MiB "

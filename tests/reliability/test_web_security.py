@@ -18,8 +18,8 @@ from tests.helpers import ADMIN_PASSWORD, csrf_token, dashboard_app, set_up_admi
 NOT_ADMIN_MUTATIONS = {"gateway.chat_completions", "gateway.completions", "gateway.embeddings", "gateway.infill", "auth.setup",
                        "auth.login"}
 # The Ollama API authenticates by bearer token (its model changes also need api_manage_models); so do
-# the other vendors' APIs (Anthropic's Messages, OpenAI's Responses).
-TOKEN_BLUEPRINTS = ("ollama.", "vendors.")
+# the other vendors' APIs (Anthropic's Messages, OpenAI's Responses) and the transcription upload.
+TOKEN_BLUEPRINTS = ("ollama.", "vendors.", "audio.")
 
 
 @pytest.fixture
