@@ -72,6 +72,20 @@ def _start_pinned(residency: ResidencyManager) -> None:
         log.info("pinned models: %s", started)
 
 
+def _start_wyoming(app: Flask, svc: Services):
+    """The Wyoming speech-to-text listener, where its port is set (app.gateway.wyoming); None: off."""
+    port = int(svc.settings.get("wyoming_port") or 0)
+    if not port:
+        return None
+    from app.gateway.wyoming import WyomingServer
+
+    try:
+        return WyomingServer(app, str(svc.settings.get("wyoming_bind") or "0.0.0.0"), port).start()
+    except OSError as exc:
+        log.error("wyoming: cannot listen on port %d: %s (serve goes on without it)", port, exc)
+        return None
+
+
 def schedule_jobs(scheduler: BackgroundScheduler, svc: Services, rescan_s: int) -> None:
     """Add serve's jobs: each one bound method of the service it acts on, under an explicit id."""
     jobs = (
@@ -150,6 +164,7 @@ def create_app(test_config: dict | None = None) -> Flask:
         schedule_jobs(scheduler, svc, int(svc.settings.get("rescan_interval_s")))
         scheduler.start()
         app.extensions[_SCHEDULER] = scheduler
+        wyoming = _start_wyoming(app, svc)
     _start_pinned(svc.residency)
 
     shutdown_lock = threading.Lock()
@@ -164,6 +179,8 @@ def create_app(test_config: dict | None = None) -> Flask:
             sched = app.extensions.pop(_SCHEDULER, None)
             if sched is not None:
                 sched.shutdown(wait=False)
+                if wyoming is not None:
+                    wyoming.stop()
             svc.shutdown()
             store_lock.close()
             shut_down.append(True)

@@ -10,6 +10,7 @@ is read as the default, with a warning, so `hearth serve` still starts.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import re
@@ -80,6 +81,17 @@ _HOST_NAME = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0
 def host_names(value: str | None) -> tuple[str, ...]:
     """The names of an allowed_hosts value (lower case, no trailing dot)."""
     return tuple(n.strip().lower().rstrip(".") for n in (value or "").split(",") if n.strip())
+
+
+def _wyoming_allow(value: str) -> str | None:
+    for entry in (e.strip() for e in (value or "").split(",")):
+        if not entry:
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            return f"{entry!r} is no IP address or network (e.g. 192.168.1.20 or 192.168.1.0/24)"
+    return None
 
 
 def _allowed_hosts(value: str) -> str | None:
@@ -182,6 +194,18 @@ REGISTRY = {
                    "name of its own); other names get 421",
                    "str", "Network and access", "Host names serve answers to", env="HEARTH_ALLOWED_HOSTS",
                    check=_allowed_hosts),
+        # Home Assistant's speech-to-text (app.gateway.wyoming): Wyoming has no authentication of its own.
+        SettingDef("wyoming_port", 0, "TCP port of the Wyoming speech-to-text server for Home Assistant (10300 is "
+                   "Wyoming's usual port); 0: off",
+                   "int", "Network and access", "Wyoming port", "", 0, 65535, restart=True, special="0: off"),
+        SettingDef("wyoming_bind", "0.0.0.0", "address the Wyoming server listens on (0.0.0.0: every interface; the "
+                   "allow list still decides who is answered)",
+                   "str", "Network and access", "Wyoming address", restart=True),
+        SettingDef("wyoming_allow", None, "Wyoming clients allowed (comma-separated IPs or networks, e.g. "
+                   "192.168.1.20, 192.168.1.0/24); empty: the private ranges and loopback. Others get an error event",
+                   "str", "Network and access", "Wyoming allow list", check=_wyoming_allow),
+        SettingDef("wyoming_class", "voice", "class of Wyoming transcriptions",
+                   "choice", "Network and access", "Class of Wyoming requests"),
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned",
                    "int", "Models and runners", "Models folder rescan", "s", 1, 86400, restart=True),
         SettingDef("models_dir", None, "folder scanned for .gguf models (default: <data>/models; $HEARTH_MODELS_DIR wins)",
@@ -364,7 +388,7 @@ def run_time_choices(session: Session, name: str) -> Collection[str] | None:
     if name == "default_model":
         rows = session.execute(select(Model.name, Model.alias).where(Model.usable)).all()
         return {n for n, _ in rows} | {a for _, a in rows if a}
-    if name == "api_open_class":
+    if name in ("api_open_class", "wyoming_class"):
         return set(session.scalars(select(RequestClass.name)))
     return None
 
