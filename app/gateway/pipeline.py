@@ -245,6 +245,8 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
         "arrival_at": arrival_at, "member_name": principal.member, "token_id": principal.token_id,
         "class_name": policy.name, "model": model_name, "stream": bool(body.stream),
         "features": ",".join(features) or None,
+        # A transcription's audio length (its adapter read it from the file): the Requests page's real-time factor.
+        "audio_seconds": getattr(adapter, "seconds", None),
     }
     ex = Exchange(svc, record, arrival_s, principal)
     # Each of `n` choices is a sequence of its own on the runner (llama-server's and Hearth's alike).

@@ -329,6 +329,8 @@ class RequestRecord(Base):
     # num_images and image_encode_ms); NULL for a request without images. Migration 0017.
     images: Mapped[int | None] = mapped_column(Integer)
     image_encode_ms: Mapped[float | None] = mapped_column(Float)
+    # A transcription's audio length in seconds (the file's own); NULL for other requests. Migration 0021.
+    audio_seconds: Mapped[float | None] = mapped_column(Float)
 
 
 class Refusal(Base):

@@ -17,6 +17,8 @@ QUEUE_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 # An image's encode: tens of ms for a small projector on a GPU, seconds for a 4B model's tower on a NAS CPU
 # (a reused image is encoded in 0 s: it falls in the first bucket).
 IMAGE_ENCODE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+# Real-time factors: under 0.1 is a voice assistant's comfort, over 1 is slower than speech.
+RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 
 
 class _ResidencyCollector:
@@ -148,6 +150,12 @@ class GatewayMetrics:
         self.image_encode = Histogram("hearth:gateway_image_encode_seconds",
                                       "Time a runner's projector spent encoding one request's images, by class",
                                       ["class"], buckets=IMAGE_ENCODE_BUCKETS_S, registry=r)
+        # Transcriptions: the audio they carried and how long each took per second of it (the real-time factor).
+        self.audio = Counter("hearth:gateway_audio_seconds", "Seconds of audio transcribed, by class", ["class"],
+                             registry=r)
+        self.audio_rtf = Histogram("hearth:gateway_transcription_real_time_factor",
+                                   "A transcription's time from arrival to its last byte over its audio's length, "
+                                   "by class", ["class"], buckets=RTF_BUCKETS, registry=r)
         self.ttft = Histogram("hearth:gateway_ttft_seconds",
                               "Arrival at the gateway to the first generated token sent to the client (streamed or whole)", ["class"],
                               buckets=TTFT_BUCKETS_S, registry=r)
@@ -176,6 +184,10 @@ class GatewayMetrics:
             self.images.labels(klass).inc(values["images"])
             if values.get("image_encode_ms") is not None:
                 self.image_encode.labels(klass).observe(values["image_encode_ms"] / 1000)
+        if values.get("audio_seconds"):
+            self.audio.labels(klass).inc(values["audio_seconds"])
+            if values.get("total_ms") is not None:
+                self.audio_rtf.labels(klass).observe(values["total_ms"] / 1000 / values["audio_seconds"])
         for hist, key in ((self.ttft, "ttft_ms"), (self.tpot, "tpot_ms"), (self.queue, "queue_ms")):
             if values.get(key) is not None:
                 hist.labels(klass).observe(values[key] / 1000)

@@ -113,3 +113,36 @@ def test_projector_modalities_read_the_encoders(gemma_path, tmp_path):
     assert projector_modalities(cached_audio_mmproj(gemma_path)) == (False, True)
     assert projector_modalities(cached_mmproj(gemma_path)) == (True, False)
     assert projector_modalities(None) == (False, False)
+
+
+def test_a_transcription_is_logged_with_its_audio_and_timings_a_client_can_check(aserve):
+    """The request log (and the Requests page) holds the file's own length, a TTFT no later than the client's first
+    delta and a real-time factor from a total no longer than the client's own stopwatch."""
+    import sqlite3
+    import time
+
+    from tests.helpers import wait_until
+
+    data = audio_files.sweep("wav", seconds=2.5)
+    t0 = time.perf_counter()
+    first = None
+    with aserve.client.stream("POST", "/v1/audio/transcriptions", headers=_auth(aserve),
+                              data={"model": AUDIO, "temperature": "0", "max_tokens": "8", "stream": "true"},
+                              files={"file": ("clip.wav", data)}) as r:
+        for line in r.iter_lines():
+            if first is None and "transcript.text.delta" in line:
+                first = (time.perf_counter() - t0) * 1000
+    total = (time.perf_counter() - t0) * 1000
+    assert r.status_code == 200 and first is not None
+
+    def row():
+        with sqlite3.connect(aserve.data / "hearth.db") as db:
+            return db.execute("select audio_seconds, ttft_ms, total_ms from requests where audio_seconds is not null "
+                              "and stream = 1 order by id desc limit 1").fetchone()
+
+    wait_until(lambda: row() is not None, 30, "the transcription's row")
+    seconds, ttft_ms, total_ms = row()
+    assert seconds == pytest.approx(2.5, abs=1e-3)
+    assert 0 < ttft_ms <= first and 0 < total_ms <= total
+    metrics = aserve.client.get("/metrics", headers=_auth(aserve)).text
+    assert "hearth:gateway_audio_seconds_total" in metrics and "hearth:gateway_transcription_real_time_factor" in metrics
