@@ -123,6 +123,11 @@ def test_a_transcription_is_logged_with_its_audio_and_timings_a_client_can_check
 
     from tests.helpers import wait_until
 
+    def last_id() -> int:
+        with sqlite3.connect(aserve.data / "hearth.db") as db:
+            return db.execute("select coalesce(max(id), 0) from requests").fetchone()[0]
+
+    before = last_id()
     data = audio_files.sweep("wav", seconds=2.5)
     t0 = time.perf_counter()
     first = None
@@ -137,8 +142,8 @@ def test_a_transcription_is_logged_with_its_audio_and_timings_a_client_can_check
 
     def row():
         with sqlite3.connect(aserve.data / "hearth.db") as db:
-            return db.execute("select audio_seconds, ttft_ms, total_ms from requests where audio_seconds is not null "
-                              "and stream = 1 order by id desc limit 1").fetchone()
+            return db.execute("select audio_seconds, ttft_ms, total_ms from requests where id > ? and "
+                              "audio_seconds is not null and stream = 1", (before,)).fetchone()
 
     wait_until(lambda: row() is not None, 30, "the transcription's row")
     seconds, ttft_ms, total_ms = row()
