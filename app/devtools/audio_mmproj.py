@@ -22,9 +22,9 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from gguf.constants import GGMLQuantizationType, GGUFType, VisionProjectorType
+from gguf.constants import GGUFType, VisionProjectorType
 
-from app.devtools.mmproj import WEIGHT_STD, cache_dir, text_embedding_length
+from app.devtools.mmproj import cache_dir, text_embedding_length, write_random_tensors
 
 # Positions after the stride-2 convolution of one 30 s chunk (3,000 mel frames); clip.cpp asserts the table
 # holds at least the chunk's.
@@ -138,18 +138,7 @@ def make_audio_mmproj(shape: AudioShape, text_model: str | Path, path: str | Pat
     w.add_audio_num_mel_bins(shape.n_mel)
     if shape.family == "ultravox":
         w.add_audio_stack_factor(shape.stack_factor)
-    for name, tshape in shape.tensors(n_embd_text):
-        if _is_norm_weight(name):
-            data = np.ones(tshape, dtype=np.float32)
-        elif name.endswith(".bias"):
-            data = np.zeros(tshape, dtype=np.float32)
-        else:
-            data = rng.normal(0.0, WEIGHT_STD, tshape).astype(np.float32)
-        w.add_tensor(name, data, raw_dtype=GGMLQuantizationType.F32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_random_tensors(w, shape.tensors(n_embd_text), rng, _is_norm_weight)
     tmp.replace(path)
     return {"path": str(path), "shape": asdict(shape), "n_embd_text": n_embd_text,
             "tokens_30s": shape.tokens_for_seconds(30), "file_bytes": path.stat().st_size,

@@ -139,9 +139,23 @@ def make_mmproj(shape: MmprojShape, text_model: str | Path, path: str | Path, se
     w.add_vision_image_std(IMAGE_STD)
     if shape.n_merge != GEMMA3_DEFAULT_MERGE:
         w.add_vision_projector_scale_factor(shape.n_merge)
-    for name, tshape in shape.tensors(n_embd_text):
-        if name.endswith("norm.weight") or name.endswith(("ln1.weight", "ln2.weight", "post_ln.weight")):
-            data = np.ones(tshape, dtype=np.float32)  # a freshly initialised norm
+    write_random_tensors(w, shape.tensors(n_embd_text), rng, _is_norm_weight)
+    tmp.replace(path)
+    return {"path": str(path), "shape": asdict(shape), "n_embd_text": n_embd_text,
+            "n_image_tokens": shape.n_image_tokens, "file_bytes": path.stat().st_size,
+            "seconds": time.monotonic() - t0}
+
+
+def _is_norm_weight(name: str) -> bool:
+    return name.endswith("norm.weight") or name.endswith(("ln1.weight", "ln2.weight", "post_ln.weight"))
+
+
+def write_random_tensors(w: gguf.GGUFWriter, tensors, rng: np.random.Generator, is_norm) -> None:
+    """A projector's tensors as a fresh model has them (norms 1, biases 0, the rest N(0, WEIGHT_STD)), written and
+    closed: the image and the audio projector makers alike."""
+    for name, tshape in tensors:
+        if is_norm(name):
+            data = np.ones(tshape, dtype=np.float32)
         elif name.endswith(".bias"):
             data = np.zeros(tshape, dtype=np.float32)
         else:
@@ -151,10 +165,6 @@ def make_mmproj(shape: MmprojShape, text_model: str | Path, path: str | Path, se
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    tmp.replace(path)
-    return {"path": str(path), "shape": asdict(shape), "n_embd_text": n_embd_text,
-            "n_image_tokens": shape.n_image_tokens, "file_bytes": path.stat().st_size,
-            "seconds": time.monotonic() - t0}
 
 
 def cache_dir() -> Path:
