@@ -106,7 +106,9 @@ def test_an_image_is_evaluated_once_at_its_place_and_never_enters_a_token_batch(
 
 
 def test_other_sequences_keep_decoding_while_an_image_encodes(make_engine):
-    model = FakeModel()
+    # Room for the talker's 400 tokens beside the looker: a full cache would preempt the looker mid-encode (and its
+    # encode would stop counting, so the cores would go back to the decodes), which is not what this test is about.
+    model = FakeModel(n_ctx=1024)
     engine, projector = make_engine(model)
     projector.release.clear()
     talker = engine.submit([1, 60, 61, 62], greedy(400, ignore_eos=True))
