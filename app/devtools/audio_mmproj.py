@@ -13,8 +13,6 @@ libmtmd computes the log-mel spectrogram itself (16 kHz, n_fft 400, hop 160, 30 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -24,7 +22,7 @@ import gguf
 import numpy as np
 from gguf.constants import GGUFType, VisionProjectorType
 
-from app.devtools.mmproj import cache_dir, text_embedding_length, write_random_tensors
+from app.devtools.mmproj import cached_projector, text_embedding_length, write_random_tensors
 
 # Positions after the stride-2 convolution of one 30 s chunk (3,000 mel frames); clip.cpp asserts the table
 # holds at least the chunk's.
@@ -147,14 +145,7 @@ def make_audio_mmproj(shape: AudioShape, text_model: str | Path, path: str | Pat
 
 def cached_audio_mmproj(text_model: str | Path, shape_name: str = "mmproj-qwen2a-tiny", seed: int = 0) -> Path:
     """The audio projector for text_model, written into the mmproj cache the first time, then reused."""
-    shape = AUDIO_SHAPES[shape_name]
-    n_embd_text = text_embedding_length(text_model)
-    key = json.dumps({"shape": asdict(shape), "seed": seed, "n_embd_text": n_embd_text, "v": 1}, sort_keys=True)
-    path = cache_dir() / f"{shape_name}-{n_embd_text}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        make_audio_mmproj(shape, text_model, path, seed)
-    return path
+    return cached_projector(make_audio_mmproj, shape_name, AUDIO_SHAPES[shape_name], text_model, seed)
 
 
 def run_from_args(args, text_model: str) -> int:

@@ -178,13 +178,18 @@ def cached_mmproj(text_model: str | Path, shape_name: str = "mmproj-gemma3-tiny"
     The file name carries a hash of the shape, the seed, the text width and this module's writer
     version, so a changed shape never reuses a stale file.
     """
-    shape = MMPROJ_SHAPES[shape_name]
+    return cached_projector(make_mmproj, shape_name, MMPROJ_SHAPES[shape_name], text_model, seed)
+
+
+def cached_projector(make, shape_name: str, shape, text_model: str | Path, seed: int) -> Path:
+    """`make(shape, text_model, path, seed)`'s projector, written into the cache under a name that hashes the
+    shape, the seed and the text width the first time, then reused (the image and the audio makers alike)."""
     n_embd_text = text_embedding_length(text_model)
     key = json.dumps({"shape": asdict(shape), "seed": seed, "n_embd_text": n_embd_text, "v": 1}, sort_keys=True)
     path = cache_dir() / f"{shape_name}-{n_embd_text}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        make_mmproj(shape, text_model, path, seed)
+        make(shape, text_model, path, seed)
     return path
 
 
