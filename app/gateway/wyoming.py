@@ -32,8 +32,10 @@ from wyoming.event import Event, write_event
 from wyoming.info import AsrModel, AsrProgram, Attribution, Describe, Info
 
 from app.gateway.auth import Principal
+from app.gateway.pipeline import from_lan, serve_generation
+from app.protocols import transcriptions
 from app.protocols.audio import AudioLimits
-from app.protocols.openai import ApiError
+from app.protocols.openai import ApiError, ChatBody
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,6 @@ MAX_SECONDS = 60.0
 # After an error event, what the client still sends is read and dropped for this long before the socket closes:
 # closing on unread bytes resets the connection, and the client would lose the error event with it.
 LINGER_S = 2.0
-RATES = (8000, 192000)
 WIDTHS = (1, 2, 4)
 ATTRIBUTION = Attribution(name="Hearth", url="https://github.com/ggml-org/llama.cpp")
 
@@ -63,13 +64,14 @@ class StreamError(Exception):
 
 def allowed(addr: str, allow: str) -> bool:
     """Whether a client address is on the allow list (comma-separated IPs or CIDRs; empty: private and loopback)."""
-    try:
-        ip = ipaddress.ip_address(addr.removeprefix("::ffff:"))
-    except ValueError:
-        return False
+    addr = addr.removeprefix("::ffff:")
     entries = [e.strip() for e in (allow or "").split(",") if e.strip()]
     if not entries:
-        return ip.is_private or ip.is_loopback
+        return from_lan(addr)
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False
     for entry in entries:
         try:
             if ip in ipaddress.ip_network(entry, strict=False):
@@ -117,9 +119,11 @@ class _Audio:
     """One utterance: its format from audio-start, its samples from the chunks, held to the limits."""
 
     def __init__(self, start: AudioStart, limits: AudioLimits):
-        if not RATES[0] <= start.rate <= RATES[1] or start.width not in WIDTHS or not 1 <= start.channels <= 2:
+        if not limits.min_sample_rate <= start.rate <= limits.max_sample_rate or start.width not in WIDTHS \
+                or not 1 <= start.channels <= 2:
             raise StreamError(f"audio-start says {start.rate} Hz, {start.width} bytes a sample, {start.channels} "
-                              f"channels: send 8-192 kHz, 1, 2 or 4 bytes a sample, mono or stereo", "bad-audio")
+                              f"channels: send {limits.min_sample_rate:,}-{limits.max_sample_rate:,} Hz, 1, 2 or 4 "
+                              "bytes a sample, mono or stereo", "bad-audio")
         self.start = start
         self.max_bytes = int(min(limits.max_seconds * start.rate * start.width * start.channels, limits.max_bytes))
         self.limits = limits
@@ -246,10 +250,6 @@ class WyomingServer(socketserver.ThreadingTCPServer):
 
     def transcribe(self, wav: bytes, language: str | None, model: str | None, ip: str) -> Event:
         """The utterance through the gateway's transcription path in the voice class: a transcript or an error."""
-        from app.gateway.pipeline import serve_generation
-        from app.protocols import transcriptions
-        from app.protocols.openai import ChatBody
-
         models = self.audio_models()
         name = model if model in models else (models[0] if models else None)
         if name is None:
