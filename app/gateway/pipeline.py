@@ -37,6 +37,7 @@ from app.protocols.openai import (
     EmbeddingBody,
     InfillBody,
     body_limit,
+    content_parts,
     parse_body,
     too_large,
     validation_error,
@@ -191,19 +192,14 @@ def _max_tokens(body: BaseModel, policy: ClassPolicy) -> int:
 def _refuse_image_urls(raw: dict) -> None:
     """A 400 for an http(s) image URL while fetching is off: checked here, before any runner sees the request,
     because a stock llama-server or a remote node fetches such URLs itself, wherever they point."""
-    messages = raw.get("messages")
-    for i, m in enumerate(messages if isinstance(messages, list) else ()):
-        content = m.get("content") if isinstance(m, dict) else None
-        for j, part in enumerate(content if isinstance(content, list) else ()):
-            if not isinstance(part, dict) or part.get("type") != "image_url":
-                continue
-            url = part.get("image_url")
-            url = url.get("url") if isinstance(url, dict) else url
-            if isinstance(url, str) and url[:8].lower().startswith(("http://", "https://")):
-                param = f"messages.{i}.content.{j}.image_url.url"
-                raise ApiError(400, f"'{param}': this server does not fetch image URLs; send the image itself as a "
-                                    "base64 data URL (data:image/png;base64,...), or the admin turns on the setting "
-                                    "runner_image_url_fetch", param=param, code="image_url_fetch_off")
+    for part, where in content_parts(raw.get("messages"), ("image_url",)):
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if isinstance(url, str) and url[:8].lower().startswith(("http://", "https://")):
+            param = f"{where}.image_url.url"
+            raise ApiError(400, f"'{param}': this server does not fetch image URLs; send the image itself as a "
+                                "base64 data URL (data:image/png;base64,...), or the admin turns on the setting "
+                                "runner_image_url_fetch", param=param, code="image_url_fetch_off")
 
 
 def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None = None, *,

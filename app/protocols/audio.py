@@ -16,7 +16,7 @@ import binascii
 import struct
 from dataclasses import dataclass
 
-from app.protocols.openai import ApiError
+from app.protocols.openai import ApiError, content_parts
 
 FORMATS = ("wav", "mp3", "flac")
 # The part type Hearth's prompts carry audio as (OpenAI's); other APIs' audio is translated to it.
@@ -49,15 +49,7 @@ class AudioInfo:
 
 def audio_parts(messages: list[dict]) -> list[tuple[dict, str]]:
     """(input_audio, where) of every input_audio part, in prompt order; where is the part's path in the body."""
-    found = []
-    for i, m in enumerate(messages):
-        content = m.get("content")
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") == PART_TYPE:
-                found.append((part.get("input_audio") or {}, f"messages.{i}.content.{j}"))
-    return found
+    return [(part.get("input_audio") or {}, where) for part, where in content_parts(messages, (PART_TYPE,))]
 
 
 def bad_audio(param: str, message: str, code: str = "invalid_audio") -> ApiError:

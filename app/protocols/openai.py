@@ -299,6 +299,15 @@ class AudioPart(BaseModel):
 ContentPart = Annotated[TextPart | ImagePart | AudioPart, Field(discriminator="type")]
 
 
+def content_parts(messages, types: tuple[str, ...]) -> list[tuple[dict, str]]:
+    """(part, where) of every content part of one of `types`, in prompt order; where is the part's path in the body
+    (messages.I.content.J). Messages or contents that are not what OpenAI's shape says are passed over."""
+    return [(part, f"messages.{i}.content.{j}")
+            for i, m in enumerate(messages if isinstance(messages, list) else ()) if isinstance(m, dict)
+            for j, part in enumerate(m.get("content") if isinstance(m.get("content"), list) else ())
+            if isinstance(part, dict) and part.get("type") in types]
+
+
 def audio_part(data: str, fmt: str) -> dict:
     """An OpenAI input_audio content part: what the other APIs' audio is translated to."""
     return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}

@@ -34,7 +34,7 @@ from PIL import Image, UnidentifiedImageError
 
 from app.engine.template_inputs import MEDIA_MARKER
 from app.netguard import AddressRefused, HostPolicy, PinnedHTTPConnection, PinnedHTTPSConnection
-from app.protocols.openai import ApiError
+from app.protocols.openai import ApiError, content_parts
 from app.runner.config import ImageLimits
 
 FORMATS = ("PNG", "JPEG", "WEBP")
@@ -50,15 +50,8 @@ FETCH_CHUNK_BYTES = 64 * 1024
 
 def image_parts(messages: list[dict]) -> list[tuple[str, str]]:
     """(url, where) of every image_url part, in prompt order; where is the part's path in the body."""
-    found = []
-    for i, m in enumerate(messages):
-        content = m.get("content")
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") == "image_url":
-                found.append(((part.get("image_url") or {}).get("url", ""), f"messages.{i}.content.{j}"))
-    return found
+    return [((part.get("image_url") or {}).get("url", ""), where)
+            for part, where in content_parts(messages, ("image_url",))]
 
 
 def with_markers(messages: list[dict], marker: str) -> list[dict]:

@@ -10,7 +10,7 @@ from app.engine import tools as toolfmt
 from app.engine.chat import ChatTemplateError, strip_leading_bos
 from app.engine.media import MEDIA_MARKER
 from app.protocols import audio
-from app.protocols.openai import ApiError, ChatBody
+from app.protocols.openai import ApiError, ChatBody, content_parts
 from app.runner import images
 from app.runner.state import RunnerState
 
@@ -121,8 +121,7 @@ def _media_prompt(state: RunnerState, text: str, tools: list[dict], messages: li
     from app.engine.media import MediaPrompt, image_key
     from app.engine.mtmd_model import ProjectorError
 
-    parts = [(p, f"messages.{i}.content.{j}") for i, m in enumerate(messages) if isinstance(m.get("content"), list)
-             for j, p in enumerate(m["content"]) if isinstance(p, dict) and p.get("type") in images.MEDIA_PARTS]
+    parts = content_parts(messages, images.MEDIA_PARTS)
     where = next(at for p, at in parts if p["type"] == audio.PART_TYPE)
     projector = state.projector
     if projector is None or not projector.describe().get("audio"):

@@ -544,6 +544,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             if spec.runner.draft_flag and draft is not None:
                 estimate = with_draft(estimate, draft, spec.runner.n_ctx, spec.runner.parallel, spec.runner.n_batch)
         state, label, badge = state_label(status, hist["last_event"])
+        vision, audio = projector_modalities(e.mmproj)
         card = ModelCard(
             name=e.name, source=e.source, usable=e.usable, unusable_reason=e.unusable_reason,
             architecture=e.architecture, n_params=e.n_params, quantization=e.quantization,
@@ -557,7 +558,7 @@ def model_cards(catalog: Catalog, runner_status: list[dict], session: Session, o
             sizing_note=spec.sizing_note if spec else None,
             chat_format=e.chat_format, native_tools=e.native_tools, reasoning=e.reasoning,
             mmproj=str(e.mmproj) if e.mmproj is not None else None,
-            mmproj_vision=projector_modalities(e.mmproj)[0], mmproj_audio=projector_modalities(e.mmproj)[1],
+            mmproj_vision=vision, mmproj_audio=audio,
             ram_tier_counted=counts_ram_tier(budget_kind),
         )
         rs = runner_rows.get(row.id) if row else None
