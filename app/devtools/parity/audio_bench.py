@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -38,20 +36,6 @@ def add_arguments(parser) -> None:
     audio_load.add_arguments(parser)
 
 
-def _wait_healthy(client: httpx.Client, proc: subprocess.Popen | None, log: Path | None) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"hearth bench audio: llama-server exited: {log.read_text()[-2000:] if log else ''}")
-        try:
-            if client.get("/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("hearth bench audio: a server did not become healthy in 180 s")
-
-
 class _Pair:
     """A fresh hearth runner (in this process, on loopback HTTP) and a fresh stock llama-server."""
 
@@ -60,30 +44,17 @@ class _Pair:
 
         from app.devtools.gguf_shapes import CHATML_TEMPLATE
         from app.engine.model_config import ModelConfig
-        from app.llama_tools import stock_llama_server
-        from app.residency.supervisor import free_port
         from app.runner.app import create_app
         from app.runner.config import RunnerConfig
 
-        binary = stock_llama_server()
-        if binary is None:
-            raise SystemExit("hearth bench audio: stock llama-server is not built (scripts/build_llama_tools.sh)")
-        template = folder / "chatml.jinja"
-        template.write_text(CHATML_TEMPLATE)
-        self.log = folder / "llama-server.log"
-        port = free_port()
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([str(binary), "-m", model, "--mmproj", str(projector), "--port", str(port),
-                                          "-t", "2", "-c", "2048", "-np", "1", "--jinja", "--chat-template-file",
-                                          str(template), "--swa-full"], stdout=out, stderr=subprocess.STDOUT)
-        self.stock = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
+        self.proc, self.stock = audio_load.start_stock(model, projector, folder,
+                                                       ["-t", "2", "-c", "2048", "-np", "1", "--swa-full"])
         self.app = create_app(RunnerConfig(ModelConfig(path=model, n_ctx=2048, n_seq_max=1, n_threads=2),
                                            mmproj=str(projector), chat_template=CHATML_TEMPLATE))
         self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.ours = httpx.Client(base_url=f"http://127.0.0.1:{self.server.server_port}", timeout=300)
-        _wait_healthy(self.ours, None, None)
-        _wait_healthy(self.stock, self.proc, self.log)
+        audio_load.wait_healthy(self.ours, None, None)
 
     def close(self) -> None:
         self.ours.close()

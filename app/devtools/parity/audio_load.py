@@ -89,6 +89,48 @@ def _rounds(url: str, bg_headers: dict, voice_headers: dict, model: str, args) -
     return out
 
 
+def wait_healthy(client: httpx.Client, proc: subprocess.Popen | None, log: Path | None) -> None:
+    """Until the server answers /health with 200; a SystemExit with its log's tail if it exits, or after 180 s."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"hearth bench audio: llama-server exited: {log.read_text()[-2000:] if log else ''}")
+        try:
+            if client.get("/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("hearth bench audio: a server did not become healthy in 180 s")
+
+
+def start_stock(model: str, projector: Path, folder: Path, flags: list[str]) -> tuple[subprocess.Popen, httpx.Client]:
+    """Stock llama-server on model + projector with the ChatML template and `flags`, healthy; its log in folder."""
+    from app.devtools.gguf_shapes import CHATML_TEMPLATE
+    from app.llama_tools import stock_llama_server
+    from app.residency.supervisor import free_port
+
+    binary = stock_llama_server()
+    if binary is None:
+        raise SystemExit("hearth bench audio: stock llama-server is not built (scripts/build_llama_tools.sh)")
+    template = folder / "chatml.jinja"
+    template.write_text(CHATML_TEMPLATE)
+    log = folder / "llama-server.log"
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(binary), "-m", model, "--mmproj", str(projector), "--port", str(port), *flags,
+                                 "--jinja", "--chat-template-file", str(template)],
+                                stdout=out, stderr=subprocess.STDOUT)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
+    try:
+        wait_healthy(client, proc, log)
+    except BaseException:
+        client.close()
+        stop_process(proc)
+        raise
+    return proc, client
+
+
 def _runner_shape(serve) -> dict[str, str]:
     """--ctx, --parallel and --threads of serve's runner, as its command line says."""
     for p in serve.runner_arbiters():
@@ -101,14 +143,8 @@ def run(args, model: str, projector: Path) -> int:
     """Serve first (its runner's shape decides llama-server's flags), then llama-server; print both and the ratio.
     A runner's --ctx is KV cells shared by its slots: llama-server gets -kvu for the same."""
     from app.devtools import audio_files
-    from app.devtools.gguf_shapes import CHATML_TEMPLATE
     from app.devtools.serve_process import ServeProcess, prepare_data
-    from app.llama_tools import stock_llama_server
-    from app.residency.supervisor import free_port
 
-    binary = stock_llama_server()
-    if binary is None:
-        raise SystemExit("hearth bench audio: stock llama-server is not built (scripts/build_llama_tools.sh)")
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="hearth-audio-load-") as tmp:
         root = Path(tmp)
@@ -127,30 +163,14 @@ def run(args, model: str, projector: Path) -> int:
                                               NAME, args)
         finally:
             serve.stop()
-        template = root / "chatml.jinja"
-        template.write_text(CHATML_TEMPLATE)
-        port = free_port()
-        with open(root / "llama-server.log", "wb") as log:
-            proc = subprocess.Popen([str(binary), "-m", model, "--mmproj", str(projector), "--port", str(port),
-                                     "-c", shape["--ctx"], "-np", shape["--parallel"], "-t", shape["--threads"],
-                                     "-kvu", "--jinja", "--chat-template-file", str(template)],
-                                    stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+        proc, stock = start_stock(model, projector, root, ["-c", shape["--ctx"], "-np", shape["--parallel"],
+                                                           "-t", shape["--threads"], "-kvu"])
+        url = str(stock.base_url).rstrip("/")
         try:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=5).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("hearth bench audio: llama-server did not start: "
-                                     + (root / "llama-server.log").read_text()[-2000:])
-                time.sleep(0.2)
             _voice_ttft(url, {}, NAME, warm)
             results["llama-server"] = _rounds(url, {}, {}, NAME, args)
         finally:
+            stock.close()
             stop_process(proc)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"voice transcription of {args.seconds} s of audio while {args.background} background prompts of "
