@@ -165,7 +165,7 @@ class MediaStep:
         hold = min((r.priority for r in scheduler.running
                     if r.media is not None and not r.is_decoding and r.num_pending > 0), default=None)
         with engine.lock:
-            scheduler.encoding_priority = hold
+            scheduler.media_prompt_priority = hold
         blocked: list[Future] = []
         can_run = False
         for r in list(scheduler.running):

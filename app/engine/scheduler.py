@@ -296,7 +296,7 @@ class Scheduler:
         self.tightest_tpot_ms: float | None = None
         # The priority of the most urgent request whose prompt holds image or audio not yet all computed (set by
         # the engine's MediaStep before each iteration; None: none): less urgent prompts wait meanwhile.
-        self.encoding_priority: int | None = None
+        self.media_prompt_priority: int | None = None
         # STATIC mode: once a batch is admitted, nothing more joins until it is empty.
         self._static_closed = False
         # ngram-mod's table, shared by every sequence of the model as in llama.cpp.
@@ -482,9 +482,9 @@ class Scheduler:
                 break
             if r.is_decoding or r.num_pending <= 0:
                 continue
-            if self.encoding_priority is not None and r.priority > self.encoding_priority:
-                # A voice request's audio is encoding on the cores a background prefill would take: the
-                # prefill waits (decoding sequences do not), so the voice request's first token comes sooner.
+            if self.media_prompt_priority is not None and r.priority > self.media_prompt_priority:
+                # A more urgent prompt still holds image or audio (its encode takes the cores a prefill would): the
+                # prefill waits (decoding sequences do not), so that request's first token comes sooner.
                 continue
             # Tokens only up to the prompt's next image: the engine's MediaStep evaluates the image itself.
             pending = r.num_pending if r.media is None else r.media.text_run(r.num_computed, r.num_pending)

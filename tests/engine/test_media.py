@@ -212,7 +212,7 @@ def test_a_less_urgent_prompt_waits_while_a_more_urgent_ones_media_is_in_its_pro
     decoded = len(talker.output_tokens)
     # The engine iterates on (the talker decodes) while the encode is held; the background prompt waits.
     wait_until(lambda: len(talker.output_tokens) >= decoded + 20, TIMEOUT_S, "the talker decoding on")
-    assert background.num_computed == 0 and engine.scheduler.encoding_priority == 0
+    assert background.num_computed == 0 and engine.scheduler.media_prompt_priority == 0
     projector.release.set()
     _, fin = collect(voice)
     _, bg_fin = collect(background)
@@ -220,5 +220,5 @@ def test_a_less_urgent_prompt_waits_while_a_more_urgent_ones_media_is_in_its_pro
     assert voice.first_token_s <= background.first_token_s
     engine.cancel(talker)
     collect(talker)
-    assert engine.scheduler.encoding_priority is None
+    assert engine.scheduler.media_prompt_priority is None
     assert model.violations == []
