@@ -524,6 +524,7 @@ class Sampler:
         self._tiers_next: dict[str, dict[str, float]] = {}
         # CPU per 1,000 tokens of serve and its runners (app.telemetry.stream_cost), wired in by serve.
         self.stream_cost: StreamCost | None = None
+        self._runners_seen: list[dict] = []  # runner_status() as the last collect read it
 
     def collect(self, now: float) -> list[Reading]:
         """One batch of readings from the host, the GPUs and the runners; `now` dates the counters."""
@@ -531,7 +532,8 @@ class Sampler:
         readings = sample_host(self.ps) + gpus + sample_gateway(self.gateway_status())
         self._tiers_next = {}
         held: dict[str, float] = {}
-        readings += sample_runners(self.runner_status(), self.http_get, self.rates, now, self.scrape_failures,
+        self._runners_seen = self.runner_status()
+        readings += sample_runners(self._runners_seen, self.http_get, self.rates, now, self.scrape_failures,
                                    self.speculation, self._tiers_next, held)
         if not gpus:
             readings += device_readings(held, peek_probe())
@@ -547,7 +549,8 @@ class Sampler:
             latest.setdefault(source, {})[metric] = value
         self.latest, self.latest_at, self.tiers = latest, at, self._tiers_next
         if self.stream_cost is not None:
-            self.stream_cost.sample(m["pid"] for m in self.runner_status() if m.get("pid"))
+            # The runners this collect scraped: residency is asked once a second, not twice.
+            self.stream_cost.sample(m["pid"] for m in self._runners_seen if m.get("pid"))
         self.writer.submit(lambda session: store_readings(session, at, readings))
         return len(readings)
 
