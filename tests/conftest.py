@@ -118,6 +118,16 @@ def start_shared_serve(tmp_path_factory, gemma_path):
     starter.stop_all()
 
 
+@pytest.fixture(scope="module")
+def tiny_text(tmp_path_factory):
+    """A 64-wide random llama GGUF: a text model of another width than Gemma's 640 (for projector makers)."""
+    from app.devtools.gguf_shapes import SHAPES, make_model
+
+    path = tmp_path_factory.mktemp("text") / "tiny.gguf"
+    make_model(SHAPES["tiny"], path)
+    return path
+
+
 # A fresh SQLite store per test, in the test's temporary folder.
 @pytest.fixture
 def make_store(tmp_path):

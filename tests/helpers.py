@@ -282,3 +282,11 @@ def class_form(app, name: str, **changes) -> dict:
         values = {f: str(getattr(row, f)) for f in CLASS_FIELDS}
         values.update({"default_model": row.default_model or "", "thinking": row.thinking})
     return {**values, **changes}
+
+
+def gguf_fields(path) -> tuple[dict, dict]:
+    """A GGUF's metadata (key → value) and its tensors' shapes (name → dims), as gguf's reader gives them."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    return {k: f.contents() for k, f in reader.fields.items()}, {t.name: list(t.shape) for t in reader.tensors}

@@ -7,33 +7,20 @@ import base64
 import io
 import wave
 
-import gguf
 import pytest
 
 from app.cli import main
 from app.devtools import audio_files, audio_mmproj
-from app.devtools.gguf_shapes import SHAPES, make_model
+from app.devtools.gguf_shapes import SHAPES
 from app.llama_tools import stock_llama_server
 from tests.e2e.test_compat_http import _stock_server
-
-
-@pytest.fixture(scope="module")
-def tiny_text(tmp_path_factory):
-    """A 64-wide random llama GGUF: a text model of another width than Gemma's 640."""
-    path = tmp_path_factory.mktemp("text") / "tiny.gguf"
-    make_model(SHAPES["tiny"], path)
-    return path
-
-
-def _fields(path):
-    reader = gguf.GGUFReader(str(path))
-    return {k: f.contents() for k, f in reader.fields.items()}, {t.name: list(t.shape) for t in reader.tensors}
+from tests.helpers import gguf_fields
 
 
 def test_the_qwen2a_projector_has_clip_cpps_whisper_keys_and_the_text_models_width(tiny_text, tmp_path):
     shape = audio_mmproj.AUDIO_SHAPES["mmproj-qwen2a-tiny"]
     audio_mmproj.make_audio_mmproj(shape, tiny_text, tmp_path / "a.gguf")
-    fields, tensors = _fields(tmp_path / "a.gguf")
+    fields, tensors = gguf_fields(tmp_path / "a.gguf")
     assert fields["clip.projector_type"] == "qwen2a"
     assert fields["clip.has_audio_encoder"] is True and fields["clip.has_vision_encoder"] is False
     assert fields["clip.audio.projection_dim"] == SHAPES["tiny"].n_embd
@@ -49,7 +36,7 @@ def test_the_qwen2a_projector_has_clip_cpps_whisper_keys_and_the_text_models_wid
 def test_the_ultravox_projector_stacks_frames_into_a_swiglu_mlp(tiny_text, tmp_path):
     shape = audio_mmproj.AUDIO_SHAPES["mmproj-ultravox-tiny"]
     audio_mmproj.make_audio_mmproj(shape, tiny_text, tmp_path / "u.gguf")
-    fields, tensors = _fields(tmp_path / "u.gguf")
+    fields, tensors = gguf_fields(tmp_path / "u.gguf")
     assert fields["clip.projector_type"] == "ultravox"
     assert fields["clip.audio.projector.stack_factor"] == shape.stack_factor
     assert tensors["mm.a.mlp.1.weight"] == [shape.n_embd * shape.stack_factor, 2 * shape.n_proj_ff]
@@ -60,7 +47,7 @@ def test_models_random_writes_an_audio_shape(tiny_text, tmp_path, capsys):
     out = tmp_path / "mmproj-a.gguf"
     assert main(["models", "random", "mmproj-qwen2a-tiny", str(out), "--text-model", str(tiny_text)]) == 0
     assert "750 tokens per 30 s of audio" in capsys.readouterr().out
-    assert _fields(out)[0]["clip.audio.projection_dim"] == 64
+    assert gguf_fields(out)[0]["clip.audio.projection_dim"] == 64
 
 
 @pytest.mark.parametrize("fmt", audio_files.FORMATS)

@@ -3,34 +3,21 @@ llama-server answering an image through one."""
 
 from __future__ import annotations
 
-import gguf
 import pytest
 
 from app.cli import main
 from app.devtools import mmproj
-from app.devtools.gguf_shapes import SHAPES, make_model
+from app.devtools.gguf_shapes import SHAPES
 from app.llama_tools import stock_llama_server
 from tests.e2e.test_compat_http import _stock_server
+from tests.helpers import gguf_fields
 from tests.images import data_url, image_bytes, image_message
-
-
-@pytest.fixture(scope="module")
-def tiny_text(tmp_path_factory):
-    """A 64-wide random llama GGUF: a text model of another width than Gemma's 640."""
-    path = tmp_path_factory.mktemp("text") / "tiny.gguf"
-    make_model(SHAPES["tiny"], path)
-    return path
-
-
-def _fields(path):
-    reader = gguf.GGUFReader(str(path))
-    return {k: f.contents() for k, f in reader.fields.items()}, {t.name: list(t.shape) for t in reader.tensors}
 
 
 def test_the_projector_has_clip_cpps_gemma3_keys_and_the_text_models_width(tiny_text, tmp_path):
     shape = mmproj.MMPROJ_SHAPES["mmproj-gemma3-tiny"]
     info = mmproj.make_mmproj(shape, tiny_text, tmp_path / "p.gguf")
-    fields, tensors = _fields(tmp_path / "p.gguf")
+    fields, tensors = gguf_fields(tmp_path / "p.gguf")
     assert fields["general.architecture"] == "clip"
     assert fields["clip.projector_type"] == "gemma3"
     assert fields["clip.has_vision_encoder"] is True
@@ -58,7 +45,7 @@ def test_models_random_writes_an_mmproj_shape(tiny_text, tmp_path, capsys):
     out = tmp_path / "mmproj-x.gguf"
     assert main(["models", "random", "mmproj-gemma3-tiny", str(out), "--text-model", str(tiny_text)]) == 0
     assert "16 tokens an image" in capsys.readouterr().out
-    assert _fields(out)[0]["clip.vision.projection_dim"] == 64
+    assert gguf_fields(out)[0]["clip.vision.projection_dim"] == 64
     with pytest.raises(SystemExit, match="unknown projector shape"):
         main(["models", "random", "mmproj-nope", str(out), "--text-model", str(tiny_text)])
 
@@ -68,7 +55,7 @@ def test_stock_llama_server_answers_an_image_through_the_projector(gemma_path, t
     if binary is None:
         pytest.skip("stock llama-server is not built (scripts/build_llama_tools.sh)")
     projector = mmproj.cached_mmproj(gemma_path)
-    assert _fields(projector)[0]["clip.vision.projection_dim"] == 640
+    assert gguf_fields(projector)[0]["clip.vision.projection_dim"] == 640
     proc, client = _stock_server(binary, gemma_path, tmp_path / "llama-server.log", "--mmproj", str(projector))
     try:
         text = "What is in this image?"
