@@ -21,7 +21,7 @@ from app.llama_tools import stock_llama_server
 from app.protocols.audio import AudioLimits
 from app.runner.app import create_app
 from app.runner.config import RunnerConfig
-from tests.e2e.test_compat_http import _stock_server
+from tests.e2e.test_compat_http import _stock_server, _stock_with_projector
 from tests.runner.loaded import LOAD_TIMEOUT_S
 
 CHAT = "/v1/chat/completions"
@@ -140,18 +140,7 @@ def test_an_unknown_format_names_the_formats_taken(runner):
 @pytest.fixture(scope="module")
 def stock(gemma_path, projector, tmp_path_factory):
     """Stock llama-server with the same model, projector and template (skipped where it is not built)."""
-    binary = stock_llama_server()
-    if binary is None:
-        pytest.skip("stock llama-server is not built (scripts/build_llama_tools.sh)")
-    d = tmp_path_factory.mktemp("stock")
-    template = d / "chatml.jinja"
-    template.write_text(CHATML_TEMPLATE)
-    proc, client = _stock_server(binary, gemma_path, d / "llama-server.log", "--mmproj", str(projector),
-                                 "--jinja", "--chat-template-file", str(template), "-c", "2048", "--swa-full")
-    yield client
-    client.close()
-    proc.terminate()
-    proc.wait(15)
+    yield from _stock_with_projector(gemma_path, projector, tmp_path_factory.mktemp("stock"))
 
 
 @pytest.mark.parametrize("fmt", audio_files.FORMATS)

@@ -214,6 +214,27 @@ def _stock_server(binary, gemma_path, log_path, *args: str) -> tuple[subprocess.
     return proc, client
 
 
+def _stock_with_projector(gemma_path, projector, folder):
+    """Stock llama-server with the same model, projector and ChatML template as a Hearth runner's multimodal tests,
+    yielded as a client and stopped after (skipped where it is not built). A fixture body: `yield from` it."""
+    from app.devtools.gguf_shapes import CHATML_TEMPLATE
+
+    binary = stock_llama_server()
+    if binary is None:
+        pytest.skip("stock llama-server is not built (scripts/build_llama_tools.sh)")
+    template = folder / "chatml.jinja"
+    template.write_text(CHATML_TEMPLATE)
+    proc, client = _stock_server(binary, gemma_path, folder / "llama-server.log", "--mmproj", str(projector),
+                                 "--jinja", "--chat-template-file", str(template), "-c", "2048",
+                                 # Hearth's sliding-window cache is full-size: the same here, or Gemma 3's SWA
+                                 # layers attend over another cache size and greedy near-ties tip.
+                                 "--swa-full")
+    yield client
+    client.close()
+    proc.terminate()
+    proc.wait(15)
+
+
 @pytest.mark.parametrize("pooling", ["mean", "last"])
 def test_embeddings_with_pooling_are_stock_llama_servers(pooling, gemma_path, tmp_path):
     binary = stock_llama_server()

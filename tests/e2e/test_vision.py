@@ -14,11 +14,10 @@ from werkzeug.test import Client
 from app.devtools.gguf_shapes import CHATML_TEMPLATE
 from app.devtools.mmproj import MMPROJ_SHAPES, cached_mmproj
 from app.engine.model_config import ModelConfig
-from app.llama_tools import stock_llama_server
 from app.runner.app import create_app
 from app.runner.config import RunnerConfig
 from app.runner.images import as_png
-from tests.e2e.test_compat_http import _stock_server
+from tests.e2e.test_compat_http import _stock_with_projector
 from tests.helpers import metric
 from tests.images import MIME, data_url, image_bytes, image_message
 from tests.runner.loaded import LOAD_TIMEOUT_S
@@ -107,21 +106,7 @@ def test_bad_images_are_400s_and_the_runner_keeps_serving(runner):
 @pytest.fixture(scope="module")
 def stock(gemma_path, projector, tmp_path_factory):
     """Stock llama-server with the same model, projector and template (skipped where it is not built)."""
-    binary = stock_llama_server()
-    if binary is None:
-        pytest.skip("stock llama-server is not built (scripts/build_llama_tools.sh)")
-    d = tmp_path_factory.mktemp("stock")
-    template = d / "chatml.jinja"
-    template.write_text(CHATML_TEMPLATE)
-    proc, client = _stock_server(binary, gemma_path, d / "llama-server.log", "--mmproj", str(projector),
-                                 "--jinja", "--chat-template-file", str(template), "-c", "2048",
-                                 # Hearth's sliding-window cache is full-size: the same here, or Gemma 3's SWA
-                                 # layers attend over another cache size and greedy near-ties tip.
-                                 "--swa-full")
-    yield client
-    client.close()
-    proc.terminate()
-    proc.wait(15)
+    yield from _stock_with_projector(gemma_path, projector, tmp_path_factory.mktemp("stock"))
 
 
 @pytest.mark.parametrize("seed", [1, 3])
