@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.engine.kv_tiers import IDLE_WRITE_DELAY_S, DiskTier, attach_tiers
+from app.engine.kv_tiers import DiskTier, attach_tiers
 from app.engine.prefix_cache import PrefixCacheCounters
 from app.engine.reasoning_budget import BudgetTracker
 from app.engine.request import (
@@ -399,7 +399,7 @@ class Engine:
                     # Idle a moment with prefixes the disk tier lacks: write them (a turn that follows at once
                     # is not made to wait for the copy).
                     if self.tiers is not None and self.tiers.has_unwritten():
-                        if not self._cv.wait(IDLE_WRITE_DELAY_S):
+                        if not self._cv.wait(self.tiers.idle_write_delay_s):
                             self.tiers.idle()
                         continue
                     self._cv.wait()

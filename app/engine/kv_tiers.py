@@ -247,6 +247,11 @@ class KvTiers:
                 found.append((entry, tokens))
         return found
 
+    @property
+    def idle_write_delay_s(self) -> float:
+        """How long the engine idles before idle() writes the prefixes the disk tier lacks."""
+        return self.disk.idle_write_delay_s if self.disk is not None else IDLE_WRITE_DELAY_S
+
     def has_unwritten(self) -> bool:
         """True when the KV cache holds a prefix the disk tier lacks (the engine writes it once idle a moment)."""
         return bool(self._unwritten())
@@ -411,8 +416,9 @@ class DiskTier:
     """
 
     def __init__(self, root: str | os.PathLike, key: dict, max_bytes: int | None, max_age_s: float | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, idle_write_delay_s: float = IDLE_WRITE_DELAY_S):
         self.key = key
+        self.idle_write_delay_s = idle_write_delay_s  # how long the engine idles before it copies prefixes out
         self.max_age_s = max_age_s  # None: entries never expire
         self.clock = clock  # wall-clock time: ages are counted from the files' mtimes, across restarts
         self.digest = key_digest(key)

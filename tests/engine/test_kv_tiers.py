@@ -32,6 +32,11 @@ def make_engine():
         engine.stop()
 
 
+def quick_disk(*args, **kwargs) -> DiskTier:
+    """A disk tier the idle engine writes to after 10 ms, not a second (what the tests wait on is the write)."""
+    return DiskTier(*args, idle_write_delay_s=0.01, **kwargs)
+
+
 def long_prompt(tag: int, n: int = 40) -> list[int]:
     """A prompt of n tokens whose every token depends on its tag (no shared prefix between tags)."""
     return [tag * 1000 + i for i in range(n)]
@@ -157,7 +162,7 @@ def wait_for(condition, timeout_s: float = 10.0) -> None:
 
 def first_session(make_engine, root, key=KEY) -> tuple[list[int], DiskTier]:
     """A runner's life: one request, the engine idle (its prefix written), then stopped."""
-    disk = DiskTier(root, key, max_bytes=None)
+    disk = quick_disk(root, key, max_bytes=None)
     engine = make_engine(small_model(), cache_ram_bytes=None, cache_disk=disk)
     out, _ = run(engine, long_prompt(1))
     wait_for(lambda: disk.holds(long_prompt(1)))
@@ -178,7 +183,7 @@ def test_a_prefix_written_to_disk_survives_a_restart(make_engine, tmp_path):
     assert not [p for p in disk.dir.iterdir() if p.name.startswith(".tmp-")]
     # The next process: a new model (empty KV cache), the same key.
     model = small_model()
-    disk2 = DiskTier(tmp_path, dict(KEY), max_bytes=None)
+    disk2 = quick_disk(tmp_path, dict(KEY), max_bytes=None)
     engine = make_engine(model, cache_ram_bytes=None, cache_disk=disk2)
     again, cached = run(engine, long_prompt(1) + [7, 8])
     assert cached == 40 and engine.tiers.counters.disk_hits_total == 1
@@ -199,7 +204,7 @@ def test_a_damaged_entry_is_dropped_with_a_warning_and_the_prompt_prefilled(make
     else:
         data[:4] = b"JUNK"
     path.write_bytes(bytes(data))
-    disk2 = DiskTier(tmp_path, dict(KEY), max_bytes=None)
+    disk2 = quick_disk(tmp_path, dict(KEY), max_bytes=None)
     engine = make_engine(small_model(), cache_ram_bytes=None, cache_disk=disk2)
     again, cached = run(engine, long_prompt(1))
     assert cached == 0 and again == first  # no wrong output: computed again
@@ -214,34 +219,34 @@ def test_a_damaged_entry_is_dropped_with_a_warning_and_the_prompt_prefilled(make
 def test_a_changed_model_or_setting_never_reads_the_old_entries(make_engine, tmp_path):
     first_session(make_engine, tmp_path)
     for change in ({"mtime_ns": 2}, {"n_ctx": 128}, {"template_sha256": "u"}):
-        disk = DiskTier(tmp_path, {**KEY, **change}, max_bytes=None)
+        disk = quick_disk(tmp_path, {**KEY, **change}, max_bytes=None)
         assert len(disk) == 0  # another folder
         engine = make_engine(small_model(), cache_ram_bytes=None, cache_disk=disk)
         _, cached = run(engine, long_prompt(1))
         assert cached == 0
         engine.stop()
         disk.close()
-    assert len(DiskTier(tmp_path, dict(KEY), max_bytes=None)) == 1  # the old entry is still there for its key
+    assert len(quick_disk(tmp_path, dict(KEY), max_bytes=None)) == 1  # the old entry is still there for its key
 
 
 def test_an_entry_of_another_key_in_the_folder_is_refused(make_engine, tmp_path, caplog):
     _, disk = first_session(make_engine, tmp_path)
-    other = DiskTier(tmp_path, {**KEY, "n_ctx": 128}, max_bytes=None)
+    other = quick_disk(tmp_path, {**KEY, "n_ctx": 128}, max_bytes=None)
     only_file(disk).rename(other.dir / only_file(disk).name)  # a file copied into the wrong folder
-    other2 = DiskTier(tmp_path, {**KEY, "n_ctx": 128}, max_bytes=None)
+    other2 = quick_disk(tmp_path, {**KEY, "n_ctx": 128}, max_bytes=None)
     assert len(other2) == 0 and "another model or KV settings" in caplog.text
 
 
 def test_a_half_written_temporary_file_is_never_read_and_is_cleaned_up(tmp_path):
-    disk = DiskTier(tmp_path, KEY, max_bytes=None)
+    disk = quick_disk(tmp_path, KEY, max_bytes=None)
     (disk.dir / ".tmp-0123.kv").write_bytes(b"HEARTHKV1\n half an entry")
     disk.close()
-    disk2 = DiskTier(tmp_path, KEY, max_bytes=None)
+    disk2 = quick_disk(tmp_path, KEY, max_bytes=None)
     assert len(disk2) == 0 and not (disk2.dir / ".tmp-0123.kv").exists()
 
 
 def test_the_disk_tier_drops_least_recently_used_entries_to_stay_within_its_budget(tmp_path):
-    disk = DiskTier(tmp_path, KEY, max_bytes=2600)  # room for two files of ~1,260 bytes (states, tokens, header)
+    disk = quick_disk(tmp_path, KEY, max_bytes=2600)  # room for two files of ~1,260 bytes (states, tokens, header)
     for tag in (1, 2, 3):
         disk.submit(saved(long_prompt(tag, 20), 1000))
         assert disk.flush()
@@ -261,7 +266,7 @@ def test_a_full_disk_leaves_no_half_entry_and_serving_goes_on(make_engine, tmp_p
 
     monkeypatch.setattr(os, "fsync", no_space)
     caplog.set_level(logging.WARNING, logger="app.engine.kv_tiers")
-    disk = DiskTier(tmp_path, KEY, max_bytes=None)
+    disk = quick_disk(tmp_path, KEY, max_bytes=None)
     model = small_model()
     engine = make_engine(model, cache_ram_bytes=None, cache_disk=disk)
     first, _ = run(engine, long_prompt(1))
@@ -316,13 +321,13 @@ def test_an_entry_written_open_by_an_older_hearth_is_made_owner_only_when_read(m
 
     _, disk = first_session(make_engine, tmp_path)
     os.chmod(only_file(disk), 0o644)
-    DiskTier(tmp_path, dict(KEY), max_bytes=None).close()
+    quick_disk(tmp_path, dict(KEY), max_bytes=None).close()
     assert _mode(only_file(disk)) == 0o600
 
 
 def test_an_entry_unused_for_the_maximum_age_is_deleted_on_access_and_at_start(tmp_path):
     clock = WallClock()
-    disk = DiskTier(tmp_path, KEY, max_bytes=None, max_age_s=3600, clock=clock)
+    disk = quick_disk(tmp_path, KEY, max_bytes=None, max_age_s=3600, clock=clock)
     disk.submit(saved(long_prompt(1, 20), 100))
     disk.submit(saved(long_prompt(2, 20), 100))
     assert disk.flush() and len(disk) == 2
@@ -335,14 +340,14 @@ def test_an_entry_unused_for_the_maximum_age_is_deleted_on_access_and_at_start(t
     assert [p.name for p in disk.dir.iterdir() if p.suffix == ".kv"] == [disk.best(long_prompt(2, 20))[0].name]
     disk.close()
     clock.now += 3601
-    restarted = DiskTier(tmp_path, KEY, max_bytes=None, max_age_s=3600, clock=clock)
+    restarted = quick_disk(tmp_path, KEY, max_bytes=None, max_age_s=3600, clock=clock)
     assert len(restarted) == 0 and not [p for p in restarted.dir.iterdir() if p.suffix == ".kv"]
     restarted.close()
 
 
 def test_without_a_maximum_age_entries_stay(tmp_path):
     clock = WallClock()
-    disk = DiskTier(tmp_path, KEY, max_bytes=None, clock=clock)
+    disk = quick_disk(tmp_path, KEY, max_bytes=None, clock=clock)
     disk.submit(saved(long_prompt(1, 20), 100))
     assert disk.flush()
     clock.now += 10 * 365 * 86400
@@ -355,7 +360,7 @@ def test_serve_s_job_expires_the_entries_of_models_no_runner_serves(tmp_path):
     from app.services.privacy import expire_kv_cache
 
     clock = WallClock()
-    disk = DiskTier(tmp_path / "kv-cache", KEY, max_bytes=None, clock=clock)
+    disk = quick_disk(tmp_path / "kv-cache", KEY, max_bytes=None, clock=clock)
     disk.submit(saved(long_prompt(1, 20), 100))
     assert disk.flush()
     disk.close()
@@ -368,7 +373,7 @@ def test_serve_s_job_expires_the_entries_of_models_no_runner_serves(tmp_path):
 def test_an_entry_knows_whose_words_it_holds_and_goes_with_its_member(make_engine, tmp_path):
     from app.engine.kv_tiers import entry_owner, remove_owner_entries
 
-    disk = DiskTier(tmp_path, KEY, max_bytes=None)
+    disk = quick_disk(tmp_path, KEY, max_bytes=None)
     model = FakeModel(n_ctx=256, n_batch=64, n_seq_max=2, transfer_seq=TRANSFER)
     engine = make_engine(model, cache_ram_bytes=None, cache_disk=disk)
     for tag, owner in ((1, "alice"), (2, "bob"), (3, "alice/kid")):
@@ -386,7 +391,7 @@ def test_an_entry_knows_whose_words_it_holds_and_goes_with_its_member(make_engin
 
 
 def test_a_private_class_s_prompt_is_never_written_to_disk_but_reused_from_memory(make_engine, tmp_path):
-    disk = DiskTier(tmp_path, KEY, max_bytes=None)
+    disk = quick_disk(tmp_path, KEY, max_bytes=None)
     model = small_model()
     engine = make_engine(model, cache_ram_bytes=None, cache_disk=disk)
     r = engine.submit(long_prompt(1), greedy(4, ignore_eos=True), owner="alice", private=True)
@@ -409,7 +414,7 @@ def test_a_private_class_s_prompt_is_never_written_to_disk_but_reused_from_memor
 
 def test_an_entry_serve_deleted_meanwhile_is_forgotten_without_a_warning(make_engine, tmp_path, caplog):
     first, disk = first_session(make_engine, tmp_path)
-    disk2 = DiskTier(tmp_path, dict(KEY), max_bytes=None)
+    disk2 = quick_disk(tmp_path, dict(KEY), max_bytes=None)
     only_file(disk2).unlink()  # serve's job, or a member's removal, while the runner runs
     caplog.set_level(logging.INFO, logger="app.engine.kv_tiers")
     engine = make_engine(small_model(), cache_ram_bytes=None, cache_disk=disk2)
