@@ -6,6 +6,7 @@ leases a node serving the model. Both raise domain errors; this module maps them
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from app.policy import ClassPolicy
@@ -63,7 +64,7 @@ class Router:
             # and on the dashboard, the caller gets the exception's last line with file names only.
             raise ApiError(503, f"model '{name}' could not be loaded: {public_text(exc.reason.partition(RUNNER_LOG_MARK)[0])}",
                            code="model_load_failed",
-                           err_type="unavailable_error", headers={"Retry-After": "10"})
+                           err_type="unavailable_error", headers={"Retry-After": _retry_after(exc.retry_after_s, 10)})
         except NotEnoughMemory as exc:
             raise ApiError(503, public_text(str(exc)), code="not_enough_memory", err_type="unavailable_error",
                            headers={"Retry-After": "30"})
@@ -94,3 +95,8 @@ class Router:
             out.append({"id": alias, "object": "model", "created": 0, "owned_by": "hearth",
                         "hearth": {"alias_of": name}})
         return out
+
+
+def _retry_after(seconds: float | None, default: int) -> str:
+    """A Retry-After value: whole seconds, at least 1, or the default where nothing better is known."""
+    return str(max(1, math.ceil(seconds)) if seconds is not None else default)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -42,6 +43,10 @@ RESIDENT_STATES = (ModelState.LOADING, ModelState.READY)
 
 STATUS_LOG_LINES = 50
 ERROR_LOG_LINES = 20
+# After a failed load, a request for the same model, file and runner settings gets the same error at once for this
+# long instead of starting another runner that fails the same way (an app retrying every second would otherwise keep a
+# core busy starting runners). The admin's Load button, a changed file and changed settings retry at once.
+FAILED_LOAD_COOLDOWN_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -134,9 +139,11 @@ class UnknownModel(ResidencyError):
 class ModelLoadFailed(ResidencyError):
     """The model's runner could not be started, and no other node can serve it."""
 
-    def __init__(self, name: str, reason: str):
+    def __init__(self, name: str, reason: str, retry_after_s: float | None = None):
         self.name = name
         self.reason = reason
+        # Set while a failed load cools down: when a request will try to load it again.
+        self.retry_after_s = retry_after_s
         super().__init__(f"model {name!r} could not be loaded: {reason}")
 
 
@@ -227,6 +234,10 @@ class _Model:
         self.first_use: ResidencyEvent | None = None
         self.measured_bytes: int | None = None
         self.error: str | None = None
+        # When the last load failed and what it tried (the spec and its file's size and mtime), for the cool-down.
+        self.failed_at: float | None = None
+        self.failed_key: tuple | None = None
+        self.failure = ""  # the failed load's ModelLoadFailed reason
         self.error_log: list[str] = []
         self.returncode: int | None = None
         # A client's keep-alive (Ollama's keep_alive) for the current residency; None: the admin's.
@@ -274,6 +285,7 @@ class ResidencyManager:
     def __init__(self, models: Callable[[], dict[str, ModelSpec]], budget_bytes: Callable[[], int],
                  on_event: Callable[[ResidencyEvent], None], clock: Callable[[], float] = time.monotonic,
                  start_timeout_s: float = 120, node_cooldown_s: float = 10.0,
+                 failed_load_cooldown_s: float = FAILED_LOAD_COOLDOWN_S,
                  busy_wait_s: Callable[[], float] = lambda: 0.0,
                  on_first_use: Callable[[ResidencyEvent], None] | None = None,
                  on_stopped: Callable[[str], None] | None = None,
@@ -292,6 +304,7 @@ class ResidencyManager:
         self._clock = clock
         self.start_timeout_s = start_timeout_s
         self.node_cooldown_s = node_cooldown_s
+        self.failed_load_cooldown_s = failed_load_cooldown_s
         self._lock = threading.Lock()
         # Notified whenever a lease is released: a load waiting for a busy model to go idle looks again.
         self._idle = threading.Condition(self._lock)
@@ -346,6 +359,10 @@ class ResidencyManager:
                         raise failure or ModelLoadFailed(name, self._no_node_reason(m))
                 elif m.state == ModelState.LOADING:
                     wait_for = m.loading
+                elif want_lease and self._cooling_down(m, spec):
+                    # The same error as the load that failed, with how long until a request tries again.
+                    raise ModelLoadFailed(name, m.failure,
+                                          retry_after_s=m.failed_at + self.failed_load_cooldown_s - self._clock())
                 else:
                     try:
                         evict, placed = self._plan_room(m)
@@ -385,6 +402,11 @@ class ResidencyManager:
             lease = self._choose(m, nodes, failure)
             if lease is not None:
                 return lease
+
+    def _cooling_down(self, m: _Model, spec: ModelSpec) -> bool:
+        """True while `m`'s last load failed under a cool-down ago and nothing it tried has changed since."""
+        return (m.state == ModelState.FAILED and m.failed_at is not None
+                and self._clock() - m.failed_at < self.failed_load_cooldown_s and m.failed_key == _load_key(spec))
 
     def _sync(self, spec: ModelSpec) -> _Model:
         """The state for `spec`'s model, with its remote nodes brought in line with the spec."""
@@ -497,6 +519,7 @@ class ResidencyManager:
                 m.state, m.loading, m.starting = ModelState.FAILED, None, None
                 m.last_runner, m.resident_bytes = runner, 0
                 m.error, m.error_log, m.returncode = exc.reason, tail, runner.returncode
+                m.failed_at, m.failed_key, m.failure = self._clock(), _load_key(m.spec), str(exc)
             event = ResidencyEvent(m.name, "load_failed", "\n".join([exc.reason, *tail]), node=LOCAL,
                                    estimate_bytes=spec.estimate_bytes, pid=runner.pid)
             self._emit([event])
@@ -858,6 +881,15 @@ class ResidencyManager:
                     "log_tail": runner.log_tail(STATUS_LOG_LINES) if runner is not None else list(m.error_log),
                 })
         return rows
+
+
+def _load_key(spec: ModelSpec) -> tuple:
+    """What a load tried: the spec, and its file's size and mtime (a file replaced in place is a new try)."""
+    try:
+        st = os.stat(spec.path) if spec.path else None
+    except OSError:
+        st = None
+    return spec, (st.st_size, st.st_mtime_ns) if st else None
 
 
 def _evictable(resident: list[_Model]) -> tuple[dict[str, str], list[_Model]]:

@@ -14,6 +14,7 @@ from app.engine.grammar import schema_grammar
 from app.engine.model_config import ModelConfig
 from app.protocols.body import MAX_DEPTH, MAX_NUMBER_CHARS, load_json
 from app.protocols.errors import ApiError, public_text
+from app.residency.manager import FAILED_LOAD_COOLDOWN_S
 from app.runner.app import create_app as create_runner_app
 from app.runner.config import RunnerConfig
 from app.schema_subset import normalise_schema
@@ -119,6 +120,10 @@ def test_a_model_that_fails_to_load_says_why_without_traceback_or_paths(gateway_
     text = r.json["error"]["message"]
     assert "could not load" in text and MODEL_NAME in text
     assert "Traceback" not in text and "runner log" not in text and str(standin_model.parent) not in text
+    # Asked again at once: the same answer without another runner, and Retry-After says when a load is tried again.
+    again = gateway_app.test_client().post("/v1/chat/completions", json=CHAT, headers=make_token("bob"))
+    assert again.status_code == 503 and again.json["error"]["message"] == text
+    assert 1 <= int(again.headers["Retry-After"]) <= FAILED_LOAD_COOLDOWN_S
 
 
 def test_show_names_the_models_file_not_its_path(gateway_app, make_token, standin_model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -334,6 +335,40 @@ def test_bad_model_file_fails_the_load_with_the_logs_reason(harness, tmp_path):
     row = h.state("junk")
     assert row["state"] == ModelState.FAILED and "could not load" in row["error"] and row["log_tail"]
     assert not runner_children()
+
+
+def test_a_failed_load_is_not_retried_by_every_request_until_it_cools_down_or_changes(harness, tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"this is not a GGUF file" * 100)
+    h = harness([spec("junk", junk)])
+    with pytest.raises(ModelLoadFailed) as first:
+        h.manager.acquire("junk")
+    assert first.value.retry_after_s is None
+    # A request 5 s later: the same reason at once, no runner started, and when to try again.
+    h.now += 5
+    with pytest.raises(ModelLoadFailed) as again:
+        h.manager.acquire("junk")
+    assert again.value.reason == first.value.reason
+    assert again.value.retry_after_s == pytest.approx(h.manager.failed_load_cooldown_s - 5)
+    assert h.kinds() == [("junk", "load_failed")]
+    # The admin's Load button tries at once.
+    with pytest.raises(ModelLoadFailed):
+        h.manager.load("junk")
+    assert h.kinds() == [("junk", "load_failed")] * 2
+    # So does a request once the file is replaced (another size), and one after the cool-down.
+    junk.write_bytes(b"still not a GGUF file" * 99)
+    with pytest.raises(ModelLoadFailed):
+        h.manager.acquire("junk")
+    assert h.kinds() == [("junk", "load_failed")] * 3
+    h.now += h.manager.failed_load_cooldown_s
+    with pytest.raises(ModelLoadFailed):
+        h.manager.acquire("junk")
+    assert h.kinds() == [("junk", "load_failed")] * 4
+    # Changed runner settings are a new try too.
+    h.catalog["junk"] = dataclasses.replace(h.catalog["junk"], keep_alive_s=60)
+    with pytest.raises(ModelLoadFailed):
+        h.manager.acquire("junk")
+    assert len(h.kinds()) == 5
 
 
 def test_unknown_model_and_a_model_larger_than_the_budget(harness, gemma_path):
