@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from app.engine.grammar import Grammar
 from app.engine.request import SamplingParams
@@ -52,7 +53,8 @@ def logit_bias(model, raw) -> tuple[tuple[int, float], ...]:
             raise ApiError(400, "'logit_bias': each entry is [token, bias]", param="logit_bias")
         key, bias = pair
         value = -math.inf if bias is False else float(bias)
-        if isinstance(key, str) and not key.lstrip("-").isdigit():
+        # A string of ASCII digits is an id (str.isdigit() also holds for '²', which int() refuses).
+        if isinstance(key, str) and not re.fullmatch(r"-?[0-9]+", key):
             # Text: every token of it, as llama-server does.
             ids = model.tokenize(key, add_special=False, parse_special=False)
         else:
