@@ -9,6 +9,7 @@ copy of the folder).
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import sys
 from pathlib import Path
@@ -137,6 +138,7 @@ def downgrade(engine: Engine, revision: str) -> None:
     command.downgrade(alembic_config(engine), revision)
 
 
+@functools.cache  # the scripts do not change while a process runs; reading them costs ~10 ms
 def head_revision() -> str:
     """The newest revision among the migration scripts."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
@@ -171,7 +173,8 @@ def open_store(data_dir: Path) -> tuple[Engine, sessionmaker]:
     """
     private_dir(data_dir)
     engine = make_engine(database_path(data_dir))
-    upgrade(engine)
+    if current_revision(engine) != head_revision():
+        upgrade(engine)
     sessions = session_factory(engine)
     with sessions() as session:
         seed_defaults(session)
