@@ -46,15 +46,16 @@ def test_setup_shows_the_bar_until_the_model_is_ready(browser, first_run):
     page.goto(url + "/setup")
     bar = page.locator("#default-model-progress progress")
     assert bar.get_attribute("value") == "42" and bar.get_attribute("max") == "100"
-    page.wait_for_timeout(2500)
-    assert polls.count(200) >= 1  # it polls itself while assembling
+    # It polls itself while assembling (every second).
+    with page.expect_response(lambda r: "/partials/default-model" in r.url and r.status == 200, timeout=10_000):
+        pass
     shot(page, "setup-default-model-progress")
     release.set()
     page.wait_for_selector("#default-model-progress:has-text('The default model is ready')", timeout=30_000)
     assert page.locator("#default-model-progress").get_attribute("hx-trigger") is None
     assert polls[-1] == 286
     seen = len(polls)
-    page.wait_for_timeout(2500)
+    page.wait_for_timeout(1500)  # one and a half poll intervals: absence has no event to wait on
     assert len(polls) == seen  # polling stopped
     assert page.locator("input[name=password]").is_visible()  # the admin's form was left alone
     context.close()
