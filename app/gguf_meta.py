@@ -133,6 +133,19 @@ def read_metadata(path: str | PathLike[str]) -> GgufMetadata:
             return _HeaderWalker(view, os.fspath(path)).metadata()
 
 
+def read_typed_fields(path: str | PathLike[str]) -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
+    """Every key of a GGUF header, decoded in full (vocabularies and merges too), with its value type and, for an
+    array, its item type: for tools that copy keys into another GGUF. ~0.2 s for a 151k-token vocabulary and its
+    merges, where gguf.GGUFReader takes ~10 s."""
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            raise GgufError("empty file, not a GGUF")
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            walker = _HeaderWalker(view, os.fspath(path), decode_all=True)
+            fields = walker.metadata().fields
+    return {key: (value, *walker.types[key]) for key, value in fields.items()}
+
+
 def projector_modalities(path: str | PathLike[str] | None) -> tuple[bool, bool]:
     """(vision, audio): which encoders a multimodal projector (an mmproj GGUF) has; (False, False) without one.
 
@@ -162,8 +175,12 @@ def read_metadata_prefix(prefix: bytes, file_size: int, name: str) -> GgufMetada
 class _HeaderWalker:
     """Sequential reader over a GGUF header: magic, version, key/values, tensor infos."""
 
-    def __init__(self, view: mmap.mmap | bytes, path: str, file_size: int | None = None) -> None:
+    def __init__(self, view: mmap.mmap | bytes, path: str, file_size: int | None = None,
+                 decode_all: bool = False) -> None:
         self._view = view
+        # Decode long arrays too (read_typed_fields), and keep each key's (value type, item type) in types.
+        self._decode_all = decode_all
+        self.types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
         self._path = path
         # The file's size; larger than the view when only its first bytes have arrived (a download).
         self._size = len(view) if file_size is None else file_size
@@ -252,11 +269,20 @@ class _HeaderWalker:
                     # Remembered so special tokens can be decoded once their ids are known,
                     # which in converted models is usually after the vocabulary.
                     tokens_at = (self._offset, count)
-                fields[key] = GgufArray(item_type, count)
-                self._skip_array_items(item_type, count)
+                if self._decode_all:
+                    fields[key] = self._read_items(item_type, count, key)
+                else:
+                    fields[key] = GgufArray(item_type, count)
+                    self._skip_array_items(item_type, count)
                 tokens_end = self._offset
+                self.types[key] = (value_type, item_type)
             else:
+                item_at = self._offset
                 fields[key] = self._read_value(value_type, key)
+                item_type = None
+                if value_type == GGUFValueType.ARRAY:
+                    item_type = GGUFValueType(struct.unpack_from(self._byte_order + "I", self._view, item_at)[0])
+                self.types[key] = (value_type, item_type)
         return fields, tokens_at, tokens_end
 
     def _read_tensor_infos(self, n_tensors: int) -> tuple[TensorInfo, ...]:
@@ -370,9 +396,13 @@ class _HeaderWalker:
             return self._read(_SCALAR_FORMATS[value_type])
         item_type = self._read_value_type(key)
         count = self._read("Q")
-        if count > MAX_DECODED_ARRAY_ITEMS:
+        if count > MAX_DECODED_ARRAY_ITEMS and not self._decode_all:
             self._skip_array_items(item_type, count)
             return GgufArray(item_type, count)
+        return self._read_items(item_type, count, key)
+
+    def _read_items(self, item_type: GGUFValueType, count: int, key: str) -> tuple:
+        """Decodes `count` array items of one type."""
         if item_type in _SCALAR_FORMATS:
             code = _SCALAR_FORMATS[item_type]
             values = struct.unpack_from(

@@ -4,10 +4,12 @@ import json
 
 import gguf
 import pytest
+from gguf.constants import GGUFValueType
 
 from app.devtools import family_models
 from app.devtools.family_models import FAMILIES, SCRIPTS_DIR, Script, load_scripts, script_gbnf, split_specials
 from app.devtools.serving.families_bench import Got, Outcome, judge, stream_mismatch
+from app.gguf_meta import read_typed_fields
 from app.schema_subset import check_gbnf
 
 
@@ -33,16 +35,15 @@ def test_every_family_has_its_template_vocabulary_and_scripts(vendored):
 
 def test_a_double_holds_the_real_vocabulary_with_the_markup_as_single_tokens(vendored):
     double = family_models.family_model("gpt_oss")
-    reader = gguf.GGUFReader(str(double.path))
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
-    types = reader.fields["tokenizer.ggml.token_type"].contents()
-    vocab = gguf.GGUFReader(str(vendored / "ggml-vocab-gpt-2.gguf")).fields["tokenizer.ggml.tokens"].contents()
+    fields = {key: value for key, (value, _, _) in read_typed_fields(double.path).items()}
+    tokens, types = list(fields["tokenizer.ggml.tokens"]), fields["tokenizer.ggml.token_type"]
+    vocab = list(read_typed_fields(vendored / "ggml-vocab-gpt-2.gguf")["tokenizer.ggml.tokens"][0])
     assert tokens[:len(vocab)] == vocab
     for text in ("<|channel|>", "<|message|>", "<|return|>", "<|call|>"):
         assert types[tokens.index(text)] == gguf.TokenType.CONTROL
         assert double.special_ids[text] == tokens.index(text)
-    assert reader.fields["tokenizer.ggml.eos_token_id"].contents() == tokens.index("<|return|>")
-    template = reader.fields["tokenizer.chat_template"].contents()
+    assert fields["tokenizer.ggml.eos_token_id"] == tokens.index("<|return|>")
+    template = fields["tokenizer.chat_template"]
     assert template == (vendored / "templates" / "openai-gpt-oss-120b.jinja").read_text()
 
 
@@ -102,3 +103,17 @@ def test_an_outcome_line_says_right_or_what_was_wrong():
     assert Outcome("hearth", "qwen3", "s", "ollama", True, [], "").line().endswith("right")
     assert "WRONG: x" in Outcome("hearth", "qwen3", "s", "ollama", False, ["x"], "").line()
     json.dumps(Outcome("hearth", "q", "s", "a", False, [], "").__dict__)
+
+
+def test_read_typed_fields_reads_every_key_as_gguf_s_own_reader_does(vendored):
+    # The vocabulary of a real family (strings, token types, float scores, merges): what the doubles copy.
+    path = vendored / "ggml-vocab-phi-3.gguf"
+    mine = read_typed_fields(path)
+    reader = gguf.GGUFReader(str(path))
+    assert set(mine) == {k for k in reader.fields if not k.startswith("GGUF.")}
+    for key, (value, value_type, item_type) in mine.items():
+        field = reader.fields[key]
+        assert value_type == field.types[0]
+        assert item_type == (field.types[1] if value_type == GGUFValueType.ARRAY else None)
+        theirs = field.contents()
+        assert (list(value) if value_type == GGUFValueType.ARRAY else value) == theirs, key

@@ -95,3 +95,4 @@ def test_an_unknown_buffer_type_is_refused_with_the_ones_there_are(tmp_path):
     make_model(SHAPES["qwen3moe-tiny"], path)
     with pytest.raises(ValueError, match="unknown buffer type Vulkan7; this llama.cpp has CPU"):
         LlamaModel(ModelConfig(path=str(path), n_ctx=256, n_seq_max=1, tensor_overrides=(("exps", "Vulkan7"),)))
+
