@@ -340,7 +340,10 @@ def test_bad_model_file_fails_the_load_with_the_logs_reason(harness, tmp_path):
 def test_a_failed_load_is_not_retried_by_every_request_until_it_cools_down_or_changes(harness, tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"this is not a GGUF file" * 100)
-    h = harness([spec("junk", junk)])
+    # A runner that fails at once (/bin/false as the llama-server binary): what is checked is when the manager starts
+    # one, not why it fails (test_bad_model_file_fails_the_load_with_the_logs_reason).
+    failing = RunnerSpec(model_name="junk", model_path=str(junk), kind="llama-server", binary_path="/bin/false")
+    h = harness([dataclasses.replace(spec("junk", junk), runner=failing)])
     with pytest.raises(ModelLoadFailed) as first:
         h.manager.acquire("junk")
     assert first.value.retry_after_s is None
