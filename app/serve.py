@@ -18,6 +18,7 @@ import signal
 import socket
 import threading
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from gunicorn.app.base import BaseApplication
@@ -34,6 +35,8 @@ DEFAULT_BIND = "127.0.0.1:8080"
 # Docker's stop_grace_period (30 s in docker-compose.yml) covers the whole sequence.
 GRACEFUL_TIMEOUT_S = 25
 DRAIN_S = 8.0
+# How often the stopping worker looks whether its last connection has ended (gunicorn's gevent worker: 1 s).
+DRAIN_POLL_S = 0.05
 SEND_BUFFER_BYTES = 64 * 1024
 
 log = logging.getLogger(__name__)
@@ -101,6 +104,52 @@ class HearthWorker(GeventWorker):
             return result
 
         os.waitid = waitid
+
+    def run(self):
+        """gunicorn's GeventWorker.run (a StreamServer per socket, the heartbeat each second, then the drain), woken
+        by SIGTERM at once rather than at its next one-second tick, and ending the drain within DRAIN_POLL_S of the
+        last connection: an idle serve stops in ~0.1 s instead of ~1.5 s, and `docker stop` returns as soon."""
+        import time
+
+        import gevent
+        from gevent.event import Event
+        from gevent.pool import Pool
+        from gevent.server import StreamServer
+        from gunicorn.sock import ssl_context
+
+        self._stopping = Event()
+        ssl_args = {"ssl_context": ssl_context(self.cfg)} if self.cfg.is_ssl else {}
+        servers = []
+        for sock in self.sockets:
+            sock.setblocking(1)
+            server = StreamServer(sock, handle=partial(self.handle, sock), spawn=Pool(self.worker_connections),
+                                  **ssl_args)
+            server.start()
+            servers.append(server)
+        while self.alive:
+            self.notify()
+            self._stopping.wait(1.0)
+        for server in servers:
+            server.close()  # stop accepting; connections in flight go on
+        deadline = time.monotonic() + self.cfg.graceful_timeout
+        while any(server.pool.free_count() != server.pool.size for server in servers):
+            if time.monotonic() >= deadline:
+                log.warning("worker graceful timeout: closing %d connections",
+                            sum(server.pool.size - server.pool.free_count() for server in servers))
+                for server in servers:
+                    server.stop(timeout=1)
+                return
+            self.notify()
+            gevent.sleep(DRAIN_POLL_S)
+
+    def handle_exit(self, sig, frame):
+        """SIGTERM: stop, and wake run() from its heartbeat wait (from a greenlet: this is a signal handler)."""
+        super().handle_exit(sig, frame)
+        stopping = getattr(self, "_stopping", None)
+        if stopping is not None:
+            import gevent
+
+            gevent.spawn(stopping.set)
 
     def handle(self, listener, client, addr):
         """Serve one connection with the socket timeout set (gunicorn's own handle sets blocking, no timeout)."""
