@@ -305,7 +305,9 @@ class Dechunker:
             try:
                 size = int(line.split(b";", 1)[0], 16)
             except ValueError:
-                raise http.client.HTTPException(f"a chunk size that is not hex: {line[:40]!r}") from None
+                size = -1
+            if size < 0:
+                raise http.client.HTTPException(f"a chunk size that is not hex: {line[:40]!r}")
             self._state, self._left = (self._TRAILER, 0) if size == 0 else (self._DATA, size)
         self._buf = buf[pos:]
         return b"".join(out)

@@ -283,7 +283,7 @@ def test_a_chunked_body_is_undone_whatever_the_reads_cut():
             body = relay.Dechunker()
             out = body.feed(wire[:cut]) + b"".join(body.feed(wire[i:i + step]) for i in range(cut, len(wire), step))
             assert out == b"".join(pieces) and body.done, (cut, step)
-    for bad in (b"zz\r\nab\r\n", b"2\r\nabXX", b"9" * 2000):
+    for bad in (b"zz\r\nab\r\n", b"-5\r\nabcde\r\n", b"2\r\nabXX", b"9" * 2000):
         with pytest.raises(relay.http.client.HTTPException):
             relay.Dechunker().feed(bad)
 
