@@ -24,6 +24,7 @@ from app.residency.supervisor import runner_headers
 
 READ_TIMEOUT_S = 600.0  # a long generation may take minutes between bytes only in pathological cases
 STREAM_READ_BYTES = 65536
+MAX_CHUNK_LINE = 1024  # a chunk size line (with extensions) or a trailer line longer than this is no runner's
 MAX_IDLE_PER_RUNNER = 64
 # The runner's own error code for a request it could not generate (a bad grammar, say): the
 # runner itself is fine, so it is not reported as failed.
@@ -261,6 +262,57 @@ def post(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[R
     return RunnerResponse(resp.status, headers, content), outcome
 
 
+class Dechunker:
+    """HTTP/1.1's chunked transfer coding undone as bytes arrive, cut anywhere: feed() answers the data they complete."""
+
+    _SIZE, _DATA, _DATA_END, _TRAILER = range(4)  # what comes next: a size line, data, its CRLF, trailer lines
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._state = self._SIZE
+        self._left = 0  # data bytes still due in the current chunk
+        self.done = False  # the last chunk and the trailers' empty line have been read
+
+    def feed(self, data: bytes) -> bytes:
+        """The body bytes this read completes (b"" when it held only framing or a part of it)."""
+        buf = self._buf + data if self._buf else data
+        pos, out = 0, []
+        while not self.done:
+            if self._state == self._DATA:
+                piece = buf[pos:pos + self._left]
+                out.append(piece)
+                pos += len(piece)
+                self._left -= len(piece)
+                if self._left:
+                    break
+                self._state = self._DATA_END
+            if self._state == self._DATA_END:
+                if len(buf) - pos < 2:
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise http.client.HTTPException("a chunk's data is not followed by CRLF")
+                pos += 2
+                self._state = self._SIZE
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                if len(buf) - pos > MAX_CHUNK_LINE:
+                    raise http.client.LineTooLong("chunk size")
+                break
+            line, pos = buf[pos:end], end + 2
+            if self._state == self._TRAILER:
+                self.done = not line  # an empty line ends the trailers, and the body
+                continue
+            try:
+                size = int(line.split(b";", 1)[0], 16)
+            except ValueError:
+                size = -1
+            if size < 0:
+                raise http.client.HTTPException(f"a chunk size that is not hex: {line[:40]!r}")
+            self._state, self._left = (self._TRAILER, 0) if size == 0 else (self._DATA, size)
+        self._buf = buf[pos:]
+        return b"".join(out)
+
+
 class RunnerStream:
     """A streamed answer being read; close() it whether or not it was read to the end."""
 
@@ -279,13 +331,28 @@ class RunnerStream:
         return data
 
     def chunks(self) -> Iterator[bytes]:
-        """The body as it arrives."""
-        while True:
-            data = self._resp.read1(STREAM_READ_BYTES)
+        """The body as it arrives: what one read of the socket brought, as one piece.
+
+        A chunked body (every runner's stream) is decoded here, not by http.client, whose read1 answers one HTTP
+        chunk per call: a runner writes a chunk per token, so a relay behind by 15 tokens read them in one recv and
+        still wrote them to the client in 15 sends, each a greenlet's turn on the hub (issue 44).
+        """
+        if not self._resp.chunked:  # a Content-Length or close-delimited body (a remote server's)
+            while True:
+                data = self._resp.read1(STREAM_READ_BYTES)
+                if not data:
+                    self._done = True
+                    return
+                yield data
+        body = Dechunker()
+        while not body.done:
+            data = self._resp.fp.read1(STREAM_READ_BYTES)
             if not data:
-                self._done = True
-                return
-            yield data
+                raise http.client.IncompleteRead(b"", None)
+            data = body.feed(data)
+            if data:
+                yield data
+        self._done = True
 
     def close(self) -> None:
         """Release the connection: reusable after a complete body, closed otherwise (the runner

@@ -19,7 +19,7 @@ from app.runner.writers import merge_choices
 def answer(state: RunnerState, req: HttpRequest, job: Job) -> Response:
     """One job's answer: streamed, whole, or OpenAI's n choices merged into one."""
     if job.stream:
-        return event_stream(generation.sse(job, generation.stream(state, req.environ, job)))
+        return event_stream(generation.sse(job, generation.stream(state, req.environ, job, encoded=True)))
     answers = generation.whole(state, req.environ, [job] * job.n)
     return json_response(merge_choices(answers) if job.n > 1 else answers[0])
 

@@ -2,7 +2,7 @@
 
     submit(job)          -> a Request in the engine (its refusals as llama-server's errors)
     whole(jobs)          -> each job's whole answer (all submitted first, so they batch)
-    stream(job)          -> the job's pieces as dicts: the writer's, or the error payload
+    stream(job)          -> the job's pieces as dicts: the writer's, or the error payload (encoded: some as bytes)
     sse(pieces)          -> OpenAI's / llama-server's event stream of them
 
 A request whose client goes away is cancelled, streamed or not. A stream writes what the engine has ready
@@ -112,15 +112,16 @@ def _whole_one(state: RunnerState, environ: Mapping, engine: Engine, job: Job, r
     raise ApiError(499, "client closed the connection", code="client_closed")
 
 
-def stream(state: RunnerState, environ: Mapping, job: Job) -> Iterator[dict | object]:
+def stream(state: RunnerState, environ: Mapping, job: Job, encoded: bool = False) -> Iterator[dict | bytes | object]:
     """The job's streamed pieces, FLUSH where the engine has nothing more ready; submitted now, so a refusal is
-    the answer's status, not a piece."""
+    the answer's status, not a piece. `encoded`: the pieces go to sse() as they are, so a plain token's may be its
+    event's bytes already (the writer's fast path); an adapter, which reads dicts, leaves it off."""
     engine = state.ready()
     request = submit(engine, job)
-    return _pieces(writer_for(job, state), watched(environ, engine, request, state.note_finished))
+    return _pieces(writer_for(job, state, encoded), watched(environ, engine, request, state.note_finished))
 
 
-def _pieces(writer: Writer, events: Iterable[Delta | Progress | Finished | object]) -> Iterator[dict | object]:
+def _pieces(writer: Writer, events: Iterable[Delta | Progress | Finished | object]) -> Iterator[dict | bytes | object]:
     yield from writer.start()
     yield FLUSH  # the role chunk goes out at once
     for ev in events:
@@ -134,14 +135,14 @@ def _pieces(writer: Writer, events: Iterable[Delta | Progress | Finished | objec
             yield from writer.final(ev)
 
 
-def sse(job: Job, pieces: Iterable[dict | object]) -> Iterator[bytes]:
+def sse(job: Job, pieces: Iterable[dict | bytes | object]) -> Iterator[bytes]:
     """The pieces as server-sent events; OpenAI's streams end with [DONE], llama-server's native ones do not."""
     return joined(_events(job, pieces))
 
 
-def _events(job: Job, pieces: Iterable[dict | object]) -> Iterator[bytes | object]:
+def _events(job: Job, pieces: Iterable[dict | bytes | object]) -> Iterator[bytes | object]:
     for piece in pieces:
-        yield piece if piece is FLUSH else sse_codec.encode(piece)
+        yield piece if piece is FLUSH or type(piece) is bytes else sse_codec.encode(piece)
     if job.kind != NATIVE:
         yield sse_codec.DONE
 

@@ -4,13 +4,17 @@ A writer reads the engine's immutable events only, never the live request. `delt
 a Delta or a Progress and returns the stream's pieces for it (none when the answer is whole: the
 writer keeps the text and logprobs); `final(finished)` returns a stream's closing pieces, and
 `whole(finished)` the whole answer. The pieces are dicts: the route encodes them as SSE, or feeds
-the chat writer's chunks to another API's adapter.
+the chat writer's chunks to another API's adapter. A writer made `encoded` (its stream goes out as OpenAI's
+SSE as it is) writes a plain token's chunk as the event's bytes instead: a head encoded once per stream, the
+text escaped, the running timings' prompt half encoded once, the same bytes json.dumps of the dict gives.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from json.encoder import encode_basestring
 
 from app.engine.formats import AnswerParser, CallArguments, CallStart, Content, Reasoning
 from app.engine.request import Delta, Finished, Progress
@@ -27,11 +31,18 @@ def llama_timings(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: in
     """llama-server's timings object: counts and times with their per-token times and rates.
 
     The first token comes with the prompt's last batch, so the generation rate is over the steps after it."""
-    steps = max(0, predicted_n - 1)
+    return {**_prompt_timings(cache_n, prompt_n, prompt_ms), **_predicted_timings(predicted_n, predicted_ms)}
+
+
+def _prompt_timings(cache_n: int, prompt_n: int, prompt_ms: float) -> dict:
     return {"cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0}
+
+
+def _predicted_timings(predicted_n: int, predicted_ms: float) -> dict:
+    steps = max(0, predicted_n - 1)
+    return {"predicted_n": predicted_n, "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
             "predicted_per_second": 1e3 * steps / predicted_ms if predicted_ms > 0 else 0.0}
 
@@ -72,9 +83,10 @@ def progress_fields(p: Progress) -> dict:
 class Writer:
     """What the three shapes share: the text and logprobs so far, the slot, the running timings."""
 
-    def __init__(self, job: Job, state: RunnerState):
+    def __init__(self, job: Job, state: RunnerState, encoded: bool = False):
         self.job = job
         self.state = state
+        self.encoded = encoded  # a plain token's chunk may be the SSE event's bytes (see the module's docstring)
         self.model_name = state.config.model_name
         self.created = int(time.time())
         self.parts: list[str] = []
@@ -82,6 +94,8 @@ class Writer:
         self.slot = -1  # the slot it runs in, from the events
         self.num_tokens = 0  # generated so far
         self._last: Delta | None = None  # the last token's event, for the running timings
+        self._prompt_key: tuple | None = None  # what the running timings' encoded prompt half was made from
+        self._prompt_json = b""
 
     def start(self) -> list[dict]:
         """The stream's opening pieces."""
@@ -130,6 +144,22 @@ class Writer:
         return llama_timings(last.num_cached, len(self.job.tokens) - last.num_cached, last.prompt_ms,
                              self.num_tokens, last.predicted_ms)
 
+    def running_timings_json(self) -> bytes:
+        """running_timings() as json.dumps writes it; the prompt's half is encoded once (it is fixed once the first
+        token is out), the tokens' half written by hand (ints and finite floats: repr is JSON's own)."""
+        last = self._last or Delta("", 0)
+        key = (last.num_cached, last.prompt_ms)
+        if self._prompt_key != key:
+            prompt = _prompt_timings(last.num_cached, len(self.job.tokens) - last.num_cached, last.prompt_ms)
+            self._prompt_key, self._prompt_json = key, json.dumps(prompt)[:-1].encode()
+        n, ms = self.num_tokens, last.predicted_ms
+        steps = max(0, n - 1)
+        per_token = ms / steps if steps else 0.0
+        per_second = 1e3 * steps / ms if ms > 0 else 0.0
+        return (b"%s, \"predicted_n\": %d, \"predicted_ms\": %s, \"predicted_per_token_ms\": %s, "
+                b"\"predicted_per_second\": %s}" % (self._prompt_json, n, repr(ms).encode(), repr(per_token).encode(),
+                                                   repr(per_second).encode()))
+
     def prompt_text(self) -> str:
         """The prompt as text (llama-server's `prompt`, `__verbose`)."""
         return detokenize(self.state.model, self.job.tokens)
@@ -138,8 +168,8 @@ class Writer:
 class OpenAIWriter(Writer):
     """OpenAI's chat and text completions: chunks, then a last one with the usage; n > 1 merges whole ones."""
 
-    def __init__(self, job: Job, state: RunnerState):
-        super().__init__(job, state)
+    def __init__(self, job: Job, state: RunnerState, encoded: bool = False):
+        super().__init__(job, state, encoded)
         self.chat = job.kind == CHAT
         self.object = "chat.completion.chunk" if self.chat else "text_completion"
         # The answer's parser (C1) splits thoughts, content and calls; a plain answer of a plain template has none.
@@ -148,6 +178,7 @@ class OpenAIWriter(Writer):
                        if self.chat and job.parse else None)
         self.num_calls = 0
         self.thinks = self.chat and job.params.reasoning_budget is not None
+        self._event_head = self._event_tail = b""  # a plain token chunk's event around its text, made at the first
 
     def _head(self, obj: str) -> dict:
         return {"id": self.job.rid, "object": obj, "created": self.created, "model": self.model_name,
@@ -175,8 +206,10 @@ class OpenAIWriter(Writer):
         """A chunk of no text with the prompt's progress."""
         return [self.chunk(None, None, **progress_fields(p))]
 
-    def piece(self, ev: Delta) -> list[dict]:
+    def piece(self, ev: Delta) -> list[dict] | list[bytes]:
         """The chunks of a text delta: as it is, or its parsed pieces (text that may be a marker held back)."""
+        if self.encoded and ev.text and self.parser is None and not self.logprobs:
+            return [self.plain_event(ev.text)]
         timed = {"timings": self.running_timings()} if self.job.timings_per_token else {}
         if not self.chat:
             return [self.chunk(ev.text, None, logprobs=self.take_logprobs(), **timed)] if ev.text else []
@@ -188,6 +221,20 @@ class OpenAIWriter(Writer):
             return []
         out = [self.chunk(None, None, logprobs=self.take_logprobs(), delta=deltas[0], **timed)]
         return out + [self.chunk(None, None, delta=d) for d in deltas[1:]]
+
+    def plain_event(self, text: str) -> bytes:
+        """sse.encode(self.chunk(...)) of a plain token's text, with the running timings when asked, built as bytes:
+        the head and the choice's fixed fields are encoded once per stream, only the text and the counts per token."""
+        if not self._event_head:
+            marker = "\x00"  # a text no token writes unescaped: where the head ends and the tail begins
+            if self.chat:
+                whole = self.chunk(None, None, delta={"content": marker})
+            else:
+                whole = self.chunk(marker, None)
+            head, _, tail = json.dumps(whole, ensure_ascii=False).encode().rpartition(encode_basestring(marker).encode())
+            self._event_head, self._event_tail = b"data: " + head, tail[:-1]  # the closing brace comes last
+        timed = b', "timings": ' + self.running_timings_json() if self.job.timings_per_token else b""
+        return b"".join((self._event_head, encode_basestring(text).encode(), self._event_tail, timed, b"}\n\n"))
 
     def _deltas(self, pieces: list) -> list[dict]:
         """Parsed pieces as chat deltas, C2's shape: reasoning_content, content, a call's name then its arguments."""
@@ -255,8 +302,8 @@ class OpenAIWriter(Writer):
 class NativeWriter(Writer):
     """llama-server's /completion and /infill: content pieces, then the last object with its settings and timings."""
 
-    def __init__(self, job: Job, state: RunnerState):
-        super().__init__(job, state)
+    def __init__(self, job: Job, state: RunnerState, encoded: bool = False):
+        super().__init__(job, state, encoded)
         self.unsent: list[int] = []  # ids of tokens whose text has not gone out yet
 
     def delta(self, ev: Delta | Progress) -> list[dict]:
@@ -315,9 +362,9 @@ class NativeWriter(Writer):
         return out
 
 
-def writer_for(job: Job, state: RunnerState) -> Writer:
-    """The writer of a job's shape."""
-    return NativeWriter(job, state) if job.kind == NATIVE else OpenAIWriter(job, state)
+def writer_for(job: Job, state: RunnerState, encoded: bool = False) -> Writer:
+    """The writer of a job's shape; `encoded` when its stream goes out as the shape's own SSE (bytes pieces allowed)."""
+    return NativeWriter(job, state, encoded) if job.kind == NATIVE else OpenAIWriter(job, state, encoded)
 
 
 def merge_choices(answers: list[dict]) -> dict:

@@ -268,3 +268,56 @@ def test_token_events_pass_as_bytes_cut_anywhere_with_their_timings_out():
     assert len(out) == 3 and outcome.token_seen
     relay.count_so_far(outcome)
     assert outcome.usage["completion_tokens"] == 3
+
+
+def _chunked(pieces: list[bytes], trailer: bytes = b"") -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n" + trailer + b"\r\n"
+
+
+def test_a_chunked_body_is_undone_whatever_the_reads_cut():
+    pieces = [b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in (ROLE, TOKEN, TOKEN)] + [b"x" * 300]
+    wire = _chunked(pieces, trailer=b"X-Trailer: 1\r\n").replace(b"%x\r\n" % len(pieces[1]),
+                                                                  b"%x;ext=1\r\n" % len(pieces[1]), 1)
+    for cut in range(1, len(wire)):
+        for step in (cut, 1):  # one cut anywhere, and byte by byte from there
+            body = relay.Dechunker()
+            out = body.feed(wire[:cut]) + b"".join(body.feed(wire[i:i + step]) for i in range(cut, len(wire), step))
+            assert out == b"".join(pieces) and body.done, (cut, step)
+    for bad in (b"zz\r\nab\r\n", b"-5\r\nabcde\r\n", b"2\r\nabXX", b"9" * 2000):
+        with pytest.raises(relay.http.client.HTTPException):
+            relay.Dechunker().feed(bad)
+
+
+class Burst(BaseHTTPRequestHandler):
+    """A runner that is ahead of its relay: 20 token chunks reach the socket before the relay reads any."""
+
+    protocol_version = "HTTP/1.1"
+    events = [b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in [ROLE] + [TOKEN] * 20] + [b"data: [DONE]\n\n"]
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        self.wfile.write(head + _chunked(Burst.events))
+        self.wfile.flush()
+
+
+def test_what_one_read_brings_goes_on_in_one_piece_and_the_connection_is_reused():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Burst)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+    try:
+        for _ in range(2):
+            # The stand-in writes its headers and the whole answer in one write: all of it is in once they are.
+            stream, outcome = relay.open_stream(url, {"stream": True})
+            out = list(relay.stream_chunks(stream, outcome))
+            assert b"".join(out) == b"".join(Burst.events) and outcome.token_seen
+            # Not a piece (a client write) per token: the burst goes on as it was read.
+            assert len(out) <= 3
+        assert sum(len(pool) for pool in relay._idle.values()) == 1  # the kept-alive connection went back, reused
+    finally:
+        relay.close_idle()
+        server.shutdown()
+        server.server_close()
