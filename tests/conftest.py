@@ -11,8 +11,8 @@ serves, stock llama-server or llama.cpp itself. `pytest -m "not model and not sl
 `-m "not model"` (the fast tier, whose time issue 43 sets) still runs them.
 
 pytest-xdist for the fast tier only (issue 43): `-m "not model" -n 2` ran 2,185 tests in 113 s (163 s before the
-second pass of issue 43 made setups cheaper) against ~300 s serially on this 2-core box. The whole-suite command in README.md stays serial: the model tier's session serves would start
-once per worker on the same two cores.
+second pass of issue 43 made setups cheaper) against ~300 s serially on this 2-core box. The whole-suite command
+in README.md stays serial: the model tier's session serves would start once per worker on the same two cores.
 What once lost tests under xdist is gone: schemathesis' `schema.parametrize()` gave all 24 fuzzed operations one node
 id, so xdist ran one of them; the fuzz tests now parametrize over the operations themselves (tests/fuzzing.py), one
 stable id each ("test_no_request_gets_a_5xx[POST /v1/chat/completions]").
