@@ -360,9 +360,11 @@ class ResidencyManager:
                 elif m.state == ModelState.LOADING:
                     wait_for = m.loading
                 elif want_lease and self._cooling_down(m, spec):
-                    # The same error as the load that failed, with how long until a request tries again.
-                    raise ModelLoadFailed(name, m.failure,
-                                          retry_after_s=m.failed_at + self.failed_load_cooldown_s - self._clock())
+                    # As if this request's load had failed the same way: its remote nodes, if any, serve it; else it
+                    # gets the same error, with how long until a request tries the load again.
+                    failure = ModelLoadFailed(name, m.failure,
+                                              retry_after_s=m.failed_at + self.failed_load_cooldown_s - self._clock())
+                    continue
                 else:
                     try:
                         evict, placed = self._plan_room(m)

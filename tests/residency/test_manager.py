@@ -452,6 +452,15 @@ def test_remote_only_model_and_remote_fallback(harness, gemma_path, remote_runne
     assert h.events == [] and not runner_children()
 
 
+def test_a_failed_local_load_cooling_down_still_serves_from_the_remote_node(harness, gemma_path, remote_runner):
+    failing = RunnerSpec(model_name="m", model_path=str(gemma_path), kind="llama-server", binary_path="/bin/false")
+    h = harness([dataclasses.replace(spec("m", gemma_path, remote=[(remote_runner.url, "nas")]), runner=failing)])
+    for _ in range(2):  # the second request finds the load cooling down: no new runner, the node serves it
+        with h.manager.acquire("m") as lease:
+            assert lease.node_label == "nas" and complete(lease)
+    assert h.kinds() == [("m", "load_failed")]
+
+
 def test_client_keep_alive_sets_the_ttl_but_never_unpins(harness, gemma_path):
     h = harness([spec("a", gemma_path, keep_alive_s=60), spec("p", gemma_path, policy="pinned")])
     h.manager.set_client_keep_alive("a", float("inf"))
