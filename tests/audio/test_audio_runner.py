@@ -17,11 +17,10 @@ from app.devtools import audio_files
 from app.devtools.audio_mmproj import AUDIO_SHAPES, cached_audio_mmproj
 from app.devtools.gguf_shapes import CHATML_TEMPLATE
 from app.engine.model_config import ModelConfig
-from app.llama_tools import stock_llama_server
 from app.protocols.audio import AudioLimits
 from app.runner.app import create_app
 from app.runner.config import RunnerConfig
-from tests.e2e.test_compat_http import _stock_server, _stock_with_projector
+from tests.e2e.test_compat_http import _stock_with_projector
 from tests.runner.loaded import LOAD_TIMEOUT_S
 
 CHAT = "/v1/chat/completions"
@@ -166,20 +165,13 @@ def pair(gemma_path, projector, tmp_path):
     (llama-server takes no cache_prompt on its transcription route): both start with empty caches, so both compute
     the same prompt in the same pieces (a prefix taken from the cache is computed in other batches, and the random
     model's greedy near-ties tip on that, on either server)."""
-    binary = stock_llama_server()
-    if binary is None:
-        pytest.skip("stock llama-server is not built (scripts/build_llama_tools.sh)")
-    template = tmp_path / "chatml.jinja"
-    template.write_text(CHATML_TEMPLATE)
-    proc, client = _stock_server(binary, gemma_path, tmp_path / "llama-server.log", "--mmproj", str(projector),
-                                 "--jinja", "--chat-template-file", str(template), "-c", "2048", "--swa-full")
+    stock = _stock_with_projector(gemma_path, projector, tmp_path)
+    client = next(stock)
     app = _runner(gemma_path, projector)
     yield Client(app), client
     app.state.engine.stop()
     app.state.model.close()
-    client.close()
-    proc.terminate()
-    proc.wait(15)
+    next(stock, None)  # closes the client and stops llama-server
 
 
 FORM = {"model": "m", "temperature": "0", "max_tokens": "12"}
