@@ -178,7 +178,7 @@ class _HeaderWalker:
     def __init__(self, view: mmap.mmap | bytes, path: str, file_size: int | None = None,
                  decode_all: bool = False) -> None:
         self._view = view
-        # Decode long arrays too (read_typed_fields), and keep each key's (value type, item type) in types.
+        # Decode long arrays too, and keep each key's (value type, item type) in types (read_typed_fields only).
         self._decode_all = decode_all
         self.types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
         self._path = path
@@ -275,14 +275,16 @@ class _HeaderWalker:
                     fields[key] = GgufArray(item_type, count)
                     self._skip_array_items(item_type, count)
                 tokens_end = self._offset
-                self.types[key] = (value_type, item_type)
+                if self._decode_all:
+                    self.types[key] = (value_type, item_type)
             else:
                 item_at = self._offset
                 fields[key] = self._read_value(value_type, key)
-                item_type = None
-                if value_type == GGUFValueType.ARRAY:
-                    item_type = GGUFValueType(struct.unpack_from(self._byte_order + "I", self._view, item_at)[0])
-                self.types[key] = (value_type, item_type)
+                if self._decode_all:
+                    item_type = None
+                    if value_type == GGUFValueType.ARRAY:  # an array's value starts with its item type
+                        item_type = GGUFValueType(struct.unpack_from(self._byte_order + "I", self._view, item_at)[0])
+                    self.types[key] = (value_type, item_type)
         return fields, tokens_at, tokens_end
 
     def _read_tensor_infos(self, n_tensors: int) -> tuple[TensorInfo, ...]:
