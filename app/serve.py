@@ -17,6 +17,7 @@ import resource
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -108,9 +109,8 @@ class HearthWorker(GeventWorker):
     def run(self):
         """gunicorn's GeventWorker.run (a StreamServer per socket, the heartbeat each second, then the drain), woken
         by SIGTERM at once rather than at its next one-second tick, and ending the drain within DRAIN_POLL_S of the
-        last connection: an idle serve stops in ~0.1 s instead of ~1.5 s, and `docker stop` returns as soon."""
-        import time
-
+        last connection: an idle serve stops in ~0.55 s instead of ~1.5 s (SIGTERM to exit, measured), and `docker
+        stop` returns as soon."""
         import gevent
         from gevent.event import Event
         from gevent.pool import Pool
