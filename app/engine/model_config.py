@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from app.hardware import cpu_has_amx
+from app.repack import repack_works
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,9 @@ class ModelConfig:
     main_gpu: int = 0
     n_threads: int = max(1, os.cpu_count() or 1)
     n_gpu_layers: int = 0
-    # Weight repacking (llama.cpp's "extra buffer types"). None = automatic: off on CPUs with AMX,
-    # where the pinned build's AMX path crashes inside llama_decode (seen on Xeon with amx_int8).
+    # Weight repacking (llama.cpp's "extra buffer types"). None = automatic: off where this build's repack path dies
+    # on this CPU, asked of the build by app.repack's probe (the pinned build's AMX path crashes inside llama_decode on
+    # a Xeon VM with amx_int8; CPUID alone cannot tell).
     repack: bool | None = None
     verbose: bool = False
     # Logit rows beyond one per sequence that a batch may ask for (speculative decoding's draft tokens).
@@ -46,6 +47,6 @@ class ModelConfig:
     @property
     def repack_enabled(self) -> bool:
         """Whether weight repacking is used; the benchmark passes the same choice to llama.cpp's tools."""
-        return self.repack if self.repack is not None else not cpu_has_amx()
+        return self.repack if self.repack is not None else repack_works()
 
 

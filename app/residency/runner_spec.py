@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from app.engine.kv_tiers import DEFAULT_CACHE_DISK_MAX_AGE_H, DEFAULT_CACHE_DISK_MIB, DEFAULT_CACHE_RAM_MIB
 from app.engine.kv_types import DEFAULT_KV_TYPE, KV_TYPE_BYTES
 from app.engine.speculation import NGRAM_TYPES, SpecConfig
-from app.hardware import cpu_has_amx, usable_cores
+from app.hardware import usable_cores
 from app.policy import RUNNER_KINDS, RunnerKind
+from app.repack import repack_works
 
 # A model's "Speculative decoding" setting (runner_settings.speculation, migration 0013): auto (None stored
 # means the same) lets serve choose, off never drafts, an n-gram type drafts with that type. Drafting is
@@ -221,8 +222,9 @@ class RunnerSpec:
                 # One KV pool shared by every slot, as the hearth runner has; /metrics is off by default.
                 "--kv-unified", "--metrics", "--no-webui",
             ]
-            # The same choice the hearth runner makes: the pinned build's AMX repack path crashes.
-            if cpu_has_amx():
+            # The rule the hearth runner follows, asked of this binary's build: where its AMX repack path dies
+            # (a Xeon VM whose CPUID lists AMX), repack is off; where it runs, it stays on (app.repack).
+            if not repack_works(self.binary_path):
                 cmd.append("--no-repack")
             # `mode` is the hearth engine's scheduler; llama-server always batches continuously.
             return cmd + self.mmproj_flag + self.spec_flag + self.draft_flag + self.kv_type_flag + self.placement_flag + list(self.extra_args)

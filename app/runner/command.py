@@ -57,7 +57,8 @@ def _add_model_args(p: argparse.ArgumentParser, ctx: int, parallel: int) -> None
     p.add_argument("--gpu-layers", "-ngl", "--n-gpu-layers", dest="gpu_layers", type=int, default=0,
                    help="layers offloaded to the GPU (default %(default)s)")
     p.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
-                   help="llama.cpp weight repacking (default: off on CPUs with AMX, on elsewhere)")
+                   help="llama.cpp weight repacking (default: on unless this build's repack path dies on this CPU, "
+                        "as app.repack's probe finds once per build and CPU)")
 
 
 POOLINGS = ("none", "mean", "cls", "last", "rank")

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import httpx
 
-from app.hardware import cpu_has_amx, machine
+from app.hardware import machine
 from app.paths import sha256_of
 from app.policy import MODES, ClassPolicy
+from app.repack import repack_works
 from app.verdict.load import run_level
 from app.verdict.results import RunResult, median_runs
 from app.verdict.runners import ONCE_MODES, RunnerGroup, RunnerPlan, plan_runners
@@ -175,7 +176,7 @@ def describe_constants(cfg: BenchConfig, scenario: Scenario, model_name: str, cl
         "slots": list(cfg.slots) if cfg.slots else "enough for each level (at least parallel)",
         "kv_cells_per_slot": -(-cfg.n_ctx // cfg.parallel),
         "token_budget": cfg.token_budget or cfg.n_batch, "threads": cfg.threads, "gpu_layers": cfg.gpu_layers,
-        "repack": not cpu_has_amx(), "kv_unified": True,
+        "repack": repack_works(), "kv_unified": True,
         "sampling": "temperature 0, ignore_eos (fixed output lengths), cache_prompt off",
         "prompt_lengths": "exact (target's tokenizer)" if cutter_exact else "estimated (4 chars/token)",
         "llama_server": cfg.llama_server, "target_url": cfg.target_url, "serve": cfg.serve,

@@ -80,8 +80,7 @@ def test_stock_llama_server_answers_input_audio_through_the_projector(shape_name
             **body, "messages": [{"role": "user", "content": "Transcribe:"}]}).json()
     finally:
         client.close()
-        proc.terminate()
-        proc.wait(15)
+        proc.stop()
     n_audio = audio_mmproj.AUDIO_SHAPES[shape_name].tokens_for_seconds(2.0)
     assert with_audio["usage"]["prompt_tokens"] >= text_only["usage"]["prompt_tokens"] + n_audio
     assert with_audio["usage"]["completion_tokens"] == 4

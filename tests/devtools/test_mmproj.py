@@ -66,8 +66,7 @@ def test_stock_llama_server_answers_an_image_through_the_projector(gemma_path, t
             **body, "messages": [{"role": "user", "content": text}]}).json()
     finally:
         client.close()
-        proc.terminate()
-        proc.wait(15)
+        proc.stop()
     n_image = mmproj.MMPROJ_SHAPES["mmproj-gemma3-tiny"].n_image_tokens
     # The image's embeddings plus its <start_of_image> / <end_of_image> markers (and the blank lines around them).
     assert with_image["usage"]["prompt_tokens"] >= text_only["usage"]["prompt_tokens"] + n_image + 2

@@ -2,7 +2,6 @@
 OpenAI's SDK on /v1/responses, and /rerank checked against stock llama-server on the same model."""
 
 import math
-import subprocess
 import threading
 
 import anthropic
@@ -11,9 +10,9 @@ import openai
 import pytest
 from werkzeug.serving import make_server
 
+from app.devtools.stock_server import StockServer
 from app.engine.model_config import ModelConfig
 from app.llama_tools import stock_llama_server
-from app.residency.supervisor import free_port
 from app.runner.app import create_app
 from app.runner.config import RunnerConfig
 from tests.helpers import wait_until
@@ -188,30 +187,17 @@ def test_rerank_scores_are_stock_llama_servers(reranker, gemma_path, tmp_path):
         ours = reranker.post("/rerank", json=body).json()
     finally:
         stock.close()
-        proc.terminate()
-        proc.wait(15)
+        proc.stop()
     assert ours["usage"] == theirs["usage"]
     assert [r["index"] for r in ours["results"]] == [r["index"] for r in theirs["results"]]
     for a, b in zip(ours["results"], theirs["results"]):
         assert a["relevance_score"] == pytest.approx(b["relevance_score"], rel=1e-3, abs=1e-3)
 
 
-def _stock_server(binary, gemma_path, log_path, *args: str) -> tuple[subprocess.Popen, httpx.Client]:
-    """Stock llama-server on the same model, started and healthy."""
-    port = free_port()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), "-m", str(gemma_path), "--port", str(port), "-t", "2", "-c", "1024",
-                                 "-np", "1", *args], stdout=log, stderr=subprocess.STDOUT)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
-
-    def healthy() -> bool:
-        try:
-            return client.get("/health").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(healthy, timeout_s=120, message=lambda: log_path.read_text()[-2000:])
-    return proc, client
+def _stock_server(binary, gemma_path, log_path, *args: str) -> tuple[StockServer, httpx.Client]:
+    """Stock llama-server on the same model (the product's repack rule and Hearth's cache layout), started and healthy."""
+    server = StockServer(binary, gemma_path, "-t", "2", "-c", "1024", "-np", "1", *args, log_path=log_path).start()
+    return server, server.client
 
 
 def _stock_with_projector(gemma_path, projector, folder):
@@ -225,14 +211,10 @@ def _stock_with_projector(gemma_path, projector, folder):
     template = folder / "chatml.jinja"
     template.write_text(CHATML_TEMPLATE)
     proc, client = _stock_server(binary, gemma_path, folder / "llama-server.log", "--mmproj", str(projector),
-                                 "--jinja", "--chat-template-file", str(template), "-c", "2048",
-                                 # Hearth's sliding-window cache is full-size: the same here, or Gemma 3's SWA
-                                 # layers attend over another cache size and greedy near-ties tip.
-                                 "--swa-full")
+                                 "--jinja", "--chat-template-file", str(template), "-c", "2048")
     yield client
     client.close()
-    proc.terminate()
-    proc.wait(15)
+    proc.stop()
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
@@ -254,8 +236,7 @@ def test_embeddings_with_pooling_are_stock_llama_servers(pooling, gemma_path, tm
     finally:
         ours.close()
         theirs.close()
-        proc.terminate()
-        proc.wait(15)
+        proc.stop()
         server.shutdown()
     assert a["usage"] == b["usage"]
     assert len(a["data"]) == len(b["data"]) == 2

@@ -8,6 +8,7 @@ import pytest
 
 from app import device_probe
 from app.devtools.gpu.vulkan_check import PROMPTS, TOLERANCE, load_and_free, oracle, tiny_model, vulkan_env
+from app.devtools.stock_server import stock_command
 from app.llama_tools import vulkan_lib_dir, vulkan_llama_server
 from app.residency.catalog import scan
 from app.residency.estimate import estimate_memory
@@ -198,6 +199,6 @@ def test_runner_list_devices_prints_what_stock_llama_server_prints(env):
         pytest.skip("stock llama-server of the Vulkan build is not built")
     ours = subprocess.run([sys.executable, "-m", "app.cli", "runner", "--list-devices"], env=env, capture_output=True,
                           text=True, check=True).stdout
-    stock = subprocess.run([str(vulkan_llama_server()), "--list-devices"], env=env, capture_output=True, text=True,
+    stock = subprocess.run(stock_command(vulkan_llama_server(), None, "--list-devices", same_cache=False, env=env), env=env, capture_output=True, text=True,
                            check=True).stdout
     assert ours == stock and "Vulkan0: llvmpipe" in ours

@@ -26,6 +26,7 @@ import httpx
 import numpy as np
 
 from app.devtools.processes import stop_process
+from app.devtools.stock_server import stock_command
 from app.engine.kv_types import KV_TYPES
 from app.engine.model_config import ModelConfig
 from app.residency.catalog import scan
@@ -161,8 +162,7 @@ def greedy_against_stock(model_path: str, llama_server: str, kv_type: str, threa
     hearth = _serve_tokens([sys.executable, "-m", "app.cli", "runner", *common], prompt, n_predict)
     # Hearth's cache layout (one unified cache, full-size sliding-window layers); --fit off: the stock server keeps
     # the given context instead of sizing its own (it is on by default).
-    stock = _serve_tokens([llama_server, *common, "--kv-unified", "--swa-full", "--no-webui", "--fit", "off"], prompt,
-                          n_predict)
+    stock = _serve_tokens(stock_command(llama_server, None, *common, "--no-webui", "--fit", "off"), prompt, n_predict)
     return hearth, stock
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from app.devtools.processes import stop_process
+from app.devtools.stock_server import stock_command
 from app.protocols import sse
 from app.residency.supervisor import free_port
 
@@ -137,7 +138,8 @@ def run(model: str, threads: int, ctx: int, parallel: int, max_tokens: int, roun
     arms = [Arm(f"hearth {t}", [sys.executable, "-m", "app.cli", "runner", *common, "--spec-type", t, *md(t),
                     *hearth_extra]) for t in hearth_arms]
     if llama_server:
-        arms += [Arm(f"llama-server {t}", [llama_server, *common, "--spec-type", t, *md(t), "--no-webui"])
+        arms += [Arm(f"llama-server {t}", stock_command(llama_server, None, *common, "--spec-type", t, *md(t),
+                                                        "--no-webui", same_cache=False))
                  for t in llama_arms]
     for rnd in range(rounds):
         for arm in (arms if rnd % 2 == 0 else list(reversed(arms))):

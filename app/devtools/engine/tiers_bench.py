@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from app.devtools.processes import stop_process
+from app.devtools.stock_server import stock_command
 from app.hardware import machine
 from app.protocols import sse
 from app.residency.supervisor import free_port
@@ -301,7 +302,7 @@ def main(args) -> int:
     if args.llama_server:
         if not Path(args.llama_server).is_file():
             raise SystemExit(f"hearth bench tiers: no llama-server at {args.llama_server}")
-        stock = [args.llama_server, *common, "--kv-unified", "--no-webui"]
+        stock = stock_command(args.llama_server, None, *common, "--kv-unified", "--no-webui", same_cache=False)
     probe = Server([*hearth, "--cache-ram", "0"])
     try:
         n_system = probe.tokens(SYSTEM)

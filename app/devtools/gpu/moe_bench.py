@@ -18,6 +18,7 @@ from pathlib import Path
 from app.devices import Device
 from app.devtools.gguf_shapes import SHAPES, make_model
 from app.devtools.processes import stop_process
+from app.devtools.stock_server import stock_command
 from app.residency.catalog import scan
 from app.residency.estimate import MIB, estimate_memory
 from app.residency.placement import CPU, model_tensors, moe_overrides, split_by_device
@@ -43,7 +44,7 @@ def parse_buffers(log: str) -> dict[str, dict[str, int]]:
 def run_server(binary: str, model: str, args: list[str], env: dict[str, str]) -> str:
     """Start llama-server until it listens (or fails), stop it, and return its log."""
     port = free_port()
-    proc = subprocess.Popen([binary, "-m", model, "--port", str(port), "-lv", "4", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(stock_command(binary, model, "-lv", "4", *args, port=port, same_cache=False, env=env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
     lines: list[str] = []
     deadline = time.monotonic() + 300

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from app.devtools.processes import stop_process
+from app.devtools.stock_server import stock_command
 from app.hardware import machine
 from app.llama_tools import BACKEND_ENV, LlamaToolsNotFound, llama_lib_env, vulkan_llama_server
 from app.residency.catalog import scan
@@ -142,8 +143,8 @@ def oracle(model: str, ctx: int, env: dict[str, str], prompts: tuple[str, ...], 
     # The context as Hearth's runner makes it (app.engine.llama_model): unified KV, full-size sliding-window caches,
     # n_batch 512. With llama-server's defaults instead (a smaller SWA cache) Gemma 3's log-probabilities differed
     # by up to 0.064 from the first token on, on the same device; with these by 3e-4 at most.
-    stock_cmd = [str(server), "-m", model, "-c", str(ctx), "-np", "1", "-ngl", "99", "-fa", "off", "-t", threads,
-                 "--no-webui", "-kvu", "--swa-full", "-b", "512"]
+    stock_cmd = stock_command(server, model, "-c", str(ctx), "-np", "1", "-ngl", "99", "-fa", "off", "-t", threads,
+                              "--no-webui", env=env)
     answers, tops = {}, {}
     for name, cmd in (("hearth", hearth_cmd), ("llama-server", stock_cmd)):
         proc, url = _start(cmd, env, workdir / f"{name}.log")

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from app.devtools.processes import stop_process
+from app.devtools.stock_server import stock_command
 
 NAME = "hearth-audio"
 
@@ -118,8 +119,8 @@ def start_stock(model: str, projector: Path, folder: Path, flags: list[str]) -> 
     log = folder / "llama-server.log"
     port = free_port()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(binary), "-m", model, "--mmproj", str(projector), "--port", str(port), *flags,
-                                 "--jinja", "--chat-template-file", str(template)],
+        proc = subprocess.Popen(stock_command(binary, model, "--mmproj", str(projector), *flags, "--jinja",
+                                              "--chat-template-file", str(template), port=port, same_cache=False),
                                 stdout=out, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
     try:

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from app.devtools.processes import stop_process
+from app.devtools.stock_server import stock_command
 from app.llama_tools import BUILD_SCRIPT, stock_llama_server, tools_cache_dir
 
 _WEATHER = {"type": "function", "function": {
@@ -193,8 +194,8 @@ def _error_message(r: httpx.Response) -> str:
 
 
 def _stock_argv(binary: Path, model: str, template: Path, port: int) -> list[str]:
-    return [str(binary), "-m", model, "--jinja", "--chat-template-file", str(template), "--port", str(port),
-            "-c", str(_CTX), "-t", str(_THREADS), "-np", "1", "--no-webui"]
+    return stock_command(binary, model, "--jinja", "--chat-template-file", str(template), "-c", str(_CTX),
+                         "-t", str(_THREADS), "-np", "1", "--no-webui", port=port, same_cache=False)
 
 
 def _hearth_argv(model: str, template: Path, port: int) -> list[str]:

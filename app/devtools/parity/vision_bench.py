@@ -46,6 +46,7 @@ from werkzeug.test import Client
 
 from app.devtools.gguf_shapes import CHATML_TEMPLATE
 from app.devtools.mmproj import MMPROJ_SHAPES, cached_mmproj
+from app.devtools.stock_server import stock_command
 from app.engine.model_config import ModelConfig
 from app.engine.request import Delta, Finished, SamplingParams
 from app.hardware import machine
@@ -126,12 +127,11 @@ def oracle(model: str, projector: Path, threads: int, ctx: int, binary: Path, im
     (tmp / "chatml.jinja").write_text(CHATML_TEMPLATE)
     port = free_port()
     with open(tmp / "llama-server.log", "wb") as log:
-        proc = subprocess.Popen([str(binary), "-m", model, "--mmproj", str(projector), "--port", str(port),
-                                 "-t", str(threads), "-c", str(ctx), "-np", "1", "--jinja", "--chat-template-file",
-                                 str(tmp / "chatml.jinja"),
-                                 # Hearth's sliding-window cache is full-size (llama_model.py): without the same,
-                                 # Gemma 3's SWA layers attend over another cache size, and greedy near-ties tip.
-                                 "--swa-full"], stdout=log, stderr=subprocess.STDOUT)
+        # Hearth's cache layout (same_cache): without a full-size sliding-window cache Gemma 3's SWA layers attend
+        # over another cache size, and greedy near-ties tip.
+        proc = subprocess.Popen(stock_command(binary, model, "--mmproj", str(projector), "-t", str(threads),
+                                              "-c", str(ctx), "-np", "1", "--jinja", "--chat-template-file",
+                                              str(tmp / "chatml.jinja"), port=port), stdout=log, stderr=subprocess.STDOUT)
     theirs = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
     rows: dict[str, list[dict]] = {}
     try:

@@ -35,6 +35,7 @@ from app.devtools.family_models import FAMILIES, TOOLS, FamilyModel, Script, fam
 from app.devtools.gguf_shapes import SHAPES, make_model
 from app.devtools.processes import stop_process
 from app.devtools.serve_process import ServeProcess, prepare_data
+from app.devtools.stock_server import stock_command
 from app.protocols import sse
 
 APIS = ("openai", "ollama", "anthropic", "responses")
@@ -432,9 +433,9 @@ def _start_llama_server(binary: Path, model: Path, grammar_file: Path, log: Path
     from app.residency.supervisor import free_port
 
     port = free_port()
-    proc = subprocess.Popen([str(binary), "--model", str(model), "--jinja", "--host", "127.0.0.1", "--port", str(port),
-                             "--ctx-size", "8192", "--parallel", "1", "--threads", "1", "--temp", "0",
-                             "--grammar-file", str(grammar_file), "--no-webui"],
+    proc = subprocess.Popen(stock_command(binary, model, "--jinja", "--ctx-size", "8192", "--parallel", "1",
+                                          "--threads", "1", "--temp", "0", "--grammar-file", str(grammar_file),
+                                          "--no-webui", port=port, same_cache=False),
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + READY_TIMEOUT_S

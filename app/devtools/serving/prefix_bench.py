@@ -24,6 +24,7 @@ import httpx
 
 from app.devtools.processes import stop_process
 from app.devtools.serve_process import ServeProcess, prepare_data
+from app.devtools.stock_server import stock_command
 from app.hardware import machine
 from app.paths import sha256_of
 from app.protocols import sse
@@ -98,8 +99,8 @@ def start_llama_server(binary: str, model: str, ctx: int, parallel: int, threads
     """Stock llama-server on loopback with Hearth's slots, context and threads, unified KV."""
     port = free_port()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([binary, "--model", model, "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx),
-                                 "-np", str(parallel), "-t", str(threads), "-kvu", "--no-webui"],
+        proc = subprocess.Popen(stock_command(binary, model, "-c", str(ctx), "-np", str(parallel), "-t", str(threads),
+                                              "-kvu", "--no-webui", port=port, same_cache=False),
                                 stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180

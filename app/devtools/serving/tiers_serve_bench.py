@@ -31,6 +31,7 @@ from pathlib import Path
 
 from app.devtools.engine.tiers_bench import QUESTIONS, SYSTEM, file_sha256, model_path, stock_restart
 from app.devtools.serve_process import ServeProcess, prepare_data
+from app.devtools.stock_server import stock_command
 from app.hardware import machine
 from app.protocols import sse
 
@@ -186,8 +187,8 @@ def one_rep(model: Path, budget_mb: int, threads: int | None, turns: int, rep: i
 
 def stock_rep(binary: str, model: Path, n_ctx: int, slots: int, threads: int, rep: int) -> dict[str, dict]:
     """Stock llama-server: first turn, then its next turn after a restart (same KV cells, slots and threads)."""
-    cmd = [binary, "-m", str(model), "-c", str(n_ctx), "-np", str(slots), "-t", str(threads), "--kv-unified",
-           "--no-webui"]
+    cmd = stock_command(binary, model, "-c", str(n_ctx), "-np", str(slots), "-t", str(threads), "--kv-unified",
+                        "--no-webui", same_cache=False)
     first, restarted = stock_restart(cmd)
     out = {"llama-server: full prefill": first, "llama-server: after its restart": restarted}
     for name, fig in out.items():
