@@ -1,10 +1,13 @@
-# syntax=docker/dockerfile:1
-# Hearth appliance image. Every base image is pinned to an exact tag (tests/appliance checks it).
+# Hearth appliance image. No `# syntax=` line: BuildKit would fetch that frontend image from the hub, which an offline
+# box (or a NAS behind a strict firewall) cannot reach; the built-in frontend has every feature used here. Every base image is pinned to an exact tag (tests/appliance checks it).
 #
 #   CPU, any x86-64 or arm64 host:  docker build -t ghcr.io/hearth-llm/hearth:0.1.0 .
 #   NVIDIA GPU (CUDA llama.cpp):    docker build --build-arg ACCEL=cuda -t ghcr.io/hearth-llm/hearth:0.1.0-cuda .
 #   Intel/AMD GPU (Vulkan):         docker build --build-arg ACCEL=vulkan -t ghcr.io/hearth-llm/hearth:0.1.0-vulkan .
 #   Other llama.cpp options:        --build-arg CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86"
+#
+#   Behind a TLS-inspecting proxy (pip and npm need its CA): --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt
+#   The CA reaches the RUN steps that download as a secret mount: it is in no layer of the image.
 #
 # Stages: `assets` (npm ci), `build-cpu` | `build-cuda` | `build-vulkan` (toolchain, chosen by ACCEL) → `build`
 # (venv with llama-cpp-python compiled from source, then Hearth), `runtime-cpu` | `runtime-cuda` |
@@ -21,7 +24,9 @@ ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:12.6.3-runtime-ubuntu24.04
 FROM ${NODE_IMAGE} AS assets
 WORKDIR /src
 COPY package.json package-lock.json ./
-RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export NODE_EXTRA_CA_CERTS=/run/secrets/ca; fi \
+ && npm ci --omit=dev --ignore-scripts --no-audit --no-fund
 
 # ---- toolchains ----------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build-cpu
@@ -61,7 +66,9 @@ WORKDIR /opt/hearth/src
 # Dependencies first, read from pyproject.toml (one list of pins), so the long llama.cpp compile
 # stays cached while only Hearth's own code changes. llama-cpp-python is an sdist: always compiled.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
  && CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" pip install -r /tmp/requirements.txt
 COPY . ./
@@ -72,7 +79,9 @@ RUN pip install --no-deps -e . \
  && python -m compileall -q app
 ARG ACCEL
 # The Vulkan variant's libraries (and its stock llama-server), for ACCEL=vulkan only; elsewhere an empty folder.
-RUN mkdir -p /opt/hearth/llama-vulkan \
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && mkdir -p /opt/hearth/llama-vulkan \
  && if [ "$ACCEL" = vulkan ]; then \
         HEARTH_TOOLS_CACHE=/tmp/llama-tools PYTHON=python CMAKE_ARGS="$DEFAULT_CMAKE_ARGS" scripts/build_llama_tools.sh --vulkan \
         && cp -a /tmp/llama-tools/*-vulkan/bin/. /opt/hearth/llama-vulkan/ && rm -rf /tmp/llama-tools; \

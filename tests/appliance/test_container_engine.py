@@ -1,0 +1,287 @@
+"""The container tier: the image the README gives users, built by a real Docker engine and driven by Compose v2 through
+the shipped docker-compose.yml, as a NAS owner runs it: first start, setup in chromium, a family token's chat, files
+owned by PUID:PGID, a read-only /models, restart and down + up keeping everything, `docker stop` during a stream, the
+healthcheck, and no CA or secret in any layer.
+
+The engine is started if none runs, the base images are made locally when the hub cannot be reached, and build layers
+are cached by the engine (app/devtools/container.py): a second run rebuilds only Hearth's own code. Marked
+`container`; it runs in the README's test command (as root, with docker.io and debootstrap installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from app.devtools import container as engine
+from tests.helpers import ADMIN_PASSWORD, wait_until
+
+pytestmark = [pytest.mark.container, pytest.mark.model]
+REPO = engine.REPO
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+SERVICE = COMPOSE["services"]["hearth"]
+IMAGE = SERVICE["image"]
+NAME = SERVICE["container_name"]
+HOST_PORT = int(SERVICE["ports"][0].split(":")[0])
+PUID, PGID = 12345, 12346
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+@pytest.fixture(scope="module")
+def image():
+    """The CPU image, built from the repository's Dockerfile (local base images where the hub is unreachable)."""
+    if os.geteuid() != 0:
+        pytest.skip("the container tier runs as root (it starts dockerd and chowns ./data)")
+    try:
+        engine.ensure_engine()
+        base_args = engine.base_image_args(log=lambda line: print(f"[container] {line}"))
+    except engine.EngineUnavailable as exc:
+        pytest.fail(f"the container tier needs an engine: {exc}")
+    log = Path(tempfile.gettempdir()) / "hearth-image-build.log"
+    seconds = engine.build(REPO, IMAGE, build_args=base_args, log_path=log)
+    size = engine.image_size_bytes(IMAGE)
+    print(f"[container] {IMAGE} built in {seconds:.0f} s (log {log}); size {size / 1e6:.0f} MB; bases {base_args or 'hub'}")
+    return IMAGE
+
+
+class Stack:
+    """The shipped docker-compose.yml in a project folder of its own (./data, ./models), driven by Compose v2."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.compose = engine.compose_binary()
+        self.env = {**os.environ, "PUID": str(PUID), "PGID": str(PGID), "TZ": "Etc/UTC"}
+        self.url = f"http://127.0.0.1:{HOST_PORT}"
+
+    def run(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        """docker-compose -f <repo>/docker-compose.yml --project-directory <folder> ARGS."""
+        return subprocess.run([self.compose, "-f", str(REPO / "docker-compose.yml"), "--project-directory",
+                               str(self.folder), *args], env=self.env, capture_output=True, text=True, check=check,
+                              timeout=timeout)
+
+    def health(self) -> str:
+        """The engine's health status of the container ("starting", "healthy", "unhealthy")."""
+        out = engine.docker("inspect", "-f", "{{.State.Health.Status}}", NAME, check=False, timeout=30)
+        return out.stdout.strip()
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Until the healthcheck says healthy (the compose file's start period bounds a first start)."""
+        wait_until(lambda: self.health() == "healthy", timeout_s=timeout_s,
+                   message=lambda: f"{NAME} is {self.health()}:\n{self.logs()[-3000:]}")
+
+    def logs(self) -> str:
+        """Everything the container printed."""
+        out = engine.docker("logs", NAME, check=False, timeout=30)
+        return out.stdout + out.stderr
+
+    def exec(self, *args: str, user: str | None = f"{PUID}:{PGID}") -> subprocess.CompletedProcess:
+        """A command inside the running container (as PUID:PGID unless told)."""
+        return engine.docker("exec", *(["-u", user] if user else []), NAME, *args, check=False, timeout=120)
+
+
+def _start_period_s() -> float:
+    return float(re.match(r"(\d+)s", SERVICE["healthcheck"]["start_period"]).group(1))
+
+
+def _interval_s() -> float:
+    return float(re.match(r"(\d+)s", SERVICE["healthcheck"]["interval"]).group(1))
+
+
+@pytest.fixture(scope="module")
+def stack(image):
+    """`docker-compose up -d --no-build` of the built image in a fresh project folder; `down` after."""
+    if not _port_free(HOST_PORT):
+        pytest.fail(f"port {HOST_PORT}, which docker-compose.yml publishes, is taken on this host")
+    engine.docker("rm", "-f", NAME, check=False)  # one left by an interrupted run
+    folder = Path(tempfile.mkdtemp(prefix="hearth-compose-"))
+    folder.chmod(0o755)
+    (folder / "models").mkdir()
+    s = Stack(folder)
+    s.run("up", "-d", "--no-build")
+    yield s
+    s.run("down", "--timeout", "30", check=False)
+    # ./data belongs to PUID:PGID and holds files only that user can remove: the engine's root removes them.
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def family_token(stack):
+    """A family member's token made with the CLI inside the container."""
+    done = stack.exec("hearth", "token", "create", "--member", "kid", "--class", "chat")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()[0].strip()  # printed once, first; the line after describes it
+
+
+def chat(stack: Stack, token: str, content: str, max_tokens: int = 8) -> dict:
+    """One non-streamed chat through the published port."""
+    r = httpx.post(f"{stack.url}/v1/chat/completions", headers={"Authorization": f"Bearer {token}"}, timeout=300,
+                   json={"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+                         "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_first_start_is_healthy_within_the_start_period_and_logs_the_setup_code(stack):
+    stack.wait_healthy(_start_period_s() + _interval_s() + 30)
+    code = (stack.folder / "data" / "secrets" / "setup_code").read_text().strip()
+    assert f"setup code for the first admin password: {code}" in stack.logs()
+
+
+def test_data_belongs_to_puid_and_is_private_and_serve_is_not_root(stack):
+    stack.wait_healthy(60)
+    data = stack.folder / "data"
+    st = data.stat()
+    assert (st.st_uid, st.st_gid) == (PUID, PGID) and st.st_mode & 0o777 == 0o700
+    for path in [data / "hearth.db", data / "secrets", *(data / "secrets").iterdir()]:
+        mode = path.stat().st_mode & 0o777
+        assert path.stat().st_uid == PUID and mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    processes = engine.docker("top", NAME, "-eo", "uid,args").stdout.splitlines()[1:]
+    serve = [line for line in processes if "serve" in line]
+    assert serve and all(line.split()[0] == str(PUID) for line in serve), processes
+
+
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason="apt-get install -y chromium")
+def test_the_dashboard_is_set_up_and_logged_into_in_chromium(stack):
+    from playwright.sync_api import sync_playwright
+
+    stack.wait_healthy(60)
+    code = (stack.folder / "data" / "secrets" / "setup_code").read_text().strip()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                    args=["--no-sandbox", "--disable-background-networking"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{stack.url}/")
+            assert "/setup" in page.url
+            page.fill("input[name=setup_code]", code)
+            page.fill("input[name=password]", ADMIN_PASSWORD)
+            page.fill("input[name=confirm]", ADMIN_PASSWORD)
+            page.click("button[type=submit]")
+            page.wait_for_url(lambda url: "/setup" not in url, timeout=30_000)
+            assert page.title() and "Overview" in page.content()
+        finally:
+            browser.close()
+
+
+def test_a_family_token_is_answered_by_the_embedded_model(stack, family_token):
+    stack.wait_healthy(60)
+    answer = chat(stack, family_token, "Say hello.")
+    assert answer["usage"]["completion_tokens"] > 0 and answer["choices"][0]["message"]["content"]
+
+
+def test_a_pull_into_the_read_only_models_folder_says_so_and_serving_goes_on(stack, family_token):
+    done = stack.exec("hearth", "models", "pull", "https://huggingface.co/owner/repo/resolve/main/x.gguf")
+    assert done.returncode != 0 and "read-only" in (done.stdout + done.stderr), done.stdout + done.stderr
+    assert chat(stack, family_token, "Still there?")["usage"]["completion_tokens"] > 0
+
+
+LONG_PROMPT = "You are the family's kitchen assistant. " * 40 + "What is for dinner?"
+
+
+def _restart_keeps(stack: Stack, token: str, restart) -> None:
+    first = chat(stack, token, LONG_PROMPT)
+    set_ = stack.exec("hearth", "settings", "set", "requests_retention_days", "45")
+    assert set_.returncode == 0, set_.stderr
+    # The runner writes idle prefixes to the disk tier; what it holds is on ./data before the restart.
+    kv = stack.folder / "data" / "kv-cache"
+    wait_until(lambda: kv.is_dir() and any(kv.rglob("*")), timeout_s=60, message="a prefix written to the disk tier")
+    restart()
+    stack.wait_healthy(_start_period_s() + _interval_s() + 30)
+    again = chat(stack, token, LONG_PROMPT)
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # answered from the disk tier
+    listed = stack.exec("hearth", "settings", "list").stdout
+    assert re.search(r"^requests_retention_days\s+45\s", listed, re.M), listed
+
+
+def test_compose_restart_keeps_the_store_tokens_settings_and_the_kv_disk_tier(stack, family_token):
+    _restart_keeps(stack, family_token, lambda: stack.run("restart"))
+
+
+def test_down_and_up_keep_them_too(stack, family_token):
+    def down_up():
+        stack.run("down", "--timeout", "30")
+        stack.run("up", "-d", "--no-build")
+    _restart_keeps(stack, family_token, down_up)
+
+
+def test_docker_stop_during_a_stream_ends_it_cleanly_and_leaves_no_runner(stack, family_token):
+    stack.wait_healthy(60)
+    events, ended = [], threading.Event()
+
+    def stream():
+        try:
+            with httpx.stream("POST", f"{stack.url}/v1/chat/completions", timeout=120,
+                              headers={"Authorization": f"Bearer {family_token}"},
+                              json={"messages": [{"role": "user", "content": "Tell a long story."}],
+                                    "max_tokens": 400, "stream": True}) as r:
+                for line in r.iter_lines():
+                    events.append(line)
+        except httpx.HTTPError as exc:
+            events.append(f"error: {exc!r}")
+        finally:
+            ended.set()
+
+    threading.Thread(target=stream, daemon=True).start()
+    wait_until(lambda: sum(e.startswith("data: {") for e in events) >= 3, timeout_s=120, message="the stream to flow")
+    t0 = time.monotonic()
+    stack.run("stop", "--timeout", SERVICE["stop_grace_period"].rstrip("s"))
+    stopped_s = time.monotonic() - t0
+    assert ended.wait(30)
+    state = json.loads(engine.docker("inspect", "-f", "{{json .State}}", NAME).stdout)
+    assert state["ExitCode"] == 0 and not state["OOMKilled"], state  # not killed at the end of the grace period
+    assert stopped_s < float(SERVICE["stop_grace_period"].rstrip("s"))
+    assert events[-1] == "data: [DONE]" or any('"finish_reason"' in e for e in events[-3:]), events[-5:]
+    stack.run("start")
+    stack.wait_healthy(_start_period_s() + _interval_s() + 30)
+
+
+def test_the_healthcheck_turns_unhealthy_when_serve_stops_answering_and_healthy_after(stack):
+    stack.wait_healthy(60)
+    serve = [line.split() for line in engine.docker("top", NAME, "-eo", "pid,args").stdout.splitlines()[1:]
+             if "gunicorn" in line or "hearth serve" in line]
+    pids = [row[0] for row in serve]
+    assert pids
+    subprocess.run(["kill", "-STOP", *pids], check=True)
+    try:
+        budget = _interval_s() * (SERVICE["healthcheck"]["retries"] + 1) + 30
+        wait_until(lambda: stack.health() == "unhealthy", timeout_s=budget, message="the healthcheck to fail")
+    finally:
+        subprocess.run(["kill", "-CONT", *pids], check=True)
+    wait_until(lambda: stack.health() == "healthy", timeout_s=_interval_s() + 30, message="healthy again")
+
+
+def test_no_layer_holds_the_build_ca_or_a_secret(image):
+    history = engine.docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
+    assert "BEGIN CERTIFICATE" not in history and "PIP_CERT=/run/secrets" in history  # named, never copied
+    local_cas = sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))
+    files = engine.docker("run", "--rm", "--entrypoint", "sh", image, "-c",
+                          "ls /run/secrets 2>/dev/null; ls /data; cat /etc/pip.conf 2>/dev/null; "
+                          "find / -xdev -name '*.pem' -newer /etc/hostname 2>/dev/null | head").stdout
+    assert files.strip() == "", files
+    for ca in local_cas:
+        # This host's own CAs (a TLS-inspecting proxy's, added to the bundle the build gets) are in no file of the image.
+        line = ca.read_text().split("-----BEGIN CERTIFICATE-----", 1)[1].split()[0]
+        grep = engine.docker("run", "--rm", "--entrypoint", "grep", image, "-rlF", line, "/etc", "/opt", "/root",
+                             "/home", "/usr/local", check=False)
+        assert grep.stdout.strip() == "", (ca, grep.stdout)
