@@ -28,6 +28,12 @@ RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export NODE_EXTRA_CA_CERTS=/run/secrets/ca; fi \
  && npm ci --omit=dev --ignore-scripts --no-audit --no-fund
 
+# ---- the dependency pins alone, out of pyproject.toml ---------------------------------------------
+FROM ${PYTHON_IMAGE} AS requirements
+COPY pyproject.toml /tmp/
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /requirements.txt
+
 # ---- toolchains ----------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build-cpu
 RUN apt-get update \
@@ -63,19 +69,20 @@ ENV PATH=/opt/hearth/venv/bin:$PATH \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/hearth/src
-# Dependencies first, read from pyproject.toml (one list of pins), so the long llama.cpp compile
-# stays cached while only Hearth's own code changes. llama-cpp-python is an sdist: always compiled.
-COPY pyproject.toml ./
+# Dependencies first (the `requirements` stage reads pyproject.toml's one list of pins), so the long llama.cpp compile
+# stays cached while only Hearth's own code or pyproject's other tables change: the COPY below is keyed on the list's
+# content, not on pyproject.toml's. llama-cpp-python is an sdist: always compiled.
+COPY --from=requirements /requirements.txt /tmp/requirements.txt
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
- && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
  && CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" pip install -r /tmp/requirements.txt
 COPY . ./
 COPY --from=assets /src/node_modules ./node_modules
 # Editable: templates/, static/, node_modules/ and migrations/ are found beside app/ exactly as in
 # a checkout (app.web.ROOT, app.store.db.migrations_dir).
-RUN pip install --no-deps -e . \
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && pip install --no-deps -e . \
  && python -m compileall -q app
 ARG ACCEL
 # The Vulkan variant's libraries (and its stock llama-server), for ACCEL=vulkan only; elsewhere an empty folder.

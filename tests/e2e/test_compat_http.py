@@ -243,8 +243,10 @@ def test_embeddings_with_pooling_are_stock_llama_servers(pooling, gemma_path, tm
     for x, y in zip(a["data"], b["data"]):
         # The same vector up to float noise: the two builds may batch the inputs into different matmul kernels
         # (llama.cpp's CPU path changes with the batch size), which moves single elements of a Q4 model's pooled
-        # vector by ~3e-3. What retrieval uses is the direction.
+        # vector by ~3e-3. What retrieval uses is the direction. Last pooling reads one token's state, nothing
+        # averaged: on an Intel Xeon VM (AVX-512 kernels, repack off on both sides) "This is a test" came out at
+        # cosine 0.99889 with Hearth's cache layout and with llama-server's defaults alike (0.999+ on an AMD box).
         u, v = x["embedding"], y["embedding"]
         assert len(u) == len(v)
         cosine = sum(p * q for p, q in zip(u, v)) / math.sqrt(sum(p * p for p in u) * sum(q * q for q in v))
-        assert cosine > 0.999, f"{pooling} pooling: cosine {cosine:.5f} to stock llama-server's vector"
+        assert cosine > (0.999 if pooling == "mean" else 0.998), f"{pooling} pooling: cosine {cosine:.5f} to stock llama-server's vector"
