@@ -185,8 +185,8 @@ def _probe_server(binary: Path, model: Path, env: dict[str, str]) -> tuple[bool,
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the probe's server and its children, SIGKILL after 5 s."""
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, None)):
+    """SIGTERM the probe's server and its children, SIGKILL after 2 s (it holds nothing worth a longer drain)."""
+    for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, None)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:

@@ -45,7 +45,10 @@ def _is_python(node: ast.AST) -> bool:
 
 def hand_built_commands(path: Path) -> list[str]:
     """`file:line: source` of each list literal in `path` that starts llama-server by hand."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    text = path.read_text()
+    if not any(word in text for word in ("llama", "-m", "--model", "--port")):
+        return []  # nothing that could start a server: not worth parsing
+    tree = ast.parse(text, filename=str(path))
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.List) or not node.elts:
