@@ -44,6 +44,10 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 
     ceiling_bench.add_arguments(bench_sub.add_parser("ceiling", help="the serving path's token ceiling: runner and "
                                                      "serve against stock llama-server on a tiny random model"))
+    from app.devtools.serving import container_bench
+
+    container_bench.add_arguments(bench_sub.add_parser("container", help="the image's size, and decode speed in the "
+                                                       "container against the bare-metal runner on the same box"))
     from app.devtools.parity import audio_bench
 
     audio_bench.add_arguments(bench_sub.add_parser("audio", help="audio: hearth runner against stock llama-server "
@@ -410,6 +414,7 @@ _BENCHES = {
     "gateway": ("app.devtools.serving.gateway_bench", "run_gateway", True),
     "residency": ("app.devtools.serving.gateway_bench", "run_residency", True),
     "ceiling": ("app.devtools.serving.ceiling_bench", "run", False),
+    "container": ("app.devtools.serving.container_bench", "run", False),
     "audio": ("app.devtools.parity.audio_bench", "run", False),
 }
 

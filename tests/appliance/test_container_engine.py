@@ -103,9 +103,9 @@ class Stack:
         out = engine.docker("logs", NAME, check=False, timeout=30)
         return out.stdout + out.stderr
 
-    def exec(self, *args: str, user: str | None = f"{PUID}:{PGID}") -> subprocess.CompletedProcess:
-        """A command inside the running container (as PUID:PGID unless told)."""
-        return engine.docker("exec", *(["-u", user] if user else []), NAME, *args, check=False, timeout=120)
+    def exec(self, *args: str) -> subprocess.CompletedProcess:
+        """An admin command as the README gives it: through the entrypoint, which drops to PUID:PGID."""
+        return engine.docker("exec", NAME, "python", "-m", "app.entrypoint", *args, check=False, timeout=120)
 
 
 def _start_period_s() -> float:
@@ -294,3 +294,69 @@ def test_no_layer_holds_the_build_ca_or_a_secret(image):
         grep = engine.docker("run", "--rm", "--entrypoint", "grep", image, "-rlF", line, "/etc", "/opt", "/root",
                              "/home", "/usr/local", check=False)
         assert grep.stdout.strip() == "", (ca, grep.stdout)
+
+
+def _commit_before_the_last_migration() -> str:
+    """The parent of the commit that added the newest migration: the release a household upgrades from."""
+    last = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%H", "--", "migrations/versions"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", f"{last}^"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _row_counts(db: Path) -> dict[str, int]:
+    import sqlite3
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")]
+        return {t: conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables}
+
+
+def test_an_upgrade_from_the_release_before_the_last_migration_keeps_every_row(image, stack):
+    """The previous release's code (built with today's Dockerfile, so its dependency layers are the cached ones)
+    writes a household's data; today's image starts on that ./data, migrates it and keeps every row of every table."""
+    old_commit = _commit_before_the_last_migration()
+    context = Path(tempfile.mkdtemp(prefix="hearth-old-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", old_commit], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(context)], input=archive.stdout, check=True)
+        shutil.copy(REPO / "Dockerfile", context / "Dockerfile")
+        shutil.copy(REPO / ".dockerignore", context / ".dockerignore")
+        old_tag = f"{IMAGE}-previous"
+        engine.build(context, old_tag, build_args=engine.base_image_args(log=lambda line: None),
+                     log_path=Path(tempfile.gettempdir()) / "hearth-image-previous.log")
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    stack.run("down", "--timeout", "30")
+    data = stack.folder / "data"
+    shutil.rmtree(data)
+    try:
+        with open(stack.folder / "previous.yaml", "w") as f:
+            yaml.safe_dump({"services": {"hearth": {"image": old_tag}}}, f)
+        previous = [*("-f", str(stack.folder / "previous.yaml"))]
+        old = subprocess.run([stack.compose, "-f", str(REPO / "docker-compose.yml"), *previous, "--project-directory",
+                              str(stack.folder), "up", "-d", "--no-build"], env=stack.env, capture_output=True,
+                             text=True)
+        assert old.returncode == 0, old.stderr
+        stack.wait_serving()
+        made = stack.exec("hearth", "token", "create", "--member", "grandpa", "--class", "chat")
+        assert made.returncode == 0, made.stderr
+        token = made.stdout.splitlines()[0].strip()
+        for question in ("What time is it?", "Tell me a joke."):
+            chat(stack, token, question)
+        assert stack.exec("hearth", "settings", "set", "requests_retention_days", "30").returncode == 0
+        wait_until(lambda: _row_counts(data / "hearth.db").get("requests", 0) >= 2, timeout_s=60,
+                   message="the previous release to log both requests")
+        subprocess.run([stack.compose, "-f", str(REPO / "docker-compose.yml"), *previous, "--project-directory",
+                        str(stack.folder), "down", "--timeout", "30"], env=stack.env, check=True, capture_output=True)
+        before = _row_counts(data / "hearth.db")
+        stack.run("up", "-d", "--no-build")
+        stack.wait_serving()
+        after = _row_counts(data / "hearth.db")
+        lost = {t: (n, after.get(t, 0)) for t, n in before.items() if t != "alembic_version" and after.get(t, 0) < n}
+        print(f"[container] upgrade {old_commit[:7]} → today: {sum(before.values())} rows in {len(before)} tables "
+              f"before, {sum(after.values())} after; lost per table: {lost or 'none'}")
+        assert not lost
+        assert chat(stack, token, "Still here after the upgrade?")["usage"]["completion_tokens"] > 0
+    finally:
+        stack.run("up", "-d", "--no-build", check=False)
