@@ -203,6 +203,9 @@ def gunicorn_settings(bind: str, limits: ConnectionLimits | None = None, workers
         # The worker's heartbeat runs on the same loop as the requests: a loop stalled this long is a bug.
         "timeout": 120,
         "graceful_timeout": GRACEFUL_TIMEOUT_S,
+        # gunicorn 27's control socket: nothing of Hearth uses it, and in the container its default folder
+        # ($HOME/.gunicorn, the image user's home) is not writable by PUID, which logged an error at every start.
+        "control_socket_disable": True,
         # gunicorn only checks it is non-zero (our timeout_ctx applies the exact value); it takes whole seconds.
         "keepalive": max(1, round(limits.keepalive_s)),
         "accesslog": None,

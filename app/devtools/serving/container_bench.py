@@ -21,7 +21,6 @@ from app.hardware import machine
 from app.residency.supervisor import free_port
 
 PROMPT = "The household's shared server keeps the right models resident and"
-IN_IMAGE_MODEL = "/tmp/hearth-bench/models/gemma-3-270m-it-Q4_K_M.gguf"
 
 
 def add_arguments(parser) -> None:
@@ -79,9 +78,9 @@ def run(args) -> int:
     bare = subprocess.Popen([sys.executable, "-m", "app.cli", "runner", "--model", str(model), "--port", str(bare_port),
                              *common], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     name = f"hearth-bench-{box_port}"
-    script = ("python -c \"from pathlib import Path; from app.residency.default_model import ensure_default_model as e; "
-              "e(Path('/tmp/hearth-bench'), progress=False)\" && exec hearth runner --model "
-              f"{IN_IMAGE_MODEL} --host 0.0.0.0 --port {box_port} {' '.join(common)}")
+    script = ("M=$(python -c \"from pathlib import Path; from app.residency.default_model import ensure_default_model "
+              "as e; print(e(Path('/tmp/hearth-bench'), progress=False))\") && exec hearth runner --model \"$M\" "
+              f"--host 0.0.0.0 --port {box_port} {' '.join(common)}")
     container.docker("run", "-d", "--rm", "--name", name, "-p", f"127.0.0.1:{box_port}:{box_port}",
                      "--entrypoint", "sh", image, "-c", script)
     rates: dict[str, list[float]] = {"bare metal": [], "container": []}
