@@ -143,6 +143,7 @@ ENV PATH=/opt/hearth/venv/bin:$PATH \
     PGID=1000 \
     TZ=Etc/UTC \
     HOME=/home/hearth \
+    HEARTH_REPACK_CACHE=/data/cache/repack \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 VOLUME ["/data", "/models"]

@@ -6,7 +6,8 @@ kernel grants ARCH_REQ_XCOMP_PERM, the pinned build still dies with SIGILL in ti
 decode: CPUID cannot tell. So the build is asked: a child process loads a tiny model with repack on, decodes a
 prompt of 32 tokens (a batch wide enough for the AMX kernels) and 4 more one by one, and its exit decides. A signal
 (SIGILL, SIGSEGV) means no; exit 0 means yes. The answer is cached per build (its library or binary: path, size,
-mtime) and CPU (model name and flags) under ~/.cache/hearth/repack, so a box probes once per build.
+mtime) and CPU (model name and flags) under ~/.cache/hearth/repack ($HEARTH_REPACK_CACHE; the image keeps it in
+/data/cache/repack, which PUID owns), so a box probes once per build.
 
 On a CPU without AMX no probe runs: repack paths without AMX were never seen to fail. `HEARTH_REPACK=on|off` sets the
 answer by hand (a probe that cannot run, an admin who knows better). Hearth's runner, stock llama-server started as a
