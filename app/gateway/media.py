@@ -15,6 +15,7 @@ from functools import lru_cache
 from app.gguf_meta import audio_projector_type
 from app.protocols import audio
 from app.protocols.openai import ApiError
+from app.protocols.transcriptions import TranscriptionAdapter
 from app.residency.offload import off_loop
 
 
@@ -41,9 +42,8 @@ def check_generation_audio(svc, model_name: str, adapter, raw: dict) -> float | 
     """Check the request's audio (an upload's file, or a chat's input_audio parts) off the event loop; a 400 for a
     file the model's runner must not see. Returns the upload's length in seconds (None: no upload)."""
     limits = audio_limits(svc, model_name)
-    check = getattr(adapter, "check", None)
-    if callable(check):
-        return off_loop(check, limits).seconds
+    if isinstance(adapter, TranscriptionAdapter):
+        return off_loop(adapter.check, limits).seconds
     parts = audio.audio_parts(raw.get("messages") or [])
     if not parts:
         return None
