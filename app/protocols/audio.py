@@ -221,7 +221,8 @@ def _flac_info(data: bytes) -> AudioInfo:
         raise ValueError("no sample rate")
     block = int.from_bytes(data[8:10], "big")  # STREAMINFO's minimum block size: every frame's in a fixed stream
     max_frame = int.from_bytes(data[8 + 7:8 + 10], "big") or FLAC_FRAME_WINDOW  # 0: the encoder did not say
-    held = _flac_samples_held(data, _flac_audio_start(data), block, max_frame)
+    depth = ((bits >> 36) & 0x1F) + 1
+    held = _flac_samples_held(data, _flac_audio_start(data), block, max_frame, channels, depth)
     if held is None:
         raise ValueError("its last frame is cut short")
     if held < total:
@@ -249,14 +250,17 @@ def _flac_audio_start(data: bytes) -> int:
 FLAC_FRAME_WINDOW = 1 << 20
 
 
-def _flac_samples_held(data: bytes, start: int, fixed_block: int, max_frame: int) -> int | None:
+def _flac_samples_held(data: bytes, start: int, fixed_block: int, max_frame: int, channels: int = 8,
+                       depth: int = 32) -> int | None:
     """The sample the last frame ends at, where a whole frame ends the file; None where none does.
     The last frame is looked for from the end, within the largest frame's size: a frame header's sync code and
     CRC-8 where the frame's CRC-16 up to the file's end holds (a file cut inside a frame has no whole frame at its
     end; one cut at a frame boundary holds fewer samples than STREAMINFO says).
 
     Linear in the window: the CRC-16 of every suffix comes from one backward pass (_whole_suffixes), and at most
-    MAX_FLAC_CANDIDATES headers are parsed, so a tail of crafted headers costs no more than any other bytes."""
+    MAX_FLAC_CANDIDATES headers are parsed, so a tail of crafted headers costs no more than any other bytes. A
+    "frame" longer than its block could be (_flac_frame_bound) is no frame: crafted copies of a header whose CRC-16
+    happens to hold over a megabyte are not taken for a 4,096-sample block."""
     floor = max(start, len(data) - max_frame - 16)
     window = data[floor:]
     ends = _whole_suffixes(window)
@@ -266,10 +270,16 @@ def _flac_samples_held(data: bytes, start: int, fixed_block: int, max_frame: int
         if tried == MAX_FLAC_CANDIDATES:
             break
         header = _flac_frame_header(data, floor + int(pos), fixed_block)
-        if header is not None:
+        if header is not None and len(data) - floor - int(pos) <= _flac_frame_bound(header[1], channels, depth):
             first_sample, block_size = header
             return first_sample + block_size
     return None
+
+
+def _flac_frame_bound(block_size: int, channels: int, depth: int) -> int:
+    """The most bytes a frame of block_size samples can take: twice its verbatim size (encoders fall back to
+    verbatim subframes; a side channel takes one bit more a sample), plus headers."""
+    return block_size * channels * (depth + 1) // 4 + 1024
 
 
 # Frame headers (sync code and a whole-frame CRC-16 to the end) tried before a file is refused: a real file's last
