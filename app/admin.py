@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -196,6 +197,38 @@ def set_model_kv_types(s, name: str, type_k: str, type_v: str | None = None) -> 
     return rs
 
 
+# llama.cpp's device limit (llama_max_devices(): 16 GPUs); a share past MAX_SHARE says nothing a smaller ratio cannot.
+MAX_DEVICES = 16
+MAX_SHARE = 1e6
+# A model has at most a few hundred layers: more experts-in-RAM layers than this is a typo, not a placement.
+MAX_CPU_MOE_LAYERS = 4096
+
+
+def placement_number_problems(tensor_split: str | None = None, main_gpu: int | str | None = None,
+                              n_cpu_moe: int | None = None) -> dict[str, str]:
+    """What is wrong with a placement's numbers, by field: shares finite, 0 to MAX_SHARE, at most MAX_DEVICES of them,
+    not all 0; a GPU index 0 to MAX_DEVICES - 1; experts-in-RAM layers -1 to MAX_CPU_MOE_LAYERS. Shared by the CLI
+    and the Models page, so nan, inf or 1e308 is refused on both (float() takes all three)."""
+    problems = {}
+    if tensor_split:
+        try:
+            shares = [float(x) for x in tensor_split.split(",")]
+        except ValueError:
+            shares = []
+        if not shares or len(shares) > MAX_DEVICES or not all(math.isfinite(x) and 0 <= x <= MAX_SHARE for x in shares) \
+                or not any(shares):
+            problems["tensor_split"] = (f"--tensor-split {tensor_split[:40]!r}: up to {MAX_DEVICES} comma-separated "
+                                        f"shares, each a number from 0 to {MAX_SHARE:,.0f}, not all 0, e.g. 3,1")
+    if main_gpu is not None:
+        text = str(main_gpu).strip()
+        if not text.isdigit() or int(text) >= MAX_DEVICES:
+            problems["main_gpu"] = f"--main-gpu {text[:24]}: a GPU's index, 0 to {MAX_DEVICES - 1}"
+    if n_cpu_moe is not None and not -1 <= n_cpu_moe <= MAX_CPU_MOE_LAYERS:
+        problems["n_cpu_moe"] = (f"--n-cpu-moe {n_cpu_moe}: the number of layers whose experts stay in RAM, 0 to "
+                                 f"{MAX_CPU_MOE_LAYERS:,} (-1: every layer)")
+    return problems
+
+
 def set_model_placement(s, name: str, n_cpu_moe: int | None = None, devices: str | None = None,
                         tensor_split: str | None = None, split_mode: str | None = None,
                         main_gpu: int | None = None) -> db.RunnerSettings:
@@ -205,19 +238,11 @@ def set_model_placement(s, name: str, n_cpu_moe: int | None = None, devices: str
     row = s.scalar(select(db.Model).where(db.Model.name == name))
     if row is None:
         raise AdminError(f"no model '{name}'; `hearth models list` scans the models folder and shows the names")
-    if n_cpu_moe is not None and n_cpu_moe < -1:
-        raise AdminError("--n-cpu-moe: the number of layers whose experts stay in RAM, 0 or more (-1: every layer)")
-    if tensor_split:
-        try:
-            shares = [float(x) for x in tensor_split.split(",")]
-        except ValueError:
-            shares = [-1.0]
-        if any(x < 0 for x in shares):
-            raise AdminError(f"--tensor-split {tensor_split!r}: comma-separated shares of 0 or more, e.g. 3,1")
+    problems = placement_number_problems(tensor_split, main_gpu, n_cpu_moe)
+    if problems:
+        raise AdminError("; ".join(problems.values()))
     if split_mode is not None and split_mode not in ("none", "layer", "row"):
         raise AdminError(f"--split-mode {split_mode!r}: none, layer or row")
-    if main_gpu is not None and main_gpu < 0:
-        raise AdminError("--main-gpu: a GPU's index, 0 or more")
     rs = runner_settings_of(s, row)
     if n_cpu_moe is not None:
         rs.n_cpu_moe = n_cpu_moe or None

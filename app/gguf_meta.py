@@ -162,6 +162,19 @@ def projector_modalities(path: str | PathLike[str] | None) -> tuple[bool, bool]:
     return bool(vision), bool(audio)
 
 
+def audio_projector_type(path: str | PathLike[str] | None) -> str | None:
+    """The audio encoder's projector type of an mmproj GGUF as clip.cpp names it ("qwen2a", "ultravox", ...);
+    None without a projector, or one that does not say."""
+    if path is None:
+        return None
+    try:
+        fields = read_metadata(path).fields
+    except (OSError, GgufError):
+        return None
+    kind = fields.get("clip.audio.projector_type") or fields.get("clip.projector_type")
+    return kind if isinstance(kind, str) else None
+
+
 def read_metadata_prefix(prefix: bytes, file_size: int, name: str) -> GgufMetadata:
     """Reads the header from the first bytes of a GGUF of `file_size` bytes (a download under way);
     raises GgufError, "truncated" while the prefix is too short to hold the whole header."""

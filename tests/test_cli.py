@@ -63,6 +63,19 @@ def test_models_list_records_the_catalog_and_set_edits_it(data, capsys):
     assert "KV cache type: -ctk 'q9'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--tensor-split", "nan"), ("--tensor-split", "inf"),
+                                             ("--tensor-split", "1e308,1"), ("--main-gpu", "99999999999999999999"),
+                                             ("--n-cpu-moe", "99999999999999999999")])
+def test_models_set_refuses_non_finite_or_absurd_placement_numbers(data, capsys, flag, value):
+    """Issue 50: nan, inf and 1e308 were saved as the split; a huge --main-gpu ended in an OverflowError traceback."""
+    assert main(["models", "list"]) == 0
+    capsys.readouterr()
+    assert main(["models", "set", "gemma-3-270m-q4_k_m", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "Traceback" not in err
+    assert query(data, "select tensor_split, main_gpu, n_cpu_moe from runner_settings") in ([], [(None, None, None)])
+
+
 def test_classes_and_settings(data, capsys):
     assert main(["classes", "set", "voice", "max_concurrent=8", "weight=5", "preemptible=yes"]) == 0
     assert query(data, "select max_concurrent, weight, preemptible from request_classes where name='voice'") == [(8, 5.0, 1)]

@@ -66,3 +66,35 @@ def lying_wav(seconds: float = 2.0, claimed_bytes: int = 2**31 - 64) -> bytes:
     data[4:8] = (claimed_bytes + 36).to_bytes(4, "little")
     data[40:44] = claimed_bytes.to_bytes(4, "little")
     return bytes(data)
+
+
+def _flac_crc8(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc << 1 ^ 0x07) & 0xFF if crc & 0x80 else crc << 1 & 0xFF
+    return crc
+
+
+def flac_streaminfo(total_samples: int, rate: int = 16000, max_frame: int = (1 << 24) - 1, block: int = 4096) -> bytes:
+    """"fLaC" and one STREAMINFO block marked last: no frames yet."""
+    bits = rate << 44 | 0 << 41 | 15 << 36 | total_samples  # mono, 16 bits a sample
+    info = block.to_bytes(2, "big") * 2 + (0).to_bytes(3, "big") + max_frame.to_bytes(3, "big") \
+        + bits.to_bytes(8, "big") + bytes(16)
+    return b"fLaC" + bytes([0x80, 0, 0, 34]) + info
+
+
+def flac_frame_header(frame_number: int = 0) -> bytes:
+    """A 6-byte FLAC frame header (fixed 4,096-sample blocks, the rate and depth of STREAMINFO) with its CRC-8."""
+    head = bytes([0xFF, 0xF8, 0xC0, 0x00, frame_number & 0x7F])
+    return head + bytes([_flac_crc8(head)])
+
+
+def frame_header_flac(size: int) -> bytes:
+    """The FLAC of issue 50's attack, about `size` bytes: a valid STREAMINFO (marked last, largest frame 16 MiB),
+    then copies of one frame header whose CRC-8 is right, then two zero bytes; no frame is whole, and a check that
+    ran a CRC-16 over the whole tail for each header took minutes."""
+    head = flac_streaminfo(4096)
+    header = flac_frame_header()
+    return head + header * max(1, (size - len(head) - 2) // len(header)) + b"\0\0"

@@ -52,6 +52,10 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 
     audio_bench.add_arguments(bench_sub.add_parser("audio", help="audio: hearth runner against stock llama-server "
                                                    "(oracle) per format and route, whole and streamed"))
+    from app.devtools.serving import speech_attack
+
+    speech_attack.add_arguments(bench_sub.add_parser("speech-attack", help="issue 50's attacks on serve's speech "
+                                                     "surfaces: crafted FLACs, short WAVs, Wyoming trickle, caps, RSS"))
 
 
 def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
@@ -416,6 +420,7 @@ _BENCHES = {
     "ceiling": ("app.devtools.serving.ceiling_bench", "run", False),
     "container": ("app.devtools.serving.container_bench", "run", False),
     "audio": ("app.devtools.parity.audio_bench", "run", False),
+    "speech-attack": ("app.devtools.serving.speech_attack", "run", True),
 }
 
 

@@ -14,7 +14,6 @@ from flask import Blueprint, request
 from app.gateway import bodies
 from app.gateway.pipeline import authenticate, serve_generation
 from app.protocols import transcriptions
-from app.protocols.audio import AudioLimits
 from app.protocols.openai import ChatBody, body_limit
 
 bp = Blueprint("audio", __name__)
@@ -26,7 +25,8 @@ def transcribe():
     # The token first: a client without one is answered before a byte of its upload is read.
     principal = authenticate()
     form, data = transcriptions.read_upload(request, body_limit(request.path))
-    adapter = transcriptions.from_upload(form, data, AudioLimits(), form.get("model") or "")
+    # Checked by serve_generation once the request is admitted, off the event loop (app.gateway.media).
+    adapter = transcriptions.from_upload(form, data, None, form.get("model") or "")
     return serve_generation(ChatBody, "/v1/chat/completions", adapter, principal=principal)
 
 

@@ -25,6 +25,7 @@ from app.gateway.context import services
 from app.gateway.exchange import CLIENT_STALLED, STALL_SHARE, Exchange
 from app.gateway.headers import header_value
 from app.gateway.lan import check_tokenless
+from app.gateway.media import check_generation_audio
 from app.policy import ClassPolicy
 from app.protocols import sse
 from app.protocols.adapter import Adapter
@@ -253,6 +254,11 @@ def serve_generation(schema: type[BaseModel], path: str, adapter: Adapter | None
             ex.finish(relay.RelayOutcome(status=CLIENT_CLOSED, error="the client left while waiting for admission"),
                       status="cancelled")
             return Response(status=CLIENT_CLOSED)
+        if schema is ChatBody:
+            # Audio is checked once the request holds its place (a member's limits come first), off the loop.
+            seconds = check_generation_audio(svc, model_name, adapter, raw)
+            if seconds is not None:
+                record["audio_seconds"] = seconds
         lease = ex.acquire(model_name)
         headers = {"X-Hearth-Class": policy.name, "X-Hearth-Model": header_value(model_name),
                    "X-Hearth-Node": header_value(lease.node_label)}

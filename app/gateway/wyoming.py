@@ -9,6 +9,15 @@ transcription path (app.gateway.pipeline: class admission, routing, the request 
 member `wyoming`. A malformed, oversized or out-of-order stream gets an `error` event and its connection is closed;
 the listener goes on serving the next client.
 
+Wyoming has no token, so its limits are the listener's own: every event's data is checked against a schema (a
+wrong type is a `bad-event` error, never a traceback); each whole event must arrive within wyoming_event_timeout_s
+and an utterance within wyoming_utterance_timeout_s (a client trickling a byte at a time runs out, where an idle
+timer that restarts on each byte never did); at most MAX_CONNECTIONS clients at once and
+MAX_CONNECTIONS_PER_ADDRESS from one address (the next is refused at once); at most MAX_BUFFER_BYTES of audio
+held a connection and MAX_TOTAL_BUFFER_BYTES in all (past it a `busy` error). Transcriptions count as the member
+the setting wyoming_member names (a row of the store, created on first use), so its limits, the Members page and
+the member's removal (its request-log text and cached prompts) apply to Wyoming as to any token.
+
 Under serve's gevent worker the socketserver's threads are greenlets and its sockets cooperative.
 """
 
@@ -25,6 +34,7 @@ import time
 import wave
 from typing import Any
 
+from sqlalchemy import insert, select
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
@@ -32,19 +42,31 @@ from wyoming.event import Event, write_event
 from wyoming.info import AsrModel, AsrProgram, Attribution, Describe, Info
 
 from app.gateway.auth import Principal
+from app.gateway.members import MemberLimits
 from app.gateway.pipeline import from_lan, serve_generation
 from app.protocols import transcriptions
 from app.protocols.audio import AudioLimits
 from app.protocols.openai import ApiError, ChatBody
+from app.store.models import Member, utcnow
 
 log = logging.getLogger(__name__)
 
 MEMBER = "wyoming"
-# The largest event header line and data/payload a client may send: an audio chunk is a few KB.
-MAX_LINE_BYTES = 64 * 1024
-MAX_PAYLOAD_BYTES = 1024 * 1024
-# A client that sends nothing for this long (a satellite gone mid-stream, a half-open socket) is closed.
-IDLE_TIMEOUT_S = 30.0
+# The largest event header line and data/payload a client may send: an audio chunk is a few KB (Home Assistant
+# sends 1,024 samples of 16-bit audio), and 50 clients reading one at once must not move serve's memory.
+MAX_LINE_BYTES = 16 * 1024
+MAX_PAYLOAD_BYTES = 64 * 1024
+# Clients at once, and from one address: a household has a few satellites, each one connection an utterance.
+MAX_CONNECTIONS = 64
+MAX_CONNECTIONS_PER_ADDRESS = 8
+# A connection's whole life: describe, one or a few utterances.
+MAX_CONNECTION_S = 600.0
+# Audio held before audio-stop, a connection and in all: 60 s of Home Assistant's 16 kHz 16-bit mono is 1.9 MB.
+MAX_BUFFER_BYTES = 4 * 1024 * 1024
+MAX_TOTAL_BUFFER_BYTES = 8 * 1024 * 1024
+# What a rate, width or channel count may be in an audio event (checked before any arithmetic on them).
+MAX_EVENT_RATE = 192000
+MAX_NAME_CHARS = 128
 # An Assist utterance lasts seconds: a minute is plenty, and keeps a stuck satellite from filling serve's memory.
 MAX_SECONDS = 60.0
 # After an error event, what the client still sends is read and dropped for this long before the socket closes:
@@ -81,69 +103,209 @@ def allowed(addr: str, allow: str) -> bool:
     return False
 
 
-def _read_event(reader) -> Event | None:
+class _Late(Exception):
+    """The client's deadline passed before its event was whole."""
+
+
+class _Reader:
+    """The connection's bytes, read with a deadline: each recv waits only for what is left of it, so a client that
+    sends one byte at a time cannot stretch an event past its deadline."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = bytearray()
+
+    def _fill(self, deadline: float) -> bool:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Late
+        self.sock.settimeout(left)
+        try:
+            chunk = self.sock.recv(65536)
+        except TimeoutError:
+            raise _Late from None
+        if not chunk:
+            return False
+        self.buf += chunk
+        return True
+
+    def readline(self, limit: int, deadline: float) -> bytes:
+        """One line (with its newline), at most limit + 1 bytes; what is left at the end of the stream."""
+        while (end := self.buf.find(b"\n")) < 0:
+            if len(self.buf) > limit or not self._fill(deadline):
+                end = len(self.buf) - 1
+                break
+        line = bytes(self.buf[:end + 1])
+        del self.buf[:end + 1]
+        return line
+
+    def read(self, n: int, deadline: float) -> bytes:
+        """n bytes, or fewer where the stream ends first."""
+        while len(self.buf) < n and self._fill(deadline):
+            pass
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+
+def _read_event(reader: _Reader, deadline: float) -> Event | None:
     """One event as Wyoming frames it (a JSON header line, then its data and payload bytes), or None at the end.
 
     The package's own read_event answers None for a malformed event, as for a closed stream, and trusts the lengths
     a header states: here a malformed header or a length over the limits is a StreamError the client is told of."""
-    line = reader.readline(MAX_LINE_BYTES + 1)
+    line = reader.readline(MAX_LINE_BYTES, deadline)
     if not line:
         return None
     if len(line) > MAX_LINE_BYTES:
         raise StreamError(f"an event header is over {MAX_LINE_BYTES:,} bytes")
-    try:
-        header = json.loads(line)
-    except ValueError:
-        raise StreamError("not a Wyoming event: the header line is not JSON") from None
+    header = _json(line, "the header line")
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise StreamError("not a Wyoming event: the header has no type")
     data = header.get("data") or {}
     lengths = [header.get("data_length") or 0, header.get("payload_length") or 0]
-    if not isinstance(data, dict) or not all(isinstance(n, int) and 0 <= n <= MAX_PAYLOAD_BYTES for n in lengths):
+    if not isinstance(data, dict) or not all(type(n) is int and 0 <= n <= MAX_PAYLOAD_BYTES for n in lengths):
         raise StreamError(f"an event's data or lengths are malformed or over {MAX_PAYLOAD_BYTES:,} bytes")
     parts = []
     for n in lengths:
-        part = reader.read(n) if n else b""
+        part = reader.read(n, deadline) if n else b""
         if len(part) < n:
             raise StreamError("the connection closed inside an event")
         parts.append(part)
     if parts[0]:
-        try:
-            data = {**data, **json.loads(parts[0])}
-        except (ValueError, TypeError):
-            raise StreamError("an event's data is not a JSON object") from None
+        extra = _json(parts[0], "an event's data")
+        if not isinstance(extra, dict):
+            raise StreamError("an event's data is not a JSON object")
+        data = {**data, **extra}
     return Event(type=header["type"], data=data, payload=parts[1] or None)
+
+
+def _json(raw: bytes, what: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
+        raise StreamError(f"not a Wyoming event: {what} is not JSON") from None
+
+
+# Each event type's data fields Hearth reads: (name, types, required). Checked before the package's classes see
+# them, so a "rate": "16000" is a bad-event error instead of a TypeError deep in a comparison.
+_FORMAT = (("rate", int, True), ("width", int, True), ("channels", int, True), ("timestamp", int, False))
+_SCHEMAS: dict[str, tuple[tuple[str, type, bool], ...]] = {
+    "audio-start": _FORMAT,
+    "audio-chunk": _FORMAT,
+    "audio-stop": (("timestamp", int, False),),
+    "transcribe": (("name", str, False), ("language", str, False)),
+    "describe": (),
+}
+
+
+def check_event_data(event: Event) -> None:
+    """A StreamError (code bad-event) where an event Hearth reads has a field of the wrong type or size."""
+    for name, kind, required in _SCHEMAS.get(event.type, ()):
+        value = event.data.get(name)
+        if value is None:
+            if required:
+                raise StreamError(f"{event.type} has no '{name}'", "bad-event")
+            continue
+        if type(value) is not kind:  # not isinstance: a bool is no rate
+            raise StreamError(f"{event.type}'s '{name}' must be {'an integer' if kind is int else 'a string'}, "
+                              f"not {json.dumps(value)[:40]}", "bad-event")
+        if kind is int and not 0 <= value <= (1 << 62 if name == "timestamp" else MAX_EVENT_RATE):
+            raise StreamError(f"{event.type}'s '{name}' is out of range: {value}", "bad-event")
+        if kind is str and len(value) > MAX_NAME_CHARS:
+            raise StreamError(f"{event.type}'s '{name}' is over {MAX_NAME_CHARS} characters", "bad-event")
+
+
+class _Budget:
+    """Audio bytes held by every connection together, within a cap."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        """Hold n more bytes, if the cap allows."""
+        with self._lock:
+            if self.held + n > self.max_bytes:
+                return False
+            self.held += n
+            return True
+
+    def give(self, n: int) -> None:
+        """Give back n held bytes."""
+        with self._lock:
+            self.held -= n
+
+
+class _Connections:
+    """Clients connected now, in all and per address, within the caps."""
+
+    def __init__(self, max_total: int, max_per_address: int):
+        self.max_total, self.max_per_address = max_total, max_per_address
+        self.by_address: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, ip: str) -> str | None:
+        """Count a new client in; the reason it is refused, or None."""
+        with self._lock:
+            if sum(self.by_address.values()) >= self.max_total:
+                return f"Hearth's Wyoming server has its {self.max_total} clients already: try again shortly"
+            if self.by_address.get(ip, 0) >= self.max_per_address:
+                return f"{ip} has {self.max_per_address} Wyoming connections open already: close one first"
+            self.by_address[ip] = self.by_address.get(ip, 0) + 1
+            return None
+
+    def leave(self, ip: str) -> None:
+        """Count a client out."""
+        with self._lock:
+            left = self.by_address.get(ip, 1) - 1
+            if left:
+                self.by_address[ip] = left
+            else:
+                self.by_address.pop(ip, None)
 
 
 class _Audio:
     """One utterance: its format from audio-start, its samples from the chunks, held to the limits."""
 
-    def __init__(self, start: AudioStart, limits: AudioLimits):
+    def __init__(self, start: AudioStart, limits: AudioLimits, budget: _Budget):
         if not limits.min_sample_rate <= start.rate <= limits.max_sample_rate or start.width not in WIDTHS \
                 or not 1 <= start.channels <= 2:
             raise StreamError(f"audio-start says {start.rate} Hz, {start.width} bytes a sample, {start.channels} "
                               f"channels: send {limits.min_sample_rate:,}-{limits.max_sample_rate:,} Hz, 1, 2 or 4 "
                               "bytes a sample, mono or stereo", "bad-audio")
         self.start = start
-        self.max_bytes = int(min(limits.max_seconds * start.rate * start.width * start.channels, limits.max_bytes))
+        self.max_bytes = int(min(limits.max_seconds * start.rate * start.width * start.channels, limits.max_bytes,
+                                 MAX_BUFFER_BYTES))
         self.limits = limits
+        self.budget = budget
         self.pcm = bytearray()
 
     def add(self, chunk: AudioChunk) -> None:
+        """Append a chunk's samples, within the connection's and the listener's caps."""
         if (chunk.rate, chunk.width, chunk.channels) != (self.start.rate, self.start.width, self.start.channels):
             raise StreamError("an audio-chunk's format differs from its audio-start's", "bad-audio")
-        self.pcm += chunk.audio
-        if len(self.pcm) > self.max_bytes:
+        if len(self.pcm) + len(chunk.audio) > self.max_bytes:
             raise StreamError(f"the audio is over the limit of {self.limits.max_seconds:,.0f} s or "
-                              f"{self.limits.max_bytes:,} bytes", "audio-too-long")
+                              f"{self.max_bytes:,} bytes", "audio-too-long")
+        if not self.budget.take(len(chunk.audio)):
+            raise StreamError("Hearth holds as much Wyoming audio as it may for other clients now: try again "
+                              "shortly", "busy")
+        self.pcm += chunk.audio
+
+    def release(self) -> None:
+        """Give the held audio back to the listener's budget."""
+        self.budget.give(len(self.pcm))
+        self.pcm = bytearray()
 
     def wav(self) -> bytes:
+        """The utterance as a WAV file."""
         out = io.BytesIO()
         with wave.open(out, "wb") as w:
             w.setnchannels(self.start.channels)
             w.setsampwidth(self.start.width)
             w.setframerate(self.start.rate)
-            w.writeframes(bytes(self.pcm))
+            w.writeframes(self.pcm)
         return out.getvalue()
 
 
@@ -157,16 +319,23 @@ class _Handler(socketserver.StreamRequestHandler):
             self._refuse(Error(text=f"{ip} is not on Hearth's Wyoming allow list (setting wyoming_allow)",
                                code="not-allowed"))
             return
-        self.connection.settimeout(IDLE_TIMEOUT_S)
+        crowded = self.server.connections.enter(ip)
+        if crowded is not None:
+            self._refuse(Error(text=crowded, code="busy"))
+            return
         try:
             self._serve(ip)
         except StreamError as err:
             self._refuse(Error(text=str(err), code=err.code))
+        except _Late:
+            self._refuse(Error(text="the client took too long to send its event or utterance", code="timeout"))
         except (TimeoutError, ConnectionError):
             pass
         except Exception as exc:  # the listener outlives one client's bad luck
             log.exception("wyoming: %s's connection failed", ip)
             self._refuse(Error(text=f"Hearth could not answer: {exc}", code="internal"))
+        finally:
+            self.server.connections.leave(ip)
 
     def _refuse(self, error: Error) -> None:
         """Send the error event, then drop what the client still sends until it closes (or LINGER_S passes)."""
@@ -181,30 +350,43 @@ class _Handler(socketserver.StreamRequestHandler):
             pass
 
     def _serve(self, ip: str) -> None:
-        reader = self.rfile
+        reader = _Reader(self.connection)
+        event_s, utterance_s = self.server.timeouts()
+        closing = time.monotonic() + MAX_CONNECTION_S
         language: str | None = None
         model: str | None = None
         audio: _Audio | None = None
-        while True:
-            event = _read_event(reader)
-            if event is None:
-                return
-            if Describe.is_type(event.type):
-                self._send(self.server.info().event())
-            elif Transcribe.is_type(event.type):
-                asked = Transcribe.from_event(event)
-                language, model = asked.language, asked.name
-            elif AudioStart.is_type(event.type):
-                audio = _Audio(AudioStart.from_event(event), self.server.limits)
-            elif AudioChunk.is_type(event.type):
-                if audio is None:
-                    raise StreamError("an audio-chunk came before audio-start", "bad-order")
-                audio.add(AudioChunk.from_event(event))
-            elif AudioStop.is_type(event.type):
-                if audio is None:
-                    raise StreamError("audio-stop came before audio-start", "bad-order")
-                self._send(self.server.transcribe(audio.wav(), language, model, ip))
-                audio = None
+        utterance_end = closing
+        try:
+            while True:
+                event = _read_event(reader, min(time.monotonic() + event_s, utterance_end, closing))
+                if event is None:
+                    return
+                check_event_data(event)
+                if Describe.is_type(event.type):
+                    self._send(self.server.info().event())
+                elif Transcribe.is_type(event.type):
+                    asked = Transcribe.from_event(event)
+                    language, model = asked.language, asked.name
+                elif AudioStart.is_type(event.type):
+                    if audio is not None:
+                        audio.release()
+                    audio = _Audio(AudioStart.from_event(event), self.server.limits, self.server.budget)
+                    utterance_end = min(time.monotonic() + utterance_s, closing)
+                elif AudioChunk.is_type(event.type):
+                    if audio is None:
+                        raise StreamError("an audio-chunk came before audio-start", "bad-order")
+                    audio.add(AudioChunk.from_event(event))
+                elif AudioStop.is_type(event.type):
+                    if audio is None:
+                        raise StreamError("audio-stop came before audio-start", "bad-order")
+                    wav = audio.wav()
+                    audio.release()
+                    audio, utterance_end = None, closing
+                    self._send(self.server.transcribe(wav, language, model, ip))
+        finally:
+            if audio is not None:
+                audio.release()
 
     def _send(self, event: Event) -> None:
         try:
@@ -224,6 +406,9 @@ class WyomingServer(socketserver.ThreadingTCPServer):
         super().__init__((bind, port), _Handler)
         self.app = app
         self.limits = AudioLimits(max_seconds=MAX_SECONDS)
+        self.budget = _Budget(MAX_TOTAL_BUFFER_BYTES)
+        self.connections = _Connections(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS)
+        self._member: tuple[float, Principal] | None = None
         self._thread: threading.Thread | None = None
 
     def _services(self):
@@ -232,7 +417,38 @@ class WyomingServer(socketserver.ThreadingTCPServer):
         return services(self.app)
 
     def allow_list(self) -> str:
+        """The allow-list setting as it is now."""
         return str(self._services().settings.get("wyoming_allow") or "")
+
+    def timeouts(self) -> tuple[float, float]:
+        """(each event's, each utterance's) deadline in seconds, from the settings."""
+        settings = self._services().settings
+        return float(settings.get("wyoming_event_timeout_s")), float(settings.get("wyoming_utterance_timeout_s"))
+
+    def principal(self, default_class: str) -> Principal:
+        """Who Wyoming's transcriptions count as: the member wyoming_member names, with its stored limits; the row
+        is created on first use, so the Members page lists it and its removal takes its prompts with it."""
+        svc = self._services()
+        name = str(svc.settings.get("wyoming_member") or MEMBER)
+        cached = self._member
+        if cached is not None and cached[0] > time.monotonic() and cached[1].member == name \
+                and cached[1].default_class == default_class:
+            return cached[1]
+        with svc.sessions() as s:
+            row = s.scalar(select(Member).where(Member.name == name))
+            found = (row.id, MemberLimits.of(row)) if row is not None else None
+        if found is None:
+            def store(session) -> None:
+                # OR IGNORE: a member of that name made meanwhile (the admin, another connection) is kept as it is.
+                session.execute(insert(Member).prefix_with("OR IGNORE").values(name=name, created_at=utcnow()))
+
+            svc.writer.submit(store)
+            found = (None, MemberLimits())
+        principal = Principal(token_id=None, member=name, default_class=default_class, allowed_classes=(),
+                              limits=found[1], member_id=found[0])
+        # Re-read every few seconds, as tokens are: limits edited (or the member removed) elsewhere then apply.
+        self._member = (time.monotonic() + (5.0 if found[0] is not None else 0.0), principal)
+        return principal
 
     def audio_models(self) -> list[str]:
         """The catalog's models with an audio encoder beside them."""
@@ -258,11 +474,12 @@ class WyomingServer(socketserver.ThreadingTCPServer):
         if language:
             form["language"] = language
         voice = str(self._services().settings.get("wyoming_class") or "voice")
-        principal = Principal(token_id=None, member=MEMBER, default_class=voice, allowed_classes=())
+        principal = self.principal(voice)
         with self.app.test_request_context("/v1/audio/transcriptions", method="POST",
                                            environ_base={"REMOTE_ADDR": ip}):
             try:
-                adapter = transcriptions.from_upload(form, wav, self.limits, name)
+                # Checked by serve_generation once admitted, off the loop, against the model's encoder window.
+                adapter = transcriptions.from_upload(form, wav, None, name)
                 response = serve_generation(ChatBody, "/v1/chat/completions", adapter, principal=principal)
                 body = response.get_json(silent=True) or {}
                 status = response.status_code

@@ -14,7 +14,10 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
+
+import numpy as np
 
 from app.protocols.openai import ApiError, content_parts
 
@@ -35,6 +38,29 @@ class AudioLimits:
     max_sample_rate: int = 192000
     max_channels: int = 8
     max_parts: int = 8
+    # The projector's encoder: libmtmd's helper resamples every file to its rate, and one window of its
+    # spectrogram is the least audio it can encode (mtmd.cpp asserts on a single sample). Unset: the most
+    # demanding of libmtmd's audio encoders (ENCODER_WINDOWS), for a model whose projector is not read here.
+    encoder_rate: int = 24000
+    min_encoder_samples: int = 1024
+
+    def for_projector(self, projector_type: str | None) -> AudioLimits:
+        """These limits with the encoder window of a projector type (clip.cpp's name, e.g. "qwen2a")."""
+        rate, window = ENCODER_WINDOWS.get(projector_type or "", (self.encoder_rate, self.min_encoder_samples))
+        return replace(self, encoder_rate=rate, min_encoder_samples=window)
+
+
+# libmtmd's audio encoders (clip.cpp's hparams per projector type): (sample rate, samples in one analysis window,
+# the larger of n_fft and the window length: the spectrogram's first frame needs that many).
+_WHISPER = (16000, 400)
+ENCODER_WINDOWS: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("qwen2a", "ultravox", "voxtral", "qwen2.5o", "glma", "meralion", "musicflamingo", "qwen3a",
+                     "dots3note_a"), _WHISPER),
+    **dict.fromkeys(("lfm2a", "parakeet", "granite_speech", "gemma4a"), (16000, 512)),
+    "gemma4ua": (16000, 640),  # encoder-free: the waveform in 640-sample frames
+    "qwen3tts_spkenc": (24000, 1024),
+    "mimo_audio": (24000, 960),
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +71,20 @@ class AudioInfo:
     sample_rate: int
     channels: int
     seconds: float
+    frames: int = 0  # samples a channel, as the decoder (miniaudio's dr_wav, dr_flac, dr_mp3) counts them
+
+
+def resampled_frames(rate_out: int, rate_in: int, frames: int) -> int:
+    """How many frames miniaudio's decoder reports after resampling (ma_calculate_frame_count_after_resampling):
+    the length libmtmd sizes its sample buffer by."""
+    if not (rate_out and rate_in and frames):
+        return 0
+    if rate_out == rate_in:
+        return frames
+    out = frames * rate_out // rate_in
+    if out * (rate_in % rate_out) + out * (rate_in // rate_out) // rate_out <= frames:
+        out += 1
+    return out
 
 
 def audio_parts(messages: list[dict]) -> list[tuple[dict, str]]:
@@ -107,6 +147,13 @@ def check_audio(data: bytes, fmt: str, param: str, limits: AudioLimits) -> Audio
                                "send it in shorter pieces", code="audio_too_long")
     if info.seconds <= 0:
         raise bad_audio(param, "holds no audio")
+    samples = resampled_frames(limits.encoder_rate, info.sample_rate, info.frames)
+    if samples < limits.min_encoder_samples:
+        need_ms = limits.min_encoder_samples * 1000 / limits.encoder_rate
+        raise bad_audio(param, f"is too short for the model's audio encoder: {samples:,} samples at "
+                               f"{limits.encoder_rate:,} Hz, fewer than the {limits.min_encoder_samples:,} of its one "
+                               f"analysis window ({need_ms:g} ms): send at least {need_ms:g} ms of audio",
+                        code="audio_too_short")
     return info
 
 
@@ -127,24 +174,33 @@ def _too_big(param: str, limits: AudioLimits) -> ApiError:
 
 
 def _wav_info(data: bytes) -> AudioInfo:
-    """A WAV's fmt chunk, and its data chunk's length checked against the bytes that follow it."""
+    """A WAV's fmt chunk, and its data chunk's length checked against the bytes that follow it.
+
+    The length is dr_wav's: the data chunk's bytes over bits × channels / 8 (its block-align field is ignored, as
+    dr_wav ignores it for whole-byte samples), so the duration is what libmtmd will decode."""
     pos, fmt_chunk = 12, None
     while pos + 8 <= len(data):
         cid, size = data[pos:pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
         body = pos + 8
         if cid == b"fmt ":
             fmt_chunk = struct.unpack_from("<HHIIHH", data, body)
+            tag = fmt_chunk[0]
+            if tag == 0xFFFE:  # WAVE_FORMAT_EXTENSIBLE: the real format is the sub-format GUID's first two bytes
+                if size < 40:
+                    raise ValueError("its extensible fmt chunk is cut short")
+                tag = struct.unpack_from("<H", data, body + 24)[0]
         elif cid == b"data":
             if fmt_chunk is None:
                 raise ValueError("the data chunk comes before the fmt chunk")
             if body + size > len(data):
                 raise ValueError(f"the header says {size:,} bytes of samples, the file holds {len(data) - body:,}")
-            tag, channels, rate, _, block_align, bits = fmt_chunk
-            if tag not in (1, 3, 0xFFFE) or bits not in (8, 16, 24, 32) or not block_align:
+            _, channels, rate, _, _, bits = fmt_chunk
+            if not (tag == 1 and bits in (8, 16, 24, 32) or tag == 3 and bits in (32, 64)):
                 raise ValueError(f"format tag {tag} with {bits} bits a sample is not PCM")
             if channels == 0 or rate == 0:
                 raise ValueError("no channels or no sample rate")
-            return AudioInfo("wav", rate, channels, size / block_align / rate)
+            frames = size // (bits // 8 * channels)
+            return AudioInfo("wav", rate, channels, frames / rate, frames)
         pos = body + size + (size & 1)
     raise ValueError("no data chunk")
 
@@ -165,12 +221,13 @@ def _flac_info(data: bytes) -> AudioInfo:
         raise ValueError("no sample rate")
     block = int.from_bytes(data[8:10], "big")  # STREAMINFO's minimum block size: every frame's in a fixed stream
     max_frame = int.from_bytes(data[8 + 7:8 + 10], "big") or FLAC_FRAME_WINDOW  # 0: the encoder did not say
-    held = _flac_samples_held(data, _flac_audio_start(data), block, max_frame)
+    depth = ((bits >> 36) & 0x1F) + 1
+    held = _flac_samples_held(data, _flac_audio_start(data), block, max_frame, channels, depth)
     if held is None:
         raise ValueError("its last frame is cut short")
     if held < total:
         raise ValueError(f"STREAMINFO says {total:,} samples, the frames hold {held:,}")
-    return AudioInfo("flac", rate, channels, total / rate)
+    return AudioInfo("flac", rate, channels, total / rate, total)
 
 
 def _flac_audio_start(data: bytes) -> int:
@@ -193,18 +250,88 @@ def _flac_audio_start(data: bytes) -> int:
 FLAC_FRAME_WINDOW = 1 << 20
 
 
-def _flac_samples_held(data: bytes, start: int, fixed_block: int, max_frame: int) -> int | None:
+def _flac_samples_held(data: bytes, start: int, fixed_block: int, max_frame: int, channels: int = 8,
+                       depth: int = 32) -> int | None:
     """The sample the last frame ends at, where a whole frame ends the file; None where none does.
     The last frame is looked for from the end, within the largest frame's size: a frame header's sync code and
-    CRC-8, then the frame's CRC-16 up to the file's end (a file cut inside a frame has no whole frame at its end;
-    one cut at a frame boundary holds fewer samples than STREAMINFO says)."""
-    pos, floor = len(data) - 2, max(start, len(data) - max_frame - 16)
-    while (pos := data.rfind(b"\xff", floor, pos)) >= 0:
-        header = _flac_frame_header(data, pos, fixed_block)
-        if header is not None and _crc16(data[pos:-2]) == int.from_bytes(data[-2:], "big"):
+    CRC-8 where the frame's CRC-16 up to the file's end holds (a file cut inside a frame has no whole frame at its
+    end; one cut at a frame boundary holds fewer samples than STREAMINFO says).
+
+    Linear in the window: the CRC-16 of every suffix comes from one backward pass (_whole_suffixes), and at most
+    MAX_FLAC_CANDIDATES headers are parsed, so a tail of crafted headers costs no more than any other bytes. A
+    "frame" longer than its block could be (_flac_frame_bound) is no frame: crafted copies of a header whose CRC-16
+    happens to hold over a megabyte are not taken for a 4,096-sample block."""
+    floor = max(start, len(data) - max_frame - 16)
+    window = data[floor:]
+    ends = _whole_suffixes(window)
+    sync = np.frombuffer(window, dtype=np.uint8)
+    marks = ends[:-1] & (sync[:-1] == 0xFF) & ((sync[1:] & 0xFE) == 0xF8)
+    for tried, pos in enumerate(np.flatnonzero(marks)[::-1]):
+        if tried == MAX_FLAC_CANDIDATES:
+            break
+        header = _flac_frame_header(data, floor + int(pos), fixed_block)
+        if header is not None and len(data) - floor - int(pos) <= _flac_frame_bound(header[1], channels, depth):
             first_sample, block_size = header
             return first_sample + block_size
     return None
+
+
+def _flac_frame_bound(block_size: int, channels: int, depth: int) -> int:
+    """The most bytes a frame of block_size samples can take: twice its verbatim size (encoders fall back to
+    verbatim subframes; a side channel takes one bit more a sample), plus headers."""
+    return block_size * channels * (depth + 1) // 4 + 1024
+
+
+# Frame headers (sync code and a whole-frame CRC-16 to the end) tried before a file is refused: a real file's last
+# frame is the first from its end; only a crafted one has more.
+MAX_FLAC_CANDIDATES = 64
+# FLAC's CRC-16 (x^16 + x^15 + x^2 + 1) has no initial value and no final xor, so a frame that ends the file is one
+# whose bytes from its header to the end (its stored CRC included) leave a remainder of 0. Read backwards, the
+# suffix's remainder times x^-8 per byte, E(p) = E(p+1)·x^-8 ⊕ b(p), is 0 exactly where crc(data[p:]) is: one table
+# step a byte for every start at once, where a CRC over the whole tail per candidate header was quadratic.
+_CRC16_POLY = 0x18005
+_SUFFIX_BLOCK = 256
+
+
+@cache
+def _x_inverse_tables() -> tuple[np.ndarray, list[int]]:
+    """(c → c·x^-8, c → c·x^-8·256) mod FLAC's CRC-16 polynomial, over every 16-bit remainder."""
+    c = np.arange(1 << 16, dtype=np.uint32)
+    for _ in range(8):
+        c = np.where(c & 1, (c ^ _CRC16_POLY) >> 1, c >> 1)
+    step = c.astype(np.uint16)
+    block = step
+    for _ in range(_SUFFIX_BLOCK.bit_length() - 1):  # squared: x^-8 → x^-16 → ... → x^-(8·256)
+        block = block[block]
+    return step, block.tolist()
+
+
+def _whole_suffixes(window: bytes) -> np.ndarray:
+    """For each position p of window, whether window[p:] is a whole CRC-16 codeword (crc(window[p:]) == 0).
+
+    Blocks of _SUFFIX_BLOCK bytes run side by side (numpy, one step a byte column), then a carry runs from the
+    last block to the first (one Python step a block), then each block's positions get their carry."""
+    step, block = _x_inverse_tables()
+    n = len(window)
+    m = -(-n // _SUFFIX_BLOCK) or 1
+    pad = m * _SUFFIX_BLOCK - n
+    cols = np.zeros(m * _SUFFIX_BLOCK, dtype=np.uint16)
+    cols[pad:] = np.frombuffer(window, dtype=np.uint8)
+    cols = np.ascontiguousarray(cols.reshape(m, _SUFFIX_BLOCK).T)  # cols[j] is byte j of every block
+    acc = np.zeros(m, dtype=np.uint16)
+    for j in range(_SUFFIX_BLOCK - 1, -1, -1):
+        acc = step[acc] ^ cols[j]
+        cols[j] = acc  # the block's own suffix remainder from j (as if the file ended with the block)
+    carry, c = [0] * m, 0
+    firsts = cols[0].tolist()
+    for k in range(m - 1, -1, -1):  # carry[k]: the true remainder where block k + 1 starts
+        carry[k] = c
+        c = block[c] ^ firsts[k]
+    acc = np.array(carry, dtype=np.uint16)
+    for j in range(_SUFFIX_BLOCK - 1, -1, -1):
+        acc = step[acc]
+        cols[j] ^= acc
+    return (cols.T.reshape(-1) == 0)[pad:]
 
 
 def _flac_frame_header(data: bytes, pos: int, fixed_block: int) -> tuple[int, int] | None:
@@ -270,13 +397,16 @@ _MP3_KBPS_V2_L3 = (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)
 
 
 def _mp3_info(data: bytes) -> AudioInfo:
-    """An MP3's frames walked from the first to the last (after an ID3v2 tag): the duration is what they hold."""
+    """An MP3's frames walked from the first to the last (after an ID3v2 tag): the duration is what they hold, as
+    dr_mp3 counts it. A first frame holding a Xing or Info tag is no audio; the frame count it states is what dr_mp3
+    sizes the decode by (refused where the file holds fewer frames), less the LAME tag's encoder delay and padding."""
     pos = 0
     if data[:3] == b"ID3":
         size = data[6:10]
         pos = 10 + (size[0] << 21 | size[1] << 14 | size[2] << 7 | size[3])
     rate = channels = 0
     samples = frames = 0
+    tag: tuple[int | None, int, int] | None = None
     while pos + 4 <= len(data):
         h = int.from_bytes(data[pos:pos + 4], "big")
         if h >> 21 != 0x7FF:
@@ -294,9 +424,41 @@ def _mp3_info(data: bytes) -> AudioInfo:
         length = per_frame // 8 * kbps * 1000 // rate + padding
         if pos + length > len(data):
             raise ValueError(f"the last frame is cut short at byte {len(data):,}")
-        samples += per_frame
-        frames += 1
+        if not frames and tag is None and (found := _mp3_info_tag(data, pos, h, length)) is not None:
+            tag = found  # the Info/Xing frame: dr_mp3 skips it
+        else:
+            samples += per_frame
+            frames += 1
         pos += length
     if not frames:
         raise ValueError("no MPEG frames")
-    return AudioInfo("mp3", rate, channels, samples / rate)
+    if tag is not None:
+        stated, delay, pad = tag
+        if stated is not None:
+            if stated > frames:
+                raise ValueError(f"its Xing header says {stated:,} frames, the file holds {frames:,}")
+            samples = stated * per_frame & 0xFFFFFFFF  # dr_mp3 multiplies in 32 bits
+        samples = samples - delay if samples >= delay else samples
+        samples = samples - pad if samples >= pad else samples
+    return AudioInfo("mp3", rate, channels, samples / rate, samples)
+
+
+def _mp3_info_tag(data: bytes, pos: int, header: int, length: int) -> tuple[int | None, int, int] | None:
+    """(frames it states or None, encoder delay, padding) of a Xing/Info tag in the frame at pos, as dr_mp3 reads
+    them; None where the frame holds no such tag."""
+    mono, mpeg1 = (header >> 6) & 3 == 3, (header >> 19) & 3 == 3
+    at = pos + 4 + (0 if header >> 16 & 1 else 2) + ((17 if mono else 32) if mpeg1 else (9 if mono else 17))
+    if data[at:at + 4] not in (b"Xing", b"Info") or at + 8 > pos + length:
+        return None
+    flags, i = data[at + 7], at + 8
+    stated = None
+    if flags & 1:
+        stated, i = int.from_bytes(data[i:i + 4], "big"), i + 4
+    i += 4 * bool(flags & 2) + 100 * bool(flags & 4) + 4 * bool(flags & 8)
+    delay = pad = 0
+    if i < len(data) and data[i]:
+        i += 21
+        if i - pos + 14 < length and i + 3 <= len(data):
+            delay = (data[i] << 4 | data[i + 1] >> 4) + 529
+            pad = max(((data[i + 1] & 0xF) << 8 | data[i + 2]) - 529, 0)
+    return stated, delay, pad

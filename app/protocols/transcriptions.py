@@ -45,7 +45,7 @@ class TranscriptionAdapter:
 
     stream_mimetype = "text/event-stream"
 
-    def __init__(self, form: dict, audio: bytes, fmt: str, seconds: float, model: str):
+    def __init__(self, form: dict, audio: bytes, fmt: str, seconds: float | None, model: str):
         self.form = form
         self.audio = audio
         self.format = fmt
@@ -59,6 +59,14 @@ class TranscriptionAdapter:
         if self.stream and self.response_format != "json":
             raise ApiError(400, "'stream' takes the json response_format only (its events are JSON)", param="stream")
         self.text = ""
+
+    def check(self, limits: audio.AudioLimits) -> audio.AudioInfo:
+        """The file checked against the limits (app.protocols.audio.check_audio); its length kept for the answer.
+
+        Separate from the adapter's making so the gateway runs it after admission and off its event loop."""
+        info = audio.check_audio(self.audio, self.format, "file", limits)
+        self.seconds = info.seconds
+        return info
 
     @property
     def answer_mimetype(self) -> str:
@@ -133,14 +141,17 @@ class TranscriptionAdapter:
         return err.status, err.body()
 
 
-def from_upload(form: dict, data: bytes, limits: audio.AudioLimits, model: str) -> TranscriptionAdapter:
-    """The adapter of one upload: the file sniffed (wav, mp3 or flac) and checked as an input_audio part is."""
+def from_upload(form: dict, data: bytes, limits: audio.AudioLimits | None, model: str) -> TranscriptionAdapter:
+    """The adapter of one upload: the file sniffed (wav, mp3 or flac), and checked as an input_audio part is unless
+    limits is None (the caller checks it later with adapter.check)."""
     fmt = audio.sniff(data) if data else None
     if fmt is None:
         raise ApiError(400, "'file' is not a WAV, MP3 or FLAC file: send one of those", param="file",
                        code="unsupported_audio_format")
-    info = audio.check_audio(data, fmt, "file", limits)
-    return TranscriptionAdapter(form, data, fmt, info.seconds, model)
+    adapter = TranscriptionAdapter(form, data, fmt, None, model)
+    if limits is not None:
+        adapter.check(limits)
+    return adapter
 
 
 def read_upload(req, limit: int) -> tuple[dict, bytes]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from app.engine.model_config import ModelConfig
 from app.engine.speculation import NO_SPEC, SpecConfig
+from app.gguf_meta import audio_projector_type
 from app.policy import Mode
 from app.protocols.audio import AudioLimits
 from app.protocols.openai import MAX_IMAGE_BYTES
@@ -93,6 +95,11 @@ class RunnerConfig:
     audio: AudioLimits = AudioLimits()
 
     @property
+    def audio_limits(self) -> AudioLimits:
+        """The audio limits with the encoder window of this runner's projector (the least audio libmtmd can take)."""
+        return self.audio.for_projector(_audio_projector_type(self.mmproj))
+
+    @property
     def model_name(self) -> str:
         """The name clients see in responses (of several comma-separated aliases, the first in order, as llama-server)."""
         return min(self.aliases) if self.aliases else Path(self.model.path).name
@@ -101,3 +108,8 @@ class RunnerConfig:
     def aliases(self) -> list[str]:
         """The names given with --alias (llama-server takes several, comma-separated)."""
         return [a.strip() for a in (self.alias or "").split(",") if a.strip()]
+
+
+@lru_cache(maxsize=8)
+def _audio_projector_type(mmproj: str | None) -> str | None:
+    return audio_projector_type(mmproj)

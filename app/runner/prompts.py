@@ -128,7 +128,7 @@ def _media_prompt(state: RunnerState, text: str, tools: list[dict], messages: li
         raise ApiError(400, f"'{where}': this model takes no audio (it has no audio projector): give it an mmproj "
                             "GGUF with an audio encoder (mmproj-<model name>.gguf beside it, or its runner's --mmproj "
                             "PATH), or send text only", param=where, code="audio_unsupported")
-    limits = state.config.audio
+    limits = state.config.audio_limits
     n_audio = sum(p["type"] == audio.PART_TYPE for p, _ in parts)
     if n_audio > limits.max_parts:
         raise ApiError(400, f"'messages': {n_audio} audio parts, more than the limit of {limits.max_parts} a request",

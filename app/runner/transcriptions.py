@@ -26,7 +26,7 @@ def on_transcriptions(state: RunnerState, req: HttpRequest) -> Response:
         form, data = transcriptions.read_upload(req, limit)
     except RequestEntityTooLarge:
         raise too_large(limit)
-    adapter = transcriptions.from_upload(form, data, state.config.audio, state.config.model_name)
+    adapter = transcriptions.from_upload(form, data, state.config.audio_limits, state.config.model_name)
     body = _chat_body(adapter.to_openai())
     state.ready()
     job = chat_job(state, body, req.headers)

@@ -83,6 +83,14 @@ def host_names(value: str | None) -> tuple[str, ...]:
     return tuple(n.strip().lower().rstrip(".") for n in (value or "").split(",") if n.strip())
 
 
+def _wyoming_member(value: str) -> str | None:
+    """A member name Wyoming can count as: a name, not a path of people ('/') or control characters."""
+    text = str(value or "")
+    if not text.strip() or len(text) > 128 or "/" in text or any(ord(c) < 32 for c in text):
+        return "a member name of 1 to 128 characters, without '/'"
+    return None
+
+
 def _wyoming_allow(value: str) -> str | None:
     for entry in (e.strip() for e in (value or "").split(",")):
         if not entry:
@@ -206,6 +214,14 @@ REGISTRY = {
                    "str", "Network and access", "Wyoming allow list", check=_wyoming_allow),
         SettingDef("wyoming_class", "voice", "class of Wyoming transcriptions",
                    "choice", "Network and access", "Class of Wyoming requests"),
+        SettingDef("wyoming_member", "wyoming", "member Wyoming transcriptions count as (its limits, its request-log "
+                   "rows and cached prompts, removed with it); created when Wyoming first uses it",
+                   "str", "Network and access", "Member of Wyoming requests", check=_wyoming_member),
+        SettingDef("wyoming_event_timeout_s", 30, "time a Wyoming client has to send each whole event (a client that "
+                   "trickles bytes is closed when it runs out)",
+                   "int", "Network and access", "Wyoming event deadline", "s", 1, 600),
+        SettingDef("wyoming_utterance_timeout_s", 90, "time from a Wyoming client's audio-start to its audio-stop",
+                   "int", "Network and access", "Wyoming utterance deadline", "s", 1, 3600),
         SettingDef("rescan_interval_s", 60, "how often the models folder is rescanned",
                    "int", "Models and runners", "Models folder rescan", "s", 1, 86400, restart=True),
         SettingDef("models_dir", None, "folder scanned for .gguf models (default: <data>/models; $HEARTH_MODELS_DIR wins)",

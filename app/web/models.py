@@ -17,6 +17,7 @@ from flask import Blueprint, abort, current_app, redirect, render_template, requ
 
 from app.admin import (
     AdminError,
+    placement_number_problems,
     set_model_draft,
     set_model_kv_types,
     set_model_placement,
@@ -359,7 +360,7 @@ def placement_problems(form: dict[str, str], gpus: list[str]) -> dict[str, str]:
             shares = [float(x) for x in form["tensor_split"].split(",")]
         except ValueError:
             shares = [-1.0]
-        if any(x < 0 for x in shares) or not any(shares):
+        if any(not x >= 0 for x in shares) or not any(shares):  # not >= : nan is neither above nor below 0
             problems["tensor_split"] = ("Split: comma-separated shares of 0 or more, one per GPU, e.g. 3,1 (three "
                                         "quarters of the layers on the first); empty to split by free memory.")
         elif len(shares) > max(n_gpus, 1):
@@ -371,6 +372,10 @@ def placement_problems(form: dict[str, str], gpus: list[str]) -> dict[str, str]:
         problems["main_gpu"] = "Main GPU: the index of a GPU among the model's, 0 or more."
     elif n_gpus and int(form["main_gpu"]) >= n_gpus:
         problems["main_gpu"] = f"Main GPU: {form['main_gpu']} is past the model's {n_gpus} GPU(s) (0 to {n_gpus - 1})."
+    # Non-finite or absurd numbers (nan, inf, 1e308, an index past any GPU llama.cpp takes): the CLI's rule too.
+    moe = int(form["n_cpu_moe"]) if form["n_cpu_moe"].isdigit() else None
+    for field, problem in placement_number_problems(form["tensor_split"], form["main_gpu"], moe).items():
+        problems.setdefault(field, problem[:1].upper() + problem[1:] + ".")
     return problems
 
 

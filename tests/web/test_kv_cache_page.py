@@ -102,7 +102,11 @@ def test_the_placement_settings_reach_the_runner_and_bad_ones_are_refused(app, m
 
     with services(app).sessions() as s:
         for kwargs, message in (({"n_cpu_moe": -2}, "--n-cpu-moe"), ({"tensor_split": "3,x"}, "--tensor-split"),
-                                ({"split_mode": "diagonal"}, "--split-mode"), ({"main_gpu": -1}, "--main-gpu")):
+                                ({"split_mode": "diagonal"}, "--split-mode"), ({"main_gpu": -1}, "--main-gpu"),
+                                # Issue 50: non-finite and absurd numbers, saved or an OverflowError before.
+                                ({"tensor_split": "nan"}, "--tensor-split"), ({"tensor_split": "inf"}, "--tensor-split"),
+                                ({"tensor_split": "1e308,1"}, "--tensor-split"),
+                                ({"main_gpu": 99999999999999999999}, "--main-gpu"), ({"main_gpu": 16}, "--main-gpu")):
             with pytest.raises(AdminError, match=message):
                 set_model_placement(s, "target", **kwargs)
         set_model_placement(s, "target", n_cpu_moe=-1, devices="Vulkan0, Vulkan1", tensor_split="3,1",

@@ -82,6 +82,11 @@ def test_a_choice_is_stored_and_reaches_the_runner(app, admin, csrf_token, model
     ("tensor_split", "1,1,1", "Split: 3 shares for 2 GPU(s)"),
     ("split_mode", "diagonal", "Split mode: choose one of none, layer, row."),
     ("main_gpu", "2", "Main GPU: 2 is past the model's 2 GPU(s) (0 to 1)."),
+    # Issue 50: float() takes these, and they were saved ("Saved: placement (--tensor-split nan)").
+    ("tensor_split", "nan", "Split: comma-separated shares of 0 or more"),
+    ("tensor_split", "inf,1", "--tensor-split 'inf,1': up to 16 comma-separated shares"),
+    ("tensor_split", "1e308,1", "--tensor-split '1e308,1': up to 16 comma-separated shares"),
+    ("n_cpu_moe", "99999999999999999999", "--n-cpu-moe 99999999999999999999: the number of layers"),
 ])
 def test_a_bad_value_is_refused_on_the_card_with_what_to_enter(app, admin, csrf_token, model, field, value, message):
     data = {"n_cpu_moe": "", "devices": "", "tensor_split": "", "split_mode": "layer", "main_gpu": "0", field: value}
@@ -111,3 +116,14 @@ def test_the_fit_says_why_beside_the_fields(app, admin, model):
     services(app).catalog.rescan()
     form = _form(htmllib.unescape(admin.get("/models").get_data(as_text=True)), "moe")
     assert '<span class="placement-fit">Fit to the GPU: every layer on the GPU (Vulkan0 7,168 MiB, Vulkan1 3,072 MiB' in form
+
+
+def test_without_a_gpu_an_absurd_main_gpu_is_still_a_field_error(app, admin, csrf_token, model, monkeypatch):
+    """Issue 50: with no GPU to compare against, any index passed, and 99999999999999999999 overflowed the store."""
+    monkeypatch.setattr(models_page, "offload_devices", lambda: ())
+    r = _post(admin, csrf_token, "/models/moe/placement", "/models", n_cpu_moe="", devices="", tensor_split="",
+              split_mode="layer", main_gpu="99999999999999999999")
+    assert r.status_code == 422
+    body = htmllib.unescape(r.get_data(as_text=True))
+    assert "--main-gpu 99999999999999999999: a GPU's index, 0 to 15" in body and 'class="field-error"' in body
+    assert _stored(app, "moe") is None
