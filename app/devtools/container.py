@@ -135,9 +135,11 @@ def ensure_local_debian(log=print) -> str:
     # Left out of the image: debootstrap's downloaded packages, apt's lists, translations and docs (127 MB of 199).
     excludes = [f"--exclude=./{path}" for path in ("var/cache/apt/archives/*.deb", "var/lib/apt/lists/*",
                                                    "usr/share/locale/*", "usr/share/doc/*", "usr/share/man/*")]
-    tar = subprocess.Popen(["tar", "-C", str(root), *excludes, "-c", "."], stdout=subprocess.PIPE)
-    subprocess.run([docker_client(), "import", "-", LOCAL_DEBIAN], stdin=tar.stdout, check=True, capture_output=True)
-    tar.wait()
+    with subprocess.Popen(["tar", "-C", str(root), *excludes, "-c", "."], stdout=subprocess.PIPE) as tar:
+        subprocess.run([docker_client(), "import", "-", LOCAL_DEBIAN], stdin=tar.stdout, check=True,
+                       capture_output=True)
+    if tar.returncode != 0:
+        raise RuntimeError(f"tar of {root} failed ({tar.returncode})")
     return LOCAL_DEBIAN
 
 
