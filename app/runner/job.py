@@ -66,6 +66,9 @@ class Job:
     split_reasoning: bool = True
     drop_reasoning: bool = False
     in_thought: bool = False
+    # The call grammar constrains the answer: a call's name goes out as soon as it is written (a call can then
+    # only end whole or be cut), its arguments when the call is whole.
+    early_names: bool = False
     logprobs: bool = False
     include_usage: bool = False  # OpenAI's stream_options.include_usage: a last chunk with the usage
     timings_per_token: bool = False  # llama-server's: every streamed piece carries the timings so far
@@ -145,11 +148,12 @@ def chat_job(state: RunnerState, body: ChatBody, headers: Mapping) -> Job:
     prompt = chat_prompt(state, body, thinking=thinking)
     split = (body.reasoning_format or state.config.reasoning_format) != "none"
     in_thought = fmt.reasoning and formats.starts_in_thought(fmt, prompt.text)
-    grammar = chat_grammar(state, body, prompt.tools, fmt, in_thought)
+    grammar, constrained_calls = chat_grammar(state, body, prompt.tools, fmt, in_thought)
     top = (body.top_logprobs or 0) if body.logprobs else None
     job = _job(state, headers, body, CHAT, prompt.tokens, grammar, top, tools=prompt.tools or None,
                chat_format=fmt, parse=bool(prompt.tools) or fmt.marked_content or (fmt.reasoning and (split or in_thought)), split_reasoning=split,
-               drop_reasoning=split and not thinking, in_thought=in_thought, verbose=body.verbose)
+               drop_reasoning=split and not thinking, in_thought=in_thought, verbose=body.verbose,
+               early_names=constrained_calls)
     params = dataclasses.replace(job.params, special_ids=state.special_ids,
                                  reasoning_budget=reasoning_budget(state, budget if thinking else 0, in_thought))
     if prompt.media is not None:
@@ -220,9 +224,9 @@ def _constraint(param: str):
 
 
 def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: formats.ChatFormat,
-                 in_thought: bool = False) -> Grammar | None:
+                 in_thought: bool = False) -> tuple[Grammar | None, bool]:
     """The constraint of a chat request: a forced call, else the response format, else llama-server's grammar or
-    json_schema, else the runner's --grammar, else a lazy call grammar.
+    json_schema, else the runner's --grammar, else a lazy call grammar; and whether it is the call grammar.
 
     The runner's --grammar outranks the lazy grammar of tool_choice auto: an admin's constraint for every answer is
     explicit, while auto only says a call may come (the grammar can still spell the family's calls)."""
@@ -233,7 +237,13 @@ def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: for
             calls = call_grammar(fmt, tools, body.choice, body.parallel_tool_calls, in_thought=in_thought,
                                  trigger_tokens=state.trigger_tokens)
     if forced:
-        return calls
+        return calls, calls is not None
+    grammar = _answer_grammar(state, body)
+    return (grammar, False) if grammar is not None else (calls, calls is not None)
+
+
+def _answer_grammar(state: RunnerState, body: ChatBody) -> Grammar | None:
+    """The response format's constraint, else llama-server's grammar or json_schema, else the runner's --grammar."""
     rf = body.response_format
     with _constraint("response_format"):
         if rf is not None and rf.type == "json_object" and rf.schema_ is not None:
@@ -242,7 +252,7 @@ def chat_grammar(state: RunnerState, body: ChatBody, tools: list[dict], fmt: for
             return json_object_grammar()
         if rf is not None and rf.type == "json_schema":
             return schema_grammar(rf.json_schema.schema_)
-    return raw_grammar(body) or state.default_grammar or calls
+    return raw_grammar(body) or state.default_grammar
 
 
 def raw_grammar(body: ChatBody | NativeCompletionBody) -> Grammar | None:

@@ -174,9 +174,8 @@ class OpenAIWriter(Writer):
         self.object = "chat.completion.chunk" if self.chat else "text_completion"
         # The answer's parser (C1) splits thoughts, content and calls; a plain answer of a plain template has none.
         self.parser = (AnswerParser(job.chat_format, job.tools, split_reasoning=job.split_reasoning,
-                                    in_thought=job.in_thought)
+                                    in_thought=job.in_thought, early_names=job.early_names)
                        if self.chat and job.parse else None)
-        self.num_calls = 0
         self.thinks = self.chat and job.params.reasoning_budget is not None
         self._event_head = self._event_tail = b""  # a plain token chunk's event around its text, made at the first
 
@@ -246,7 +245,6 @@ class OpenAIWriter(Writer):
                 if not self.job.drop_reasoning:
                     out.append({"reasoning_content": p.text})
             elif isinstance(p, CallStart):
-                self.num_calls += 1
                 out.append({"tool_calls": [{"index": p.index, "id": p.id, "type": "function",
                                             "function": {"name": p.name, "arguments": ""}}]})
             elif isinstance(p, CallArguments):
@@ -257,9 +255,8 @@ class OpenAIWriter(Writer):
         """What the parser still held, the finishing chunk with usage and timings, and include_usage's chunk."""
         finish, out = fin.finish_reason, []
         if self.parser is not None:
-            out = [self.chunk(None, None, delta=d) for d in self._deltas(self.parser.finish())]
-            if self.num_calls:
-                finish = "tool_calls"
+            out = [self.chunk(None, None, delta=d) for d in self._deltas(self.parser.finish(finish == "length"))]
+            finish = calls_finish(finish, bool(self.parser.answer.calls))
         used, timed = usage(fin, self.thinks), timings(fin)
         out.append(self.chunk(None if self.chat else "", finish, logprobs=self.take_logprobs() or None,
                               usage=used, timings=timed, hearth_class=fin.stats.class_name))
@@ -286,7 +283,7 @@ class OpenAIWriter(Writer):
         message: dict = {"role": "assistant", "content": text}
         if self.parser is not None:
             self.parser.push(text)
-            self.parser.finish()
+            self.parser.finish(finish == "length")
             answer = self.parser.answer
             # The same fields a stream's deltas add up to; content null beside calls, as OpenAI's.
             message["content"] = answer.content if answer.content or not answer.calls else None
@@ -294,7 +291,7 @@ class OpenAIWriter(Writer):
                 message["reasoning_content"] = answer.reasoning
             if answer.calls:
                 message["tool_calls"] = [c.as_openai() for c in answer.calls]
-                finish = "tool_calls"
+            finish = calls_finish(finish, bool(answer.calls))
         return {"index": 0, "message": message, "logprobs": {"content": self.logprobs} if self.job.logprobs else None,
                 "finish_reason": finish}
 
@@ -360,6 +357,12 @@ class NativeWriter(Writer):
         if job.response_fields:
             out = {f: _nested(out, f) for f in job.response_fields}
         return out
+
+
+def calls_finish(finish: str, calls: bool) -> str:
+    """OpenAI's finish_reason of an answer with calls: "tool_calls" when it ended by itself; a cut stays "length"
+    (its whole calls are still returned: a cut loses only the call it was inside)."""
+    return "tool_calls" if calls and finish == "stop" else finish
 
 
 def writer_for(job: Job, state: RunnerState, encoded: bool = False) -> Writer:

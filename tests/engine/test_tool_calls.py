@@ -50,7 +50,6 @@ def test_each_format_parses_its_calls(fmt, text, expected, content):
     (GENERIC, "The kitchen light is on."),
     (GENERIC, '{"tool_calls": [{"name": "HassTurnOn", "arguments": {"name": "x"'),  # cut off
     (GENERIC, '{"tool_calls": [{"name": "Unknown", "arguments": {}}]}'),  # not an offered tool
-    (GENERIC, '{"tool_calls": [{"name": "HassTurnOn", "arguments": {}}, {"name": "Nope", "arguments": {}}]}'),
     (GENERIC, '{"tool_calls": [{"name": "HassTurnOn", "arguments": "not json"}]}'),
     (GENERIC, '{"response": "hello"}'),
     (LLAMA3, '{"name": "HassTurnOn", "parameters": [1, 2]}'),
@@ -62,6 +61,15 @@ def test_malformed_calls_come_back_as_content_whole(fmt, text):
     answer = parse_answer(fmt, TOOLS, text)
     assert answer.calls == ()
     assert answer.content == text
+
+
+def test_an_envelope_keeps_the_calls_before_a_malformed_one_which_is_text():
+    # Each call of the array goes out as soon as its object closes, so one that breaks later cannot take it back;
+    # the broken rest stays text, as a broken Hermes block does.
+    text = '{"tool_calls": [{"name": "HassTurnOn", "arguments": {}}, {"name": "Nope", "arguments": {}}]}'
+    answer = parse_answer(GENERIC, TOOLS, text)
+    assert calls(answer) == [("HassTurnOn", {})]
+    assert answer.content == '{"name": "Nope", "arguments": {}}]}'
 
 
 def test_a_broken_hermes_block_stays_text_while_a_whole_one_is_a_call():

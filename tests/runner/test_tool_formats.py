@@ -29,9 +29,9 @@ def qwen3(make_runner):
     return make_runner(replies=REPLIES, template=QWEN3_LIKE, specials=SPECIALS)
 
 
-def both(c, question: str):
+def both(c, question: str, **extra):
     """(whole choice, streamed events without [DONE]) of one question with both tools offered."""
-    body = {"messages": [{"role": "user", "content": question}], "tools": [WEATHER, TIME], "temperature": 0}
+    body = {"messages": [{"role": "user", "content": question}], "tools": [WEATHER, TIME], "temperature": 0, **extra}
     whole = loads(c.post("/v1/chat/completions", json=body))["choices"][0]
     events = payloads(c.post("/v1/chat/completions", json={**body, "stream": True}))
     assert events[-1] == "[DONE]"
@@ -85,12 +85,27 @@ def test_several_calls_keep_their_indices(qwen3):
 
 @pytest.mark.parametrize("question", ["Broken?", "Unknown?"])
 def test_a_malformed_or_unknown_call_is_content_never_half_a_call(qwen3, question):
-    whole, events = both(qwen3, question)
+    # A request's own grammar outranks the lazy call grammar: nothing then promises that a call which begins ends
+    # whole, so no name goes out before its call is whole.
+    whole, events = both(qwen3, question, grammar="root ::= .*")
     assert "tool_calls" not in whole["message"] and whole["finish_reason"] == "stop"
     assert "<tool_call>" in whole["message"]["content"]
     assert streamed_calls(events) == []
     assert text_of(events, "content") == whole["message"]["content"]
     assert text_of(events, "reasoning_content") == whole["message"].get("reasoning_content", "")
+
+
+def test_under_the_call_grammar_a_name_goes_out_first_and_a_call_that_never_closes_is_no_content(qwen3):
+    # The call grammar lets a model end a begun call only whole or cut; the fake model, which ignores grammars,
+    # writes one that never closes: its name went out, so its text is not content, and no call is returned whole.
+    whole, events = both(qwen3, "Broken?")
+    assert "tool_calls" not in whole["message"] and whole["message"]["content"] is None or \
+        "<tool_call>" not in whole["message"]["content"]
+    assert [c["function"] for c in streamed_calls(events)] == [{"name": "get_weather", "arguments": ""}]
+    assert "<tool_call>" not in text_of(events, "content")
+    _, events = both(qwen3, "Weather?")
+    deltas = [d for ev in events if ev["choices"] for d in ev["choices"][0]["delta"].get("tool_calls") or []]
+    assert [set(d["function"]) for d in deltas] == [{"name", "arguments"}, {"arguments"}]
 
 
 def test_a_forced_call_keeps_its_thought(qwen3):

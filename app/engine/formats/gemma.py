@@ -65,4 +65,11 @@ def gemma4_syntax() -> CallSyntax:
     """Gemma 4's calls; empty thoughts and stray channel markers left in the content are dropped, as llama.cpp does."""
     return CallSyntax(markers=(CALL_OPEN,), dropped=(THINK_START + "\n" + THINK_END, "<|channel>", THINK_END),
                       open_region=lambda marker, tools: EndMarkerRegion(
-                          len(marker), CALL_CLOSE, lambda inner: gemma_call(inner, tools), lenient=False))
+                          len(marker), CALL_CLOSE, lambda inner: gemma_call(inner, tools), lenient=False),
+                      call_name=lambda text: _name_of(text[len(CALL_OPEN):]))
+
+
+def _name_of(inner: str) -> str | None:
+    """A call's tool name once its arguments' "{" follows it."""
+    m = _NAME.match(inner)
+    return m.group(1) if m else None

@@ -6,9 +6,10 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable
 
 from app.engine.formats.base import Call, Tools, make_call
-from app.engine.formats.calls import CallSyntax, EndMarkerRegion, JsonRegion, ToEndRegion
+from app.engine.formats.calls import ArrayRegion, CallSyntax, EndMarkerRegion, JsonRegion, SectionRegion, ToEndRegion
 
 _SPACE = " \t\n\r\v\f"  # what C's isspace calls whitespace, as llama.cpp trims
 
@@ -45,6 +46,37 @@ def calls_from_list(items, tools: Tools, args_key: str = "arguments") -> list[Ca
         return None
     calls = [call_from_object(i, tools, args_key) for i in items]
     return None if any(c is None for c in calls) else calls
+
+
+# A JSON call object's tool name, when the object begins with it (as every call grammar writes it).
+_JSON_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"')
+
+
+def json_name(text: str, start: int = 0) -> tuple[str, None] | None:
+    """The name of the call object at text[start:] once its "name" string closed (None while unknown)."""
+    m = _JSON_NAME.match(text, start)
+    return (m.group(1), None) if m else None
+
+
+def _name_only(named: tuple[str, str | None] | None) -> str | None:
+    return named[0] if named else None
+
+
+def _tokens_start(text: str, pos: int, tokens: tuple[str, ...]) -> int:
+    """Past tokens at text[pos:], whitespace allowed between them: -1 while the text may still spell them, -2 if not."""
+    for token in tokens:
+        while pos < len(text) and text[pos] in _SPACE:
+            pos += 1
+        got = text[pos:pos + len(token)]
+        if got != token:
+            return -1 if len(got) < len(token) and token.startswith(got) else -2
+        pos += len(token)
+    return pos
+
+
+def _tail(tokens: tuple[str, ...]) -> Callable[[str, int], int]:
+    """A region's end after its array: past these tokens (whitespace between), -1 while unknown, -2 if malformed."""
+    return lambda text, pos: _tokens_start(text, pos, tokens)
 
 
 # -- generic envelope and Llama 3.x bare JSON ----------------------------------------------------
@@ -92,12 +124,21 @@ def generic_calls(value, tools: Tools, args_key: str = "arguments") -> list[Call
     return calls_from_list([value], tools, args_key)
 
 
+def envelope_array_start(text: str) -> int:
+    """Where the first call of `{"tool_calls": [` starts (after whitespace or a fence); -1 unknown, -2 another shape."""
+    start = fenced_json_start(text)
+    return start if start < 0 else _tokens_start(text, start, ("{", '"tool_calls"', ":", "["))
+
+
 def generic_syntax() -> CallSyntax:
-    """Hearth's generic envelope, the whole answer (after whitespace or a fence) one JSON object."""
-    return CallSyntax(anchored=fenced_json_start,
-                      open_anchored=lambda tools: JsonRegion(fenced_json_start,
-                                                             lambda _h, v: generic_calls(v, tools)),
-                      after_call=after_fence)
+    """Hearth's generic envelope, the whole answer (after whitespace or a fence) one JSON object.
+
+    Its `tool_calls` array hands each call over as soon as its object closes; the envelope's other shapes
+    (`{"tool_call": {...}}`, a bare call) are decided whole."""
+    def region(tools: Tools):
+        return ArrayRegion(tools, envelope_array_start, call_from_object, _tail(("}",)),
+                           lambda: JsonRegion(fenced_json_start, lambda _h, v: generic_calls(v, tools)), json_name)
+    return CallSyntax(anchored=fenced_json_start, open_anchored=region, after_call=after_fence)
 
 
 # -- Hermes / Qwen ----------------------------------------------------------------------------
@@ -107,7 +148,8 @@ def hermes_syntax() -> CallSyntax:
     def region(marker: str, tools: Tools):
         return EndMarkerRegion(len(marker), "</tool_call>",
                                lambda inner: calls_from_list([_loads(inner)], tools) if inner.strip() else None)
-    return CallSyntax(markers=("<tool_call>",), open_region=region)
+    return CallSyntax(markers=("<tool_call>",), open_region=region,
+                      call_name=lambda text: _name_only(json_name(text, len("<tool_call>"))))
 
 
 # -- Llama 3.x --------------------------------------------------------------------------------
@@ -153,7 +195,8 @@ def llama3_syntax() -> CallSyntax:
                                                                     lambda t: python_tag_calls(t, tools)),
                       anchored=bare_json_start,
                       open_anchored=lambda tools: JsonRegion(
-                          bare_json_start, lambda _h, v: calls_from_list([v], tools, "parameters")))
+                          bare_json_start, lambda _h, v: calls_from_list([v], tools, "parameters")),
+                      call_name=lambda text: _name_only(json_name(text)))
 
 
 # -- Mistral / Magistral / Devstral -----------------------------------------------------------
@@ -188,11 +231,28 @@ def mistral_calls(header: str, value, tools: Tools) -> list[Call] | None:
     return [call] if call else None
 
 
+def mistral_list_start(text: str) -> int:
+    """Where the first call of `[TOOL_CALLS][` starts; -2 for the `name[ARGS]` shape."""
+    start = mistral_header(text)
+    if start < 0 or text.endswith("[ARGS]", 0, start):
+        return -2 if start >= 0 else start
+    return start + 1
+
+
+_MISTRAL_ARGS_NAME = re.compile(r"\[TOOL_CALLS\]\s*([A-Za-z0-9_.\-]+)\[(?:ARGS|CALL_ID)\]")
+
+
 def mistral_syntax() -> CallSyntax:
-    """`[TOOL_CALLS]name[ARGS]{...}` repeated (Mistral Small 3.x, Devstral, Magistral), or `[TOOL_CALLS][{...}]`."""
-    return CallSyntax(markers=(MISTRAL_MARK,),
-                      open_region=lambda marker, tools: JsonRegion(mistral_header,
-                                                                   lambda h, v: mistral_calls(h, v, tools)))
+    """`[TOOL_CALLS]name[ARGS]{...}` repeated (Mistral Small 3.x, Devstral, Magistral), or `[TOOL_CALLS][{...}]`,
+    whose calls go out one by one."""
+    def region(marker: str, tools: Tools):
+        return ArrayRegion(tools, mistral_list_start, call_from_object, lambda _text, pos: pos,
+                           lambda: JsonRegion(mistral_header, lambda h, v: mistral_calls(h, v, tools)), json_name)
+
+    def name(text: str) -> str | None:
+        m = _MISTRAL_ARGS_NAME.match(text)
+        return m.group(1) if m else None
+    return CallSyntax(markers=(MISTRAL_MARK,), open_region=region, call_name=name)
 
 
 # -- Granite ----------------------------------------------------------------------------------
@@ -209,10 +269,17 @@ def granite_header(text: str) -> int:
 
 
 def granite_syntax() -> CallSyntax:
-    """`<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`; `<response>` wrappers dropped."""
-    return CallSyntax(markers=(GRANITE_MARK,), dropped=("<response>", "</response>"),
-                      open_region=lambda marker, tools: JsonRegion(granite_header,
-                                                                   lambda _h, v: calls_from_list(v, tools)))
+    """`<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`, each call out as it closes; `<response>` wrappers
+    dropped."""
+    def region(marker: str, tools: Tools):
+        return ArrayRegion(tools, lambda text: _after(granite_header(text)), call_from_object, lambda _text, pos: pos,
+                           lambda: JsonRegion(granite_header, lambda _h, v: calls_from_list(v, tools)), json_name)
+    return CallSyntax(markers=(GRANITE_MARK,), dropped=("<response>", "</response>"), open_region=region)
+
+
+def _after(start: int) -> int:
+    """Just past the "[" a header found at start (its -1 and -2 kept)."""
+    return start + 1 if start >= 0 else start
 
 
 # -- Command-R7B ------------------------------------------------------------------------------
@@ -227,12 +294,33 @@ def command_r_calls(inner: str, tools: Tools) -> list[Call] | None:
     return None if any(c is None for c in calls) else calls
 
 
+def command_r_call(item, tools: Tools) -> Call | None:
+    """One `{"tool_call_id", "tool_name", "parameters"}` item's call, its id kept."""
+    if not isinstance(item, dict):
+        return None
+    return make_call(tools, item.get("tool_name"), item.get("parameters", {}), str(item.get("tool_call_id") or ""))
+
+
+_COMMAND_R_NAME = re.compile(r'\s*\{\s*"tool_call_id"\s*:\s*"([^"\\]*)"\s*,\s*"tool_name"\s*:\s*"([^"\\]*)"')
+
+
+def command_r_name(text: str) -> tuple[str, str | None] | None:
+    """An action item's (tool name, id) once both are written (the grammar writes the id first)."""
+    m = _COMMAND_R_NAME.match(text)
+    return (m.group(2), m.group(1) or None) if m else None
+
+
 def command_r_syntax() -> CallSyntax:
-    """`<|START_ACTION|>[...]<|END_ACTION|>`; the response and text wrappers dropped."""
+    """`<|START_ACTION|>[...]<|END_ACTION|>`, each item's call out as it closes; the response and text wrappers
+    dropped."""
+    def region(marker: str, tools: Tools):
+        return ArrayRegion(tools, lambda text: _tokens_start(text, len(marker), ("[",)), command_r_call,
+                           _tail(("<|END_ACTION|>",)),
+                           lambda: EndMarkerRegion(len(marker), "<|END_ACTION|>",
+                                                   lambda inner: command_r_calls(inner, tools)), command_r_name)
     return CallSyntax(markers=("<|START_ACTION|>",),
                       dropped=("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>"),
-                      open_region=lambda marker, tools: EndMarkerRegion(
-                          len(marker), "<|END_ACTION|>", lambda inner: command_r_calls(inner, tools)))
+                      open_region=region)
 
 
 # -- DeepSeek R1 / V3.1 -----------------------------------------------------------------------
@@ -273,11 +361,28 @@ def deepseek_calls(inner: str, tools: Tools) -> list[Call] | None:
     return calls if calls and not inner[pos:].strip() else None
 
 
+_R1_NAME = re.compile(r"([^\n]+)\n")
+
+
+def deepseek_name(inner: str) -> tuple[str, None] | None:
+    """A unit's tool name once written: R1's after `function<｜tool▁sep｜>` up to its newline, V3.1's before the sep."""
+    head, sep, body = inner.partition(DS_SEP)
+    if not sep:
+        return None
+    if head.strip() in ("function", ""):
+        m = _R1_NAME.match(body)
+        return (m.group(1).strip(), None) if m else None
+    return head.strip(), None
+
+
 def deepseek_syntax() -> CallSyntax:
-    """DeepSeek's calls section (or a lone call unit), R1 and V3.1 bodies alike."""
+    """DeepSeek's calls section, each unit's call out as the unit ends (or a lone call unit), R1 and V3.1 alike."""
     def region(marker: str, tools: Tools):
         if marker == DS_CALLS_BEGIN:
-            return EndMarkerRegion(len(marker), DS_CALLS_END, lambda inner: deepseek_calls(inner, tools))
+            return SectionRegion(tools, len(marker), DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END,
+                                 lambda inner: deepseek_unit(inner, tools), deepseek_name,
+                                 lambda: EndMarkerRegion(len(marker), DS_CALLS_END,
+                                                         lambda inner: deepseek_calls(inner, tools)))
         return EndMarkerRegion(0, DS_CALL_END, lambda inner: deepseek_calls(inner + DS_CALL_END, tools),
                                lenient=False)
     return CallSyntax(markers=(DS_CALLS_BEGIN, DS_CALL_BEGIN), open_region=region)
@@ -301,7 +406,10 @@ def functionary_v3_1_syntax() -> CallSyntax:
         if marker == PYTHON_TAG:
             return ToEndRegion(len(marker), lambda t: python_tag_calls(t, tools, "arguments"))
         return EndMarkerRegion(len(marker), "</function>", lambda inner: functionary_v3_1_call(inner, tools))
-    return CallSyntax(markers=("<function=", PYTHON_TAG), open_region=region)
+    def name(text: str) -> str | None:
+        m = _FUNCTION_HEAD.match(text, len("<function=")) if text.startswith("<function=") else None
+        return m.group(1) if m else None
+    return CallSyntax(markers=("<function=", PYTHON_TAG), open_region=region, call_name=name)
 
 
 # -- Kimi K2 ----------------------------------------------------------------------------------
@@ -331,7 +439,25 @@ def kimi_calls(inner: str, tools: Tools) -> list[Call] | None:
     return calls if calls and not inner[pos:].strip() else None
 
 
+def kimi_unit(inner: str, tools: Tools) -> Call | None:
+    """One unit's `functions.NAME:0<|tool_call_argument_begin|>{...}` call, its id kept."""
+    head, sep, body = inner.partition(KIMI_ARGS)
+    m = _KIMI_ID.fullmatch(head)
+    return make_call(tools, m.group(2), body.strip(), m.group(1)) if m and sep else None
+
+
+def kimi_name(inner: str) -> tuple[str, str] | None:
+    """A unit's (tool name, id) once its arguments begin."""
+    head, sep, _ = inner.partition(KIMI_ARGS)
+    m = _KIMI_ID.fullmatch(head) if sep else None
+    return (m.group(2), m.group(1)) if m else None
+
+
 def kimi_syntax() -> CallSyntax:
-    """Kimi K2's calls section; each call's id is its own `functions.NAME:INDEX`."""
-    return CallSyntax(markers=(KIMI_SECTION_BEGIN,), open_region=lambda marker, tools: EndMarkerRegion(
-        len(marker), KIMI_SECTION_END, lambda inner: kimi_calls(inner, tools)))
+    """Kimi K2's calls section, each unit's call out as the unit ends; each call's id is its own `functions.NAME:INDEX`."""
+    def region(marker: str, tools: Tools):
+        return SectionRegion(tools, len(marker), KIMI_SECTION_END, KIMI_CALL_BEGIN, KIMI_CALL_END,
+                             lambda inner: kimi_unit(inner, tools), kimi_name,
+                             lambda: EndMarkerRegion(len(marker), KIMI_SECTION_END,
+                                                     lambda inner: kimi_calls(inner, tools)))
+    return CallSyntax(markers=(KIMI_SECTION_BEGIN,), open_region=region)

@@ -54,11 +54,16 @@ class AnswerParser:
     """
 
     def __init__(self, fmt: ChatFormat, tools: list[dict] | None, *, split_reasoning: bool = True,
-                 in_thought: bool = False):
+                 in_thought: bool = False, early_names: bool = False):
         self.fmt = fmt
         syntax = syntax_of(fmt.name)
         self._tools = Tools(tools)
-        self._scanner = CallScanner(syntax, self._tools)
+        # early_names: a call's name goes out (CallStart) as soon as it is written, its arguments when the call is
+        # whole. Asked for only under a call grammar: a call then ends whole or is cut, and a cut call whose name
+        # went out is dropped (never content), so `answer` holds the whole calls only.
+        self._scanner = CallScanner(syntax, self._tools, early=early_names)
+        self._open_calls: dict[str, int] = {}  # id -> index of a call whose name went out, its arguments not yet
+        self._num_started = 0
         self._splitter = None
         self._opened = ""
         self._harmony = None
@@ -101,8 +106,9 @@ class AnswerParser:
             self._part(kind, part, out)
         return out
 
-    def finish(self) -> list[Piece]:
-        """The pieces still held, decided at the end of the answer; `answer` is known from now on."""
+    def finish(self, cut: bool = False) -> list[Piece]:
+        """The pieces still held, decided at the end of the answer (`cut`: by max_tokens); `answer` is known from
+        now on. A cut inside a named call loses that call only, never the calls before it."""
         out = self.push("") if self._opened else []
         if self._harmony is not None:
             self._visible(self._harmony.finish(), out)
@@ -110,7 +116,7 @@ class AnswerParser:
             for kind, part in self._splitter.finish():
                 self._part(kind, part, out)
         if self._harmony is None:
-            self._visible(self._scanner.finish(), out)
+            self._visible(self._scanner.finish(cut), out)
         self._answer = Answer("".join(self._reasoning), "".join(self._content), tuple(self._calls))
         return out
 
@@ -134,21 +140,30 @@ class AnswerParser:
             out.append(Content(text))
 
     def _visible(self, events: list, out: list[Piece]) -> None:
-        for kind, value in events:
+        for kind, *rest in events:
+            value = rest[0] if len(rest) == 1 else rest
             if kind == "c":
                 self._add_content(out, value)
             elif kind == "r":
                 self._part(THOUGHT, value, out)
+            elif kind == "start":
+                call_id, name = value
+                self._open_calls[call_id] = self._num_started
+                out.append(CallStart(self._num_started, call_id, name))
+                self._num_started += 1
             else:
-                index = len(self._calls)
+                index = self._open_calls.pop(value.id, None)
+                if index is None:
+                    index = self._num_started
+                    self._num_started += 1
+                    out.append(CallStart(index, value.id, value.name))
                 self._calls.append(ToolCall(value.name, value.arguments, value.id))
-                out.append(CallStart(index, value.id, value.name))
                 out.append(CallArguments(index, value.arguments))
 
 
-def parse_answer(fmt: ChatFormat, tools: list[dict] | None, text: str, **options) -> Answer:
-    """A whole answer at once (the same parser, one push)."""
+def parse_answer(fmt: ChatFormat, tools: list[dict] | None, text: str, cut: bool = False, **options) -> Answer:
+    """A whole answer at once (the same parser, one push); `cut`: max_tokens ended it."""
     parser = AnswerParser(fmt, tools, **options)
     parser.push(text)
-    parser.finish()
+    parser.finish(cut)
     return parser.answer

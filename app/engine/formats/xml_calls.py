@@ -11,6 +11,7 @@ from app.engine.formats.calls import CallSyntax, EndMarkerRegion, Region
 # -- Qwen3-Coder XML --------------------------------------------------------------------------
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*$", re.DOTALL)
+_FUNCTION_NAME = re.compile(r"<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
@@ -58,7 +59,10 @@ def qwen3_coder_syntax() -> CallSyntax:
             return EndMarkerRegion(0, "</function>", lambda inner: xml_call(inner + "</function>", tools),
                                    lenient=False)
         return EndMarkerRegion(len(marker), "</tool_call>", lambda inner: xml_call(inner, tools))
-    return CallSyntax(markers=("<tool_call>", "<function="), open_region=region)
+    def name(text: str) -> str | None:
+        m = _FUNCTION_NAME.search(text, 0, 64)
+        return m.group(1).strip() if m else None
+    return CallSyntax(markers=("<tool_call>", "<function="), open_region=region, call_name=name)
 
 
 # -- Functionary v3.2 -------------------------------------------------------------------------
@@ -131,4 +135,11 @@ def functionary_v3_2_syntax() -> CallSyntax:
     return CallSyntax(markers=(RECIPIENT,),
                       open_region=lambda marker, tools: RecipientRegion(len(marker), tools),
                       anchored=lambda text: 0, open_anchored=lambda tools: RecipientRegion(0, tools),
-                      anchored_always=True)
+                      anchored_always=True, call_name=recipient_name)
+
+
+def recipient_name(text: str) -> str | None:
+    """A recipient's name once its line ends (`>>>NAME\n`, or `NAME\n` at the answer's start)."""
+    start = len(RECIPIENT) if text.startswith(RECIPIENT) else 0
+    newline = text.find("\n", start, start + _MAX_NAME + 1)
+    return text[start:newline].strip() if newline != -1 else None
