@@ -267,6 +267,17 @@ def tool_calls_from_openai(calls: list[dict]) -> list[dict]:
     return out
 
 
+def _whole_call(call: dict) -> dict | None:
+    """An OpenAI call gathered from deltas, as Ollama's, once its arguments are a whole JSON object (else None)."""
+    args = call["function"]["arguments"]
+    if not args.rstrip().endswith("}"):
+        return None
+    try:
+        return tool_calls_from_openai([call])[0]
+    except ValueError:
+        return None
+
+
 def _done_reason(finish_reason: str | None) -> str:
     return "stop" if finish_reason in (None, "tool_calls", "function_call") else finish_reason
 
@@ -301,6 +312,7 @@ class _Generation:
         self.model = body.get("model")  # the name as the client gave it, echoed in every answer
         self.started_s = time.monotonic()
         self._calls: dict[int, dict] = {}
+        self._sent: set[int] = set()  # the indices of calls already streamed
         self._finish: str | None = None
         self._usage: dict | None = None
         self._timings: dict | None = None
@@ -338,7 +350,12 @@ class _Generation:
         message = choice.get("message") or {}
         try:
             if self.kind == "chat":
-                text, calls = message.get("content") or "", tool_calls_from_openai(message.get("tool_calls") or [])
+                calls = message.get("tool_calls") or []
+                if choice.get("finish_reason") == "length":
+                    # A relayed server may return the call it was cut inside: only the whole ones are calls.
+                    calls = [c for c in calls if _whole_call({"function": {**c.get("function", {}), "arguments":
+                                                             (c.get("function") or {}).get("arguments") or ""}})]
+                text, calls = message.get("content") or "", tool_calls_from_openai(calls)
             else:
                 text, calls = choice.get("text") or message.get("content") or "", None
         except ValueError as exc:
@@ -366,27 +383,36 @@ class _Generation:
             text = delta.get("content") if self.kind == "chat" else choice.get("text")
             if self.kind == "generate" and text is None:
                 text = delta.get("content")
-            for call in delta.get("tool_calls") or []:
-                acc = self._calls.setdefault(call.get("index", len(self._calls)), {"function": {"name": "", "arguments": ""}})
-                fn = call.get("function") or {}
-                acc["function"]["name"] += fn.get("name") or ""
-                acc["function"]["arguments"] += fn.get("arguments") or ""
             thought = delta.get("reasoning_content") if self.shows_thinking else None
             if thought:
                 out.append(ndjson(self.line("", False, thinking=thought)))
             if text:
                 out.append(ndjson(self.line(text, False)))
+            for call in delta.get("tool_calls") or []:
+                index = call.get("index", len(self._calls))
+                acc = self._calls.setdefault(index, {"function": {"name": "", "arguments": ""}})
+                fn = call.get("function") or {}
+                acc["function"]["name"] += fn.get("name") or ""
+                acc["function"]["arguments"] += fn.get("arguments") or ""
+                whole = _whole_call(acc) if index not in self._sent else None
+                if whole is not None:
+                    # Each call goes out as soon as its arguments are a whole object, as Ollama streams calls.
+                    self._sent.add(index)
+                    out.append(ndjson(self.line("", False, [whole])))
             self._finish = choice.get("finish_reason") or self._finish
         return out
 
     def end(self) -> list[bytes]:
-        """The tool calls, whole, then the done line with the counters; an error when the answer was cut."""
+        """The tool calls not streamed yet, then the done line with the counters; an error when the answer was cut
+        short of its end, or a call that ended by itself is not JSON. A call cut by max_tokens is left out: the
+        ones before it went out."""
         if self._failed:
             return []
         out = []
-        if self._calls:
+        rest = [self._calls[i] for i in sorted(self._calls) if i not in self._sent]
+        if rest and self._finish != "length":
             try:
-                whole = tool_calls_from_openai([self._calls[i] for i in sorted(self._calls)])
+                whole = tool_calls_from_openai(rest)
             except ValueError as exc:
                 return [ndjson({"error": str(exc)})]
             out.append(ndjson(self.line("", False, whole)))

@@ -27,6 +27,7 @@ a model produces anyway are dropped.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -227,6 +228,14 @@ def _message_item(msg_id: str, text: str, status: str = "completed") -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text else []}
 
 
+def _is_object(arguments: str) -> bool:
+    """Whether a call's arguments text is a whole JSON object."""
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
+
+
 def _call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
     return {"id": "fc_" + call_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
             "arguments": arguments}
@@ -321,7 +330,9 @@ class ResponseStream:
             self.output.append(item)
             self.text = None
         elif self.call is not None:
-            item = _call_item(self.call["call_id"], self.call["name"], self.call["arguments"])
+            # A call cut before its arguments came whole (its name went out first) is an incomplete item.
+            status = "completed" if _is_object(self.call["arguments"]) else "incomplete"
+            item = _call_item(self.call["call_id"], self.call["name"], self.call["arguments"], status)
             out += [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                 arguments=item["arguments"]),
                     self._event("response.output_item.done", output_index=index, item=item)]

@@ -49,8 +49,8 @@ TWO_CALLS = [
                    '{"name": "get_time", "arguments": {"city": "Tokyo"}}]'),
     (GRANITE, '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
               '{"name": "get_time", "arguments": {"city": "Tokyo"}}]'),
-    (COMMAND_R, '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": '
-                '"Paris"}},\n    {"tool_call_id": "1", "tool_name": "get_time", "parameters": {"city": "Tokyo"}}\n]'
+    (COMMAND_R, '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": '
+                '"Paris"}}, {"tool_call_id": "1", "tool_name": "get_time", "parameters": {"city": "Tokyo"}}]'
                 '<|END_ACTION|>'),
     (DEEPSEEK_R1, DS_R1),
     (DEEPSEEK_V3, '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>'

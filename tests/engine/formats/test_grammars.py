@@ -27,6 +27,7 @@ from app.engine.formats.detection import (
 )
 from app.engine.formats.grammars import call_grammar
 from tests.engine.formats.conftest import TEMPLATES
+from tests.engine.formats.test_cut_calls import TWO_CALLS
 from tests.engine.formats.grammar_matcher import VocabGrammars
 from tests.engine.formats.helpers import TOOLS
 
@@ -170,3 +171,14 @@ def test_every_familys_grammar_compiles_with_the_embedded_models_vocabulary(gemm
                 assert grammars.accepts(call_grammar(fmt, TOOLS, "required", parallel=False), CALLS[fmt]), fmt.name
     finally:
         grammars.close()
+
+
+@pytest.mark.parametrize("fmt, text", TWO_CALLS, ids=[f"{f.name}-{i}" for i, (f, _) in enumerate(TWO_CALLS)])
+def test_parallel_tool_calls_false_admits_exactly_one_call(vocab, fmt, text):
+    # parallel_tool_calls false (Anthropic's disable_parallel_tool_use): the grammar spells one call, then ends.
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    assert vocab.accepts(call_grammar(fmt, tools, "required", parallel=True), text)
+    one = call_grammar(fmt, tools, "required", parallel=False)
+    assert not vocab.accepts(one, text)
+    assert vocab.accepts(one, CALLS[fmt])
