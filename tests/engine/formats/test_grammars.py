@@ -27,9 +27,9 @@ from app.engine.formats.detection import (
 )
 from app.engine.formats.grammars import call_grammar
 from tests.engine.formats.conftest import TEMPLATES
-from tests.engine.formats.test_cut_calls import TWO_CALLS
 from tests.engine.formats.grammar_matcher import VocabGrammars
 from tests.engine.formats.helpers import TOOLS
+from tests.engine.formats.test_cut_calls import TWO_CALLS
 
 VOCAB = TEMPLATES.parent / "ggml-vocab-gemma-4.gguf"
 # Gemma's SentencePiece vocabulary reads "▁" as a space: DeepSeek's markers need a byte-level one.
