@@ -10,8 +10,10 @@ from pathlib import Path
 
 from app.engine.kv_types import DEFAULT_KV_TYPE, KV_TYPES, kv_type_problem
 from app.hardware import usable_cores
+from app.llama_tools import pinned_llama_cpp_version
 from app.policy import Mode
 from app.runner.config import ImageLimits
+from app.runner.llama_flags import add_llama_flags, print_notices
 
 
 def resolve_model(path: str | None) -> str:
@@ -74,7 +76,7 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     _add_serving_args(g)
     _add_image_args(p.add_argument_group("images (llama-server's --mmproj)"))
     _add_speculation_args(p.add_argument_group("speculative decoding (llama-server's --spec-* flags)"))
-    g.add_argument("--verbose", dest="runner_verbose", action="store_true",
+    g.add_argument("--verbose", "-v", "--log-verbose", dest="runner_verbose", action="store_true",
                    help="more logging, and llama-server's __verbose object (the rendered prompt) in chat answers")
     g.add_argument("--cors-origins", default="*",
                    help="CORS origins answered (default %(default)s, as llama-server; 'localhost' for loopback only, "
@@ -112,8 +114,8 @@ def _add_placement_args(pl: argparse._ArgumentGroup) -> None:
 def _add_serving_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=-1,
                    help="tokens to generate when a request names no limit (-1: until the context is full)")
-    g.add_argument("--temp", type=float, default=None, help="sampling temperature when a request names none")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed when a request names none (-1: random)")
+    g.add_argument("--temp", "--temperature", dest="temp", type=float, default=None, help="sampling temperature when a request names none")
+    g.add_argument("--seed", "-s", dest="seed", type=int, default=None, help="sampling seed when a request names none (-1: random)")
     g.add_argument("--api-key", action="append", default=[],
                    help="API key(s) clients must send as a bearer token or X-Api-Key (comma-separated or repeated); "
                         "also read from $HEARTH_RUNNER_API_KEY, where `hearth serve` puts its runners' keys")
@@ -146,7 +148,8 @@ def _add_serving_args(g: argparse._ArgumentGroup) -> None:
                         "(default 72: the words of a conversation do not lie on disk for good)")
     g.add_argument("-cb", "--cont-batching", dest="cont_batching", action=argparse.BooleanOptionalAction,
                    default=None, help="--no-cont-batching is --mode serial")
-    g.add_argument("--reasoning", choices=("on", "off", "auto"), default="auto",
+    g.add_argument("-nocb", dest="cont_batching", action="store_false", help="--no-cont-batching's short spelling")
+    g.add_argument("--reasoning", "-rea", dest="reasoning", choices=("on", "off", "auto"), default="auto",
                    help="thinking in templates that have it: off sets enable_thinking false (default %(default)s: on)")
     g.add_argument("--reasoning-format", choices=("none", "auto", "deepseek", "deepseek-legacy"), default="auto",
                    help="where thoughts go: 'none' leaves them in content verbatim; the others put them in "
@@ -242,6 +245,14 @@ def _add_runner(sub: argparse._SubParsersAction) -> None:
     runner.add_argument("--list-devices", action="store_true",
                         help="print the devices this runner's llama.cpp build sees and exit (llama-server's flag)")
     _add_llama_server_args(runner)
+    # llama-server's spellings of the runner's own switches, then every other flag its --help documents.
+    runner.add_argument("--usage", action="help", help="the same as --help")
+    runner.add_argument("--version", action="version",
+                        version=f"hearth runner (llama.cpp of llama-cpp-python {pinned_llama_cpp_version()})")
+    runner.add_argument("-nr", dest="repack", action="store_false", help="--no-repack's short spelling")
+    runner.add_argument("--no-cache-prompt", dest="prefix_cache", action="store_false",
+                        help="llama-server's spelling of --no-prefix-cache")
+    add_llama_flags(runner)
 
 
 def _default_grammar(args) -> str | None:
@@ -366,6 +377,7 @@ def _runner(args) -> int:
     if args.runner_verbose:
         logging.getLogger().setLevel(logging.INFO)
     config = _runner_config(args, template, placement, grammar, spec, tiers)
+    print_notices(args)
     print(f"hearth runner: {config.model_name} on http://{args.host}:{args.port} "
           f"(mode {config.mode}, ctx {args.ctx}, parallel {args.parallel})", file=sys.stderr, flush=True)
     serve(config, host=args.host, port=args.port, parent_pid=args.parent_pid)
