@@ -215,16 +215,7 @@ def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ApiError(400, f"'{param}': {url[:200]!r} is not an http(s) URL", param=param, code="image_url_failed")
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            addresses = hosts.connect_addresses(parts.hostname, port)
-        except AddressRefused as exc:
-            raise ApiError(400, f"'{param}': refused to fetch from {exc.host} ({exc.ip}, a {exc.kind} address): image "
-                                "URLs reach public hosts only; send the image itself as a data URL, or allow the host "
-                                "with --image-url-hosts (hearth serve: runner_image_url_hosts)", param=param,
-                           code="image_url_refused")
-        except OSError as exc:
-            raise ApiError(400, f"'{param}': the image's host could not be resolved ({exc})", param=param,
-                           code="image_url_failed")
+        addresses = _addresses(hosts, parts.hostname, port, param)
         left = _time_left(deadline, param, limits)
         conn_class = PinnedHTTPSConnection if parts.scheme == "https" else PinnedHTTPConnection
         conn = conn_class(parts.hostname, port, addresses, connect_timeout_s=left, timeout=left)
@@ -244,15 +235,7 @@ def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
             length = resp.getheader("Content-Length")
             if length and length.isdigit() and int(length) > limits.max_bytes:
                 raise _too_big(param, limits)
-            data = bytearray()
-            while True:
-                sock.settimeout(_time_left(deadline, param, limits))
-                piece = resp.read1(FETCH_CHUNK_BYTES)
-                if not piece:
-                    return bytes(data)
-                data += piece
-                if len(data) > limits.max_bytes:
-                    raise _too_big(param, limits)
+            return _read_body(resp, sock, deadline, param, limits)
         except TimeoutError:
             raise _too_slow(param, limits)
         except (OSError, http.client.HTTPException) as exc:
@@ -263,6 +246,33 @@ def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
                 resp.close()
             conn.close()
     raise ApiError(400, f"'{param}': more than {MAX_IMAGE_REDIRECTS} redirects", param=param, code="image_url_failed")
+
+
+def _addresses(hosts: HostPolicy, host: str, port: int, param: str) -> list:
+    """The checked addresses of one hop's host (a 400 naming the param when it is refused or unknown)."""
+    try:
+        return hosts.connect_addresses(host, port)
+    except AddressRefused as exc:
+        raise ApiError(400, f"'{param}': refused to fetch from {exc.host} ({exc.ip}, a {exc.kind} address): image "
+                            "URLs reach public hosts only; send the image itself as a data URL, or allow the host "
+                            "with --image-url-hosts (hearth serve: runner_image_url_hosts)", param=param,
+                       code="image_url_refused")
+    except OSError as exc:
+        raise ApiError(400, f"'{param}': the image's host could not be resolved ({exc})", param=param,
+                       code="image_url_failed")
+
+
+def _read_body(resp, sock, deadline: float, param: str, limits: ImageLimits) -> bytes:
+    """The answer's body, at most max_bytes, each read within what is left of the fetch's time."""
+    data = bytearray()
+    while True:
+        sock.settimeout(_time_left(deadline, param, limits))
+        piece = resp.read1(FETCH_CHUNK_BYTES)
+        if not piece:
+            return bytes(data)
+        data += piece
+        if len(data) > limits.max_bytes:
+            raise _too_big(param, limits)
 
 
 def _time_left(deadline: float, param: str, limits: ImageLimits) -> float:

@@ -131,6 +131,16 @@ class _EngineCollector:
         yield gauge("hearth:requests_running", "Requests holding a sequence slot", snap.num_running)
         yield gauge("hearth:requests_waiting", "Requests waiting for admission", snap.num_waiting)
         yield gauge("hearth:slots_total", "Sequence slots (parallel)", snap.n_seq_max)
+        yield from self._budget(snap)
+        finished = CounterMetricFamily("hearth:requests_finished", "Requests finished, by reason", labels=["reason"])
+        for reason, n in sorted(c.requests_finished.items()):
+            finished.add_metric([reason], n)
+        yield finished
+        yield counter("hearth:iterations", "Engine iterations", c.iterations_total)
+        yield from self._speculation(snap)
+
+    def _budget(self, snap):
+        """The per-iteration token budget, the fitted iteration costs and what the SLO budget can reach."""
         yield gauge("hearth:token_budget", "Tokens per iteration at most (n_batch or --budget)", snap.token_budget)
         yield gauge("hearth:prefill_budget", "Prefill tokens the last iteration allowed (the SLO budget)",
                     snap.prefill_budget)
@@ -160,11 +170,10 @@ class _EngineCollector:
         yield gauge("hearth:budget_reachable_tpot_seconds",
                     "The pace the last budgeted iteration kept instead of an out-of-reach target (0: in reach)",
                     (feasible.get("reachable_tpot_ms") or 0) / 1000)
-        finished = CounterMetricFamily("hearth:requests_finished", "Requests finished, by reason", labels=["reason"])
-        for reason, n in sorted(c.requests_finished.items()):
-            finished.add_metric([reason], n)
-        yield finished
-        yield counter("hearth:iterations", "Engine iterations", c.iterations_total)
+
+    def _speculation(self, snap):
+        """Speculative decoding's draft tokens verified and kept, by class, and whether it drafts now."""
+        c = snap.counters
         drafted = CounterMetricFamily("hearth:spec_draft_tokens_by_class",
                                       "Speculative: draft tokens verified, by class", labels=["class"])
         accepted = CounterMetricFamily("hearth:spec_accepted_tokens_by_class",
