@@ -23,7 +23,9 @@ from app.repack import repack_works
 from app.residency.supervisor import free_port
 
 # Hearth's runner: one KV pool for every slot, sliding-window layers as large as the context, 512-token batches.
-SAME_CACHE = ("--kv-unified", "--swa-full", "-b", "512")  # what same_cache adds, unless the caller set them
+# What same_cache adds, each unless the caller gave one of its spellings: (spellings, flags added).
+SAME_CACHE = ((("--kv-unified", "-kvu"), ("--kv-unified",)), (("--swa-full",), ("--swa-full",)),
+              (("-b", "--batch-size"), ("-b", "512")))
 
 
 def stock_command(binary: str | os.PathLike, model: str | os.PathLike | None, *args: str, port: int | None = None,
@@ -37,12 +39,9 @@ def stock_command(binary: str | os.PathLike, model: str | os.PathLike | None, *a
     argv += [str(a) for a in args]
     if same_cache:
         given = set(argv)
-        if not given & {"--kv-unified", "-kvu"}:
-            argv.append("--kv-unified")
-        if "--swa-full" not in given:
-            argv.append("--swa-full")
-        if not given & {"-b", "--batch-size"}:
-            argv += ["-b", "512"]
+        for spellings, flags in SAME_CACHE:
+            if not given.intersection(spellings):
+                argv += flags
     if "--repack" not in argv and "--no-repack" not in argv and \
             not repack_works(binary, None if env is None else {**os.environ, **env}):
         argv.append("--no-repack")
