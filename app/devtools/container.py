@@ -80,8 +80,11 @@ def ensure_engine(timeout_s: float = 60.0) -> None:
     if os.geteuid() != 0:
         raise EngineUnavailable("dockerd is not running and only root can start it")
     CACHE.mkdir(parents=True, exist_ok=True)
+    # `setsid --fork` leaves dockerd to init: the engine outlives this process and no Popen handle is left
+    # running for the garbage collector to warn about (a ResourceWarning that errored CI's first container test).
     with open(CACHE / "dockerd.log", "ab") as log:
-        subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        subprocess.run(["setsid", "--fork", dockerd], stdout=log, stderr=subprocess.STDOUT,
+                       stdin=subprocess.DEVNULL, check=True, timeout=30)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if engine_running():
