@@ -32,7 +32,8 @@ RUN --mount=type=secret,id=ca,required=false \
 FROM ${PYTHON_IMAGE} AS requirements
 COPY pyproject.toml /tmp/
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /requirements.txt
+        > /requirements.txt \
+ && grep -o '"llama-cpp-python==[^"]*"' /tmp/pyproject.toml > /llama-pin.toml
 
 # ---- toolchains ----------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build-cpu
@@ -40,7 +41,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake \
  && rm -rf /var/lib/apt/lists/*
 # GGML_NATIVE=OFF: code for the CPU family, not for the build machine's CPU (a NAS Celeron would
-# die on an illegal instruction from an image built on a desktop).
+# die on an illegal instruction from an image built on a desktop). The runners do not load this wheel's libraries:
+# they load the portable build below (every CPU variant, the best picked at run time).
 ENV DEFAULT_CMAKE_ARGS="-DGGML_NATIVE=OFF"
 RUN python -m venv /opt/hearth/venv
 
@@ -53,7 +55,7 @@ ENV DEFAULT_CMAKE_ARGS="-DGGML_CUDA=on -DGGML_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTU
 RUN python3 -m venv /opt/hearth/venv
 
 # Vulkan: the wheel stays the CPU build; scripts/build_llama_tools.sh --vulkan builds the same vendored llama.cpp
-# shared with GGML_VULKAN (Debian's headers, its one incompatible block guarded) into /opt/hearth/llama-vulkan, which
+# shared with GGML_VULKAN (Debian's headers, its one incompatible block guarded) into /opt/hearth/llama-lib, which
 # the runners load (HEARTH_LLAMA_BACKEND=vulkan in runtime-vulkan).
 FROM ${PYTHON_IMAGE} AS build-vulkan
 RUN apt-get update \
@@ -76,6 +78,24 @@ COPY --from=requirements /requirements.txt /tmp/requirements.txt
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" pip install -r /tmp/requirements.txt
+# The llama.cpp build the runners load, from the same pinned sdist, keyed on the pin and the build script alone (not
+# on Hearth's code): CPU, every x86-64/arm64 variant as a module, the best for the CPU loaded at run time
+# (build_llama_tools.sh --cpu-all: a Celeron without AVX and a Xeon with AMX run one image); Vulkan, its shared
+# build (--vulkan). CUDA keeps the wheel's own CUDA libraries.
+ARG ACCEL
+COPY scripts/build_llama_tools.sh /opt/hearth/llama-build/scripts/
+COPY --from=requirements /llama-pin.toml /opt/hearth/llama-build/pyproject.toml
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && mkdir -p /opt/hearth/llama-lib \
+ && case "$ACCEL" in cpu) variant=--cpu-all ;; vulkan) variant=--vulkan ;; *) variant= ;; esac \
+ && if [ -n "$variant" ]; then \
+        HEARTH_TOOLS_CACHE=/tmp/llama-tools PYTHON=python CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" \
+            /opt/hearth/llama-build/scripts/build_llama_tools.sh $variant >/dev/null \
+        && cp -a /tmp/llama-tools/*$variant/bin/. /opt/hearth/llama-lib/ \
+        && rm -f /opt/hearth/llama-lib/llama-batched-bench && rm -rf /tmp/llama-tools; \
+    fi \
+ && rm -rf /opt/hearth/llama-build
 COPY . ./
 COPY --from=assets /src/node_modules ./node_modules
 # Editable: templates/, static/, node_modules/ and migrations/ are found beside app/ exactly as in
@@ -84,15 +104,6 @@ RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && pip install --no-deps -e . \
  && python -m compileall -q app
-ARG ACCEL
-# The Vulkan variant's libraries (and its stock llama-server), for ACCEL=vulkan only; elsewhere an empty folder.
-RUN --mount=type=secret,id=ca,required=false \
-    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
- && mkdir -p /opt/hearth/llama-vulkan \
- && if [ "$ACCEL" = vulkan ]; then \
-        HEARTH_TOOLS_CACHE=/tmp/llama-tools PYTHON=python CMAKE_ARGS="$DEFAULT_CMAKE_ARGS" scripts/build_llama_tools.sh --vulkan \
-        && cp -a /tmp/llama-tools/*-vulkan/bin/. /opt/hearth/llama-vulkan/ && rm -rf /tmp/llama-tools; \
-    fi
 
 # ---- runtimes ------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime-cpu
@@ -101,6 +112,8 @@ FROM ${PYTHON_IMAGE} AS runtime-cpu
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tini libgomp1 tzdata \
  && rm -rf /var/lib/apt/lists/*
+# The portable llama.cpp build (every CPU variant; app.llama_tools.load_backends loads the best for this CPU).
+ENV HEARTH_LLAMA_LIB_DIR=/opt/hearth/llama-lib
 
 FROM ${CUDA_RUNTIME_IMAGE} AS runtime-cuda
 RUN apt-get update \
@@ -118,7 +131,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends tini libgomp1 tzdata libvulkan1 mesa-vulkan-drivers \
  && rm -rf /var/lib/apt/lists/*
 ENV HEARTH_LLAMA_BACKEND=vulkan \
-    HEARTH_LLAMA_LIB_DIR=/opt/hearth/llama-vulkan
+    HEARTH_LLAMA_LIB_DIR=/opt/hearth/llama-lib
 
 FROM runtime-${ACCEL} AS runtime
 ARG HEARTH_VERSION=0.1.0

@@ -3,6 +3,7 @@ where scripts/build_llama_tools.sh puts them and how to find them."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import os
 import re
@@ -85,9 +86,16 @@ def llama_lib_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     backend = (env.get(BACKEND_ENV) or "cpu").strip().lower()
     if backend not in BACKENDS:
         raise LlamaToolsNotFound(f"{BACKEND_ENV}={backend!r}: choose one of {', '.join(BACKENDS)}")
-    if backend == "cpu":
-        return {}
     named = env.get(LIB_DIR_ENV)
+    if backend == "cpu":
+        # The wheel's own libraries, or a CPU build named by HEARTH_LLAMA_LIB_DIR (the image's portable one,
+        # `scripts/build_llama_tools.sh --cpu-all`: every CPU variant as a module, the best loaded by load_backends).
+        if not named:
+            return {}
+        lib_dir = Path(named).expanduser()
+        if not (lib_dir / "libllama.so").is_file():
+            raise LlamaToolsNotFound(f"{LIB_DIR_ENV}={named} holds no libllama.so: run {BUILD_SCRIPT} --cpu-all")
+        return {"LLAMA_CPP_LIB_PATH": str(lib_dir), "MTMD_CPP_LIB": str(lib_dir)}
     lib_dir = Path(named).expanduser() if named else vulkan_lib_dir(env)
     if lib_dir is None or not (lib_dir / "libllama.so").is_file():
         where = lib_dir or vulkan_tools_dir(env) / "bin"
@@ -102,3 +110,42 @@ def apply_llama_lib_env() -> dict[str, str]:
     extra = llama_lib_env()
     os.environ.update(extra)
     return extra
+
+
+def cpu_all_lib_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The portable CPU build's folder (`scripts/build_llama_tools.sh --cpu-all`), or None when it is not built."""
+    cpu = tools_cache_dir(environ)
+    path = cpu.with_name(f"{cpu.name}-cpu-all") / "bin"
+    return path if (path / "libllama.so").is_file() else None
+
+
+def backend_modules(lib_dir: str | os.PathLike | None) -> list[str]:
+    """The CPU variant modules of a GGML_BACKEND_DL build in lib_dir (libggml-cpu-haswell.so, ...); [] for a build
+    that links its backends in (the wheel's, the Vulkan one)."""
+    if not lib_dir:
+        return []
+    return sorted(p.name for p in Path(lib_dir).glob("libggml-cpu-*.so"))
+
+
+_backends_loaded = False
+
+
+def load_backends() -> None:
+    """llama_backend_init, after loading a GGML_BACKEND_DL build's backend modules: the one place every process that
+    runs llama.cpp starts it (runner, repack probe, device probe, benches).
+
+    A build whose backends are modules (the image's portable CPU build) has none until they are loaded: ggml scores
+    each CPU variant in LLAMA_CPP_LIB_PATH against this CPU and keeps the best (ggml_backend_load_all_from_path),
+    as llama.cpp's own tools do at start. Once per process: a second load would register the backends twice."""
+    global _backends_loaded
+    import llama_cpp  # after LLAMA_CPP_LIB_PATH is set: it names the build loaded
+
+    if not _backends_loaded:
+        lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH")
+        if backend_modules(lib_dir):
+            ggml = ctypes.CDLL("libggml.so.0")  # the copy libllama loaded, found by its soname
+            ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+            ggml.ggml_backend_load_all_from_path.restype = None
+            ggml.ggml_backend_load_all_from_path(str(lib_dir).encode())
+        _backends_loaded = True
+    llama_cpp.llama_backend_init()

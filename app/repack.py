@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from app.hardware import cpu_has_amx, cpu_model
-from app.llama_tools import llama_lib_env
+from app.llama_tools import llama_lib_env, load_backends
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ def _decode(model_path: str, repack: bool = True) -> int:
     """The probe's child: load (repack on), decode a 32-token prompt and 4 tokens; 0 when all of it ran."""
     import llama_cpp
 
-    llama_cpp.llama_backend_init()
+    load_backends()
     mparams = llama_cpp.llama_model_default_params()
     mparams.use_extra_bufts = repack
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), mparams)

@@ -2,12 +2,17 @@
 # Builds llama.cpp's `llama-batched-bench` and `llama-server` from the llama.cpp tree vendored in
 # the pinned llama-cpp-python sdist, so the C++ reference runs the very code the engine links.
 #
-# Usage: scripts/build_llama_tools.sh [--vulkan]
+# Usage: scripts/build_llama_tools.sh [--vulkan | --cpu-all]
 #   --vulkan            the Vulkan variant (Intel/AMD GPUs, Mesa's lavapipe in CI), cached apart in
 #                       <root>/<version>-vulkan: llama-server plus the shared libraries (libllama,
 #                       libggml*, libmtmd) that Hearth's runner loads through LLAMA_CPP_LIB_PATH, all
 #                       from one build of the vendored tree, so the runner and the oracle run the same
 #                       code. Needs glslc and the Vulkan headers/loader (Debian: glslc libvulkan-dev).
+#   --cpu-all           the portable CPU build the image ships, cached apart in <root>/<version>-cpu-all:
+#                       shared libraries with every x86-64 (or arm64) CPU variant as a module
+#                       (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS, libggml-cpu-<variant>.so), the best one
+#                       for the CPU picked when Hearth loads them (app.llama_load), as llama.cpp's own
+#                       images do. A Celeron without AVX and a Xeon with AMX run the same image.
 #   HEARTH_TOOLS_CACHE  cache root (default: ~/.cache/hearth/llama-tools); binaries land in
 #                       <root>/<version>/bin
 #   CMAKE_ARGS          extra cmake arguments, e.g. "-DGGML_CUDA=ON" for a CUDA build
@@ -19,7 +24,8 @@ variant=cpu
 case "${1:-}" in
     "") ;;
     --vulkan) variant=vulkan ;;
-    *) echo "usage: $0 [--vulkan]" >&2; exit 2 ;;
+    --cpu-all) variant=cpu-all ;;
+    *) echo "usage: $0 [--vulkan | --cpu-all]" >&2; exit 2 ;;
 esac
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,8 +41,8 @@ fi
 
 cache_root="${HEARTH_TOOLS_CACHE:-$HOME/.cache/hearth/llama-tools}"
 dest="$cache_root/$version"
-if [[ "$variant" == vulkan ]]; then
-    dest="$cache_root/$version-vulkan"
+if [[ "$variant" != cpu ]]; then
+    dest="$cache_root/$version-$variant"
 fi
 bin_dir="$dest/bin"
 src_dir="$dest/src/llama_cpp_python-$version"
@@ -85,6 +91,12 @@ fixed_args=(
 # relative to $ORIGIN and every library lands in bin/ beside llama-server, so bin/ can be copied whole.
 if [[ "$variant" == vulkan ]]; then
     fixed_args+=(-DBUILD_SHARED_LIBS=ON -DGGML_VULKAN=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON)
+    targets+=(llama mtmd)
+elif [[ "$variant" == cpu-all ]]; then
+    # GGML_NATIVE=OFF: no code for the build machine's CPU alone; each variant module carries its own
+    # instruction set, and ggml scores them against the CPU at load time.
+    fixed_args+=(-DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF
+                 -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON)
     targets+=(llama mtmd)
 else
     fixed_args+=(-DBUILD_SHARED_LIBS=OFF)
@@ -178,7 +190,7 @@ cmake --build "$build_dir" --config Release --target "${targets[@]}" -j "$(nproc
 
 mkdir -p "$bin_dir"
 installed=(llama-batched-bench llama-server)
-if [[ "$variant" == vulkan ]]; then
+if [[ "$variant" != cpu ]]; then
     # The shared libraries under the names the ctypes loader opens (libllama.so, libmtmd.so) and
     # the sonames the binaries and libraries ask for (libggml.so.0, ...), links kept as links: one
     # file per library, so a second open by another name finds the copy already loaded.

@@ -15,10 +15,9 @@ import sys
 import threading
 from dataclasses import asdict
 
-import llama_cpp
-
 from app.device_probe import is_software_vulkan
 from app.devices import Device
+from app.llama_tools import load_backends
 
 # enum ggml_backend_dev_type; META (a virtual device spanning others) is not a device of its own.
 _KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
@@ -35,7 +34,7 @@ _MIB = 1024 * 1024
 def _ggml() -> ctypes.CDLL:
     """libggml as llama.cpp loaded it: opened by its soname, so the loaded copy (the registry llama.cpp uses,
     from LLAMA_CPP_LIB_PATH or the wheel) is found again instead of a second copy from another folder."""
-    llama_cpp.llama_backend_init()
+    load_backends()
     lib = ctypes.CDLL("libggml.so.0")
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_get.restype = ctypes.c_void_p

@@ -22,6 +22,7 @@ from app.engine.kv_types import KV_TYPE_BYTES, kv_type_problem
 from app.engine.model_config import ModelConfig
 from app.engine.request import SamplingParams
 from app.engine.scheduler import Chunk
+from app.llama_tools import load_backends
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def _init_backend(verbose: bool) -> None:
         if not verbose:
             _log_callback = llama_cpp.llama_log_callback(_llama_log)
             llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
+        load_backends()
         _backend_ready = True
 
 

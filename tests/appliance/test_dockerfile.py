@@ -171,3 +171,17 @@ def test_apt_lists_are_cleaned(stage):
     for keyword, args in stages()[stage]:
         if keyword == "RUN" and "apt-get install" in args:
             assert "--no-install-recommends" in args and "rm -rf /var/lib/apt/lists/*" in args
+
+
+def test_the_cpu_image_runs_the_portable_build_keyed_on_the_pin_alone():
+    # Every CPU variant as a module (build_llama_tools.sh --cpu-all), the best loaded at run time by
+    # app.llama_tools.load_backends; the GGML_NATIVE=OFF wheel alone would need AVX2 and leave AVX-512 unused.
+    build = stages()["build"]
+    runs = [a for k, a in build if k == "RUN"]
+    assert any("cpu) variant=--cpu-all" in r and "build_llama_tools.sh $variant" in r for r in runs)
+    assert stage_env("runtime-cpu")["HEARTH_LLAMA_LIB_DIR"] == "/opt/hearth/llama-lib"
+    # Before Hearth's code is copied in: a code change does not rebuild fourteen CPU variants.
+    at = [i for i, (k, a) in enumerate(build) if k == "RUN" and "build_llama_tools.sh" in a][0]
+    code = build.index(("COPY", ". ./"))
+    assert at < code
+    assert ("COPY", "--from=requirements /llama-pin.toml /opt/hearth/llama-build/pyproject.toml") in build

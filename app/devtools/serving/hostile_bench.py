@@ -27,6 +27,7 @@ import httpx
 import psutil
 
 from app.devtools.processes import stop_process
+from app.llama_tools import load_backends
 from app.residency.supervisor import free_port
 
 MAX_BODY_BYTES = 64 * 1024
@@ -172,7 +173,7 @@ def _status_kib(pid: int, field: str) -> int:
 def _vocab(model_path: str):
     import llama_cpp
 
-    llama_cpp.llama_backend_init()
+    load_backends()
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
