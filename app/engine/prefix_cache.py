@@ -226,11 +226,12 @@ class PrefixCache:
         tail = self.tails.get(owner)
         return tail.end if tail is not None else 0
 
-    def match(self, tokens: list[int]) -> Match:
-        """The longest prefix of tokens whose cells are in the cache (NO_MATCH when the cache is off)."""
+    def match(self, tokens: list[int], min_tokens: int = MIN_MATCH_TOKENS) -> Match:
+        """The longest prefix of tokens whose cells are in the cache, at least min_tokens long (NO_MATCH when the
+        cache is off)."""
         if not self.enabled:
             return NO_MATCH
-        if len(tokens) < MIN_MATCH_TOKENS:
+        if len(tokens) < min_tokens:
             return NO_MATCH
         node, pos, running = self.root, 0, 0
         while pos < len(tokens):
@@ -246,9 +247,9 @@ class PrefixCache:
                 running = pos + best_n
             pos += best_n
             if best_n < len(best.tokens):
-                return Match(pos, running, best, best_n) if pos >= MIN_MATCH_TOKENS else NO_MATCH
+                return Match(pos, running, best, best_n) if pos >= min_tokens else NO_MATCH
             node = best
-        if node is self.root or pos < MIN_MATCH_TOKENS:
+        if node is self.root or pos < min_tokens:
             return NO_MATCH
         return Match(pos, running, node, len(node.tokens))
 
@@ -457,6 +458,18 @@ class PrefixCache:
                 break
             victim = min(candidates, key=self.entries.__getitem__)
             n = self._evict_entry(victim)
+            freed += n
+            self.counters.evictions_total += 1
+            self.counters.evicted_tokens_total += n
+        return freed
+
+    def evict_all(self) -> int:
+        """Evict every cache entry, least recently used first (a lower tier keeps a copy); returns cells freed.
+
+        Cells a running slot shares with an entry stay: only what the entries alone hold leaves the KV cache."""
+        freed = 0
+        for entry in sorted(self.entries, key=self.entries.__getitem__):
+            n = self._evict_entry(entry)
             freed += n
             self.counters.evictions_total += 1
             self.counters.evicted_tokens_total += n
