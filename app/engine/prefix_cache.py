@@ -463,13 +463,19 @@ class PrefixCache:
             self.counters.evicted_tokens_total += n
         return freed
 
-    def evict_all(self) -> int:
+    def evict_all(self, slot: int | None = None) -> int:
         """Evict every cache entry, least recently used first (a lower tier keeps a copy); returns cells freed.
 
-        Cells a running slot shares with an entry stay: only what the entries alone hold leaves the KV cache."""
+        Cells a running slot shares with an entry stay: only what the entries alone hold leaves the KV cache. An
+        entry that `slot` reuses most of (they share at least as many tokens as the entry alone holds) is cut back
+        to what they share, as llama-server's slot overwrites its own tail: its tail is dropped, not copied out."""
         freed = 0
         for entry in sorted(self.entries, key=self.entries.__getitem__):
-            n = self._evict_entry(entry)
+            alone = self._exclusive_cells(entry)
+            if alone == 0:
+                continue  # every cell is held by a running slot too: evicting it frees nothing
+            shared = sum(len(n.tokens) for n in self._path(self.tails[entry]) if slot in n.holders)
+            n = self._drop_entry(entry) if slot is not None and shared >= alone else self._evict_entry(entry)
             freed += n
             self.counters.evictions_total += 1
             self.counters.evicted_tokens_total += n

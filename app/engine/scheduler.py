@@ -396,7 +396,7 @@ class Scheduler:
             candidate.num_computed = num_kv = self.cache.attach(candidate.slot, match)
             self.cache.tag(candidate.slot, Tag(candidate.owner, candidate.private))
             if alone:
-                self._cache_to_itself()
+                self._cache_to_itself(candidate.slot)
             num_disk = 0
             if self.tiers is not None and lookup:
                 disk_before = self.tiers.counters.disk_restored_tokens_total
@@ -412,7 +412,7 @@ class Scheduler:
         if self.config.mode is Mode.STATIC and self.running:
             self._static_closed = True
 
-    def _cache_to_itself(self) -> None:
+    def _cache_to_itself(self, slot: int) -> None:
         """A request that runs alone gets the KV cache to itself: the cached prefixes it does not reuse move to the
         RAM tier (they come back on a hit), so its new cells lie right after the prefix it reuses, where a fresh
         runner, or llama-server's slot, puts them.
@@ -421,8 +421,9 @@ class Scheduler:
         cells in use (flash attention splits a decode's keys by index; without it the softmax and V sums group by
         index), so a greedy near-tie could tip on what earlier requests left cached (issue 53: a transcription's
         audio cells changed the next chat's answer). Without a RAM tier nothing is moved: evicting would lose
-        the prefixes, so there answers may still depend on them."""
-        self.cache.evict_all()
+        the prefixes, so there answers may still depend on them. A prefix the request reuses most of keeps only what
+        they share: its tail is overwritten, as in llama-server's slot, rather than copied out."""
+        self.cache.evict_all(slot)
 
     def _shortage(self, candidate: Request, match: Match) -> str | None:
         """What keeps a candidate out now: "slot", "kv", or None when it can be admitted."""

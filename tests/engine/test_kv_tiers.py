@@ -454,3 +454,18 @@ def test_without_a_ram_tier_the_cache_keeps_its_prefixes_and_its_minimum_match(m
     run(engine, header + long_prompt(1))
     _, cached = run(engine, header + long_prompt(2))
     assert cached == 0 and len(engine.scheduler.cache.entries) == 2
+
+
+def test_a_prefix_the_request_reuses_most_of_is_cut_back_not_copied_out(make_engine):
+    model = FakeModel(n_ctx=256, n_batch=64, n_seq_max=2, transfer_seq=TRANSFER)
+    engine = make_engine(model, cache_ram_bytes=None)
+    prompt = long_prompt(1)
+    run(engine, prompt)  # cached: the prompt and its 4 answer tokens
+    _, cached = run(engine, prompt + [7, 8])  # a follow-up that shares the prompt, not the answer
+    assert cached == len(prompt)
+    # llama-server's slot overwrites its answer's cells; so does the runner: nothing is copied out for 4 tokens.
+    assert engine.tiers.counters.saves_total == 0 and len(engine.tiers.ram) == 0
+    # An unrelated prefix still goes to RAM, whole, when another request runs alone.
+    run(engine, long_prompt(2))
+    assert engine.tiers.counters.saves_total == 1 and engine.tiers.ram.items()[0].tokens[:len(prompt)] == prompt
+    assert model.violations == [] and engine.scheduler.cache.check() == []
