@@ -277,6 +277,15 @@ class KvTiers:
 
     # -- back into it ----------------------------------------------------------------------
 
+    def offers(self, tokens: list[int]) -> int:
+        """How many leading tokens of `tokens` the RAM tier (or the disk tier) could restore: its best match."""
+        if not tokens:
+            return 0
+        best = self.ram.best(tokens)[1] if len(self.ram) else 0
+        if self.disk is not None and len(self.disk):
+            best = max(best, self.disk.best(tokens)[1])
+        return best
+
     def restore(self, slot: int, tokens: list[int], num_cached: int) -> int:
         """Give an admitted slot, which holds `num_cached` leading tokens' cells, more of them from the tier.
 

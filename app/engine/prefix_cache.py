@@ -226,11 +226,12 @@ class PrefixCache:
         tail = self.tails.get(owner)
         return tail.end if tail is not None else 0
 
-    def match(self, tokens: list[int]) -> Match:
-        """The longest prefix of tokens whose cells are in the cache (NO_MATCH when the cache is off)."""
+    def match(self, tokens: list[int], min_tokens: int = MIN_MATCH_TOKENS) -> Match:
+        """The longest prefix of tokens whose cells are in the cache, at least min_tokens long (NO_MATCH when the
+        cache is off)."""
         if not self.enabled:
             return NO_MATCH
-        if len(tokens) < MIN_MATCH_TOKENS:
+        if len(tokens) < min_tokens:
             return NO_MATCH
         node, pos, running = self.root, 0, 0
         while pos < len(tokens):
@@ -246,9 +247,9 @@ class PrefixCache:
                 running = pos + best_n
             pos += best_n
             if best_n < len(best.tokens):
-                return Match(pos, running, best, best_n) if pos >= MIN_MATCH_TOKENS else NO_MATCH
+                return Match(pos, running, best, best_n) if pos >= min_tokens else NO_MATCH
             node = best
-        if node is self.root or pos < MIN_MATCH_TOKENS:
+        if node is self.root or pos < min_tokens:
             return NO_MATCH
         return Match(pos, running, node, len(node.tokens))
 
@@ -457,6 +458,24 @@ class PrefixCache:
                 break
             victim = min(candidates, key=self.entries.__getitem__)
             n = self._evict_entry(victim)
+            freed += n
+            self.counters.evictions_total += 1
+            self.counters.evicted_tokens_total += n
+        return freed
+
+    def evict_all(self, slot: int | None = None) -> int:
+        """Evict every cache entry, least recently used first (a lower tier keeps a copy); returns cells freed.
+
+        Cells a running slot shares with an entry stay: only what the entries alone hold leaves the KV cache. An
+        entry that `slot` reuses most of (they share at least as many tokens as the entry alone holds) is cut back
+        to what they share, as llama-server's slot overwrites its own tail: its tail is dropped, not copied out."""
+        freed = 0
+        for entry in sorted(self.entries, key=self.entries.__getitem__):
+            alone = self._exclusive_cells(entry)
+            if alone == 0:
+                continue  # every cell is held by a running slot too: evicting it frees nothing
+            shared = sum(len(n.tokens) for n in self._path(self.tails[entry]) if slot in n.holders)
+            n = self._drop_entry(entry) if slot is not None and shared >= alone else self._evict_entry(entry)
             freed += n
             self.counters.evictions_total += 1
             self.counters.evicted_tokens_total += n

@@ -369,7 +369,16 @@ class Scheduler:
             # The last token is always computed: its logits give the next sample. A preempted sequence
             # resumes from its own cached cells even when it asked not to use the cache (cache_prompt).
             lookup = candidate.cache_prompt or candidate.num_preemptions > 0
-            match = self.cache.match(candidate.all_tokens[:-1]) if lookup else NO_MATCH
+            # Alone with a RAM tier, a request takes the cache as llama-server's slot would (_cache_to_itself):
+            # any common prefix, however short, as llama-server reuses it.
+            alone = self.tiers is not None and not self.running
+            match = (self.cache.match(candidate.all_tokens[:-1], 1 if alone else MIN_MATCH_TOKENS) if lookup
+                     else NO_MATCH)
+            if alone and match.num_tokens and \
+                    self.tiers.offers(candidate.all_tokens[:-1]) >= match.num_tokens + MIN_MATCH_TOKENS:
+                # A tier holds a longer prefix: it comes back whole, its first cells too, as llama-server loads a
+                # better cached prompt into its slot, rather than after a short match's cells of another prompt.
+                match = NO_MATCH
             if self._awaits_prefix(candidate, match):
                 i += 1
                 continue
@@ -386,6 +395,8 @@ class Scheduler:
             candidate.admitted_s = now
             candidate.num_computed = num_kv = self.cache.attach(candidate.slot, match)
             self.cache.tag(candidate.slot, Tag(candidate.owner, candidate.private))
+            if alone:
+                self._cache_to_itself(candidate.slot)
             num_disk = 0
             if self.tiers is not None and lookup:
                 disk_before = self.tiers.counters.disk_restored_tokens_total
@@ -400,6 +411,19 @@ class Scheduler:
             self.running.append(candidate)
         if self.config.mode is Mode.STATIC and self.running:
             self._static_closed = True
+
+    def _cache_to_itself(self, slot: int) -> None:
+        """A request that runs alone gets the KV cache to itself: the cached prefixes it does not reuse move to the
+        RAM tier (they come back on a hit), so its new cells lie right after the prefix it reuses, where a fresh
+        runner, or llama-server's slot, puts them.
+
+        Where cells lie changes the answer: llama.cpp's attention rounds by cell index and by the extent of the
+        cells in use (flash attention splits a decode's keys by index; without it the softmax and V sums group by
+        index), so a greedy near-tie could tip on what earlier requests left cached (issue 53: a transcription's
+        audio cells changed the next chat's answer). Without a RAM tier nothing is moved: evicting would lose
+        the prefixes, so there answers may still depend on them. A prefix the request reuses most of keeps only what
+        they share: its tail is overwritten, as in llama-server's slot, rather than copied out."""
+        self.cache.evict_all(slot)
 
     def _shortage(self, candidate: Request, match: Match) -> str | None:
         """What keeps a candidate out now: "slot", "kv", or None when it can be admitted."""

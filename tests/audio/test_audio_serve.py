@@ -55,11 +55,11 @@ def test_the_class_asked_for_is_the_class_used(aserve):
         assert r.headers["X-Hearth-Class"] == "voice"
 
 
-@pytest.mark.xfail(strict=False, reason="run after test_the_class_asked_for_is_the_class_used, two identical greedy MP3 "
-                   "requests answer differently on the Intel Xeon VM (what the runner's cache held moves the cells: "
-                   "issue 53's cache-placement fix, on branch parity-gaps, is not landed yet)")
 def test_text_and_stream_formats_through_serve(aserve):
     data = audio_files.sweep("mp3", seconds=1.5)
+    # The first answer computes the whole prompt; a repeat reuses all of it but its last token, as llama-server's
+    # slot does, and the random model's near-ties may tip on that: the formats are compared between repeats.
+    _transcribe(aserve, "/v1/audio/transcriptions", data)
     whole = _transcribe(aserve, "/v1/audio/transcriptions", data).json()["text"]
     text = _transcribe(aserve, "/v1/audio/transcriptions", data, response_format="text")
     assert text.headers["content-type"].startswith("text/plain") and text.text == whole

@@ -423,3 +423,49 @@ def test_an_entry_serve_deleted_meanwhile_is_forgotten_without_a_warning(make_en
     assert "was removed meanwhile" in caplog.text and "dropping" not in caplog.text
     engine.stop()
     disk2.close()
+
+
+# -- a request alone gets the cache to itself, as llama-server's slot (issue 53) ------------------------------------
+
+def test_a_request_alone_moves_the_other_prefixes_to_ram_and_reuses_even_a_short_one(make_engine):
+    model = FakeModel(n_ctx=256, n_batch=64, n_seq_max=2, transfer_seq=TRANSFER)
+    engine = make_engine(model, cache_ram_bytes=None)
+    header = [5, 6, 7]  # a chat template's first line: shorter than MIN_MATCH_TOKENS
+    a, b = header + long_prompt(1), header + long_prompt(2)
+    run(engine, a)
+    assert len(engine.scheduler.cache.entries) == 1
+    out, cached = run(engine, b)
+    # llama-server reuses any common prefix of its slot's last prompt: the header's cells, here too.
+    assert cached == len(header)
+    # a's entry left the KV cache for RAM, so b's new cells lie right after the header, as in llama-server's slot.
+    assert engine.tiers.counters.saves_total == 1 and len(engine.tiers.ram) == 1
+    assert len(engine.scheduler.cache.entries) == 1  # b's own, now
+    assert out == FakeModel(n_ctx=256, n_batch=64, n_seq_max=2).expected_tokens(b, 4)
+    # a comes back whole from RAM (its first cells too, not the header of b's entry).
+    again, cached = run(engine, a)
+    assert cached == len(a) - 1 and engine.tiers.counters.restored_tokens_total == len(a) - 1
+    assert model.violations == [] and engine.scheduler.cache.check() == []
+
+
+def test_without_a_ram_tier_the_cache_keeps_its_prefixes_and_its_minimum_match(make_engine):
+    model = FakeModel(n_ctx=256, n_batch=64, n_seq_max=2)
+    engine = make_engine(model, cache_ram_bytes=0)
+    header = [5, 6, 7]
+    run(engine, header + long_prompt(1))
+    _, cached = run(engine, header + long_prompt(2))
+    assert cached == 0 and len(engine.scheduler.cache.entries) == 2
+
+
+def test_a_prefix_the_request_reuses_most_of_is_cut_back_not_copied_out(make_engine):
+    model = FakeModel(n_ctx=256, n_batch=64, n_seq_max=2, transfer_seq=TRANSFER)
+    engine = make_engine(model, cache_ram_bytes=None)
+    prompt = long_prompt(1)
+    run(engine, prompt)  # cached: the prompt and its 4 answer tokens
+    _, cached = run(engine, prompt + [7, 8])  # a follow-up that shares the prompt, not the answer
+    assert cached == len(prompt)
+    # llama-server's slot overwrites its answer's cells; so does the runner: nothing is copied out for 4 tokens.
+    assert engine.tiers.counters.saves_total == 0 and len(engine.tiers.ram) == 0
+    # An unrelated prefix still goes to RAM, whole, when another request runs alone.
+    run(engine, long_prompt(2))
+    assert engine.tiers.counters.saves_total == 1 and engine.tiers.ram.items()[0].tokens[:len(prompt)] == prompt
+    assert model.violations == [] and engine.scheduler.cache.check() == []
