@@ -4,6 +4,8 @@
 #   CPU, any x86-64 or arm64 host:  docker build -t ghcr.io/hearth-llm/hearth:0.1.0 .
 #   NVIDIA GPU (CUDA llama.cpp):    docker build --build-arg ACCEL=cuda -t ghcr.io/hearth-llm/hearth:0.1.0-cuda .
 #   Intel/AMD GPU (Vulkan):         docker build --build-arg ACCEL=vulkan -t ghcr.io/hearth-llm/hearth:0.1.0-vulkan .
+#   CPU, every CPU variant:         docker build --build-arg CPU_VARIANTS=all ...  (a Celeron without AVX2 and a Xeon
+#                                   with AVX-512 each get their best code; 14 x86-64 variants: a long compile)
 #   Other llama.cpp options:        --build-arg CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86"
 #
 #   Behind a TLS-inspecting proxy (pip and npm need its CA): --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt
@@ -79,16 +81,17 @@ RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" pip install -r /tmp/requirements.txt
 # The llama.cpp build the runners load, from the same pinned sdist, keyed on the pin and the build script alone (not
-# on Hearth's code): CPU, every x86-64/arm64 variant as a module, the best for the CPU loaded at run time
-# (build_llama_tools.sh --cpu-all: a Celeron without AVX and a Xeon with AMX run one image); Vulkan, its shared
-# build (--vulkan). CUDA keeps the wheel's own CUDA libraries.
+# on Hearth's code). CPU with CPU_VARIANTS=all: every x86-64/arm64 variant as a module, the best for the CPU loaded
+# at run time (build_llama_tools.sh --cpu-all: a Celeron without AVX and a Xeon with AMX run one image); otherwise
+# the wheel's GGML_NATIVE=OFF libraries (AVX2 needed). Vulkan: its shared build (--vulkan). CUDA: the wheel's.
 ARG ACCEL
+ARG CPU_VARIANTS=wheel
 COPY scripts/build_llama_tools.sh /opt/hearth/llama-build/scripts/
 COPY --from=requirements /llama-pin.toml /opt/hearth/llama-build/pyproject.toml
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && mkdir -p /opt/hearth/llama-lib \
- && case "$ACCEL" in cpu) variant=--cpu-all ;; vulkan) variant=--vulkan ;; *) variant= ;; esac \
+ && case "$ACCEL/$CPU_VARIANTS" in cpu/all) variant=--cpu-all ;; vulkan/*) variant=--vulkan ;; *) variant= ;; esac \
  && if [ -n "$variant" ]; then \
         HEARTH_TOOLS_CACHE=/tmp/llama-tools PYTHON=python CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" \
             /opt/hearth/llama-build/scripts/build_llama_tools.sh $variant >/dev/null \
@@ -112,7 +115,8 @@ FROM ${PYTHON_IMAGE} AS runtime-cpu
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tini libgomp1 tzdata \
  && rm -rf /var/lib/apt/lists/*
-# The portable llama.cpp build (every CPU variant; app.llama_tools.load_backends loads the best for this CPU).
+# The portable llama.cpp build when built (CPU_VARIANTS=all; app.llama_tools.load_backends loads the best variant for
+# this CPU); an empty folder means the wheel's own libraries.
 ENV HEARTH_LLAMA_LIB_DIR=/opt/hearth/llama-lib
 
 FROM ${CUDA_RUNTIME_IMAGE} AS runtime-cuda

@@ -90,9 +90,11 @@ def llama_lib_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     if backend == "cpu":
         # The wheel's own libraries, or a CPU build named by HEARTH_LLAMA_LIB_DIR (the image's portable one,
         # `scripts/build_llama_tools.sh --cpu-all`: every CPU variant as a module, the best loaded by load_backends).
-        if not named:
+        # An empty or missing folder is the wheel's libraries too (the image names its folder whether or not it
+        # was built with CPU_VARIANTS=all); one with files but no libllama.so is a broken build.
+        lib_dir = Path(named).expanduser() if named else None
+        if lib_dir is None or not lib_dir.is_dir() or not any(lib_dir.iterdir()):
             return {}
-        lib_dir = Path(named).expanduser()
         if not (lib_dir / "libllama.so").is_file():
             raise LlamaToolsNotFound(f"{LIB_DIR_ENV}={named} holds no libllama.so: run {BUILD_SCRIPT} --cpu-all")
         return {"LLAMA_CPP_LIB_PATH": str(lib_dir), "MTMD_CPP_LIB": str(lib_dir)}

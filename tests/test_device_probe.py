@@ -2,6 +2,8 @@
 
 import sys
 
+import pytest
+
 from app.device_probe import probe_devices
 from app.llama_tools import llama_lib_env
 
@@ -55,3 +57,18 @@ def test_runner_list_devices_prints_none_on_a_cpu_build(capsys, monkeypatch):
     monkeypatch.delenv("HEARTH_LLAMA_BACKEND", raising=False)
     assert main(["runner", "--list-devices"]) == 0
     assert capsys.readouterr().out == "Available devices:\n  (none)\n"
+
+
+def test_a_cpu_lib_dir_is_used_when_it_holds_a_build_and_the_wheel_otherwise(tmp_path):
+    from app.llama_tools import LlamaToolsNotFound, backend_modules, llama_lib_env
+
+    env = {"HEARTH_LLAMA_LIB_DIR": str(tmp_path / "llama-lib")}
+    assert llama_lib_env(env) == {}  # missing: the wheel's libraries
+    (tmp_path / "llama-lib").mkdir()
+    assert llama_lib_env(env) == {}  # empty (an image built without CPU_VARIANTS=all): the wheel's
+    (tmp_path / "llama-lib" / "libggml-cpu-haswell.so").write_bytes(b"")
+    with pytest.raises(LlamaToolsNotFound, match="no libllama.so"):
+        llama_lib_env(env)
+    (tmp_path / "llama-lib" / "libllama.so").write_bytes(b"")
+    assert llama_lib_env(env)["LLAMA_CPP_LIB_PATH"] == str(tmp_path / "llama-lib")
+    assert backend_modules(tmp_path / "llama-lib") == ["libggml-cpu-haswell.so"] and backend_modules(None) == []
