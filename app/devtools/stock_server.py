@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 
-from app.devtools.processes import stop_process
+from app.devtools.processes import stop_process, wait_healthy
 from app.repack import repack_works
 from app.residency.supervisor import free_port
 
@@ -72,18 +71,14 @@ class StockServer:
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode} before it was ready:\n{self.log_tail()}")
-            try:
-                if self.client.get("/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"llama-server was not ready in {self.timeout_s:.0f} s:\n{self.log_tail()}")
+        proc = self.proc
+        try:
+            wait_healthy(self.url, lambda: None if proc.poll() is None else f"code {proc.returncode}\n{self.log_tail()}",
+                         self.timeout_s, "llama-server", interval_s=0.05)
+        except TimeoutError as exc:
+            self.stop()
+            raise TimeoutError(f"{exc}:\n{self.log_tail()}") from None
+        return self
 
     def log_tail(self, n: int = 3000) -> str:
         """The end of its log (empty when it logs nowhere)."""

@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +24,7 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 
-from app.devtools.processes import stop_process
+from app.devtools.processes import stop_process, wait_healthy
 from app.devtools.stock_server import stock_command
 from app.engine.kv_types import KV_TYPES
 from app.engine.model_config import ModelConfig
@@ -137,18 +136,8 @@ def _serve_tokens(command: list[str], prompt: str, n_predict: int) -> list[int]:
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{command[0]} exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{command[0]} did not become ready")
-            time.sleep(0.2)
+        wait_healthy(url, lambda: None if proc.poll() is None else f"code {proc.returncode}", 180, command[0],
+                     interval_s=0.2)
         return _completion_tokens(url, prompt, n_predict)
     finally:
         stop_process(proc)

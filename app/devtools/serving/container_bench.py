@@ -16,7 +16,7 @@ import time
 import httpx
 
 from app.devtools import container
-from app.devtools.processes import stop_process
+from app.devtools.processes import stop_process, wait_healthy
 from app.hardware import machine
 from app.residency.supervisor import free_port
 
@@ -43,20 +43,6 @@ def _decode_rate(url: str, tokens: int) -> float:
             if line.startswith("data: ") and '"content"' in line:
                 times.append(time.perf_counter())
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
-
-
-def _wait(url: str, alive, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not alive():
-            raise RuntimeError(f"the runner behind {url} exited before it was ready")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} was not ready in {timeout_s:.0f} s")
 
 
 def run(args) -> int:
@@ -86,8 +72,10 @@ def run(args) -> int:
     rates: dict[str, list[float]] = {"bare metal": [], "container": []}
     urls = {"bare metal": f"http://127.0.0.1:{bare_port}", "container": f"http://127.0.0.1:{box_port}"}
     try:
-        _wait(urls["bare metal"], lambda: bare.poll() is None)
-        _wait(urls["container"], lambda: container.docker("inspect", name, check=False).returncode == 0)
+        wait_healthy(urls["bare metal"], lambda: None if bare.poll() is None else f"code {bare.returncode}", 300,
+                     "the bare-metal runner", interval_s=0.2)
+        wait_healthy(urls["container"], lambda: None if container.docker("inspect", name, check=False).returncode == 0
+                     else "the container is gone", 300, "the container's runner", interval_s=0.2)
         for url in urls.values():
             _decode_rate(url, 16)  # warm-up: page cache, threads
         for rnd in range(args.rounds):
