@@ -31,7 +31,8 @@ RUN --mount=type=secret,id=ca,required=false \
 # ---- the dependency pins alone, out of pyproject.toml ---------------------------------------------
 FROM ${PYTHON_IMAGE} AS requirements
 COPY pyproject.toml /tmp/
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" \
+# The image speaks too: the tts extra (Piper, GPL-3.0; README "Speech out") is installed with the dependencies.
+RUN python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['tts']))" \
         > /requirements.txt
 
 # ---- toolchains ----------------------------------------------------------------------------------

@@ -1,0 +1,172 @@
+"""Serve's handle on the TTS process: started on first use, restarted when it has died, spoken to over loopback.
+
+The process (app.speech.worker) runs Piper with a thread budget of its own, so a sentence never runs on serve's
+event loop and a crash in onnxruntime or espeak-ng costs one request, not serve: the next request starts a fresh
+process. Its key is random per start, so only serve (and its user) can reach it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from app.speech import encode
+from app.speech.voices import Voice
+from app.speech.worker import KEY_ENV
+
+START_TIMEOUT_S = 60.0
+READ_TIMEOUT_S = 300.0
+
+
+class SpeechFailed(Exception):
+    """The TTS process could not be started or reached, or it failed mid-answer."""
+
+
+class SpeechRefused(Exception):
+    """The TTS process refused the job (a voice it cannot load, Piper not installed): its status and reason."""
+
+    def __init__(self, status: int, message: str, code: str):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+@dataclass
+class Frame:
+    """One piece of the TTS process's answer: kind M (meta), A (audio), D (done), E (error)."""
+
+    kind: str
+    payload: bytes
+
+    def json(self) -> dict:
+        """A meta, done or error frame's JSON."""
+        return json.loads(self.payload)
+
+
+def available_formats() -> list[str]:
+    """The speech API's formats this machine can write."""
+    return [f for f in encode.FORMATS if encode.available(f)]
+
+
+def default_threads() -> int:
+    """Half the cores, at least one: the other half stays the LLM's."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+class SpeechProcess:
+    """The TTS process, started on demand and restarted after a crash."""
+
+    def __init__(self, threads: Callable[[], int] = default_threads):
+        self._threads = threads
+        self._proc: subprocess.Popen | None = None
+        self._port = 0
+        self._key = ""
+        self._lock = threading.Lock()
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The running process's id, if one runs."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def _ensure(self) -> tuple[int, str]:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            return self._port, self._key
+
+    def _start(self) -> None:
+        if self._proc is not None:
+            self._proc.wait()
+        key = secrets.token_urlsafe(32)
+        env = {**os.environ, KEY_ENV: key}
+        proc = subprocess.Popen([sys.executable, "-m", "app.speech.worker", "--threads", str(self._threads())],
+                                stdout=subprocess.PIPE, env=env)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode(errors="replace").split()
+        if len(line) != 2 or line[0] != "ready":
+            proc.kill()
+            proc.wait()
+            raise SpeechFailed(f"the TTS process did not start (it said {' '.join(line)[:200]!r})")
+        proc.stdout.close()
+        self._proc, self._port, self._key = proc, int(line[1]), key
+        self.starts += 1
+
+    def health(self) -> dict:
+        """The process's report (loaded voices, their load times), starting it if needed."""
+        port, key = self._ensure()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=START_TIMEOUT_S)
+        try:
+            conn.request("GET", "/health", headers={"Authorization": f"Bearer {key}"})
+            return json.loads(conn.getresponse().read())
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise SpeechFailed(f"the TTS process did not answer: {exc}") from None
+        finally:
+            conn.close()
+
+    def speak(self, voice: Voice, text: str, fmt: str, speed: float = 1.0, priority: int = 0,
+              speaker: int | None = None) -> Iterator[Frame]:
+        """The job's frames as the TTS process writes them; SpeechRefused before the first, SpeechFailed at any."""
+        port, key = self._ensure()
+        body = json.dumps({"voice": voice.job(), "text": text, "format": fmt, "speed": speed, "priority": priority,
+                           "speaker": speaker}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=READ_TIMEOUT_S)
+        try:
+            conn.request("POST", "/speak", body, {"Authorization": f"Bearer {key}",
+                                                  "Content-Type": "application/json"})
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise SpeechFailed(f"the TTS process failed ({exc}); it is restarted on the next request") from None
+        if resp.status != 200:
+            answer = _json(resp.read())
+            conn.close()
+            raise SpeechRefused(resp.status, str(answer.get("error") or f"HTTP {resp.status}"),
+                                str(answer.get("code") or "tts_refused"))
+        return _frames(conn, resp)
+
+    def stop(self) -> None:
+        """End the process (serve is stopping)."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+
+
+def _json(raw: bytes) -> dict:
+    try:
+        out = json.loads(raw)
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _frames(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> Iterator[Frame]:
+    try:
+        while True:
+            head = resp.read(5)
+            if not head:
+                return
+            if len(head) < 5:
+                raise SpeechFailed("the TTS process's answer broke off")
+            kind, n = head[:1].decode(), struct.unpack(">I", head[1:])[0]
+            payload = resp.read(n) if n else b""
+            if len(payload) < n:
+                raise SpeechFailed("the TTS process's answer broke off")
+            yield Frame(kind, payload)
+    except (OSError, http.client.HTTPException) as exc:
+        raise SpeechFailed(f"the TTS process failed mid-answer ({exc}); it is restarted on the next request") from None
+    finally:
+        conn.close()
+
