@@ -27,6 +27,7 @@ from app.services.preload import Preloader
 from app.services.records import Recorder, complete_load_event, record_residency_event
 from app.services.settings import SettingsCache, budget_bytes, device_budget_bytes, offload_devices
 from app.services.targets import TargetSizer
+from app.speech.client import Speech
 from app.store.db import writing_sessions
 from app.store.models import RequestRecord, utcnow
 from app.store.writer import StoreWriter
@@ -103,4 +104,5 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
         refusals=Refusals(writer, metrics.observe), usage=seeded_usage(sessions), people=People(sessions, writer),
         proxy_watch=ProxyWatch(), targets=targets, warmer=warmer,
         preload=Preloader(sessions, residency),
+        speech=Speech(lambda: catalog.models_dir, lambda: settings.get("tts_threads")),
     )

@@ -17,9 +17,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.speech import encode
-from app.speech.voices import Voice
+from app.speech.voices import Voice, all_voices
 from app.speech.worker import KEY_ENV
 
 START_TIMEOUT_S = 60.0
@@ -50,9 +51,9 @@ class Frame:
         return json.loads(self.payload)
 
 
-def available_formats() -> list[str]:
-    """The speech API's formats this machine can write."""
-    return [f for f in encode.FORMATS if encode.available(f)]
+def available_formats(formats: tuple[str, ...]) -> list[str]:
+    """Those of `formats` this machine can write."""
+    return [f for f in formats if encode.available(f)]
 
 
 def default_threads() -> int:
@@ -170,3 +171,26 @@ def _frames(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) ->
     finally:
         conn.close()
 
+
+
+class Speech:
+    """Serve's speech service: the voices it has (the embedded one first, the default) and the process that speaks."""
+
+    def __init__(self, models_dir: Callable[[], Path | None], threads: Callable[[], int | None] = lambda: None):
+        self.process = SpeechProcess(lambda: threads() or default_threads())
+        self._models_dir = models_dir
+
+    def voices(self) -> list[Voice]:
+        """Every voice, broken ones with their error."""
+        return all_voices(self._models_dir())
+
+    def find(self, name: str | None) -> Voice | None:
+        """The usable voice of that name; None for the default: the first usable voice."""
+        usable = [v for v in self.voices() if v.error is None]
+        if name is None:
+            return usable[0] if usable else None
+        return next((v for v in usable if v.name == name), None)
+
+    def stop(self) -> None:
+        """End the TTS process."""
+        self.process.stop()

