@@ -45,17 +45,7 @@ class SpeechBody(BaseModel):
 def check(body: SpeechBody, formats: list[str]) -> None:
     """A 400 in OpenAI's shape for what no voice can speak: empty or over-long input, a control character, a format
     that is not OpenAI's or that this machine cannot write, a speed out of range."""
-    text = body.input
-    if not text.strip():
-        raise ApiError(400, "'input' is empty: send the text to speak", param="input", code="empty_input")
-    if len(text) > MAX_INPUT_CHARS:
-        raise ApiError(400, f"'input' is {len(text):,} characters, over the limit of {MAX_INPUT_CHARS:,}: split it "
-                            "into several requests", param="input", code="input_too_long")
-    bad = next((i for i, c in enumerate(text) if c not in _ALLOWED_CONTROLS and unicodedata.category(c) in ("Cc", "Cs")),
-               None)
-    if bad is not None:
-        raise ApiError(400, f"'input' has the control character U+{ord(text[bad]):04X} at position {bad}: send plain "
-                            "text (newlines and tabs are fine)", param="input", code="control_character")
+    check_text(body.input)
     if body.response_format not in FORMATS:
         raise ApiError(400, f"'response_format' is {body.response_format[:40]!r}: choose one of {', '.join(FORMATS)}",
                        param="response_format", code="unsupported_format")
@@ -65,6 +55,20 @@ def check(body: SpeechBody, formats: list[str]) -> None:
                        param="response_format", code="unsupported_format")
     if not 0.25 <= body.speed <= 4.0:
         raise ApiError(400, f"'speed' is {body.speed:g}: choose 0.25 to 4.0", param="speed", code="speed_out_of_range")
+
+
+def check_text(text: str, field: str = "input") -> None:
+    """A 400 for text no voice should speak: empty, over MAX_INPUT_CHARS, or with a control character."""
+    if not text.strip():
+        raise ApiError(400, f"'{field}' is empty: send the text to speak", param=field, code="empty_input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise ApiError(400, f"'{field}' is {len(text):,} characters, over the limit of {MAX_INPUT_CHARS:,}: split it "
+                            "into several requests", param=field, code="input_too_long")
+    bad = next((i for i, c in enumerate(text) if c not in _ALLOWED_CONTROLS and unicodedata.category(c) in ("Cc", "Cs")),
+               None)
+    if bad is not None:
+        raise ApiError(400, f"'{field}' has the control character U+{ord(text[bad]):04X} at position {bad}: send plain "
+                            "text (newlines and tabs are fine)", param=field, code="control_character")
 
 
 def voice_name(body: SpeechBody) -> str | None:

@@ -6,6 +6,7 @@
   the samples as they come.
 - `mp3` and `flac`: the `lame` and `flac` command-line encoders (Debian's packages, already needed for speech in),
   fed through a pipe, their output passed on as they write it.
+- `raw` (Wyoming's, not the API's): the voice's own PCM as Piper writes it, at its own rate.
 - `opus` needs an Ogg Opus encoder that is not on this box (no opusenc, no ffmpeg): the gateway refuses it with a
   400 naming what to install (app.speech.client.available_formats).
 """
