@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,17 +72,39 @@ class SpeechProcess:
         self._key = ""
         self._lock = threading.Lock()
         self.starts = 0
+        # What the process last said it holds (name → load_s, ...), and each voice's last real-time factor.
+        self._loaded: dict[str, dict] = {}
+        self.rtf: dict[str, float] = {}
+        self.last_used_s = 0.0
+
+    @property
+    def threads(self) -> int:
+        """The thread budget the process gets at its next start."""
+        return self._threads()
 
     @property
     def pid(self) -> int | None:
         """The running process's id, if one runs."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
+    def loaded(self) -> dict[str, dict]:
+        """The voices the running process holds (empty while none runs), by name: sample rate and load time."""
+        return dict(self._loaded) if self.pid is not None else {}
+
     def _ensure(self) -> tuple[int, str]:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
+                self._loaded = {}
                 self._start()
+            self.last_used_s = time.monotonic()
             return self._port, self._key
+
+    def _done(self, voice: Voice, stats: dict) -> None:
+        """Note what a finished job says: the voices held now, the voice's real-time factor."""
+        self._loaded = dict(stats.get("loaded") or {})
+        if stats.get("audio_seconds"):
+            self.rtf[voice.name] = float(stats["synthesis_s"]) / float(stats["audio_seconds"])
+        self.last_used_s = time.monotonic()
 
     def _start(self) -> None:
         if self._proc is not None:
@@ -131,7 +154,7 @@ class SpeechProcess:
             conn.close()
             raise SpeechRefused(resp.status, str(answer.get("error") or f"HTTP {resp.status}"),
                                 str(answer.get("code") or "tts_refused"))
-        return _frames(conn, resp)
+        return _frames(conn, resp, lambda stats: self._done(voice, stats))
 
     def stop(self) -> None:
         """End the process (serve is stopping)."""
@@ -153,7 +176,8 @@ def _json(raw: bytes) -> dict:
     return out if isinstance(out, dict) else {}
 
 
-def _frames(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> Iterator[Frame]:
+def _frames(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
+            on_done: Callable[[dict], None]) -> Iterator[Frame]:
     try:
         while True:
             head = resp.read(5)
@@ -165,6 +189,8 @@ def _frames(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) ->
             payload = resp.read(n) if n else b""
             if len(payload) < n:
                 raise SpeechFailed("the TTS process's answer broke off")
+            if kind == "D":
+                on_done(json.loads(payload))
             yield Frame(kind, payload)
     except (OSError, http.client.HTTPException) as exc:
         raise SpeechFailed(f"the TTS process failed mid-answer ({exc}); it is restarted on the next request") from None
@@ -176,9 +202,11 @@ def _frames(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) ->
 class Speech:
     """Serve's speech service: the voices it has (the embedded one first, the default) and the process that speaks."""
 
-    def __init__(self, models_dir: Callable[[], Path | None], threads: Callable[[], int | None] = lambda: None):
+    def __init__(self, models_dir: Callable[[], Path | None], threads: Callable[[], int | None] = lambda: None,
+                 keep_alive_s: Callable[[], float] = lambda: 600.0):
         self.process = SpeechProcess(lambda: threads() or default_threads())
         self._models_dir = models_dir
+        self._keep_alive_s = keep_alive_s
 
     def voices(self) -> list[Voice]:
         """Every voice, broken ones with their error."""
@@ -190,6 +218,20 @@ class Speech:
         if name is None:
             return usable[0] if usable else None
         return next((v for v in usable if v.name == name), None)
+
+    def resident_bytes(self) -> int:
+        """What the voices the TTS process holds cost in RAM (their estimates): counted in the models' budget."""
+        loaded = self.process.loaded()
+        if not loaded:
+            return 0
+        return sum(v.estimate_bytes() for v in self.voices() if v.name in loaded)
+
+    def expire_idle(self) -> bool:
+        """End the TTS process once it has been idle its keep-alive (its voices' RAM goes back); whether it was."""
+        if self.process.pid is None or time.monotonic() - self.process.last_used_s < self._keep_alive_s():
+            return False
+        self.process.stop()
+        return True
 
     def stop(self) -> None:
         """End the TTS process."""

@@ -195,7 +195,7 @@ class SpeechServer(ThreadingHTTPServer):
             samples += len(pcm) // 2
             send(frame(b"A", encoder.feed(pcm)))
         return {"audio_seconds": samples / loaded.sample_rate, "synthesis_s": synth_s, "sentences": len(sentences),
-                "sample_rate": loaded.sample_rate, "voice_load_s": loaded.load_s}
+                "sample_rate": loaded.sample_rate, "voice_load_s": loaded.load_s, "loaded": self.voices.report()}
 
 
 def _chunked(handler: _Handler):

@@ -185,6 +185,9 @@ REGISTRY = {
         SettingDef("tts_threads", None, "CPU threads of the text-to-speech process (Piper); default: half the cores, at "
                    "least one, so the LLM keeps the rest; taken when the process next starts",
                    "int", "Models and runners", "CPU threads for speech", "threads", 1, 1024),
+        SettingDef("tts_keep_alive_s", 600, "how long the text-to-speech process keeps its voices after the last "
+                   "sentence before it stops and gives their RAM back (a voice loads again in about a second)",
+                   "int", "Models and runners", "Speech keep-alive", "s", 10, 86400),
         SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)",
                    "int", "Models and runners", "CPU threads per runner", "threads", 1, 1024),
         SettingDef("runner_args", None, "extra command-line arguments of a model's local runner (hearth runner or stock "
