@@ -68,3 +68,20 @@ def test_a_broken_voice_is_refused_and_leaves_nothing(hub, library, name, code, 
     p = _ended(lib.start(f"{hub.url}/files/{name}", allowed_hosts="127.0.0.1"))
     assert (p.state, p.code) == ("refused", code) and fragment in p.error
     assert list(lib.models_dir.iterdir()) == [] and done == []
+
+
+def test_hearth_models_pull_takes_a_voice(hub, tmp_path, monkeypatch, capsys):
+    from app.cli import main
+    from app.store.db import open_store
+    from app.store.settings import set_setting
+
+    monkeypatch.setenv("HEARTH_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("HEARTH_MODELS_DIR", str(tmp_path / "cli-models"))
+    db_engine, sessions = open_store(tmp_path / "data")
+    with sessions() as s:
+        set_setting(s, "pull_allowed_hosts", "127.0.0.1")
+        s.commit()
+    db_engine.dispose()
+    assert main(["models", "pull", f"{hub.url}/files/en_US-pulled-medium.onnx"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "cli-models" / "en_US-pulled-medium.onnx")
+    assert [v.name for v in folder_voices(tmp_path / "cli-models")] == ["en_US-pulled-medium"]
