@@ -196,3 +196,25 @@ def test_a_killed_tts_process_is_restarted_on_the_next_request(sserve):
     assert statuses[-1] == 200 and statuses[0] in (200, 502)
     assert _tts_pids(sserve) and pid not in _tts_pids(sserve)
     assert httpx.get(f"{sserve.url}/healthz").status_code == 200
+
+
+def test_a_client_that_leaves_mid_speech_is_logged_cancelled_and_the_next_is_served(sserve):
+    text = " ".join([LONG] * 6)
+    with httpx.Client(base_url=sserve.url, timeout=120) as c:
+        with c.stream("POST", "/v1/audio/speech", headers=_auth(sserve, "kid"),
+                      json={"input": text, "response_format": "pcm"}) as r:
+            assert r.status_code == 200
+            next(r.iter_bytes())  # the first sentence has come; the client goes
+    row = _wait(lambda: _speech_row_where(sserve, "kid", len(text)))
+    assert row.status == "cancelled" and row.http_status == 499
+    assert sserve.client.post("/v1/audio/speech", headers=_auth(sserve), json={"input": SHORT}).status_code == 200
+
+
+def _speech_row_where(serve, member, chars):
+    engine, sessions = open_store(serve.data)
+    try:
+        with sessions() as s:
+            return s.scalar(select(RequestRecord).where(RequestRecord.member_name == member,
+                                                        RequestRecord.input_chars == chars))
+    finally:
+        engine.dispose()
