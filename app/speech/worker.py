@@ -96,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's name
-        pass
+        """Quiet: serve logs the requests."""
 
     def _authorized(self) -> bool:
         if self.headers.get("Authorization") == f"Bearer {self.server.key}":
@@ -113,6 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
+        """GET /health."""
         if self.path == "/health" and self._authorized():
             self._json(200, {"status": "ok", "pid": os.getpid(), "threads": self.server.voices.threads,
                              "voices": self.server.voices.report()})
@@ -120,6 +121,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not found"})
 
     def do_POST(self) -> None:
+        """POST /speak."""
         if not self._authorized():
             return
         length = int(self.headers.get("Content-Length") or 0)
@@ -200,6 +202,7 @@ class SpeechServer(ThreadingHTTPServer):
 
 def _chunked(handler: _Handler):
     def send(data: bytes) -> None:
+        """One chunk of the chunked answer (empty: the last)."""
         handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         handler.wfile.flush()
     return send

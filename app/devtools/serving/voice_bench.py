@@ -90,6 +90,7 @@ class Background(threading.Thread):
                 self.streams += 1
 
     def run(self) -> None:
+        """Run the streams until stopped."""
         workers = [threading.Thread(target=self._one, daemon=True) for _ in range(self.n)]
         for w in workers:
             w.start()
