@@ -99,14 +99,14 @@ RUN --mount=type=secret,id=ca,required=false \
 FROM ${PYTHON_IMAGE} AS runtime-cpu
 # tini: PID 1 that forwards SIGTERM to gunicorn and reaps orphans; libgomp1: llama.cpp's OpenMP;
 # tzdata: TZ takes effect in the log and the dashboard's times; lame, flac: /v1/audio/speech's mp3 (OpenAI's default
-# format) and flac (app.speech.encode), about 2 MB.
+# format) and flac, libsndfile1 its opus (app.speech.encode), a few MB.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends tini libgomp1 tzdata lame flac \
+ && apt-get install -y --no-install-recommends tini libgomp1 tzdata lame flac libsndfile1 \
  && rm -rf /var/lib/apt/lists/*
 
 FROM ${CUDA_RUNTIME_IMAGE} AS runtime-cuda
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini libgomp1 tzdata python3 lame flac \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini libgomp1 tzdata python3 lame flac libsndfile1 \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true)
 # What the NVIDIA container toolkit mounts into the container: the GPUs and the compute libraries.
@@ -117,7 +117,7 @@ FROM ${PYTHON_IMAGE} AS runtime-vulkan
 # libvulkan1 (the loader) and mesa-vulkan-drivers (Intel's ANV, AMD's RADV); the host's /dev/dri is passed in by
 # compose.vulkan.yaml, and the entrypoint keeps its render nodes' group for the dropped user.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends tini libgomp1 tzdata lame flac libvulkan1 mesa-vulkan-drivers \
+ && apt-get install -y --no-install-recommends tini libgomp1 tzdata lame flac libsndfile1 libvulkan1 mesa-vulkan-drivers \
  && rm -rf /var/lib/apt/lists/*
 ENV HEARTH_LLAMA_BACKEND=vulkan \
     HEARTH_LLAMA_LIB_DIR=/opt/hearth/llama-vulkan

@@ -51,7 +51,7 @@ def check(body: SpeechBody, formats: list[str]) -> None:
                        param="response_format", code="unsupported_format")
     if body.response_format not in formats:
         raise ApiError(400, f"'response_format' {body.response_format!r} needs an encoder this server does not have "
-                            f"(for opus: apt-get install opus-tools); it can write {', '.join(formats)}",
+                            f"(mp3: apt-get install lame; flac: flac; opus: libsndfile1); it can write {', '.join(formats)}",
                        param="response_format", code="unsupported_format")
     if not 0.25 <= body.speed <= 4.0:
         raise ApiError(400, f"'speed' is {body.speed:g}: choose 0.25 to 4.0", param="speed", code="speed_out_of_range")

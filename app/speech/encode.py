@@ -7,8 +7,10 @@
 - `mp3` and `flac`: the `lame` and `flac` command-line encoders (Debian's packages, already needed for speech in),
   fed through a pipe, their output passed on as they write it.
 - `raw` (Wyoming's, not the API's): the voice's own PCM as Piper writes it, at its own rate.
-- `opus` needs an Ogg Opus encoder that is not on this box (no opusenc, no ffmpeg): the gateway refuses it with a
-  400 naming what to install (app.speech.client.available_formats).
+- `opus`: Ogg Opus written by libsndfile (Debian's libsndfile1, with libopus and libogg; no command-line encoder is
+  needed), through ctypes and its virtual I/O: the pages are handed on as libsndfile writes them (it never seeks
+  back in an Ogg stream). Opus takes 8, 12, 16, 24 or 48 kHz: the voice is resampled to 24 kHz. Where libsndfile
+  cannot write Ogg Opus, the gateway refuses the format with a 400 naming what to install.
 """
 
 from __future__ import annotations
@@ -21,16 +23,21 @@ import threading
 
 import numpy as np
 
+from app.speech import sndfile
+
 PCM_RATE = 24000
 CONTENT_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac", "opus": "audio/ogg; codecs=opus",
                  "pcm": "audio/pcm"}
 # Which command writes each piped format; a format whose command is missing is refused before any synthesis.
-ENCODER_COMMANDS = {"mp3": "lame", "flac": "flac", "opus": "opusenc"}
+ENCODER_COMMANDS = {"mp3": "lame", "flac": "flac"}
 _UNKNOWN = 0xFFFFFFFF
+OPUS_RATE = 24000
 
 
 def available(fmt: str) -> bool:
     """Whether this machine can write `fmt`."""
+    if fmt == "opus":
+        return sndfile.opus_writable()
     command = ENCODER_COMMANDS.get(fmt)
     return command is None or shutil.which(command) is not None
 
@@ -59,6 +66,7 @@ class Encoder:
         self._proc: subprocess.Popen | None = None
         self._out: queue.Queue[bytes | None] = queue.Queue()
         self._started = False
+        self._opus = sndfile.OggOpusWriter(OPUS_RATE) if fmt == "opus" else None
         if fmt in ENCODER_COMMANDS:
             self._proc = subprocess.Popen(_command(fmt, rate), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.DEVNULL)
@@ -78,6 +86,8 @@ class Encoder:
             head = wav_header(self.rate) if self.fmt == "wav" else b""
         if self.fmt == "pcm":
             return resample(pcm, self.rate, PCM_RATE)
+        if self._opus is not None:
+            return self._opus.write(resample(pcm, self.rate, OPUS_RATE))
         if self._proc is None:
             return head + pcm
         assert self._proc.stdin is not None
@@ -99,6 +109,8 @@ class Encoder:
 
     def close(self) -> bytes:
         """The rest of the file, once the last sentence is in."""
+        if self._opus is not None:
+            return self._opus.close()
         if self._proc is None:
             return wav_header(self.rate) if self.fmt == "wav" and not self._started else b""
         assert self._proc.stdin is not None
@@ -111,6 +123,8 @@ class Encoder:
 
     def abort(self) -> None:
         """Stop the encoder (the client left)."""
+        if self._opus is not None:
+            self._opus.close()
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
@@ -120,7 +134,5 @@ def _command(fmt: str, rate: int) -> list[str]:
     if fmt == "mp3":
         return ["lame", "--quiet", "-r", "-s", f"{rate / 1000:g}", "--bitwidth", "16", "--signed", "--little-endian",
                 "-m", "m", "-", "-"]
-    if fmt == "flac":
-        return ["flac", "--silent", "--force-raw-format", "--endian=little", "--sign=signed", "--channels=1",
-                "--bps=16", f"--sample-rate={rate}", "-c", "-"]
-    return ["opusenc", "--quiet", "--raw", "--raw-bits", "16", f"--raw-rate={rate}", "--raw-chan", "1", "-", "-"]
+    return ["flac", "--silent", "--force-raw-format", "--endian=little", "--sign=signed", "--channels=1",
+            "--bps=16", f"--sample-rate={rate}", "-c", "-"]

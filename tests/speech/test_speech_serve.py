@@ -18,6 +18,7 @@ import psutil
 import pytest
 from sqlalchemy import select
 
+from app.speech import sndfile
 from app.speech.voices import embedded_voice
 from app.store.db import open_store
 from app.store.models import RequestRecord
@@ -76,13 +77,19 @@ def _decoded_seconds(fmt: str, data: bytes) -> float:
         return (len(data) - 44) / 2 / rate
     if fmt == "pcm":
         return len(data) / 2 / 24000
+    if fmt == "opus":
+        assert data[:4] == b"OggS" and b"OpusHead" in data[:64]
+        frames, rate = sndfile.read_info(data)
+        return frames / rate
     command = {"mp3": ["lame", "--quiet", "--decode", "-t", "--mp3input", "-", "-"],
                "flac": ["flac", "--silent", "-d", "--force-raw-format", "--endian=little", "--sign=signed", "-c", "-"]}
     raw = subprocess.run(command[fmt], input=data, capture_output=True, check=True).stdout
     return len(raw) / 2 / 22050
 
 
-@pytest.mark.parametrize("fmt", ["wav", "pcm", "mp3", "flac"])
+@pytest.mark.parametrize("fmt", ["wav", "pcm", "mp3", "flac",
+                                 pytest.param("opus", marks=pytest.mark.skipif(not sndfile.opus_writable(),
+                                                                               reason="apt-get install libsndfile1"))])
 def test_each_format_decodes_back_to_the_audio_it_spoke(sserve, fmt):
     data, usage = _sse(sserve, LONG, fmt)
     assert usage["input_tokens"] == len(LONG) and usage["audio_seconds"] > 5
@@ -130,11 +137,13 @@ def test_bad_input_is_a_400_in_openais_shape_and_serve_keeps_serving(sserve, bod
                               json={"model": "tts-1", "voice": "alloy", "input": "Still here."}).status_code == 200
 
 
-@pytest.mark.skipif(bool(shutil.which("opusenc")), reason="opusenc is installed: opus is written")
-def test_opus_without_an_encoder_is_a_400_naming_what_to_install(sserve):
-    r = sserve.client.post("/v1/audio/speech", headers=_auth(sserve),
-                           json={"model": "tts-1", "input": SHORT, "response_format": "opus"})
-    assert r.status_code == 400 and "opus-tools" in r.json()["error"]["message"]
+def test_a_format_without_its_encoder_is_a_400_naming_what_to_install():
+    from app.protocols.openai import ApiError
+    from app.protocols.speech import SpeechBody, check
+
+    with pytest.raises(ApiError) as err:
+        check(SpeechBody(input=SHORT, response_format="opus"), ["wav", "pcm"])
+    assert err.value.status == 400 and "libsndfile1" in err.value.message and err.value.param == "response_format"
 
 
 def test_a_token_is_needed(sserve):
