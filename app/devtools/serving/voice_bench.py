@@ -40,6 +40,7 @@ def add_tts_arguments(parser) -> None:
     parser.add_argument("--model", default=None, help="text model GGUF (default: the embedded model)")
     parser.add_argument("--reps", type=int, default=20, help="requests per phase (default %(default)s)")
     parser.add_argument("--background", type=int, default=2, help="background streams in the loaded phase")
+    parser.add_argument("--tts-threads", type=int, default=None, help="the setting tts_threads (default: serve's)")
     parser.add_argument("--json", dest="json_path", default=None, help="write the figures and raw timings here")
 
 
@@ -120,7 +121,7 @@ def first_audio_s(client: httpx.Client, headers: dict, text: str, t0: float | No
     return first - t0, time.perf_counter() - t0
 
 
-def _start(root: Path, model_path: str, audio: bool = False) -> tuple[ServeProcess, dict]:
+def _start(root: Path, model_path: str, audio: bool = False, tts_threads: int | None = None) -> tuple[ServeProcess, dict]:
     data, models = root / "data", root / "models"
     models.mkdir()
     if audio:
@@ -128,8 +129,11 @@ def _start(root: Path, model_path: str, audio: bool = False) -> tuple[ServeProce
 
         shutil.copyfile(model_path, models / f"{AUDIO}.gguf")
         shutil.copyfile(cached_audio_mmproj(model_path), models / f"mmproj-{AUDIO}-f32.gguf")
+    settings = {"runner_ctx": 2048} if audio else {}
+    if tts_threads:
+        settings["tts_threads"] = tts_threads
     tokens = prepare_data(data, tokens=[("alice", "voice", ["background", "chat"]), ("bg", "background", [])],
-                          settings={"runner_ctx": 2048} if audio else None)
+                          settings=settings)
     serve = ServeProcess(data, models, Path(model_path), root / "serve.log", 180)
     return serve, {m: {"Authorization": f"Bearer {t}"} for m, t in tokens.items()}
 
@@ -150,9 +154,9 @@ def _tts_phase(serve: ServeProcess, headers: dict, reps: int) -> list[float]:
 def run_tts(args, model_path: str) -> int:
     """Time to first audio of one sentence, alone and under background decoding."""
     with tempfile.TemporaryDirectory(prefix="hearth-bench-tts-") as tmp:
-        serve, headers = _start(Path(tmp), model_path)
+        serve, headers = _start(Path(tmp), model_path, tts_threads=args.tts_threads)
         try:
-            print(_machine(model_path))
+            print(_machine(model_path) + f"; tts_threads {args.tts_threads or 'default (half the cores)'}")
             alone = _tts_phase(serve, headers["alice"], args.reps)
             bg = Background(serve.url, headers["bg"], args.background)
             bg.start()
