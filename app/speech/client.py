@@ -76,6 +76,7 @@ class SpeechProcess:
         self._loaded: dict[str, dict] = {}
         self.rtf: dict[str, float] = {}
         self.last_used_s = 0.0
+        self.in_flight = 0  # jobs whose frames are still being read: the idle stop waits for them
 
     @property
     def threads(self) -> int:
@@ -154,7 +155,12 @@ class SpeechProcess:
             conn.close()
             raise SpeechRefused(resp.status, str(answer.get("error") or f"HTTP {resp.status}"),
                                 str(answer.get("code") or "tts_refused"))
-        return _frames(conn, resp, lambda stats: self._done(voice, stats))
+        self.in_flight += 1
+        return _frames(conn, resp, lambda stats: self._done(voice, stats), self._ended)
+
+    def _ended(self) -> None:
+        self.in_flight -= 1
+        self.last_used_s = time.monotonic()
 
     def stop(self) -> None:
         """End the process (serve is stopping)."""
@@ -177,7 +183,7 @@ def _json(raw: bytes) -> dict:
 
 
 def _frames(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
-            on_done: Callable[[dict], None]) -> Iterator[Frame]:
+            on_done: Callable[[dict], None], on_end: Callable[[], None]) -> Iterator[Frame]:
     try:
         while True:
             head = resp.read(5)
@@ -196,6 +202,7 @@ def _frames(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
         raise SpeechFailed(f"the TTS process failed mid-answer ({exc}); it is restarted on the next request") from None
     finally:
         conn.close()
+        on_end()
 
 
 
@@ -228,7 +235,8 @@ class Speech:
 
     def expire_idle(self) -> bool:
         """End the TTS process once it has been idle its keep-alive (its voices' RAM goes back); whether it was."""
-        if self.process.pid is None or time.monotonic() - self.process.last_used_s < self._keep_alive_s():
+        if self.process.pid is None or self.process.in_flight \
+                or time.monotonic() - self.process.last_used_s < self._keep_alive_s():
             return False
         self.process.stop()
         return True

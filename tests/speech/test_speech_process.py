@@ -109,3 +109,18 @@ def test_without_piper_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "piper", None)
     with pytest.raises(piper_engine.SpeechUnavailable, match=r"hearth\[tts\]"):
         piper_engine.load("v", "v.onnx", "v.onnx.json", 1)
+
+
+def test_the_idle_process_stops_but_never_under_a_job(tmp_path):
+    from app.speech.client import Speech
+
+    speech = Speech(lambda: tmp_path, lambda: 1, keep_alive_s=lambda: 0.0)
+    try:
+        frames = speech.process.speak(speech.find(None), TEXT, "pcm")
+        assert next(frames).kind == "M" and speech.process.in_flight == 1
+        assert speech.expire_idle() is False and speech.process.pid is not None  # a job is being read
+        assert [f.kind for f in frames][-1] == "D" and speech.process.in_flight == 0
+        assert speech.resident_bytes() > embedded_voice().size_bytes
+        assert speech.expire_idle() is True and speech.process.pid is None and speech.resident_bytes() == 0
+    finally:
+        speech.stop()
