@@ -1,7 +1,7 @@
 # Hearth appliance image. No `# syntax=` line: BuildKit would fetch that frontend image from the hub, which an offline
 # box (or a NAS behind a strict firewall) cannot reach; the built-in frontend has every feature used here. Every base image is pinned to an exact tag (tests/appliance checks it).
 #
-#   CPU, any x86-64 or arm64 host:  docker build -t ghcr.io/hearth-llm/hearth:0.1.0 .
+#   CPU (x86-64 with AVX2, arm64):  docker build -t ghcr.io/hearth-llm/hearth:0.1.0 .
 #   NVIDIA GPU (CUDA llama.cpp):    docker build --build-arg ACCEL=cuda -t ghcr.io/hearth-llm/hearth:0.1.0-cuda .
 #   Intel/AMD GPU (Vulkan):         docker build --build-arg ACCEL=vulkan -t ghcr.io/hearth-llm/hearth:0.1.0-vulkan .
 #   CPU, every CPU variant:         docker build --build-arg CPU_VARIANTS=all ...  (a Celeron without AVX2 and a Xeon
@@ -33,8 +33,12 @@ RUN --mount=type=secret,id=ca,required=false \
 # ---- the dependency pins alone, out of pyproject.toml ---------------------------------------------
 FROM ${PYTHON_IMAGE} AS requirements
 COPY pyproject.toml /tmp/
+# The image speaks too: the tts extra (Piper, GPL-3.0; README "Speech out") is installed after the dependencies, in a
+# layer of its own, so a voice's pin changing does not recompile llama.cpp.
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /requirements.txt \
+ && python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['optional-dependencies']['tts']))" \
+        > /requirements-tts.txt \
  && grep -o '"llama-cpp-python==[^"]*"' /tmp/pyproject.toml > /llama-pin.toml
 
 # ---- toolchains ----------------------------------------------------------------------------------
@@ -43,8 +47,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake \
  && rm -rf /var/lib/apt/lists/*
 # GGML_NATIVE=OFF: code for the CPU family, not for the build machine's CPU (a NAS Celeron would
-# die on an illegal instruction from an image built on a desktop). The runners do not load this wheel's libraries:
-# they load the portable build below (every CPU variant, the best picked at run time).
+# die on an illegal instruction from an image built on a desktop); GGML_NATIVE=OFF's default set still needs AVX2.
+# With CPU_VARIANTS=all the runners load the portable build below instead (every CPU variant, the best at run time).
 ENV DEFAULT_CMAKE_ARGS="-DGGML_NATIVE=OFF"
 RUN python -m venv /opt/hearth/venv
 
@@ -80,6 +84,10 @@ COPY --from=requirements /requirements.txt /tmp/requirements.txt
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" pip install -r /tmp/requirements.txt
+COPY --from=requirements /requirements-tts.txt /tmp/requirements-tts.txt
+RUN --mount=type=secret,id=ca,required=false \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && pip install -r /tmp/requirements-tts.txt
 # The llama.cpp build the runners load, from the same pinned sdist, keyed on the pin and the build script alone (not
 # on Hearth's code). CPU with CPU_VARIANTS=all: every x86-64/arm64 variant as a module, the best for the CPU loaded
 # at run time (build_llama_tools.sh --cpu-all: a Celeron without AVX and a Xeon with AMX run one image); otherwise
@@ -91,11 +99,11 @@ COPY --from=requirements /llama-pin.toml /opt/hearth/llama-build/pyproject.toml
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && mkdir -p /opt/hearth/llama-lib \
- && case "$ACCEL/$CPU_VARIANTS" in cpu/all) variant=--cpu-all ;; vulkan/*) variant=--vulkan ;; *) variant= ;; esac \
+ && case "$ACCEL/$CPU_VARIANTS" in cpu/all) variant=cpu-all ;; vulkan/*) variant=vulkan ;; *) variant= ;; esac \
  && if [ -n "$variant" ]; then \
         HEARTH_TOOLS_CACHE=/tmp/llama-tools PYTHON=python CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" \
-            /opt/hearth/llama-build/scripts/build_llama_tools.sh $variant >/dev/null \
-        && cp -a /tmp/llama-tools/*$variant/bin/. /opt/hearth/llama-lib/ \
+            /opt/hearth/llama-build/scripts/build_llama_tools.sh --$variant >/dev/null \
+        && cp -a /tmp/llama-tools/*-$variant/bin/. /opt/hearth/llama-lib/ \
         && rm -f /opt/hearth/llama-lib/llama-batched-bench && rm -rf /tmp/llama-tools; \
     fi \
  && rm -rf /opt/hearth/llama-build
@@ -111,9 +119,10 @@ RUN --mount=type=secret,id=ca,required=false \
 # ---- runtimes ------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime-cpu
 # tini: PID 1 that forwards SIGTERM to gunicorn and reaps orphans; libgomp1: llama.cpp's OpenMP;
-# tzdata: TZ takes effect in the log and the dashboard's times.
+# tzdata: TZ takes effect in the log and the dashboard's times; lame, flac: /v1/audio/speech's mp3 (OpenAI's default
+# format) and flac, libsndfile1 its opus (app.speech.encode), a few MB.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends tini libgomp1 tzdata \
+ && apt-get install -y --no-install-recommends tini libgomp1 tzdata lame flac libsndfile1 \
  && rm -rf /var/lib/apt/lists/*
 # The portable llama.cpp build when built (CPU_VARIANTS=all; app.llama_tools.load_backends loads the best variant for
 # this CPU); an empty folder means the wheel's own libraries.
@@ -121,7 +130,7 @@ ENV HEARTH_LLAMA_LIB_DIR=/opt/hearth/llama-lib
 
 FROM ${CUDA_RUNTIME_IMAGE} AS runtime-cuda
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini libgomp1 tzdata python3 \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tini libgomp1 tzdata python3 lame flac libsndfile1 \
  && rm -rf /var/lib/apt/lists/* \
  && (userdel --remove ubuntu 2>/dev/null || true)
 # What the NVIDIA container toolkit mounts into the container: the GPUs and the compute libraries.
@@ -132,7 +141,7 @@ FROM ${PYTHON_IMAGE} AS runtime-vulkan
 # libvulkan1 (the loader) and mesa-vulkan-drivers (Intel's ANV, AMD's RADV); the host's /dev/dri is passed in by
 # compose.vulkan.yaml, and the entrypoint keeps its render nodes' group for the dropped user.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends tini libgomp1 tzdata libvulkan1 mesa-vulkan-drivers \
+ && apt-get install -y --no-install-recommends tini libgomp1 tzdata lame flac libsndfile1 libvulkan1 mesa-vulkan-drivers \
  && rm -rf /var/lib/apt/lists/*
 ENV HEARTH_LLAMA_BACKEND=vulkan \
     HEARTH_LLAMA_LIB_DIR=/opt/hearth/llama-lib

@@ -298,10 +298,12 @@ def run(args) -> int:
 
 def pull_model(s, data: Path, source: str) -> Path:
     """`hearth models pull SOURCE`: download a GGUF into the models folder with a progress bar, checked
-    against the disk and the memory budget (the runner settings of the store) before the weights come."""
+    against the disk and the memory budget (the runner settings of the store) before the weights come; a Piper
+    voice's .onnx URL pulls the voice (app.residency.voice_pull)."""
     from tqdm import tqdm
 
-    from app.residency.library import HostPolicy, PullError, budget_refusal, pull, resolve
+    from app.residency.library import HostPolicy, Pull, PullError, budget_refusal, pull, resolve
+    from app.residency.voice_pull import is_voice_source, pull_voice
     from app.services.catalog import resolve_models_dir
     from app.services.settings import budget_bytes
     from app.store.settings import get_setting
@@ -315,6 +317,8 @@ def pull_model(s, data: Path, source: str) -> Path:
             hosts = HostPolicy.parse(get_setting(s, "pull_allowed_hosts"))
         except ValueError as exc:
             raise PullError(f"the setting pull_allowed_hosts cannot be read: {exc}") from exc
+        if is_voice_source(source):
+            return pull_voice(source, models_dir, hosts, Pull(source))
         src = resolve(source, get_setting(s, "hf_endpoint"), hosts)
         with tqdm(total=src.size_bytes, unit="B", unit_scale=True, desc=src.filename, file=sys.stderr) as bar:
             def progress(p) -> None:

@@ -102,6 +102,8 @@ def schedule_jobs(scheduler: BackgroundScheduler, svc: Services, rescan_s: int) 
         ("preload_models", svc.preload.run, {"minutes": 1}),
         ("expire_kv_cache", svc.catalog.expire_kv_cache, {"hours": 1}),
     )
+    if svc.speech is not None:
+        jobs += (("expire_speech", svc.speech.expire_idle, {"seconds": 5}),)
     for job_id, job, every in jobs:
         scheduler.add_job(job, "interval", id=job_id, **every)
 

@@ -27,6 +27,7 @@ def test_jobs_are_bound_methods_of_their_services_under_explicit_ids(tmp_path, g
             "check_weights": svc.warmer.check,
             "preload_models": svc.preload.run,
             "expire_kv_cache": svc.catalog.expire_kv_cache,
+            "expire_speech": svc.speech.expire_idle,
         }
     finally:
         shutdown_app(app)

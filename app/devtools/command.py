@@ -56,6 +56,14 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 
     speech_attack.add_arguments(bench_sub.add_parser("speech-attack", help="issue 50's attacks on serve's speech "
                                                      "surfaces: crafted FLACs, short WAVs, Wyoming trickle, caps, RSS"))
+    from app.devtools.serving import voice_bench
+
+    voice_bench.add_tts_arguments(bench_sub.add_parser("tts", help="time to first audio of a one-sentence "
+                                                       "/v1/audio/speech through serve, alone and under background "
+                                                       "decoding, and what speech costs that decode"))
+    voice_bench.add_loop_arguments(bench_sub.add_parser("voice-loop", help="a spoken request through serve: "
+                                                        "transcript, LLM answer in the voice class, each sentence "
+                                                        "spoken; the time of each stage"))
 
 
 def _add_bench_vision(bench_sub: argparse._SubParsersAction) -> None:
@@ -421,6 +429,8 @@ _BENCHES = {
     "container": ("app.devtools.serving.container_bench", "run", False),
     "audio": ("app.devtools.parity.audio_bench", "run", False),
     "speech-attack": ("app.devtools.serving.speech_attack", "run", True),
+    "tts": ("app.devtools.serving.voice_bench", "run_tts", True),
+    "voice-loop": ("app.devtools.serving.voice_bench", "run_voice_loop", True),
 }
 
 

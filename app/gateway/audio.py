@@ -1,4 +1,5 @@
-"""OpenAI's POST /v1/audio/transcriptions (and /audio/transcriptions) on the gateway, through the household's classes.
+"""OpenAI's POST /v1/audio/transcriptions (and /audio/transcriptions) on the gateway, through the household's classes;
+its blueprint routes /v1/audio/speech too (app.gateway.speech).
 
 Relayed like the vendors' routes (app.gateway.pipeline: token, class, admission, route, record) through
 app.protocols.transcriptions' adapter: the upload is checked here (a bad file never reaches a runner), becomes
@@ -13,6 +14,7 @@ from flask import Blueprint, request
 
 from app.gateway import bodies
 from app.gateway.pipeline import authenticate, serve_generation
+from app.gateway.speech import speak
 from app.protocols import transcriptions
 from app.protocols.openai import ChatBody, body_limit
 
@@ -32,3 +34,6 @@ def transcribe():
 
 for _path in ("/v1/audio/transcriptions", "/audio/transcriptions"):
     bp.add_url_rule(_path, f"transcribe{_path.count('/')}", transcribe, methods=["POST"])
+
+for _path in ("/v1/audio/speech", "/audio/speech"):
+    bp.add_url_rule(_path, f"speak{_path.count('/')}", speak, methods=["POST"])

@@ -32,6 +32,7 @@ from app.services.preload import Preloader
 from app.services.records import Recorder
 from app.services.settings import SettingsCache
 from app.services.targets import TargetSizer
+from app.speech.client import Speech
 from app.store.writer import StoreWriter
 from app.telemetry.metrics import GatewayMetrics
 from app.telemetry.rollup import Rollups
@@ -70,10 +71,14 @@ class Services:
     preload: Preloader
     # Keeps stopped models' weights in the page cache by their choice (None: nothing is warmed).
     warmer: Warmer | None = None
+    # Speech out: the Piper voices and the TTS process (None: a test's services without it).
+    speech: Speech | None = None
 
     def shutdown(self) -> None:
-        """Stop every runner, then flush the refusal counts and the store."""
+        """Stop every runner and the TTS process, then flush the refusal counts and the store."""
         self.residency.shutdown()
+        if self.speech is not None:
+            self.speech.stop()
         if self.warmer is not None:
             self.warmer.close()
         self.refusals.flush()

@@ -23,6 +23,7 @@ from app.protocols.openai import (
     EmbeddingBody,
     InfillBody,
 )
+from app.protocols.speech import SpeechBody
 
 REF = "#/components/schemas/{model}"
 
@@ -212,7 +213,7 @@ def _ollama_paths() -> dict:
 def openapi_document() -> dict:
     """The OpenAPI document of the gateway (built once per process)."""
     models = [(ChatBody, "validation"), (CompletionBody, "validation"), (InfillBody, "validation"),
-              (EmbeddingBody, "validation")]
+              (EmbeddingBody, "validation"), (SpeechBody, "validation")]
     _, defs = models_json_schema(models, ref_template=REF)
     schemas = {**defs["$defs"], **_HAND_WRITTEN}
     schemas["Error"] = _error_schema()
@@ -236,6 +237,10 @@ def openapi_document() -> dict:
                                    "Response (JSON, or server-sent events when stream is true)",
                                    streams="text/event-stream"),
             **{p: _transcription() for p in ("/v1/audio/transcriptions", "/audio/transcriptions")},
+            **{p: _post("SpeechBody", "Text to speech (OpenAI's speech API; a Piper voice speaks)",
+                        "Audio in the asked format, chunked as it is written (server-sent speech.audio.delta events "
+                        "with stream_format sse)", streams="text/event-stream")
+               for p in ("/v1/audio/speech", "/audio/speech")},
             "/v1/models": _get("Models that can be served, and their aliases", "Model list"),
             "/v1/models/{model}": _get("One model (OpenAI's retrieve-model route)", "Model",
                                        errors=("401", "404"), parameters=[model_id]),

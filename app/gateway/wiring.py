@@ -27,6 +27,7 @@ from app.services.preload import Preloader
 from app.services.records import Recorder, complete_load_event, record_residency_event
 from app.services.settings import SettingsCache, budget_bytes, device_budget_bytes, offload_devices
 from app.services.targets import TargetSizer
+from app.speech.client import Speech
 from app.store.db import writing_sessions
 from app.store.models import RequestRecord, utcnow
 from app.store.writer import StoreWriter
@@ -68,10 +69,13 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
                            devices=lambda: list(offload_devices()))
     admission = Admission(max_in_flight_total=int(settings.get("max_in_flight_total")))
     # The warmer asks the residency manager what is up; the manager tells the warmer what stopped.
+    # The voices the TTS process holds count in the models' RAM budget: what they take, a model cannot.
+    speech = Speech(lambda: catalog.models_dir, lambda: settings.get("tts_threads"),
+                    lambda: float(settings.get("tts_keep_alive_s")))
     holder: list[ResidencyManager] = []
     warmer = Warmer(lambda: weights_files(catalog.model_specs()),
                     lambda: {m["name"] for m in holder[0].status() if m["state"] in RESIDENT_STATES})
-    residency = ResidencyManager(catalog.model_specs, partial(budget_bytes, settings),
+    residency = ResidencyManager(catalog.model_specs, lambda: budget_bytes(settings) - speech.resident_bytes(),
                                  partial(record_residency_event, writer),
                                  busy_wait_s=lambda: float(settings.get("model_swap_wait_s")),
                                  on_first_use=partial(complete_load_event, writer), on_stopped=warmer.stopped,
@@ -103,4 +107,5 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
         refusals=Refusals(writer, metrics.observe), usage=seeded_usage(sessions), people=People(sessions, writer),
         proxy_watch=ProxyWatch(), targets=targets, warmer=warmer,
         preload=Preloader(sessions, residency),
+        speech=speech,
     )

@@ -1,4 +1,5 @@
-"""A Wyoming speech-to-text server inside `hearth serve`, for Home Assistant's Assist pipeline (off by default).
+"""A Wyoming speech-to-text and text-to-speech server inside `hearth serve`, for Home Assistant's Assist pipeline (off
+by default).
 
 Wyoming (the `wyoming` package, Home Assistant's own protocol for local speech services) is JSON-line events over
 TCP: `describe` → `info`; `transcribe`, `audio-start`, `audio-chunk`…, `audio-stop` → `transcript`. It has no
@@ -17,6 +18,13 @@ MAX_CONNECTIONS_PER_ADDRESS from one address (the next is refused at once); at m
 held a connection and MAX_TOTAL_BUFFER_BYTES in all (past it a `busy` error). Transcriptions count as the member
 the setting wyoming_member names (a row of the store, created on first use), so its limits, the Members page and
 the member's removal (its request-log text and cached prompts) apply to Wyoming as to any token.
+
+Text to speech (app.gateway.speech's path: the same class, member, admission and request log): `describe` lists the
+Piper voices with `supports_synthesize_streaming`; `synthesize` is answered with audio-start, audio-chunk…,
+audio-stop; a streamed synthesis (synthesize-start, synthesize-chunk…, synthesize-stop) speaks each sentence as soon
+as the chunks complete it (app.speech.sentences), each as its own audio-start…audio-stop, then synthesize-stopped.
+The `synthesize` Home Assistant also sends inside a stream (for servers without streaming) is ignored there, as
+Piper's own Wyoming server does. A stream's text has the utterance's deadline and at most MAX_STREAM_CHARS.
 
 Under serve's gevent worker the socketserver's threads are greenlets and its sockets cooperative.
 """
@@ -39,14 +47,19 @@ from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event, write_event
-from wyoming.info import AsrModel, AsrProgram, Attribution, Describe, Info
+from wyoming.info import AsrModel, AsrProgram, Attribution, Describe, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStopped
 
 from app.gateway.auth import Principal
 from app.gateway.members import MemberLimits
 from app.gateway.pipeline import from_lan, serve_generation
+from app.gateway.speech import SpeechJob, relay_frames, start
 from app.protocols import transcriptions
 from app.protocols.audio import AudioLimits
 from app.protocols.openai import ApiError, ChatBody
+from app.protocols.speech import MAX_INPUT_CHARS, check_text
+from app.speech.client import SpeechFailed
+from app.speech.sentences import SentenceBuffer
 from app.store.models import Member, utcnow
 
 log = logging.getLogger(__name__)
@@ -74,6 +87,12 @@ MAX_SECONDS = 60.0
 LINGER_S = 2.0
 WIDTHS = (1, 2, 4)
 ATTRIBUTION = Attribution(name="Hearth", url="https://github.com/ggml-org/llama.cpp")
+PIPER = Attribution(name="Piper (GPL-3.0)", url="https://github.com/OHF-Voice/piper1-gpl")
+# A synthesize event's text, as the speech API takes it; a streamed synthesis's text in all (a long answer).
+MAX_STREAM_CHARS = 64 * 1024
+# Samples in one audio-chunk sent back: 1,024 of 16-bit mono, as Piper's own Wyoming server sends.
+SPEECH_CHUNK_BYTES = 2048
+_TTS_EVENTS = ("synthesize", "synthesize-start", "synthesize-chunk", "synthesize-stop")
 
 
 class StreamError(Exception):
@@ -195,6 +214,8 @@ _SCHEMAS: dict[str, tuple[tuple[str, type, bool], ...]] = {
     "audio-stop": (("timestamp", int, False),),
     "transcribe": (("name", str, False), ("language", str, False)),
     "describe": (),
+    "synthesize": (("text", str, True),),
+    "synthesize-chunk": (("text", str, True),),
 }
 
 
@@ -211,8 +232,41 @@ def check_event_data(event: Event) -> None:
                               f"not {json.dumps(value)[:40]}", "bad-event")
         if kind is int and not 0 <= value <= (1 << 62 if name == "timestamp" else MAX_EVENT_RATE):
             raise StreamError(f"{event.type}'s '{name}' is out of range: {value}", "bad-event")
-        if kind is str and len(value) > MAX_NAME_CHARS:
-            raise StreamError(f"{event.type}'s '{name}' is over {MAX_NAME_CHARS} characters", "bad-event")
+        limit = MAX_INPUT_CHARS if name == "text" else MAX_NAME_CHARS
+        if kind is str and len(value) > limit:
+            raise StreamError(f"{event.type}'s '{name}' is over {limit:,} characters", "bad-event")
+    if event.type in _TTS_EVENTS:
+        _check_voice(event)
+
+
+def _check_voice(event: Event) -> None:
+    voice = event.data.get("voice")
+    if voice is None:
+        return
+    if not isinstance(voice, dict) or not all(type(voice.get(k)) is str and len(voice[k]) <= MAX_NAME_CHARS
+                                              for k in ("name", "language", "speaker") if voice.get(k) is not None):
+        raise StreamError(f"{event.type}'s 'voice' must be an object of short strings (name, language, speaker)",
+                          "bad-event")
+
+
+def _voice_name(voice) -> str | None:
+    return voice.name if voice is not None else None
+
+
+class _TextStream:
+    """A streamed synthesis: its voice, and its text held until a sentence is complete."""
+
+    def __init__(self, voice: str | None):
+        self.voice = voice
+        self.sentences = SentenceBuffer()
+        self.chars = 0
+
+    def add(self, text: str) -> list[str]:
+        """The sentences this chunk completes."""
+        self.chars += len(text)
+        if self.chars > MAX_STREAM_CHARS:
+            raise StreamError(f"the streamed text is over {MAX_STREAM_CHARS:,} characters", "text-too-long")
+        return self.sentences.add(text)
 
 
 class _Budget:
@@ -356,6 +410,7 @@ class _Handler(socketserver.StreamRequestHandler):
         language: str | None = None
         model: str | None = None
         audio: _Audio | None = None
+        text: _TextStream | None = None
         utterance_end = closing
         try:
             while True:
@@ -365,6 +420,12 @@ class _Handler(socketserver.StreamRequestHandler):
                 check_event_data(event)
                 if Describe.is_type(event.type):
                     self._send(self.server.info().event())
+                elif event.type in _TTS_EVENTS:
+                    text = self._synthesis(event, text, ip)
+                    if SynthesizeStart.is_type(event.type):
+                        utterance_end = min(time.monotonic() + utterance_s, closing)
+                    elif text is None:
+                        utterance_end = closing
                 elif Transcribe.is_type(event.type):
                     asked = Transcribe.from_event(event)
                     language, model = asked.language, asked.name
@@ -387,6 +448,26 @@ class _Handler(socketserver.StreamRequestHandler):
         finally:
             if audio is not None:
                 audio.release()
+
+    def _synthesis(self, event: Event, stream: _TextStream | None, ip: str) -> _TextStream | None:
+        """A text-to-speech event: the stream it leaves (None: no streamed synthesis is open)."""
+        if SynthesizeStart.is_type(event.type):
+            return _TextStream(_voice_name(SynthesizeStart.from_event(event).voice))
+        if Synthesize.is_type(event.type):
+            if stream is None:  # inside a stream it is Home Assistant's copy for servers that cannot stream
+                asked = Synthesize.from_event(event)
+                self.server.speak(asked.text, _voice_name(asked.voice), ip, self._send)
+            return stream
+        if stream is None:
+            raise StreamError(f"{event.type} came before synthesize-start", "bad-order")
+        if SynthesizeChunk.is_type(event.type):
+            for sentence in stream.add(SynthesizeChunk.from_event(event).text):
+                self.server.speak(sentence, stream.voice, ip, self._send)
+            return stream
+        if rest := stream.sentences.finish():
+            self.server.speak(rest, stream.voice, ip, self._send)
+        self._send(SynthesizeStopped().event())
+        return None
 
     def _send(self, event: Event) -> None:
         try:
@@ -458,11 +539,45 @@ class WyomingServer(socketserver.ThreadingTCPServer):
                 and projector_modalities(e.mmproj)[1]]
 
     def info(self) -> Info:
-        """What `describe` answers: one ASR program with the audio models serve has."""
+        """What `describe` answers: one ASR program with the audio models serve has, one TTS program with its voices."""
         models = [AsrModel(name=name, description=f"{name} through Hearth's voice class", attribution=ATTRIBUTION,
                            installed=True, languages=[], version=None) for name in self.audio_models()]
+        speech = self._services().speech
+        voices = [TtsVoice(name=v.name, description=f"{v.name} ({v.quality}, {v.sample_rate:,} Hz)", attribution=PIPER,
+                           installed=True, version=None, languages=[v.language],
+                           speakers=[TtsVoiceSpeaker(name=n) for n in v.speakers] or None)
+                  for v in (speech.voices() if speech is not None else []) if v.error is None]
+        tts = [TtsProgram(name="hearth-piper", description="Hearth: Piper text to speech on the household's LLM server",
+                          attribution=PIPER, installed=True, version=None, voices=voices,
+                          supports_synthesize_streaming=True)] if voices else []
         return Info(asr=[AsrProgram(name="hearth", description="Hearth: speech to text on the household's LLM server",
-                                    attribution=ATTRIBUTION, installed=True, version=None, models=models)])
+                                    attribution=ATTRIBUTION, installed=True, version=None, models=models)], tts=tts)
+
+    def speak(self, text: str, voice_name: str | None, ip: str, send) -> None:
+        """One text through the speech path in the Wyoming class: audio-start, its audio-chunks, audio-stop."""
+        svc = self._services()
+        voice = svc.speech.find(voice_name) if svc.speech is not None else None
+        if voice is None:
+            raise StreamError(f"no voice '{voice_name}' here" if voice_name else "no voice: install the tts extra",
+                              "unknown-voice")
+        klass = str(svc.settings.get("wyoming_class") or "voice")
+        policy = svc.classes.get(klass)
+        if policy is None:
+            raise StreamError(f"the class '{klass}' (setting wyoming_class) does not exist", "no-class")
+        try:
+            check_text(text, "text")
+            ex, frames = start(svc, SpeechJob(self.principal(klass), policy, voice, text, "raw"))
+        except ApiError as err:
+            raise StreamError(err.message, err.code or "refused")
+        send(AudioStart(rate=voice.sample_rate, width=2, channels=1).event())
+        try:
+            for pcm in relay_frames(ex, frames):
+                for i in range(0, len(pcm), SPEECH_CHUNK_BYTES):
+                    send(AudioChunk(rate=voice.sample_rate, width=2, channels=1,
+                                    audio=pcm[i:i + SPEECH_CHUNK_BYTES]).event())
+        except SpeechFailed as exc:
+            raise StreamError(str(exc), "tts-failed")
+        send(AudioStop().event())
 
     def transcribe(self, wav: bytes, language: str | None, model: str | None, ip: str) -> Event:
         """The utterance through the gateway's transcription path in the voice class: a transcript or an error."""

@@ -44,6 +44,7 @@ from urllib.parse import unquote, urlsplit
 from app.gguf_meta import GgufError, GgufMetadata, read_metadata_prefix
 from app.residency.fetch import ALLOW_SETTING, HostPolicy, PullError, open_url, redact
 from app.residency.offload import off_loop
+from app.residency.voice_pull import is_voice_source, pull_voice
 
 log = logging.getLogger(__name__)
 
@@ -667,6 +668,9 @@ class Library:
                 hosts = HostPolicy.parse(allowed_hosts)
             except ValueError as exc:
                 raise PullError(f"the setting {ALLOW_SETTING} cannot be read: {exc}", refused=True, code="host_refused")
+            if is_voice_source(p.spec):
+                self._on_done(pull_voice(p.spec, self.models_dir, hosts, p))
+                return
             source = resolve(p.spec, self._endpoint(), hosts)
             problem = self._name_problem(Path(source.filename).stem)
             if problem is not None:

@@ -330,7 +330,11 @@ class RequestRecord(Base):
     images: Mapped[int | None] = mapped_column(Integer)
     image_encode_ms: Mapped[float | None] = mapped_column(Float)
     # A transcription's audio length in seconds (the file's own); NULL for other requests. Migration 0021.
+    # Speech out (features "speech"): the audio it wrote, in seconds, is audio_seconds; ttft_ms is its time to first
+    # audio. A transcription's audio_seconds is its file's length.
     audio_seconds: Mapped[float | None] = mapped_column(Float)
+    # The characters a speech request spoke; NULL for other requests. Migration 0022.
+    input_chars: Mapped[int | None] = mapped_column(Integer)
 
 
 class Refusal(Base):

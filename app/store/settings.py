@@ -181,6 +181,13 @@ REGISTRY = {
                    "int", "Models and runners", "Sequence slots per runner", "slots", 1, 256),
         SettingDef("runner_batch", 512, "default n_batch per local runner (at least runner_parallel: one token per slot)",
                    "int", "Models and runners", "Batch size (n_batch)", "tokens", 32, 65536),
+        # Speech out (app.speech): Piper's process runs beside the LLM's runners on the same cores.
+        SettingDef("tts_threads", None, "CPU threads of the text-to-speech process (Piper); default: half the cores, at "
+                   "least one, so the LLM keeps the rest; taken when the process next starts",
+                   "int", "Models and runners", "CPU threads for speech", "threads", 1, 1024),
+        SettingDef("tts_keep_alive_s", 600, "how long the text-to-speech process keeps its voices after the last "
+                   "sentence before it stops and gives their RAM back (a voice loads again in about a second)",
+                   "int", "Models and runners", "Speech keep-alive", "s", 10, 86400),
         SettingDef("runner_threads", None, "CPU threads per local runner (default: all cores)",
                    "int", "Models and runners", "CPU threads per runner", "threads", 1, 1024),
         SettingDef("runner_args", None, "extra command-line arguments of a model's local runner (hearth runner or stock "

@@ -156,6 +156,17 @@ class GatewayMetrics:
         self.audio_rtf = Histogram("hearth:gateway_transcription_real_time_factor",
                                    "A transcription's time from arrival to its last byte over its audio's length, "
                                    "by class", ["class"], buckets=RTF_BUCKETS, registry=r)
+        # Speech out: characters spoken, audio written, time to first audio and the real-time factor, by class.
+        self.speech_chars = Counter("hearth:gateway_speech_characters", "Characters spoken by the TTS voices, by class",
+                                    ["class"], registry=r)
+        self.speech_audio = Counter("hearth:gateway_speech_audio_seconds", "Seconds of speech written, by class",
+                                    ["class"], registry=r)
+        self.speech_first_audio = Histogram("hearth:gateway_speech_first_audio_seconds",
+                                            "Arrival at the gateway to the first audio sent to the client, by class",
+                                            ["class"], buckets=TTFT_BUCKETS_S, registry=r)
+        self.speech_rtf = Histogram("hearth:gateway_speech_real_time_factor",
+                                    "A speech request's time from arrival to its last byte over the audio's length, "
+                                    "by class", ["class"], buckets=RTF_BUCKETS, registry=r)
         self.ttft = Histogram("hearth:gateway_ttft_seconds",
                               "Arrival at the gateway to the first generated token sent to the client (streamed or whole)", ["class"],
                               buckets=TTFT_BUCKETS_S, registry=r)
@@ -184,13 +195,24 @@ class GatewayMetrics:
             self.images.labels(klass).inc(values["images"])
             if values.get("image_encode_ms") is not None:
                 self.image_encode.labels(klass).observe(values["image_encode_ms"] / 1000)
-        if values.get("audio_seconds"):
+        if "speech" in (values.get("features") or "").split(","):
+            self._speech(klass, values)
+        elif values.get("audio_seconds"):
             self.audio.labels(klass).inc(values["audio_seconds"])
             if values.get("total_ms") is not None:
                 self.audio_rtf.labels(klass).observe(values["total_ms"] / 1000 / values["audio_seconds"])
         for hist, key in ((self.ttft, "ttft_ms"), (self.tpot, "tpot_ms"), (self.queue, "queue_ms")):
             if values.get(key) is not None:
                 hist.labels(klass).observe(values[key] / 1000)
+
+    def _speech(self, klass: str, values: dict) -> None:
+        self.speech_chars.labels(klass).inc(values.get("input_chars") or 0)
+        if values.get("ttft_ms") is not None:
+            self.speech_first_audio.labels(klass).observe(values["ttft_ms"] / 1000)
+        if values.get("audio_seconds"):
+            self.speech_audio.labels(klass).inc(values["audio_seconds"])
+            if values.get("total_ms") is not None:
+                self.speech_rtf.labels(klass).observe(values["total_ms"] / 1000 / values["audio_seconds"])
 
     def render(self) -> bytes:
         """Prometheus text exposition."""

@@ -180,13 +180,40 @@ def _page_context(session_id: int | None) -> dict:
         t = thresholds_from(all_settings(s))
         traffic = read_traffic(s, TRAFFIC_DAYS, burst_overlap=t.burst_overlap)
     return {**ctx, "overlap": _overlap_view(traffic, t.rare_overlap_share), "modes": MODES,
-            "job": _jobs()["job"], "has_llama_server": _llama_server_path() is not None, "max_level": MAX_LEVEL}
+            "job": _jobs()["job"], "has_llama_server": _llama_server_path() is not None, "max_level": MAX_LEVEL,
+            "voice_loop": voice_loop_view(services().data_dir)}
+
+
+def voice_loop_view(data_dir) -> dict | None:
+    """The last `hearth bench voice-loop` on this data folder, as stacked stages per phase (p50), or None."""
+    path = data_dir / VOICE_LOOP_FILE
+    try:
+        figures = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    phases = []
+    for phase in ("alone", "background"):
+        stages = figures.get(phase) or {}
+        parts = [(name, float(stages[name]["p50_ms"]), float(stages[name]["p95_ms"])) for name in VOICE_LOOP_STAGES
+                 if name in stages]
+        total = sum(p50 for _, p50, _ in parts) or 1.0
+        phases.append({"name": phase, "total_p50_ms": (stages.get("speech_to_first_audio") or {}).get("p50_ms"),
+                       "total_p95_ms": (stages.get("speech_to_first_audio") or {}).get("p95_ms"),
+                       "stages": [{"name": n, "label": n.replace("_", " "), "p50_ms": p50, "p95_ms": p95,
+                                   "share_pct": 100 * p50 / total} for n, p50, p95 in parts]})
+    return {"phases": phases, "machine": figures.get("machine", ""), "at": figures.get("at", "")}
 
 
 def _llama_server_path() -> str | None:
     """The stock llama-server's path when it is built, for the page's "compare with" option."""
     path = stock_llama_server()
     return str(path) if path else None
+
+
+# Where `hearth bench voice-loop` leaves its last figures in the data folder, and its stages in order.
+VOICE_LOOP_FILE = "bench/voice-loop.json"
+VOICE_LOOP_STAGES = ("speech_to_transcript", "transcript_to_first_token", "first_token_to_first_sentence",
+                     "first_sentence_to_first_audio")
 
 
 @bp.get("/bench")

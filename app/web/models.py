@@ -126,7 +126,17 @@ def _page(outcomes: dict[str, dict] | None = None, pull_source: str | None = Non
                            policies=POLICY_LABELS, speculations=SPECULATION_LABELS, speculation_help=SPECULATION_HELP,
                            weights_choices=WEIGHTS_LABELS, weights_help=WEIGHTS_HELP, kv_choices=KV_CACHE_LABELS, kv_help=KV_CACHE_HELP,
                            outcomes=outcomes or {}, pulls=svc.library.pulls(),
-                           pull_source=pull_source, **_summary())
+                           pull_source=pull_source, **_summary(), **_voices())
+
+
+def _voices() -> dict:
+    """The voices and what the speech process holds now (read, never started from here)."""
+    speech = services().speech
+    if speech is None:
+        return {"voices": [], "loaded": {}, "rtf": {}, "speech_pid": None, "speech_threads": 0, "default_voice": None}
+    default = speech.find(None)
+    return {"voices": speech.voices(), "default_voice": default.name if default is not None else None, "loaded": speech.process.loaded(), "rtf": dict(speech.process.rtf),
+            "speech_pid": speech.process.pid, "speech_threads": speech.process.threads}
 
 
 def _start_load(name: str) -> None:

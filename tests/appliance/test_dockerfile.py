@@ -178,7 +178,7 @@ def test_the_cpu_image_can_carry_the_portable_build_keyed_on_the_pin_alone():
     # app.llama_tools.load_backends; the GGML_NATIVE=OFF wheel alone would need AVX2 and leave AVX-512 unused.
     build = stages()["build"]
     runs = [a for k, a in build if k == "RUN"]
-    assert any("cpu/all) variant=--cpu-all" in r and "build_llama_tools.sh $variant" in r for r in runs)
+    assert any("cpu/all) variant=cpu-all" in r and "build_llama_tools.sh --$variant" in r for r in runs)
     assert ("ARG", "CPU_VARIANTS=wheel") in build  # opt-in: fourteen x86-64 variants are a long compile
     assert stage_env("runtime-cpu")["HEARTH_LLAMA_LIB_DIR"] == "/opt/hearth/llama-lib"
     # Before Hearth's code is copied in: a code change does not rebuild fourteen CPU variants.

@@ -26,7 +26,7 @@ def test_the_vulkan_image_builds_the_vulkan_libraries_and_tells_the_runners():
     toolchain = " ".join(a for k, a in stages()["build-vulkan"] if k == "RUN")
     assert "glslc" in toolchain and "spirv-headers" in toolchain and "libvulkan-dev" in toolchain
     runs = [a for k, a in stages()["build"] if k == "RUN"]
-    assert any("vulkan/*) variant=--vulkan" in r and "build_llama_tools.sh $variant" in r for r in runs)
+    assert any("vulkan/*) variant=vulkan" in r and "build_llama_tools.sh --$variant" in r for r in runs)
     # The CPU image sets no backend: it is the CPU build (the portable one, tests/appliance/test_dockerfile.py).
     assert "HEARTH_LLAMA_BACKEND" not in stage_env("runtime-cpu")
 

@@ -19,7 +19,7 @@ HEAD_TABLES = {
     "members", "api_tokens", "requests", "settings", "series", "samples", "rollups_1m", "rollups_1h",
     "bench_sessions", "bench_runs", "bench_requests", "bench_applied", "refusals", "preload_schedule",
 }
-HEAD = "0021"
+HEAD = "0022"
 
 
 def test_database_path_is_in_the_data_folder(tmp_path):

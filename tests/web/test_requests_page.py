@@ -112,3 +112,14 @@ def test_a_request_with_images_shows_their_count_and_encode_time(app, admin):
     html = admin.get("/requests").get_data(as_text=True)
     assert re.search(r'2 images · <span class="image-encode-ms">1,234.6</span> ms encode', html)
     assert html.count('class="small muted images"') == 1  # the text request shows no images line
+
+
+def test_a_speech_request_shows_its_characters_audio_and_real_time_factor(app, admin):
+    with services(app).sessions() as s:
+        s.add(RequestRecord(arrival_at=NOW - timedelta(minutes=1), member_name="kid", class_name="voice",
+                            model="en_US-joe-medium", status="ok", http_status=200, features="speech", input_chars=48,
+                            audio_seconds=3.0, ttft_ms=250.0, total_ms=600.0))
+        s.commit()
+    html = admin.get("/requests").get_data(as_text=True)
+    assert '<span class="speech-chars">48</span> characters spoken' in html
+    assert re.search(r'<span class="audio-seconds">3.0</span> s audio · RTF <span class="audio-rtf">0.20</span>', html)
