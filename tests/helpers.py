@@ -290,3 +290,13 @@ def gguf_fields(path) -> tuple[dict, dict]:
 
     reader = gguf.GGUFReader(str(path))
     return {k: f.contents() for k, f in reader.fields.items()}, {t.name: list(t.shape) for t in reader.tensors}
+
+
+def run_coroutine(coro):
+    """asyncio.run in a thread of its own: a session's Playwright (tests/browser keeps one open per worker) holds a
+    running event loop in the main thread, where asyncio.run refuses to start another."""
+    import asyncio
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

@@ -23,7 +23,7 @@ from wyoming.error import Error
 from app.devtools import audio_files
 from app.devtools.audio_mmproj import cached_audio_mmproj
 from app.residency.supervisor import free_port
-from tests.helpers import SMALL_RUNNERS, wait_until
+from tests.helpers import SMALL_RUNNERS, run_coroutine, wait_until
 
 AUDIO = "gemma-audio-Q4_K_M"
 READ_S = 120
@@ -91,7 +91,7 @@ def wyoming(serve, pcm: bytes, rate: int = 16000, local: str = "127.0.0.1"):
             return await _until(client, Transcript, Error)
         finally:
             writer.close()
-    return asyncio.run(run())
+    return run_coroutine(run())
 
 
 class Stream(threading.Thread):
@@ -274,7 +274,7 @@ def test_connections_over_the_caps_are_refused_at_once(hserve):
 def _idle(serve) -> bool:
     """Whether Wyoming answers a fresh client (the earlier test's connections gone)."""
     try:
-        return isinstance(asyncio.run(_describe(serve.wyoming_port)), object)
+        return isinstance(run_coroutine(_describe(serve.wyoming_port)), object)
     except (OSError, AssertionError, TimeoutError):
         return False
 
@@ -302,7 +302,7 @@ def test_malformed_audio_start_is_a_bad_event_error_without_a_traceback(hserve, 
             return await _until(client, Error)
 
     log_before = hserve.log_path.read_text(errors="replace")
-    error = asyncio.run(send())
+    error = run_coroutine(send())
     assert error.code in ("bad-event", "bad-stream"), error
     assert "Traceback" not in hserve.log_path.read_text(errors="replace")[len(log_before):]
 
@@ -341,7 +341,7 @@ def test_held_audio_is_capped_in_all_and_the_next_client_is_served(hserve):
         release.set()
         return await asyncio.gather(*holders), third
 
-    (first, second), third = asyncio.run(run())
+    (first, second), third = run_coroutine(run())
     assert first is None and second is None, (first, second)
     assert isinstance(third, Error) and third.code == "busy", third
     assert isinstance(wyoming(hserve, wav_of(16000)[44:]), Transcript)

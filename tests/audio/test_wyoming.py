@@ -21,7 +21,7 @@ from wyoming.info import Describe, Info
 from app.devtools import audio_files
 from app.devtools.audio_mmproj import cached_audio_mmproj
 from app.residency.supervisor import free_port
-from tests.helpers import SMALL_RUNNERS, wait_until
+from tests.helpers import SMALL_RUNNERS, run_coroutine, wait_until
 
 AUDIO = "gemma-audio-Q4_K_M"
 TIMEOUT_S = 300
@@ -78,7 +78,7 @@ def wyoming_rows(serve) -> list[tuple]:
 
 
 def test_describe_lists_the_audio_model(wserve):
-    info = asyncio.run(describe(wserve.wyoming_port))
+    info = run_coroutine(describe(wserve.wyoming_port))
     assert [p.name for p in info.asr] == ["hearth"]
     assert [m.name for m in info.asr[0].models] == [AUDIO] and info.asr[0].installed
 
@@ -86,7 +86,7 @@ def test_describe_lists_the_audio_model(wserve):
 def test_home_assistants_sequence_gets_a_transcript_through_the_voice_class(wserve):
     before = len(wyoming_rows(wserve))
     pcm, rate = pcm_of(audio_files.sweep("wav", seconds=2.0))
-    answer = asyncio.run(transcribe(wserve.wyoming_port, pcm, rate))
+    answer = run_coroutine(transcribe(wserve.wyoming_port, pcm, rate))
     assert isinstance(answer, Transcript), answer
     # The request log is written off the serving path (the store's one writer): wait for the row.
     wait_until(lambda: len(wyoming_rows(wserve)) > before, 30, "the transcription's row in the request log")
@@ -119,11 +119,11 @@ def test_a_bad_stream_gets_an_error_event_and_the_next_client_is_served(wserve, 
                 await client._writer.drain()
             return await _until(client, Error)
 
-    error = asyncio.run(bad())
+    error = run_coroutine(bad())
     assert error.code == code, error
     assert len(wyoming_rows(wserve)) == before  # nothing went to a runner
     pcm, rate = pcm_of(audio_files.sweep("wav", seconds=1.0))
-    assert isinstance(asyncio.run(transcribe(wserve.wyoming_port, pcm, rate)), Transcript)
+    assert isinstance(run_coroutine(transcribe(wserve.wyoming_port, pcm, rate)), Transcript)
 
 
 def test_a_client_off_the_allow_list_gets_an_error_and_nothing_is_encoded(wserve):
@@ -147,6 +147,6 @@ def test_a_client_off_the_allow_list_gets_an_error_and_nothing_is_encoded(wserve
         finally:
             writer.close()
 
-    answer = asyncio.run(from_elsewhere())
+    answer = run_coroutine(from_elsewhere())
     assert isinstance(answer, Error) and answer.code == "not-allowed" and "127.0.0.2" in answer.text, answer
     assert len(wyoming_rows(wserve)) == before

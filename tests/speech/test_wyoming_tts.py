@@ -18,7 +18,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from app.residency.supervisor import free_port
 from app.speech.voices import embedded_voice
-from tests.helpers import ServeStarter, wait_until
+from tests.helpers import ServeStarter, run_coroutine, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(embedded_voice() is None, reason="pip install 'hearth[tts]'")]
 TIMEOUT_S = 120
@@ -59,7 +59,7 @@ def test_describe_lists_the_voices_with_streaming(wserve):
             await client.write_event(Describe().event())
             return Info.from_event(await _read(client))
 
-    (program,) = asyncio.run(run()).tts
+    (program,) = run_coroutine(run()).tts
     assert program.supports_synthesize_streaming and program.installed
     voice = program.voices[0]
     assert voice.name == embedded_voice().name and voice.languages == ["en_US"]
@@ -71,7 +71,7 @@ def test_synthesize_answers_audio_start_chunks_and_stop(wserve):
             await client.write_event(Synthesize(text=ANSWER, voice=SynthesizeVoice(name=embedded_voice().name)).event())
             return await _audio(client)
 
-    start, pcm = asyncio.run(run())
+    start, pcm = run_coroutine(run())
     assert (start.rate, start.width, start.channels) == (22050, 2, 1)
     assert 2.0 < len(pcm) / 2 / start.rate < 15.0
 
@@ -99,7 +99,7 @@ def test_streamed_text_is_spoken_sentence_by_sentence_before_it_has_all_arrived(
                 pieces.append((None, pcm))
             return pieces
 
-    pieces = asyncio.run(run())
+    pieces = run_coroutine(run())
     assert len(pieces) == 3 and all(len(pcm) > 22050 * 2 * 0.3 for _, pcm in pieces)
 
 
@@ -121,9 +121,9 @@ def test_a_bad_synthesis_gets_an_error_event_and_the_next_client_is_served(wserv
                 if Error.is_type(event.type) or AudioStop.is_type(event.type):
                     return event
 
-    answer = asyncio.run(run(events))
+    answer = run_coroutine(run(events))
     assert Error.is_type(answer.type) and Error.from_event(answer).code == code
-    assert AudioStop.is_type(asyncio.run(run([Synthesize(text="Still here.").event()])).type)
+    assert AudioStop.is_type(run_coroutine(run([Synthesize(text="Still here.").event()])).type)
 
 
 def test_syntheses_are_logged_as_the_wyoming_member_in_the_voice_class(wserve):
@@ -137,6 +137,6 @@ def test_syntheses_are_logged_as_the_wyoming_member_in_the_voice_class(wserve):
             await client.write_event(Synthesize(text="Logged.").event())
             return await _audio(client)
 
-    asyncio.run(run())
+    run_coroutine(run())
     found = wait_until(lambda: [r for r in rows() if r[2] == len("Logged.")], timeout_s=30)
     assert found[0][:2] == ("voice", "ok") and found[0][3] > 0
