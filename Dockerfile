@@ -110,11 +110,22 @@ RUN --mount=type=secret,id=ca,required=false \
 COPY . ./
 COPY --from=assets /src/node_modules ./node_modules
 # Editable: templates/, static/, node_modules/ and migrations/ are found beside app/ exactly as in
-# a checkout (app.web.ROOT, app.store.db.migrations_dir).
+# a checkout (app.web.ROOT, app.store.db.migrations_dir). Then what the image need not carry twice: llama.cpp's own
+# install rules put a second copy of its libraries (and CMake files) in site-packages/lib, which nothing loads
+# (llama_cpp loads llama_cpp/lib), and the wheel holds each library three times under its three names (36 + 16 MB).
 RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && pip install --no-deps -e . \
- && python -m compileall -q app
+ && python -m compileall -q app \
+ && site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
+ && rm -rf "$site/lib" "$site/include" \
+ && cd "$site/llama_cpp/lib" \
+ && for full in lib*.so.*.*.*; do \
+        stem=${full%%.so.*}; \
+        for short in "$stem.so" "$stem.so.0"; do \
+            if [ -f "$short" ] && [ ! -L "$short" ] && cmp -s "$short" "$full"; then ln -sf "$full" "$short"; fi; \
+        done; \
+    done
 
 # ---- runtimes ------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime-cpu
