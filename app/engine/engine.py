@@ -533,6 +533,9 @@ class Engine:
         cost.observe(num_decoded, schedule.num_prompt_tokens, iteration_ms)
         if schedule.num_prompt_tokens:
             self.scheduler.chunks.observe(schedule.num_prompt_tokens, iteration_ms - cost.decode_ms * num_decoded)
+        elif self.scheduler.config.spec.enabled:
+            # The price of draft tokens: what computing this many tokens with logits took (speculation.VerifyCosts).
+            self.scheduler.verify_costs.observe(num_decoded, iteration_ms)
 
     def _count(self, schedule, num_sampled: int, iteration_s: float) -> None:
         """Add this iteration to the running counters (/metrics)."""
