@@ -114,6 +114,8 @@ class Arm:
     accepted: int = 0
     texts: list[str] = field(default_factory=list)
     tokens: int = 0
+    # A hearth runner's cost rule at the end of its last start: per draft source, decisions and the last one's why.
+    rule: dict = field(default_factory=dict)
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
@@ -181,8 +183,13 @@ def measure(arm: Arm, max_tokens: int, best_of: int) -> tuple[float, str, int, d
     try:
         _wait_ready(url, proc)
         _one(url, 16, PROMPTS[arm.prompt])  # warm-up: page cache, threads
-        return max((_one(url, max_tokens, PROMPTS[arm.prompt]) for _ in range(max(best_of, 1))),
+        best = max((_one(url, max_tokens, PROMPTS[arm.prompt]) for _ in range(max(best_of, 1))),
                    key=lambda one: one[0])
+        if arm.name.startswith("hearth "):
+            spec = httpx.get(f"{url}/props", timeout=10).json().get("speculative") or {}
+            arm.rule = {name: {"decisions": src["decisions"], "last": (src.get("last") or {}).get("why")}
+                        for name, src in (spec.get("sources") or {}).items()}
+        return best
     finally:
         stop_process(proc)
 
@@ -263,6 +270,10 @@ def main(args) -> int:
     if not args.draft_model:
         print("draft-simple: left out (no --draft-model; `hearth models truncate` writes one)")
     print(report(arms))
+    print("the cost rule per hearth arm and source (decisions over warm-up and requests; the last one's reason):")
+    for a in arms:
+        for name, src in a.rule.items():
+            print(f"  {a.prompt} {a.name} {name}: {src['decisions']}; {src['last']}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps([a.__dict__ for a in arms], indent=1))
     return 0
