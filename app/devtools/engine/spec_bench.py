@@ -224,13 +224,13 @@ def report(arms: list[Arm]) -> str:
         llama = {_type(a): a for a in mine if a.name.startswith("llama-server ")}
         off = hearth.get("none")
         lines += [f"prompt {prompt}:",
-                  f"  {'--spec-type':<22} {'hearth':>7} {'llama-srv':>9} {'h/l':>5} {'h/h-off':>7} "
+                  f"  {'--spec-type':<36} {'hearth':>7} {'llama-srv':>9} {'h/l':>5} {'h/h-off':>7} "
                   f"{'hearth kept/drafted':>19} {'llama kept/drafted':>18} {'= llama':>7} {'= h-off':>7}"]
         for t in dict.fromkeys([*hearth, *llama]):
             h, ll = hearth.get(t), llama.get(t)
             hm = statistics.median(h.rates) if h else None
             lm = statistics.median(ll.rates) if ll else None
-            label = t + (" (auto: by-cost default)" if t == "ngram-lookup" else "")
+            label = t + (" (auto, by cost)" if t == "ngram-lookup" else "")
 
             def fig(v, spec):
                 return format(v, spec) if v is not None else "-"
@@ -240,7 +240,7 @@ def report(arms: list[Arm]) -> str:
 
             def counts(a):
                 return "-" if a is None else f"{a.accepted}/{a.drafted}"
-            lines.append(f"  {label:<22} {fig(hm, '7.1f'):>7} {fig(lm, '9.1f'):>9} "
+            lines.append(f"  {label:<36} {fig(hm, '7.1f'):>7} {fig(lm, '9.1f'):>9} "
                          f"{fig(hm / lm if hm and lm else None, '5.2f'):>5} "
                          f"{fig(hm / statistics.median(off.rates) if hm and off and off.rates[0] else None, '7.2f'):>7} "
                          f"{counts(h):>19} {counts(ll):>18} {same(h, ll):>7} {same(h, off):>7}")
