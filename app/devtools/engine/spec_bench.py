@@ -168,8 +168,11 @@ def arms_for(model: str, threads: int, ctx: int, parallel: int, llama_server: st
         arms += [Arm(f"hearth {t}", [sys.executable, "-m", "app.cli", "runner", *common, "--spec-type", t, *md(t),
                                      *hearth_extra], prompt) for t in hearth_arms if usable(t)]
         if llama_server:
+            # The same cache layout as a hearth runner (stock_server.SAME_CACHE): without it llama-server's logits
+            # differ beyond a near-tie (the prose prompt's first token: logprob -0.305 against -0.241) and the greedy
+            # texts part after four tokens.
             arms += [Arm(f"llama-server {t}", stock_command(llama_server, None, *common, "--spec-type", t, *md(t),
-                                                            "--no-webui", same_cache=False), prompt)
+                                                            "--no-webui"), prompt)
                      for t in llama_arms if usable(t)]
     return arms
 
