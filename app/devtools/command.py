@@ -128,12 +128,18 @@ def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
     spc.add_argument("--model", help="GGUF path (default: the embedded Gemma 3 270M)")
     spc.add_argument("--threads", type=int, default=usable_cores())
     spc.add_argument("--ctx", type=int, default=4096)
-    spc.add_argument("--parallel", type=int, default=4, help="slots of every runner (default %(default)s)")
+    spc.add_argument("--parallel", type=int, default=1, help="slots of every runner (default %(default)s)")
     spc.add_argument("--max-tokens", type=int, default=256)
-    spc.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every arm (default %(default)s)")
+    spc.add_argument("--rounds", type=int, default=1, help="interleaved rounds of every arm (default %(default)s)")
+    spc.add_argument("--best-of", type=int, default=2, help="requests per server start, the best rate taken "
+                                                            "(default %(default)s)")
+    spc.add_argument("--prompts", default="code,prose", help="code (copying with a rename), prose (free story), "
+                                                             "functions (copied unchanged) (default %(default)s)")
     spc.add_argument("--llama-server", help="stock llama-server binary to compare with (scripts/build_llama_tools.sh)")
-    spc.add_argument("--hearth-types", default="none,ngram-lookup", help="hearth runner --spec-type arms")
-    spc.add_argument("--llama-types", default="none,ngram-simple,ngram-map-k,ngram-mod",
+    spc.add_argument("--hearth-types", default="none,ngram-lookup,ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,"
+                                               "draft-simple", help="hearth runner --spec-type arms (draft-simple: "
+                                                                    "with --draft-model only)")
+    spc.add_argument("--llama-types", default="none,ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,draft-simple",
                      help="llama-server --spec-type arms")
     spc.add_argument("--hearth-args", default="", help="more hearth runner arguments, e.g. '--no-repack'")
     spc.add_argument("--draft-model", help="draft model (-md) of the draft-simple arms of either kind, e.g. "

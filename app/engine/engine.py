@@ -148,6 +148,10 @@ class EngineSnapshot:
     # Speculative decoding: the settings and this iteration's decision ("" drafting, else why not).
     spec: dict | None = None
     spec_note: str = ""
+    # The cost rule's record per draft source it decided for (speculation.decide: acceptance, decisions, the last
+    # one and why) and the measured verify costs it prices drafts by (VerifyCosts).
+    spec_sources: dict | None = None
+    verify_costs: dict | None = None
     # The totals since start (/metrics, /props' speculative block) and the prefix cache's, copied at snapshot time,
     # so readers never hold the engine's live counters.
     counters: EngineCounters | None = None
@@ -385,6 +389,9 @@ class Engine:
                 preemptions_by_class=dict(s.preemptions_by_class),
                 spec=s.config.spec.as_dict() if s.config.spec.enabled else None,
                 spec_note=s.spec_note,
+                spec_sources={name: a.as_dict() for name, a in s.spec_stats.items() if a.last is not None}
+                if s.config.spec.enabled else None,
+                verify_costs=s.verify_costs.as_dict() if s.config.spec.enabled else None,
                 counters=self.counters.copy(),
                 prefix_cache_counters=copy.copy(s.cache.counters),
                 prefix_cache_max_entries=s.cache.max_entries,
@@ -533,6 +540,9 @@ class Engine:
         cost.observe(num_decoded, schedule.num_prompt_tokens, iteration_ms)
         if schedule.num_prompt_tokens:
             self.scheduler.chunks.observe(schedule.num_prompt_tokens, iteration_ms - cost.decode_ms * num_decoded)
+        elif self.scheduler.config.spec.enabled:
+            # The price of draft tokens: what computing this many tokens with logits took (speculation.VerifyCosts).
+            self.scheduler.verify_costs.observe(num_decoded, iteration_ms)
 
     def _count(self, schedule, num_sampled: int, iteration_s: float) -> None:
         """Add this iteration to the running counters (/metrics)."""

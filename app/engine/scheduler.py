@@ -14,7 +14,17 @@ from dataclasses import dataclass
 
 from app.engine.prefix_cache import MIN_MATCH_TOKENS, NO_MATCH, KvMemory, Match, NoMemory, PrefixCache, Tag, common_prefix
 from app.engine.request import ContextOverflow, QueueFull, Request, RequestStatus
-from app.engine.speculation import NO_SPEC, Drafter, ModTable, SpecConfig, cost_ratio, draft_length, new_stats
+from app.engine.speculation import (
+    NO_SPEC,
+    Drafter,
+    ModTable,
+    SpecConfig,
+    VerifyCosts,
+    VerifyPrice,
+    cost_ratio,
+    draft_length,
+    new_stats,
+)
 from app.policy import Mode
 
 # The first iterations after a load run cold (weights paged in, buffers allocated: 2 s where a warm one took 20 ms
@@ -303,6 +313,8 @@ class Scheduler:
         spec = config.spec
         self.mod_table = ModTable(spec.mod_n_match) if spec.type == "ngram-mod" else None
         self.spec_stats = new_stats()
+        # What verifying m tokens with logits costs here, as measured (the cost rule's price, speculation.py).
+        self.verify_costs = VerifyCosts()
         self.spec_note = "off" if not spec.enabled else ""
         # KV tiers below the KV cache (app/engine/kv_tiers.py), set by the engine when they are on.
         self.tiers = None
@@ -557,8 +569,8 @@ class Scheduler:
             return 0, "standing aside: the TPOT budget leaves no room"
         if self.draft_model is not None:
             return self._add_model_drafts(decode_chunks, num_decode, room)
-        # A verified draft token costs what a decode token does (it needs its own row of logits).
-        ratio = cost_ratio(num_decode, self.cost.iteration_ms(num_decode, 0), self.cost.decode_ms)
+        # A verified draft token needs its own row of logits, as a decode token: priced by measured decode batches.
+        price = VerifyPrice(self.verify_ms, num_decode)
         share = max(1, room // num_decode)
         added = 0
         gated = 0
@@ -575,10 +587,11 @@ class Scheduler:
                 limit = min(limit, per_request)
             if limit <= 0:
                 continue
-            proposal, passed_over = r.drafter.propose(r.all_tokens, limit, ratio)
+            proposal, passed_over = r.drafter.propose(r.all_tokens, limit, price)
             gated += passed_over
             if not proposal:
                 continue
+            price.base += len(proposal)
             c.tokens = c.tokens + proposal
             c.num_draft = len(proposal)
             added += len(proposal)
@@ -587,6 +600,10 @@ class Scheduler:
         if gated:
             return 0, "standing aside: drafts were not worth their cost at this load"
         return 0, "no draft: nothing in the context to copy"
+
+    def verify_ms(self, num_tokens: int) -> float:
+        """Measured ms of an iteration computing num_tokens tokens with logits (VerifyCosts, the fit beyond)."""
+        return self.verify_costs.ms(num_tokens, self.cost)
 
     def _add_model_drafts(self, decode_chunks: list[Chunk], num_decode: int, room: int) -> tuple[int, str]:
         """Extend decode chunks with the draft model's tokens, every candidate sequence in one call (draft_model.py).

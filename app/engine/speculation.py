@@ -8,10 +8,10 @@ is the model's own; but logits computed for a batch of several tokens differ in 
 one token, so at a near-tie greedy may pick the other token, as stock llama-server's drafting does). The
 cells of rejected draft tokens are removed at once.
 
-Whether and how far a sequence drafts is decided per iteration by the scheduler, from the measured costs: the
-i-th draft token is verified while its chance of being kept (p**i, p the source's per-token acceptance, see
-Acceptance) beats its cost as a share of what the batch yields without drafts (cost_ratio); so drafting is long
-for verbatim copying on a lone stream, short or none for loose matches, and stands aside as the batch fills.
+Whether and how far a sequence drafts is decided per iteration by one rule, from this box's measured costs and
+each source's measured acceptance: see "The cost rule" below (decide). Drafting is long for verbatim copying on a
+lone stream, short or none for loose matches, and stands aside as the batch fills; a source the rule cuts to
+nothing is still tried at full length now and then, so its acceptance is measured rather than assumed.
 
 Draft sources, named as llama-server's `--spec-type`:
   ngram-lookup   Hearth's own: the longest recent n-gram (of several sizes) that ends the sequence and
@@ -26,8 +26,10 @@ Draft sources, named as llama-server's `--spec-type`:
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 NGRAM_TYPES = ("ngram-lookup", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
@@ -174,6 +176,11 @@ class Acceptance:
         self.forget = forget
         self.kept = 0.0
         self.trials = 0.0
+        # The cost rule's record of this source (see decide): its exploration schedule and what it decided.
+        self.explore_every = EXPLORE_FIRST  # cuts between two full-length tries
+        self.num_cuts_since_try = 0
+        self.decisions = {DRAFT: 0, CUT: 0, EXPLORE: 0}  # how often each was decided
+        self.last: Decision | None = None
 
     @property
     def p(self) -> float:
@@ -192,6 +199,13 @@ class Acceptance:
         self.trials *= factor
 
 
+    def as_dict(self) -> dict:
+        """This source's acceptance and the cost rule's decisions about it, for /props and the Bench page."""
+        return {"acceptance_estimate": round(self.p, 4), "prior": self.prior, "decisions": dict(self.decisions),
+                "explore_every_cuts": self.explore_every if self.prior >= EXPLORE_MIN_PRIOR else None,
+                "last": None if self.last is None else self.last.as_dict()}
+
+
 # Priors per draft source: a long verbatim match is usually copied on; a 2-token match often is not.
 PRIORS = {"lookup:16": 0.9, "lookup:8": 0.8, "lookup:4": 0.6, "lookup:2": 0.4, "mod": 0.9, "simple": 0.8}
 
@@ -199,6 +213,175 @@ PRIORS = {"lookup:16": 0.9, "lookup:8": 0.8, "lookup:4": 0.6, "lookup:2": 0.4, "
 def new_stats() -> dict[str, Acceptance]:
     """One engine's acceptance record per draft source (shared by its sequences: the model's habits)."""
     return {key: Acceptance(prior) for key, prior in PRIORS.items()}
+
+
+# -- The cost rule --------------------------------------------------------------------------------------------
+#
+# How a draft's length is decided: this is the one place (decide), every n-gram source goes through it.
+#
+# 1. A source proposes a draft of L tokens: its own length (LOOKUP_DRAFT_MAX, size_m, or ngram-mod's chain of up
+#    to n_max), within what the iteration leaves. ngram-mod proposes nothing shorter than n_min (llama.cpp).
+# 2. Its acceptance p (Acceptance: token i kept given token i-1 was) says a draft of k keeps on average
+#    E(k) = p + p² + … + p^k tokens.
+# 3. The price (VerifyPrice) is this box's own: T(m), the measured ms of an iteration that computes m tokens with
+#    logits (VerifyCosts: decode-only iterations binned by m, the cost fit's slope between and beyond the measured
+#    sizes), and the plain rate r = n / T(n) tokens per ms of the n decoding sequences. A draft of k is worth
+#        gain(k) = E(k) − r · (T(m0 + k) − T(m0))   tokens
+#    (m0: tokens with logits already in the batch): what it keeps, less what the same time decodes without it.
+# 4. The lengths weighed are n_min..L (ngram-mod: mod_n_min..L, all or nothing, as llama.cpp drafts it): both ends
+#    and the powers of two between. The best is drafted when its gain is positive: DRAFT.
+# 5. Otherwise the draft is cut to nothing (CUT), and the source's evidence ages toward its prior — except that a
+#    source that copies verbatim (prior ≥ EXPLORE_MIN_PRIOR: long n-gram matches, ngram-mod, ngram-simple/map-k)
+#    goes out at full length L once `explore_every` cuts have passed since its last try (EXPLORE): so a prior or
+#    an old failure that says "not worth it" is measured again instead of assumed. explore_every starts at
+#    EXPLORE_FIRST, doubles after each exploration (up to EXPLORE_MAX), and returns to EXPLORE_FIRST as soon as
+#    the source drafts on its merits, so a source that keeps failing is retried ever more rarely.
+# Short matches (prior below EXPLORE_MIN_PRIOR) are not explored: their full length is long and usually wrong, and
+# their acceptance is measured anyway by the short drafts the rule gives them whenever those pay.
+
+DRAFT, CUT, EXPLORE = "draft", "cut", "explore"
+EXPLORE_FIRST = 4
+EXPLORE_MAX = 256
+EXPLORE_MIN_PRIOR = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the cost rule decided for one proposal, and the figures it decided by."""
+
+    kind: str  # DRAFT, CUT or EXPLORE
+    length: int  # draft tokens sent (0 for CUT)
+    proposed: int  # L: what the source proposed
+    best: int  # the length with the highest gain
+    p: float
+    kept_tokens: float  # E(best)
+    cost_tokens: float  # r · (T(m0 + best) − T(m0))
+
+    def as_dict(self) -> dict:
+        """The decision with its reason in words."""
+        gain = self.kept_tokens - self.cost_tokens
+        why = (f"a draft of {self.best} keeps ~{self.kept_tokens:.1f} tokens at p {self.p:.2f} for the time of "
+               f"{self.cost_tokens:.1f} plain ones (gain {gain:+.1f})")
+        if self.kind == EXPLORE:
+            why = f"tried at full length {self.length} to measure it; " + why
+        return {"decision": self.kind, "length": self.length, "proposed": self.proposed, "best": self.best,
+                "p": round(self.p, 4), "kept_tokens": round(self.kept_tokens, 2),
+                "cost_tokens": round(self.cost_tokens, 2), "why": why}
+
+
+def expected_kept(p: float, k: int) -> float:
+    """E(k) = p + p² + … + p^k: the draft tokens a chain of acceptance p keeps on average."""
+    if p >= 1.0:
+        return float(k)
+    return p * (1.0 - p**k) / (1.0 - p)
+
+
+class VerifyCosts:
+    """What an iteration computing m tokens with logits (decodes and draft tokens, no prompt) costs on this box.
+
+    Each such iteration is binned by m (the largest of SIZES it reaches); a bin keeps forgetting means of m and of
+    the iteration's ms. T(m) interpolates between the bins measured min_samples times, and goes on with the cost
+    fit's per-token slope below and beyond them; with none measured it is the fit (the scheduler's CostModel)."""
+
+    SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+    def __init__(self, forget: float = 0.8, min_samples: int = 2):
+        self.forget = forget
+        self.min_samples = min_samples
+        self._bins: dict[int, list[float]] = {}  # size → [mean m, mean ms, samples]
+        self._points: list[tuple[float, float]] | None = []  # measured (m, ms), by m; None: to be rebuilt
+
+    def observe(self, m: int, ms: float) -> None:
+        """Fold in one decode-only iteration of m tokens with logits that took ms."""
+        if m <= 0 or ms <= 0:
+            return
+        size = self.SIZES[max(bisect.bisect_right(self.SIZES, m) - 1, 0)]
+        b = self._bins.get(size)
+        if b is None:
+            self._bins[size] = [float(m), ms, 1]
+        else:
+            f = self.forget
+            b[0], b[1], b[2] = f * b[0] + (1 - f) * m, f * b[1] + (1 - f) * ms, b[2] + 1
+        self._points = None
+
+    def ms(self, m: int, fit) -> float:
+        """T(m): the measured cost where there is one, the fit's (CostModel) slope beyond; fit alone before."""
+        pts = self._points
+        if pts is None:
+            pts = self._points = sorted((b[0], b[1]) for b in self._bins.values() if b[2] >= self.min_samples)
+        if not pts:
+            return fit.iteration_ms(m, 0)
+        slope = fit.decode_ms
+        i = bisect.bisect_left(pts, (m, -1.0))
+        if i == 0:
+            return max(pts[0][1] - slope * (pts[0][0] - m), 1e-3)
+        if i == len(pts):
+            return pts[-1][1] + slope * (m - pts[-1][0])
+        (m0, t0), (m1, t1) = pts[i - 1], pts[i]
+        return t0 + (t1 - t0) * (m - m0) / (m1 - m0)
+
+    def as_dict(self) -> dict:
+        """The measured bins: ms of an iteration by tokens with logits, for /props."""
+        return {str(size): {"tokens": round(b[0], 1), "ms": round(b[1], 2), "samples": int(b[2])}
+                for size, b in sorted(self._bins.items())}
+
+
+class VerifyPrice:
+    """One iteration's price of draft tokens (see the cost rule): T(m) and the batch's plain rate r = n / T(n)."""
+
+    __slots__ = ("ms", "base", "rate")
+
+    def __init__(self, ms: Callable[[int], float], num_decode: int):
+        self.ms = ms
+        self.base = num_decode  # tokens with logits in the batch so far
+        t = ms(num_decode)
+        self.rate = num_decode / t if t > 0 else 0.0
+
+    def cost_tokens(self, k: int) -> float:
+        """Plain tokens the time of k more verified tokens would have decoded: r · (T(m0 + k) − T(m0))."""
+        return self.rate * max(0.0, self.ms(self.base + k) - self.ms(self.base))
+
+
+def _lengths(shortest: int, longest: int) -> list[int]:
+    """The draft lengths weighed: both ends and the powers of two between."""
+    out = [shortest]
+    k = 1
+    while k < longest:
+        if k > shortest:
+            out.append(k)
+        k *= 2
+    if longest > shortest:
+        out.append(longest)
+    return out
+
+
+def decide(stats: Acceptance, proposed: int, shortest: int, price: VerifyPrice | None) -> int:
+    """The cost rule (see above): the draft length to send of a proposal of `proposed` tokens, 0 for none."""
+    if proposed < shortest:
+        return 0
+    if price is None:  # no price: verification is free
+        stats.last = Decision(DRAFT, proposed, proposed, proposed, stats.p, expected_kept(stats.p, proposed), 0.0)
+        stats.decisions[DRAFT] += 1
+        return proposed
+    p = stats.p
+    best, best_kept, best_cost, best_gain = shortest, 0.0, 0.0, -math.inf
+    for k in _lengths(shortest, proposed):
+        kept, cost = expected_kept(p, k), price.cost_tokens(k)
+        if kept - cost > best_gain:
+            best, best_kept, best_cost, best_gain = k, kept, cost, kept - cost
+    if best_gain > 0:
+        kind, length = DRAFT, best
+        stats.explore_every, stats.num_cuts_since_try = EXPLORE_FIRST, 0
+    elif stats.prior >= EXPLORE_MIN_PRIOR and stats.num_cuts_since_try + 1 >= stats.explore_every:
+        kind, length = EXPLORE, proposed
+        stats.explore_every, stats.num_cuts_since_try = min(2 * stats.explore_every, EXPLORE_MAX), 0
+    else:
+        kind, length = CUT, 0
+        stats.num_cuts_since_try += 1
+        stats.age()
+    stats.decisions[kind] += 1
+    stats.last = Decision(kind, length, proposed, best, p, best_kept, best_cost)
+    return length
 
 
 def draft_length(p: float, cost_ratio: float, limit: int) -> int:
@@ -263,11 +446,11 @@ class Drafter:
 
     # -- proposing ----------------------------------------------------------------------
 
-    def propose(self, tokens: list[int], limit: int, ratio: float = 0.0) -> tuple[list[int], bool]:
+    def propose(self, tokens: list[int], limit: int, price: VerifyPrice | None = None) -> tuple[list[int], bool]:
         """Draft tokens to follow `tokens` (the sequence so far, its last sampled token included), at most limit.
 
-        ratio: a verified token's cost (cost_ratio); a draft is cut to the length worth verifying at its source's
-        acceptance. Returns (the draft, whether a candidate was found but was not worth its cost)."""
+        price: what verified tokens cost this iteration (None: nothing); the cost rule (decide) sets the length.
+        Returns (the draft, whether a candidate was found but cut to nothing)."""
         c = self.config
         limit = min(limit, c.draft_max)
         if limit <= 0:
@@ -278,11 +461,11 @@ class Drafter:
             source, draft = self._propose_lookup(tokens, limit)
         if not draft:
             return [], False
+        # ngram-mod drafts n_min..n_max or nothing (llama.cpp); every source drafts at least --spec-draft-n-min.
+        shortest = max(c.n_min, 1, min(c.mod_n_min, limit) if c.type == "ngram-mod" else 1)
         stats = self.stats.get(source)
-        worth = draft_length(stats.p, ratio, len(draft)) if stats is not None else len(draft)
-        if worth < max(c.n_min, 1) or (c.type == "ngram-mod" and worth < min(c.mod_n_min, limit)):
-            if stats is not None:
-                stats.age()
+        worth = decide(stats, len(draft), shortest, price) if stats is not None else len(draft)
+        if worth <= 0:
             return [], True
         self.last_source = source
         return draft[:worth], False

@@ -119,6 +119,9 @@ def speculative_info(engine, snap, draft=None) -> dict:
         "acceptance": round(c.spec_accepted_tokens_total / c.spec_draft_tokens_total, 4)
         if c.spec_draft_tokens_total else None,
         "by_class": by_class,
+        # The cost rule (app/engine/speculation.py decide): per source what it decided and why, and its prices.
+        "sources": snap.spec_sources or {},
+        "verify_ms_by_tokens": snap.verify_costs or {},
         "draft_model": None if draft is None else draft.stats(),
     }
 

@@ -183,9 +183,32 @@ class _EngineCollector:
             accepted.add_metric([name], n_kept)
         yield drafted
         yield accepted
+        yield from self._spec_rule(snap)
         yield gauge("hearth:spec_enabled", "Speculative decoding configured (1) or not (0)", 1 if snap.spec else 0)
         yield gauge("hearth:spec_drafting", "Whether the last iteration drafted (1), or stood aside (0)",
                     1 if snap.spec and snap.last_iteration and snap.last_iteration.num_draft_tokens else 0)
+
+    def _spec_rule(self, snap):
+        """The cost rule per draft source (app/engine/speculation.py decide): decisions, acceptance, the last one."""
+        decisions = CounterMetricFamily("hearth:spec_source_decisions", "Speculative: the cost rule's decisions "
+                                        "per draft source (draft, cut, explore)", labels=["source", "decision"])
+        acceptance = GaugeMetricFamily("hearth:spec_source_acceptance",
+                                       "Speculative: a draft source's estimated per-token acceptance", labels=["source"])
+        kept = GaugeMetricFamily("hearth:spec_source_kept_tokens", "Speculative: tokens the source's best draft length "
+                                 "keeps on average, at its last decision", labels=["source"])
+        cost = GaugeMetricFamily("hearth:spec_source_cost_tokens", "Speculative: plain tokens the time of verifying "
+                                 "that length would have decoded, at its last decision", labels=["source"])
+        length = GaugeMetricFamily("hearth:spec_source_draft_length", "Speculative: draft tokens sent at the source's "
+                                   "last decision (0: cut)", labels=["source"])
+        for name, src in sorted((snap.spec_sources or {}).items()):
+            for kind, n in src["decisions"].items():
+                decisions.add_metric([name, kind], n)
+            acceptance.add_metric([name], src["acceptance_estimate"])
+            last = src["last"] or {}
+            kept.add_metric([name], last.get("kept_tokens", 0))
+            cost.add_metric([name], last.get("cost_tokens", 0))
+            length.add_metric([name], last.get("length", 0))
+        yield from (decisions, acceptance, kept, cost, length)
 
     def _images(self, media):
         """Images evaluated (not those reused from the prefix cache), their encode time by class, the KV pause."""

@@ -48,9 +48,31 @@ def _scrape(http: httpx.Client, target: Target) -> Scrape:
         return Scrape()
 
 
+# The cost rule per draft source (a hearth runner's, app/engine/speculation.py decide): sample key → gauge.
+RULE_GAUGES = {
+    "acceptance": "hearth:spec_source_acceptance",
+    "kept_tokens": "hearth:spec_source_kept_tokens",
+    "cost_tokens": "hearth:spec_source_cost_tokens",
+    "length": "hearth:spec_source_draft_length",
+}
+
+
+def rule_counters(values: Scrape) -> dict:
+    """Per draft source: the cost rule's decisions so far (draft, cut, explore) and its last decision's figures;
+    {} for a server that exports none (llama-server)."""
+    out: dict[str, dict] = {}
+    for labels, v in values.series("hearth:spec_source_decisions_total"):
+        out.setdefault(labels.get("source", ""), {})[labels.get("decision", "")] = v
+    for key, name in RULE_GAUGES.items():
+        for labels, v in values.series(name):
+            out.setdefault(labels.get("source", ""), {})[key] = v
+    return out
+
+
 def phase_sample(http: httpx.Client, target: Target, phase: str, t_s: float) -> dict:
     """The counters just before the first request ("before") or after the last ("after"); no KV or load figures."""
-    return {"t_s": t_s, "phase": phase, **spec_counters(_scrape(http, target))}
+    values = _scrape(http, target)
+    return {"t_s": t_s, "phase": phase, **spec_counters(values), "spec_rule": rule_counters(values)}
 
 
 class _Utilisation:

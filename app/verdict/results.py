@@ -176,7 +176,25 @@ def speculation(rows: list[dict], samples: list[dict]) -> dict:
         "spec_drafts": drafts,
         "spec_tokens_per_draft": accepted / drafts if drafts and accepted is not None else None,
         "spec_requests_drafted": len([t for t in drafted if t.get("draft_n")]),
+        "spec_rule": spec_rule(samples),
     }
+
+
+RULE_DECISIONS = ("draft", "cut", "explore")
+
+
+def spec_rule(samples: list[dict]) -> dict | None:
+    """What a hearth runner's cost rule decided per draft source over the run (the phase samples' decision counts,
+    after less before) and its last decision there (acceptance, length, tokens kept against their time's cost)."""
+    phases = {s["phase"]: s.get("spec_rule") or {} for s in samples if s.get("phase")}
+    after, before = phases.get("after") or {}, phases.get("before") or {}
+    out = {}
+    for source, now in sorted(after.items()):
+        was = before.get(source, {})
+        counts = {k: int(now.get(k, 0) - was.get(k, 0)) for k in RULE_DECISIONS}
+        if any(counts.values()):
+            out[source] = {**counts, **{k: now.get(k) for k in ("acceptance", "length", "kept_tokens", "cost_tokens")}}
+    return out or None
 
 
 def output_digest(text: str | None) -> str | None:

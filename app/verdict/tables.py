@@ -131,6 +131,8 @@ def spec_rows(results: list[RunResult]) -> list[dict]:
                      "per_class": {n: {key: median([r.summary["per_class"].get(n, {}).get(key) for r in runs])
                                        for key in ("ttft_p95_ms", "tpot_p95_ms")}
                                    for n in runs[0].summary.get("per_class", {})},
+                     # The cost rule per draft source in the last repetition (results.spec_rule; hearth only).
+                     "rule": runs[-1].summary.get("spec_rule"),
                      "identical": None if e is None else e["all_identical"],
                      "identical_against": None if e is None else e["against"],
                      "identical_counts": None if e is None else [e["identical"], e["compared"]]})

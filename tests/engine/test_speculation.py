@@ -208,3 +208,91 @@ def test_bad_settings_are_refused_with_a_reason(bad):
     with pytest.raises(ValueError) as err:
         SpecConfig(**bad)
     assert str(err.value)
+
+
+# -- the cost rule (speculation.decide): measured prices, exploration --------------------------------------------
+
+# A long function list for ngram-mod's 24-token keys and 48..64-token drafts.
+LONG_BODY = list(range(10, 200))
+LONG_PROMPT = [1, *LONG_BODY, 5, *LONG_BODY[:30]]
+
+
+def test_ngram_mod_cut_by_the_prior_is_tried_learns_and_drafts_at_full_length():
+    """This box's shape (issue 52): an iteration costs 13 ms + 10 ms per token with logits, so at the prior 0.9 no
+    draft of n_min = 48 pays; the copy would keep every drafted token, and the rule must find that out."""
+    script = LONG_BODY[30:] + [EOS]
+    model = FakeModel(n_ctx=512, n_batch=128, n_seq_max=4, scripts={tuple(LONG_PROMPT): script},
+                      decode_step_s=0.013)
+    model.on_decode = lambda _n, chunks: model.clock.advance(0.010 * sum(len(c.tokens) for c in chunks))
+    engine = Engine(model, clock=model.clock, spec=SpecConfig(type="ngram-mod")).start()
+    try:
+        r = engine.submit(LONG_PROMPT, SamplingParams(max_tokens=200, temperature=0.0))
+        tokens, _ = collect(r)
+    finally:
+        engine.stop()
+    assert tokens == script[:-1]
+    assert model.violations == []
+    c = engine.counters
+    assert c.spec_draft_tokens_total > 0, "ngram-mod never drafted: its acceptance was assumed, never measured"
+    # Every draft but the last (which runs past the copy's end into the prompt's tail) is kept whole.
+    assert c.spec_accepted_tokens_total >= c.spec_draft_tokens_total - 64
+    assert c.spec_accepted_tokens_total > len(tokens) / 2
+    drafts = [e.num_draft for b in model.batches for e in b if e.num_draft]
+    assert all(48 <= k <= 64 for k in drafts), drafts  # llama.cpp's n_min..n_max
+    mod = engine.scheduler.spec_stats["mod"]
+    assert mod.decisions["explore"] >= 1 and mod.decisions["draft"] >= 1  # tried, then drafted on its merits
+    assert mod.p > 0.95
+
+
+class _Fit:
+    """A CostModel stand-in: 13 ms + 10 ms per token."""
+
+    decode_ms = 10.0
+
+    def iteration_ms(self, num_decode, num_prefill):
+        return 13.0 + 10.0 * num_decode
+
+
+def test_decide_cuts_then_explores_on_a_doubling_schedule_and_resets_on_merit():
+    from app.engine.speculation import CUT, DRAFT, EXPLORE, EXPLORE_FIRST, VerifyPrice, decide
+
+    a = Acceptance(prior=0.9)
+    price = VerifyPrice(lambda m: 13.0 + 10.0 * m, 1)
+    kinds = [(decide(a, 64, 48, price), a.last.kind) for _ in range(EXPLORE_FIRST + 2 * EXPLORE_FIRST)]
+    assert [k for _, k in kinds] == ([CUT] * (EXPLORE_FIRST - 1) + [EXPLORE] + [CUT] * (2 * EXPLORE_FIRST - 1)
+                                     + [EXPLORE])
+    assert all(n == (64 if k == EXPLORE else 0) for n, k in kinds)  # an exploration goes out at full length
+    assert "full length 64" in a.last.as_dict()["why"]
+    for _ in range(3):
+        a.observe(64, 64)
+    assert decide(a, 64, 48, price) == 64 and a.last.kind == DRAFT
+    assert a.explore_every == EXPLORE_FIRST
+
+
+def test_a_short_match_is_not_explored_and_free_verification_drafts_everything():
+    from app.engine.speculation import VerifyPrice, decide
+
+    loose = Acceptance(prior=0.4)
+    price = VerifyPrice(lambda m: 13.0 + 10.0 * m, 1)
+    assert all(decide(loose, 64, 1, price) == 0 for _ in range(300))
+    assert loose.decisions["explore"] == 0
+    assert decide(Acceptance(prior=0.4), 64, 1, None) == 64
+
+
+def test_decide_weighs_lengths_by_the_measured_costs():
+    from app.engine.speculation import VerifyCosts, VerifyPrice, decide
+
+    # Verifying is cheap up to 8 tokens with logits, then dear: the rule stops where the measured costs turn.
+    costs = VerifyCosts()
+    for m, ms in ((1, 20.0), (2, 21.0), (4, 22.0), (8, 24.0), (16, 80.0), (32, 200.0), (64, 420.0)):
+        costs.observe(m, ms)
+        costs.observe(m, ms)
+    fit = _Fit()
+    assert costs.ms(8, fit) == pytest.approx(24.0)
+    assert costs.ms(12, fit) == pytest.approx(52.0)  # between two measured sizes
+    assert costs.ms(96, fit) == pytest.approx(420.0 + 10.0 * 32)  # beyond: the fit's slope
+    price = VerifyPrice(lambda m: costs.ms(m, fit), 1)
+    a = Acceptance(prior=0.9)
+    assert decide(a, 64, 1, price) == 8  # the longest length weighed before the measured costs turn dear
+    # With nothing measured the fit prices alone.
+    assert VerifyCosts().ms(5, fit) == pytest.approx(63.0)

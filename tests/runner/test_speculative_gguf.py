@@ -102,3 +102,11 @@ def test_metrics_and_props_report_the_drafts(runner):
     props = loads(runner.get("/props"))["speculative"]
     assert props["enabled"] and props["type"] == "ngram-lookup"
     assert props["by_class"]["default"]["accepted_tokens"] > 0
+    # The cost rule's record per source: what it decided, and why in words, in /props; the counts in /metrics.
+    sources = props["sources"]
+    assert sources and all(src["last"]["why"] for src in sources.values())
+    drafted = sum(src["decisions"]["draft"] + src["decisions"]["explore"] for src in sources.values())
+    assert drafted > 0
+    assert sum(v for k, v in values.items() if k.startswith("hearth:spec_source_decisions_total{")
+               and ('decision="draft"' in k or 'decision="explore"' in k)) == drafted
+    assert props["verify_ms_by_tokens"]  # the measured prices the rule weighed

@@ -22,8 +22,9 @@ def _row(end_s, timings, output=CODE):
             "server_timings": timings, "output": output}
 
 
-def make_spec_session(app):
-    """A finished code-edit session: hearth off and ngram-lookup, two repetitions, and its verdict."""
+def make_spec_session(app, on_samples=()):
+    """A finished code-edit session: hearth off and ngram-lookup (its runs with on_samples), two repetitions, and its
+    verdict."""
     h = services(app)
     model = h.catalog.default_model.stem
     runs = []
@@ -38,7 +39,8 @@ def make_spec_session(app):
         for rep in range(2):
             for target, row in (("continuous+off", _row(3.0, {"predicted_n": 64})),
                                 ("continuous+ngram-lookup", _row(1.5, {"draft_n": 60, "draft_n_accepted": 51}))):
-                run = RunResult(target, "hearth", 1, [row], [], rep=rep, slots=2)
+                samples = list(on_samples) if target.endswith("ngram-lookup") else []
+                run = RunResult(target, "hearth", 1, [row], samples, rep=rep, slots=2)
                 run.summary = summarise(run.requests, run.samples, policies)
                 store.save_run(s, sid, run)
                 runs.append(run)
@@ -66,6 +68,25 @@ def test_the_session_shows_each_arm_the_finding_and_applies_it(app, admin, csrf_
         rs = s.scalar(select(RunnerSettings).where(RunnerSettings.model_id == model_id))
         assert rs.speculation == "auto"
     assert "speculation default → auto" in admin.get("/bench").get_data(as_text=True)
+
+
+def test_the_session_shows_what_the_cost_rule_decided_per_source_and_why(app, admin):
+    # The phase samples read a hearth runner's hearth:spec_source_* series before the first request and after the last.
+    before = {"phase": "before", "t_s": 0.0, "spec_rule": {"lookup:16": {"draft": 2, "cut": 1, "explore": 0}}}
+    after = {"phase": "after", "t_s": 3.0, "spec_rule": {
+        "lookup:16": {"draft": 9, "cut": 5, "explore": 1, "acceptance": 0.97, "length": 64, "kept_tokens": 40.5,
+                      "cost_tokens": 27.9},
+        "lookup:2": {"draft": 0, "cut": 0, "explore": 0, "acceptance": 0.4, "length": 0, "kept_tokens": 0.4,
+                     "cost_tokens": 0.5}}}
+    sid, _ = make_spec_session(app, on_samples=(before, after))
+    html = admin.get(f"/bench?session={sid}").get_data(as_text=True)
+    row = re.search(r'data-arm="continuous\+ngram-lookup">(.*?)</tr>', html, re.S).group(1)
+    cell = re.search(r'data-source="lookup:16">(.*?)</div>', row, re.S).group(1)
+    assert "drafted 7, cut 4, explored 1" in " ".join(cell.split())  # over the run: after less before
+    assert "64 tokens sent" in cell and "acceptance 0.97" in cell and "~40.5 tokens for the time of 27.9" in cell
+    assert 'data-source="lookup:2"' not in row  # a source the rule never decided for in the run
+    off = re.search(r'data-arm="continuous\+off">(.*?)</tr>', html, re.S).group(1)
+    assert "data-source" not in off
 
 
 def test_a_runs_evidence_shows_its_drafts_and_output(app, admin):

@@ -1,10 +1,14 @@
-"""`hearth bench spec`: one stream of repetitive work, speculation off and on, beside stock llama-server's n-gram types.
+"""`hearth bench spec`: speculation per --spec-type, hearth runner against stock llama-server with the same type.
 
-One runner at a time (the same model, context, slots and threads), one raw completion that makes a greedy model
-copy a function list, `--rounds` rounds with the arms interleaved. Per arm: generated tok/s as the client times it
-(first to last streamed token), the runner's own draft counts (timings.draft_n / draft_n_accepted), and whether the
-text equals the first arm's (greedy: it must). A lab figure of one runner driven directly: `hearth bench replay`
-measures the household's scenarios through `hearth serve`.
+Two prompts (raw completions, greedy): `code`, a stream copying code (twelve short Python handlers, then "The same
+code with `event` renamed to `payload`:"), where drafts from the context are mostly kept, and `prose`, a free story
+where they mostly fail, so the cost rule's cost side shows. One runner at a time, started afresh per arm and prompt
+with the same model, context, slots and threads; per start a short warm-up, then the request sent `--best-of`
+times, the best rate taken; `--rounds` rounds with the arms interleaved, the median of those. Per arm: generated
+tok/s as the client times it (first to last streamed token), the runner's own draft counts (timings.draft_n /
+draft_n_accepted), and whether the text equals llama-server's with the same type and Hearth's without drafts.
+Hearth's by-cost default is `auto`, which is ngram-lookup without a draft model (app.residency.runner_spec). A lab
+figure of one runner driven directly: `hearth bench replay` measures the household's scenarios through `hearth serve`.
 """
 
 from __future__ import annotations
@@ -71,9 +75,31 @@ def bedtime(age):
         return "21:00"
     return "22:00"
 '''
-PROMPT = CODE + "\n\n# The same functions again, unchanged:\n\n" + CODE.splitlines()[0] + "\n"
-HEARTH_ARMS = ("none", "ngram-lookup")
-LLAMA_ARMS = ("none", "ngram-simple", "ngram-map-k", "ngram-mod")
+# The issue-52 workload: twelve short handlers of an `event`, then the rename the model copies them through.
+HANDLERS = "\n\n".join(f"""def on_{name}(event):
+    \"\"\"{doc}\"\"\"
+    if event.get("{key}") is None:
+        return None
+    log.info("{name}: %s", event["{key}"])
+    return {{"kind": "{name}", "value": event["{key}"], "room": event.get("room", "hall")}}""" for name, key, doc in (
+    ("doorbell", "pressed", "Someone rang the front door."), ("motion", "zone", "The hall sensor saw movement."),
+    ("thermostat", "target", "The heating target changed."), ("washer", "cycle", "The washing machine finished."),
+    ("garage", "state", "The garage door moved."), ("leak", "sensor", "Water under the sink."),
+    ("light", "level", "A lamp was dimmed."), ("window", "open", "A window was opened."),
+    ("smoke", "alarm", "The smoke alarm went off."), ("plant", "moisture", "The basil is thirsty."),
+    ("mail", "count", "Post arrived."), ("vacuum", "battery", "The robot vacuum is low on battery.")))
+CODE_PROMPT = HANDLERS + "\n\n\nThe same code with `event` renamed to `payload`:\n\n"
+PROSE_PROMPT = ("The following is an original short story, never published before.\n\n"
+                "The Lighthouse at Corran Point\n\nMaren had kept the light for eleven winters when the letter "
+                "came, folded twice and smelling faintly of tar. She read it standing in the doorway, the wind "
+                "pulling at the paper, and then she read it again by the stove. ")
+PROMPTS = {"code": CODE_PROMPT, "prose": PROSE_PROMPT}
+# The old single prompt (a function list copied unchanged), kept for --prompts functions.
+PROMPTS["functions"] = CODE + "\n\n# The same functions again, unchanged:\n\n" + CODE.splitlines()[0] + "\n"
+PROMPT = PROMPTS["functions"]  # the runner tests' copying prompt
+SHARED_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "draft-simple")
+HEARTH_ARMS = ("none", "ngram-lookup", *SHARED_TYPES)
+LLAMA_ARMS = ("none", *SHARED_TYPES)
 
 
 @dataclass
@@ -82,11 +108,14 @@ class Arm:
 
     name: str
     command: list[str]
+    prompt: str = "code"
     rates: list[float] = field(default_factory=list)
     drafted: int = 0
     accepted: int = 0
     texts: list[str] = field(default_factory=list)
     tokens: int = 0
+    # A hearth runner's cost rule at the end of its last start: per draft source, decisions and the last one's why.
+    rule: dict = field(default_factory=dict)
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
@@ -103,9 +132,9 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> Non
     raise RuntimeError("the server did not become ready")
 
 
-def _one(url: str, max_tokens: int) -> tuple[float, str, int, dict]:
+def _one(url: str, max_tokens: int, prompt: str) -> tuple[float, str, int, dict]:
     """One streamed raw completion: (tok/s first→last token, text, tokens, final timings)."""
-    body = {"prompt": PROMPT, "n_predict": max_tokens, "temperature": 0, "stream": True, "cache_prompt": False,
+    body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "stream": True, "cache_prompt": False,
             "ignore_eos": True}
     times: list[float] = []
     text, timings = [], {}
@@ -122,66 +151,108 @@ def _one(url: str, max_tokens: int) -> tuple[float, str, int, dict]:
     return rate, "".join(text), n, timings
 
 
-def run(model: str, threads: int, ctx: int, parallel: int, max_tokens: int, rounds: int,
-        llama_server: str | None, hearth_arms=HEARTH_ARMS, llama_arms=LLAMA_ARMS,
-        hearth_extra: tuple[str, ...] = (), draft_model: str | None = None) -> list[Arm]:
-    """Every arm, `rounds` times, interleaved; returns the arms with their figures. draft-simple arms get
-    `-md draft_model`."""
+def arms_for(model: str, threads: int, ctx: int, parallel: int, llama_server: str | None, prompts=("code",),
+             hearth_arms=HEARTH_ARMS, llama_arms=LLAMA_ARMS, hearth_extra: tuple[str, ...] = (),
+             draft_model: str | None = None) -> list[Arm]:
+    """One arm per server kind × --spec-type × prompt; draft-simple arms get `-md draft_model` and are left out
+    without one."""
     common = ["-m", model, "-c", str(ctx), "-np", str(parallel), "-t", str(threads)]
 
     def md(t: str) -> list[str]:
-        if t != "draft-simple":
-            return []
-        if not draft_model:
-            raise SystemExit("hearth bench spec: a draft-simple arm needs --draft-model")
-        return ["-md", draft_model]
-    arms = [Arm(f"hearth {t}", [sys.executable, "-m", "app.cli", "runner", *common, "--spec-type", t, *md(t),
-                    *hearth_extra]) for t in hearth_arms]
-    if llama_server:
-        arms += [Arm(f"llama-server {t}", stock_command(llama_server, None, *common, "--spec-type", t, *md(t),
-                                                        "--no-webui", same_cache=False))
-                 for t in llama_arms]
+        return ["-md", draft_model] if t == "draft-simple" else []
+
+    def usable(t: str) -> bool:
+        return t != "draft-simple" or bool(draft_model)
+    arms = []
+    for prompt in prompts:
+        arms += [Arm(f"hearth {t}", [sys.executable, "-m", "app.cli", "runner", *common, "--spec-type", t, *md(t),
+                                     *hearth_extra], prompt) for t in hearth_arms if usable(t)]
+        if llama_server:
+            # The same cache layout as a hearth runner (stock_server.SAME_CACHE): without it llama-server's logits
+            # differ beyond a near-tie (the prose prompt's first token: logprob -0.305 against -0.241) and the greedy
+            # texts part after four tokens.
+            arms += [Arm(f"llama-server {t}", stock_command(llama_server, None, *common, "--spec-type", t, *md(t),
+                                                            "--no-webui"), prompt)
+                     for t in llama_arms if usable(t)]
+    return arms
+
+
+def measure(arm: Arm, max_tokens: int, best_of: int) -> tuple[float, str, int, dict]:
+    """Start the arm's server, warm it up, send its prompt best_of times; the best (rate, text, tokens, timings)."""
+    port = free_port()
+    proc = subprocess.Popen([*arm.command, "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc)
+        _one(url, 16, PROMPTS[arm.prompt])  # warm-up: page cache, threads
+        best = max((_one(url, max_tokens, PROMPTS[arm.prompt]) for _ in range(max(best_of, 1))),
+                   key=lambda one: one[0])
+        if arm.name.startswith("hearth "):
+            spec = httpx.get(f"{url}/props", timeout=10).json().get("speculative") or {}
+            arm.rule = {name: {"decisions": src["decisions"], "last": (src.get("last") or {}).get("why")}
+                        for name, src in (spec.get("sources") or {}).items()}
+        return best
+    finally:
+        stop_process(proc)
+
+
+def run(arms: list[Arm], max_tokens: int, rounds: int, best_of: int = 2) -> list[Arm]:
+    """Every arm, `rounds` times, interleaved (reversed every other round); returns the arms with their figures."""
     for rnd in range(rounds):
         for arm in (arms if rnd % 2 == 0 else list(reversed(arms))):
-            port = free_port()
-            proc = subprocess.Popen([*arm.command, "--port", str(port)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            url = f"http://127.0.0.1:{port}"
-            try:
-                _wait_ready(url, proc)
-                _one(url, 16)  # warm-up: page cache, threads
-                rate, text, n, timings = _one(url, max_tokens)
-            finally:
-                stop_process(proc)
+            rate, text, n, timings = measure(arm, max_tokens, best_of)
             arm.rates.append(rate)
             arm.texts.append(text)
             arm.tokens = n
             arm.drafted += int(timings.get("draft_n", 0))
             arm.accepted += int(timings.get("draft_n_accepted", 0))
-            print(f"  round {rnd + 1} {arm.name}: {rate:.1f} tok/s", file=sys.stderr, flush=True)
+            print(f"  round {rnd + 1} {arm.prompt} {arm.name}: {rate:.1f} tok/s "
+                  f"({timings.get('draft_n_accepted', 0)}/{timings.get('draft_n', 0)} drafted kept)",
+                  file=sys.stderr, flush=True)
     return arms
 
 
+def _type(arm: Arm) -> str:
+    return arm.name.split(" ", 1)[1]
+
+
 def report(arms: list[Arm]) -> str:
-    """The table: median tok/s, ratio to the first (Hearth off) arm, acceptance, identical output."""
-    base = statistics.median(arms[0].rates)
-    ref = arms[0].texts[0]
-    # Verifying drafts computes a token's logits in a batch of several, where kernels sum in another order: at a
-    # near-tie greedy may pick another token. Stock llama-server's drafting arms are the oracle for that.
-    oracle = next((a.texts[0] for a in arms if a.name.startswith("llama-server") and a.drafted), None)
-    lines = [f"{'arm':<26} {'tok/s':>7} {'× hearth off':>12} {'drafted':>8} {'accepted':>9} {'= off':>6} "
-             f"{'= llama-server drafting':>23}"]
-    for a in arms:
-        med = statistics.median(a.rates)
-        acc = f"{a.accepted / a.drafted:.0%}" if a.drafted else "-"
-        same = "yes" if all(t == ref for t in a.texts) else "NO"
-        like = "-" if oracle is None else ("yes" if all(t == oracle for t in a.texts) else "NO")
-        lines.append(f"{a.name:<26} {med:7.1f} {med / base:12.2f} {a.drafted:8d} {acc:>9} {same:>6} {like:>23}")
+    """Per prompt, one row per --spec-type: Hearth's and llama-server's median tok/s, their ratio, Hearth's ratio to
+    its own no-draft arm, draft tokens kept / verified, and whether the texts are identical."""
+    lines = []
+    for prompt in dict.fromkeys(a.prompt for a in arms):
+        mine = [a for a in arms if a.prompt == prompt]
+        hearth = {_type(a): a for a in mine if a.name.startswith("hearth ")}
+        llama = {_type(a): a for a in mine if a.name.startswith("llama-server ")}
+        off = hearth.get("none")
+        lines += [f"prompt {prompt}:",
+                  f"  {'--spec-type':<36} {'hearth':>7} {'llama-srv':>9} {'h/l':>5} {'h/h-off':>7} "
+                  f"{'hearth kept/drafted':>19} {'llama kept/drafted':>18} {'= llama':>7} {'= h-off':>7}"]
+        for t in dict.fromkeys([*hearth, *llama]):
+            h, ll = hearth.get(t), llama.get(t)
+            hm = statistics.median(h.rates) if h else None
+            lm = statistics.median(ll.rates) if ll else None
+            label = t + (" (auto, by cost)" if t == "ngram-lookup" else "")
+
+            def fig(v, spec):
+                return format(v, spec) if v is not None else "-"
+
+            def same(a, b):
+                return "-" if a is None or b is None else ("yes" if a.texts == b.texts else "NO")
+
+            def counts(a):
+                return "-" if a is None else f"{a.accepted}/{a.drafted}"
+            lines.append(f"  {label:<36} {fig(hm, '7.1f'):>7} {fig(lm, '9.1f'):>9} "
+                         f"{fig(hm / lm if hm and lm else None, '5.2f'):>5} "
+                         f"{fig(hm / statistics.median(off.rates) if hm and off and off.rates[0] else None, '7.2f'):>7} "
+                         f"{counts(h):>19} {counts(ll):>18} {same(h, ll):>7} {same(h, off):>7}")
     return "\n".join(lines)
 
 
 def main(args) -> int:
     """Entry point of `hearth bench spec`."""
+    from app.hardware import cpu_model
     from app.paths import data_dir
     from app.residency.default_model import ensure_default_model
 
@@ -189,13 +260,23 @@ def main(args) -> int:
     server = args.llama_server
     if server and not Path(server).is_file():
         raise SystemExit(f"hearth bench spec: no llama-server at {server} (scripts/build_llama_tools.sh builds it)")
-    arms = run(model, args.threads, args.ctx, args.parallel, args.max_tokens, args.rounds, server,
-               hearth_arms=tuple(args.hearth_types.split(",")), llama_arms=tuple(args.llama_types.split(",")),
-               hearth_extra=tuple(args.hearth_args.split()), draft_model=args.draft_model)
-    print(f"one stream copying a function list: raw completion, greedy, {args.max_tokens} tokens, "
-          f"ctx {args.ctx}, {args.parallel} slots, {args.threads} threads, median of {args.rounds} (lab figure: "
-          "runners driven directly)")
+    prompts = tuple(args.prompts.split(","))
+    if unknown := [p for p in prompts if p not in PROMPTS]:
+        raise SystemExit(f"hearth bench spec: unknown prompt {unknown[0]!r}; one of {', '.join(PROMPTS)}")
+    arms = arms_for(model, args.threads, args.ctx, args.parallel, server, prompts,
+                    hearth_arms=tuple(args.hearth_types.split(",")), llama_arms=tuple(args.llama_types.split(",")),
+                    hearth_extra=tuple(args.hearth_args.split()), draft_model=args.draft_model)
+    run(arms, args.max_tokens, args.rounds, args.best_of)
+    print(f"raw completions, greedy, {args.max_tokens} tokens, best of {args.best_of} per start, median of "
+          f"{args.rounds} rounds; ctx {args.ctx}, {args.parallel} slots, {args.threads} threads; model {model}; "
+          f"CPU {cpu_model()} (lab figure: runners driven directly)")
+    if not args.draft_model:
+        print("draft-simple: left out (no --draft-model; `hearth models truncate` writes one)")
     print(report(arms))
+    print("the cost rule per hearth arm and source (decisions over warm-up and requests; the last one's reason):")
+    for a in arms:
+        for name, src in a.rule.items():
+            print(f"  {a.prompt} {a.name} {name}: {src['decisions']}; {src['last']}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps([a.__dict__ for a in arms], indent=1))
     return 0
