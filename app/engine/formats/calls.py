@@ -140,7 +140,28 @@ class _Elements:
 _ARRAY_GAP = " \t\n\r,"  # what may stand between a JSON array's call objects (the grammar writes ", ")
 
 
-class ArrayRegion(Region):
+class _CallsRegion(Region):
+    """What a region of several calls (an array, a section) does when cut or malformed: the calls that went out stand,
+    the cut or broken one is no content; malformed before any call, the `fallback()` region decides the whole text.
+    Subclasses set `fallback`, `calls` (_Elements), `events` and `pos` (where the text after the last whole call
+    starts)."""
+
+    def finish(self, text):
+        if isinstance(self.fallback, Region):
+            return self.fallback.finish(text)
+        # Cut inside the region: the calls that went out stand; the cut one is no content.
+        return ([] if self.calls.num_calls else None), len(text)
+
+    def _give_up(self, text):
+        """Malformed: after calls, the rest is scanned again; before any, the whole-text region decides."""
+        if self.calls.num_calls:
+            return [], self.pos
+        self.events.clear()  # a name that went out stays the scanner's to settle
+        self.fallback = self.fallback()
+        return self.fallback.feed(text)
+
+
+class ArrayRegion(_CallsRegion):
     """A region that holds a JSON array of calls (the generic envelope, Granite's and Mistral's lists, Command-R's
     action): each call goes out as soon as its object closes, and its name as soon as it is written.
 
@@ -208,22 +229,8 @@ class ArrayRegion(Region):
             return None
         return [], (self.closed if end == -2 else end)
 
-    def finish(self, text):
-        if isinstance(self.fallback, Region):
-            return self.fallback.finish(text)
-        # Cut inside the array: the calls that went out stand; the cut one is no content.
-        return ([] if self.calls.num_calls else None), len(text)
 
-    def _give_up(self, text):
-        """Malformed: after calls, the rest is scanned again; before any, the whole-text region decides."""
-        if self.calls.num_calls:
-            return [], self.pos
-        self.events.clear()  # a name that went out stays the scanner's to settle
-        self.fallback = self.fallback()
-        return self.fallback.feed(text)
-
-
-class SectionRegion(Region):
+class SectionRegion(_CallsRegion):
     """A calls section of marked units (DeepSeek's, Kimi K2's): each unit's call goes out as soon as the unit ends,
     its name as soon as `name(unit_text)` reads it ((name, id) or None).
 
@@ -269,18 +276,6 @@ class SectionRegion(Region):
                 return self._give_up(text)
             self.calls.call(call)
             self.pos = close + len(self.unit_end)
-
-    def finish(self, text):
-        if isinstance(self.fallback, Region):
-            return self.fallback.finish(text)
-        return ([] if self.calls.num_calls else None), len(text)
-
-    def _give_up(self, text):
-        if self.calls.num_calls:
-            return [], self.pos
-        self.events.clear()
-        self.fallback = self.fallback()
-        return self.fallback.feed(text)
 
 
 @dataclass(frozen=True)
