@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from app.devtools.processes import stop_process
+from app.devtools.processes import stop_process, wait_healthy
 from app.devtools.stock_server import stock_command
 from app.protocols import sse
 from app.residency.supervisor import free_port
@@ -118,20 +118,6 @@ class Arm:
     rule: dict = field(default_factory=dict)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the server did not become ready")
-
-
 def _one(url: str, max_tokens: int, prompt: str) -> tuple[float, str, int, dict]:
     """One streamed raw completion: (tok/s first→last token, text, tokens, final timings)."""
     body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "stream": True, "cache_prompt": False,
@@ -184,7 +170,8 @@ def measure(arm: Arm, max_tokens: int, best_of: int) -> tuple[float, str, int, d
                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_healthy(url, lambda: None if proc.poll() is None else f"code {proc.returncode}", 120, arm.name,
+                     interval_s=0.2)
         _one(url, 16, PROMPTS[arm.prompt])  # warm-up: page cache, threads
         best = max((_one(url, max_tokens, PROMPTS[arm.prompt]) for _ in range(max(best_of, 1))),
                    key=lambda one: one[0])
