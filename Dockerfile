@@ -1,11 +1,12 @@
 # Hearth appliance image. No `# syntax=` line: BuildKit would fetch that frontend image from the hub, which an offline
 # box (or a NAS behind a strict firewall) cannot reach; the built-in frontend has every feature used here. Every base image is pinned to an exact tag (tests/appliance checks it).
 #
-#   CPU (x86-64 with AVX2, arm64):  docker build -t ghcr.io/hearth-llm/hearth:0.1.0 .
+#   CPU (any x86-64, arm64):        docker build -t ghcr.io/hearth-llm/hearth:0.1.0 .
+#                                   every CPU variant of llama.cpp (14 on x86-64), the best loaded at start: a Celeron
+#                                   without AVX2 and a Xeon with AVX-512 or AMX each get their own code (a long compile)
 #   NVIDIA GPU (CUDA llama.cpp):    docker build --build-arg ACCEL=cuda -t ghcr.io/hearth-llm/hearth:0.1.0-cuda .
 #   Intel/AMD GPU (Vulkan):         docker build --build-arg ACCEL=vulkan -t ghcr.io/hearth-llm/hearth:0.1.0-vulkan .
-#   CPU, every CPU variant:         docker build --build-arg CPU_VARIANTS=all ...  (a Celeron without AVX2 and a Xeon
-#                                   with AVX-512 each get their best code; 14 x86-64 variants: a long compile)
+#   CPU, the shorter build:         docker build --build-arg CPU_VARIANTS=wheel ...  (llama.cpp once, for AVX2 CPUs)
 #   Other llama.cpp options:        --build-arg CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=86"
 #
 #   Behind a TLS-inspecting proxy (pip and npm need its CA): --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt
@@ -48,7 +49,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 # GGML_NATIVE=OFF: code for the CPU family, not for the build machine's CPU (a NAS Celeron would
 # die on an illegal instruction from an image built on a desktop); GGML_NATIVE=OFF's default set still needs AVX2.
-# With CPU_VARIANTS=all the runners load the portable build below instead (every CPU variant, the best at run time).
+# With CPU_VARIANTS=all (the default) the runners load the portable build below instead (every CPU variant, the
+# best at run time); the wheel's libraries then serve only as the bindings' fallback.
 ENV DEFAULT_CMAKE_ARGS="-DGGML_NATIVE=OFF"
 RUN python -m venv /opt/hearth/venv
 
@@ -93,7 +95,7 @@ RUN --mount=type=secret,id=ca,required=false \
 # at run time (build_llama_tools.sh --cpu-all: a Celeron without AVX and a Xeon with AMX run one image); otherwise
 # the wheel's GGML_NATIVE=OFF libraries (AVX2 needed). Vulkan: its shared build (--vulkan). CUDA: the wheel's.
 ARG ACCEL
-ARG CPU_VARIANTS=wheel
+ARG CPU_VARIANTS=all
 COPY scripts/build_llama_tools.sh /opt/hearth/llama-build/scripts/
 COPY --from=requirements /llama-pin.toml /opt/hearth/llama-build/pyproject.toml
 RUN --mount=type=secret,id=ca,required=false \

@@ -130,7 +130,9 @@ if [[ ! -f "$src_dir/vendor/llama.cpp/CMakeLists.txt" ]]; then
     fi
     if [[ ! -f "$sdist" ]]; then
         echo "fetching llama-cpp-python==$version sdist from the package index" >&2
-        "$python_bin" -m pip download --no-deps --no-binary :all: \
+        # --no-binary for this package alone: with :all: pip would also build the sdist's build
+        # dependencies (CMake among them) from source just to read its metadata, many minutes in an image build.
+        "$python_bin" -m pip download --no-deps --no-binary llama-cpp-python \
             "llama-cpp-python==$version" -d "$sdist_dir" >&2
     fi
     # Unpack beside the target and rename, so an interrupted extraction never looks complete.

@@ -345,8 +345,9 @@ def _row_counts(db: Path) -> dict[str, int]:
 
 
 def test_an_upgrade_from_the_release_before_the_last_migration_keeps_every_row(image, stack):
-    """The previous release's code (built with today's Dockerfile, so its dependency layers are the cached ones)
-    writes a household's data; today's image starts on that ./data, migrates it and keeps every row of every table."""
+    """The previous release's code (built with today's Dockerfile and llama.cpp build script, so its dependency and
+    llama.cpp layers are the cached ones) writes a household's data; today's image starts on that ./data, migrates it
+    and keeps every row of every table."""
     old_commit = _commit_before_the_last_migration()
     context = Path(tempfile.mkdtemp(prefix="hearth-old-"))
     try:
@@ -354,6 +355,7 @@ def test_an_upgrade_from_the_release_before_the_last_migration_keeps_every_row(i
         subprocess.run(["tar", "-x", "-C", str(context)], input=archive.stdout, check=True)
         shutil.copy(REPO / "Dockerfile", context / "Dockerfile")
         shutil.copy(REPO / ".dockerignore", context / ".dockerignore")
+        shutil.copy(REPO / "scripts" / "build_llama_tools.sh", context / "scripts" / "build_llama_tools.sh")
         old_tag = f"{IMAGE}-previous"
         engine.build(context, old_tag, build_args=engine.base_image_args(log=lambda line: None),
                      log_path=Path(tempfile.gettempdir()) / "hearth-image-previous.log")
@@ -392,3 +394,67 @@ def test_an_upgrade_from_the_release_before_the_last_migration_keeps_every_row(i
         assert chat(stack, token, "Still here after the upgrade?")["usage"]["completion_tokens"] > 0
     finally:
         stack.run("up", "-d", "--no-build", check=False)
+
+
+# ggml's x86-64 CPU variants (GGML_CPU_ALL_VARIANTS in ggml/src/CMakeLists.txt of the pinned llama.cpp) and how it scores
+# one against the CPU (ggml-cpu/arch/x86/cpu-feats.cpp): every feature a variant was built with must be there, and each
+# adds its weight; the highest score is loaded. The expected pick below is worked out from /proc/cpuinfo on its own.
+X86_VARIANTS = {
+    "x64": (), "sse42": ("SSE42",), "sandybridge": ("SSE42", "AVX"), "ivybridge": ("SSE42", "AVX", "F16C"),
+    "piledriver": ("SSE42", "AVX", "F16C", "FMA"), "haswell": ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2"),
+    "skylakex": ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512"),
+    "cannonlake": ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VBMI"),
+    "cascadelake": ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VNNI"),
+    "icelake": ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI"),
+    "cooperlake": ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VNNI", "AVX512_BF16"),
+    "zen4": ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16"),
+    "alderlake": ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX_VNNI"),
+    "sapphirerapids": ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI",
+                       "AVX512_BF16", "AMX_TILE", "AMX_INT8"),
+}
+_WEIGHT = {"FMA": 1, "F16C": 2, "SSE42": 4, "BMI2": 8, "AVX": 16, "AVX2": 32, "AVX_VNNI": 64, "AVX512": 128,
+           "AVX512_VBMI": 256, "AVX512_BF16": 512, "AVX512_VNNI": 1024, "AMX_INT8": 2048, "AMX_TILE": 0}
+_CPUINFO_FLAGS = {"FMA": {"fma"}, "F16C": {"f16c"}, "SSE42": {"sse4_2"}, "BMI2": {"bmi2"}, "AVX": {"avx"},
+                  "AVX2": {"avx2"}, "AVX_VNNI": {"avx_vnni"},
+                  "AVX512": {"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"},
+                  "AVX512_VBMI": {"avx512vbmi"}, "AVX512_BF16": {"avx512_bf16"}, "AVX512_VNNI": {"avx512_vnni"},
+                  "AMX_INT8": {"amx_int8"}, "AMX_TILE": {"amx_tile"}}
+
+
+def _best_variant_for(flags: set[str]) -> str:
+    """The variant ggml loads on a CPU with these /proc/cpuinfo flags (AMX_TILE is built in but not scored)."""
+    scores = {name: 1 + sum(_WEIGHT[f] for f in feats) for name, feats in X86_VARIANTS.items()
+              if all(_CPUINFO_FLAGS[f] <= flags for f in feats if f != "AMX_TILE")}
+    return max(scores, key=scores.get)
+
+
+_LOADED_VARIANT = r"loaded CPU backend from (\S+)"
+_WHICH_VARIANT = """
+import json, os
+from app.llama_tools import apply_llama_lib_env, backend_modules, load_backends
+apply_llama_lib_env()
+load_backends()
+print(json.dumps({"lib_dir": os.environ.get("LLAMA_CPP_LIB_PATH"),
+                  "modules": backend_modules(os.environ.get("LLAMA_CPP_LIB_PATH"))}))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the variant table above is x86-64's")
+def test_the_image_carries_every_cpu_variant_and_loads_the_best_one_for_this_cpu(image):
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    done = engine.docker("run", "--rm", image, "python", "-c", _WHICH_VARIANT)
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["lib_dir"] == "/opt/hearth/llama-lib"
+    assert facts["modules"] == sorted(f"libggml-cpu-{v}.so" for v in X86_VARIANTS)
+    loaded = re.findall(_LOADED_VARIANT, done.stderr)
+    expected = _best_variant_for(flags)
+    assert [Path(p).name for p in loaded] == [f"libggml-cpu-{expected}.so"], done.stderr[-2000:]
+    # Whether this build may repack here is asked of the build itself in the container too (app/repack.py).
+    probe = engine.docker("run", "--rm", image, "python", "-m", "app.repack", "--fresh")
+    verdict = json.loads(probe.stdout.strip().splitlines()[-1])
+    print(f"[container] CPU variant loaded: {expected}; repack in the image: {verdict}")
+    assert isinstance(verdict["repack"], bool) and verdict["why"]
