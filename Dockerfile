@@ -106,7 +106,8 @@ RUN --mount=type=secret,id=ca,required=false \
         HEARTH_TOOLS_CACHE=/tmp/llama-tools PYTHON=python CMAKE_ARGS="${CMAKE_ARGS:-$DEFAULT_CMAKE_ARGS}" \
             /opt/hearth/llama-build/scripts/build_llama_tools.sh --$variant >/dev/null \
         && cp -a /tmp/llama-tools/*-$variant/bin/. /opt/hearth/llama-lib/ \
-        && rm -f /opt/hearth/llama-lib/llama-batched-bench && rm -rf /tmp/llama-tools; \
+        && rm -f /opt/hearth/llama-lib/llama-batched-bench /opt/hearth/llama-lib/libllama-batched-bench-impl.so \
+        && rm -rf /tmp/llama-tools; \
     fi \
  && rm -rf /opt/hearth/llama-build
 COPY . ./

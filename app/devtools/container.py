@@ -16,6 +16,7 @@ Why each choice:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -146,15 +147,24 @@ def ensure_local_debian(log=print) -> str:
     return LOCAL_DEBIAN
 
 
+def local_base_tag(arg: str) -> str:
+    """The stand-in's tag for a base image argument, keyed on its Dockerfile's content: a changed stand-in is built
+    anew instead of an old one being reused under the same name."""
+    tag, dockerfile = LOCAL_BASES[arg]
+    digest = hashlib.sha256((BASE_DIR / dockerfile).read_bytes()).hexdigest()[:8]
+    return f"{tag}-{digest}"
+
+
 def base_image_args(log=print) -> dict[str, str]:
     """Build arguments naming the base images to use: none when the Dockerfile's own tags are here or pullable,
     else the local stand-ins for those that are not (built once, kept by the engine)."""
     wanted = dockerfile_args()
     overrides = {}
-    for arg, (local_tag, dockerfile) in LOCAL_BASES.items():
+    for arg, (_, dockerfile) in LOCAL_BASES.items():
         real = wanted[arg]
         if image_exists(real) or docker("pull", real, check=False, timeout=60).returncode == 0:
             continue
+        local_tag = local_base_tag(arg)
         if not image_exists(local_tag):
             ensure_local_debian(log)
             log(f"{real} cannot be pulled: building {local_tag} from {BASE_DIR / dockerfile}")
