@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable
@@ -43,6 +44,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tokens", type=int, default=256, help="tokens per stream (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per row, the best tok/s kept, CPU summed over "
                         "all (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over every target, the order reversed each "
+                        "round; with more than one, each row's tok/s is the median of the rounds' bests (default "
+                        "%(default)s)")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads of every target (default %(default)s)")
     parser.add_argument("--ctx-per-slot", type=int, default=512, help="context per slot (default %(default)s)")
     parser.add_argument("--targets", default=",".join(TARGETS), help="which of %(default)s to run")
@@ -198,9 +202,29 @@ def measure(started: Started, model: str, n: int, tokens: int, repeats: int, dra
     return Row("", n, max(rates), total, {k: after[k] - before[k] for k in after}, rates)
 
 
+def merge_rounds(rounds: list[list[Row]]) -> list[Row]:
+    """One row per target and stream count from several rounds: tok/s the median of the rounds' bests (each round's
+    best listed in runs_tok_s), tokens and CPU seconds summed over all of them."""
+    merged: dict[tuple[str, int], Row] = {}
+    for rows in rounds:
+        for r in rows:
+            m = merged.setdefault((r.target, r.streams), Row(r.target, r.streams, 0.0, 0, {}, []))
+            m.runs_tok_s.append(r.tok_s)
+            m.tokens += r.tokens
+            for name, cpu in r.cpu_s.items():
+                m.cpu_s[name] = m.cpu_s.get(name, 0.0) + cpu
+    for m in merged.values():
+        m.tok_s = statistics.median(m.runs_tok_s)
+    return list(merged.values())
+
+
 def run_ceiling(model_path: str, binary: str, stream_counts: list[int], tokens: int, repeats: int, threads: int,
-                ctx_per_slot: int, targets: list[str], drafts: bool = False) -> list[Row]:
-    """Every target at every stream count, grouped by slot count so each target starts once per group."""
+                ctx_per_slot: int, targets: list[str], drafts: bool = False, rounds: int = 1) -> list[Row]:
+    """Every target at every stream count, grouped by slot count so each target starts once per group and round;
+    rounds alternate the targets' order (a box's drift falls on each alike) and are merged by merge_rounds."""
+    if rounds > 1:
+        return merge_rounds([run_ceiling(model_path, binary, stream_counts, tokens, repeats, threads, ctx_per_slot,
+                                         targets if i % 2 == 0 else targets[::-1], drafts) for i in range(rounds)])
     groups: dict[int, list[int]] = {}
     for n in stream_counts:
         groups.setdefault(max(8, n), []).append(n)
@@ -253,7 +277,10 @@ def run(args) -> int:
 
             model = make_model(SHAPES["tiny"], Path(tmp) / "tiny.gguf")["path"]
         rows = run_ceiling(model, binary, counts, args.tokens, args.repeats, args.threads, args.ctx_per_slot, targets,
-                           args.drafts)
+                           args.drafts, args.rounds)
+    if args.rounds > 1:
+        print(f"{args.rounds} rounds, the targets' order reversed each round: tok/s the median of the rounds' bests "
+              f"(runs: each round's best), CPU over every run")
     print(f"{args.tokens} tokens per stream, tok/s best of {args.repeats}, CPU over all {args.repeats}; threads "
           f"{args.threads}, context {args.ctx_per_slot} per slot, -np 8 (or the stream count above 8); "
           f"{'hearth runners draft as configured' if args.drafts else 'no drafting (speculative.n_max 0)'}")
