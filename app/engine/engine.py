@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 # ModelBackend.decode's return codes, llama_decode's own: done, or no KV slot for the batch (preempt and retry).
 DECODE_OK = 0
 DECODE_NO_KV_SLOT = 1
+# A held engine (hold()) looks again this often: a hold's end is also signalled, this only bounds a missed one.
+HOLD_RECHECK_S = 1.0
 
 
 class ModelBackend(Protocol):
@@ -96,6 +98,7 @@ class EngineCounters:
     busy_slots_total: int = 0
     iterations_total: int = 0
     preemptions_total: int = 0
+    held_seconds_total: float = 0.0  # paused for another runner's more urgent request (Engine.hold)
     requests_total: int = 0
     requests_finished: collections.Counter = None  # type: ignore[assignment]
     # Speculative decoding, as llama-server counts it: verification steps, draft tokens, accepted ones.
@@ -243,6 +246,9 @@ class Engine:
         self._outbox: list[tuple[Request, object]] | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # Another runner on the same cores serves a more urgent request (serve's CoreShare, POST /hearth/hold):
+        # (that request's priority, until when). See hold().
+        self._hold: tuple[int, float] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -266,6 +272,32 @@ class Engine:
     def lock(self):
         """The engine's lock, for a hook on the engine thread that changes scheduler state (MediaStep)."""
         return self._cv
+
+    def hold(self, priority: int | None, for_s: float = 0.0) -> None:
+        """Yield the cores to another runner's more urgent request: until `for_s` from now (or until called with
+        priority None), no iteration runs while every request here is of a preemptible class less urgent than
+        `priority`. A request that is not (a voice question arriving here too) runs at once, the others with it.
+
+        On a CPU, two runners decoding at once each get half the cores at best, and far less with llama.cpp's
+        OpenMP threads spinning in each other's way: a voice transcription took 5-7 s instead of 0.5 s beside two
+        background streams on another runner (`hearth bench voice-loop`). Serve's CoreShare calls this."""
+        with self._cv:
+            self._hold = None if priority is None or for_s <= 0 else (priority, self.clock() + for_s)
+            self._cv.notify_all()
+
+    def _held_for_s(self) -> float:
+        """Seconds left of a hold that applies to every request here now; 0 when none does (under the lock)."""
+        if self._hold is None:
+            return 0.0
+        priority, until = self._hold
+        left = until - self.clock()
+        if left <= 0:
+            self._hold = None
+            return 0.0
+        requests = [*self.scheduler.running, *self.scheduler.waiting]
+        if any(not r.slo.preemptible or r.priority <= priority for r in requests):
+            return 0.0
+        return left
 
     def fail_request(self, request: Request, error: str) -> None:
         """End a running request with an error from the engine thread (a hook's failure: a bad image)."""
@@ -413,6 +445,12 @@ class Engine:
                 if self._stopping:
                     break
                 self._apply_cancels()
+                held = self._held_for_s()
+                if held > 0:
+                    t0 = time.monotonic()  # real seconds paused, whatever clock the schedule keeps
+                    self._cv.wait(min(held, HOLD_RECHECK_S))
+                    self.counters.held_seconds_total += time.monotonic() - t0
+                    continue
             try:
                 self._iterate()
             except Exception as exc:  # the engine must outlive one bad iteration

@@ -19,6 +19,7 @@ from sqlalchemy.orm import sessionmaker
 from app.gateway.admission import Admission
 from app.gateway.auth import TokenCache
 from app.gateway.classes import ClassRegistry
+from app.gateway.cores import CoreShare
 from app.gateway.lan import ProxyWatch
 from app.gateway.members import Usage
 from app.gateway.people import People
@@ -73,6 +74,8 @@ class Services:
     warmer: Warmer | None = None
     # Speech out: the Piper voices and the TTS process (None: a test's services without it).
     speech: Speech | None = None
+    # The local runners' CPU, yielded to the most urgent request's (app.gateway.cores; None: a test's services).
+    cores: CoreShare | None = None
 
     def shutdown(self) -> None:
         """Stop every runner and the TTS process, then flush the refusal counts and the store."""

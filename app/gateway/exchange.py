@@ -56,6 +56,7 @@ class Exchange:
         # whole answer was (not streamed): the end of TTFT.
         self.first_token_s: float | None = None
         self._finished = False
+        self._cores_key: int | None = None  # its place in svc.cores while it runs on this box's CPU
 
     def admit(self, policy: ClassPolicy, places: int = 1) -> Ticket:
         """Wait for `places` (the request's `n` choices) in its class within its member's limits; a refusal is
@@ -100,7 +101,15 @@ class Exchange:
             self.finish(relay.RelayOutcome(status=err.status, error=err.message))
             raise
         self.record["runner"] = self.lease.url
+        if self.lease.local:
+            self.use_cores(self.lease.url)
         return self.lease
+
+    def use_cores(self, where: str) -> None:
+        """The request runs on this box's CPU from now until finish(): on a local runner (its URL) or in serve's
+        TTS process (cores.SERVE); the other runners may have to yield it (app.gateway.cores)."""
+        if self.svc.cores is not None and self.policy is not None and self._cores_key is None:
+            self._cores_key = self.svc.cores.enter(self.policy.priority, self.policy.preemptible, where)
 
     def send(self, send, url: str, forward: dict):
         """Send to the runner with the class's targets (for its scheduler); if it cannot be reached, end
@@ -143,8 +152,12 @@ class Exchange:
             return
         self._finished = True
         try:
-            if self.lease is not None:
-                self.lease.release()
+            try:
+                if self._cores_key is not None:
+                    self.svc.cores.leave(self._cores_key)
+            finally:
+                if self.lease is not None:
+                    self.lease.release()
         finally:
             if self.ticket is not None:
                 self.svc.admission.release(self.ticket)

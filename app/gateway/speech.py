@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from flask import Response, request, stream_with_context
 
-from app.gateway import relay
+from app.gateway import cores, relay
 from app.gateway.auth import Principal
 from app.gateway.context import services
 from app.gateway.exchange import Exchange
@@ -67,6 +67,7 @@ def start(svc, job: SpeechJob) -> tuple[Exchange, Iterator[Frame]]:
               "input_chars": len(job.text)}
     ex = Exchange(svc, record, job.arrival_s, job.principal)
     ex.admit(job.policy)
+    ex.use_cores(cores.SERVE)
     try:
         return ex, svc.speech.process.speak(job.voice, job.text, job.fmt, job.speed, job.policy.priority)
     except SpeechRefused as exc:

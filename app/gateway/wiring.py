@@ -13,6 +13,7 @@ from app.gateway.admission import Admission
 from app.gateway.auth import TokenCache
 from app.gateway.classes import ClassRegistry
 from app.gateway.context import Services
+from app.gateway.cores import CoreShare, send_hold
 from app.gateway.lan import ProxyWatch
 from app.gateway.members import DAY_S, Usage
 from app.gateway.people import People
@@ -108,4 +109,5 @@ def build_services(data_dir: Path, engine: Engine, sessions: sessionmaker, defau
         proxy_watch=ProxyWatch(), targets=targets, warmer=warmer,
         preload=Preloader(sessions, residency),
         speech=speech,
+        cores=CoreShare(send_hold, lambda: bool(settings.get("runner_core_yield"))),
     )

@@ -23,7 +23,7 @@ from werkzeug.wrappers import Response
 
 from app.protocols import anthropic
 from app.protocols.openai import ApiError, body_limit
-from app.runner import apis, completions, embedding, info, rerank, tokens, transcriptions
+from app.runner import apis, completions, embedding, hold, info, rerank, tokens, transcriptions
 from app.runner.config import RunnerConfig
 from app.runner.state import Backend, RunnerState, llama_backend
 from app.runner.transport import ErrorShape, error_response, json_response, openai_error
@@ -71,6 +71,7 @@ ROUTES: list[Route] = [
     *(Route(p, apis.on_responses) for p in ("/v1/responses", "/responses")),
     *(Route(p, apis.on_input_tokens) for p in ("/v1/responses/input_tokens", "/responses/input_tokens")),
     *(Route(p, transcriptions.on_transcriptions) for p in transcriptions.PATHS),
+    Route("/hearth/hold", hold.on_hold),
 ]
 
 

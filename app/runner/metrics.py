@@ -120,6 +120,8 @@ class _EngineCollector:
         yield gauge("hearth:kv_cells_used", "KV cache cells held by running sequences", snap.kv_used)
         yield gauge("hearth:kv_cells_total", "KV cache cells in the unified cache", snap.kv_total)
         yield counter("hearth:preemptions", "Sequences evicted from the KV cache for recompute", c.preemptions_total)
+        yield counter("hearth:held_seconds", "Seconds this runner paused its preemptible work while another local "
+                      "runner served a more urgent request (serve's runner_core_yield)", c.held_seconds_total)
         by_class = CounterMetricFamily(
             "hearth:preemptions_by_class",
             "Sequences preempted, by class and reason (slot: a more urgent request took it; kv: the cache was full)",

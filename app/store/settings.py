@@ -256,6 +256,8 @@ REGISTRY = {
                    "int", "Bench verdict", "Interactive up to priority", "", 0, 100),
         SettingDef("verdict_flat_gain", 1.1, "throughput step between measured slot counts below which more parallel slots stop paying",
                    "float", "Bench verdict", "Flat gain step", "×", 1, 100),
+        SettingDef("runner_core_yield", True, "while a local runner (or a voice being spoken) serves a request of a class that is not preemptible, the other local runners pause their work when all of it is of preemptible classes less urgent than it (documents, background by default), so the two do not share the CPU: a voice transcription beside a background summary on another model took 5-7 s instead of 0.5 s on a 2-core box",
+                   "bool", "Models and runners", "Urgent requests get the CPU"),
         SettingDef("runner_prefix_cache", True, "local hearth runners reuse the KV cells of prompt prefixes shared across requests (a resent system prompt, a growing chat); applies when a runner starts",
                    "bool", "Models and runners", "Prefix cache", restart=True),
         SettingDef("runner_cache_ram_mib", 2048, "host RAM each local hearth runner may keep prefix-cache entries in after they leave the KV cache, so a prompt seen before is restored instead of prefilled (llama-server's --cache-ram: -1 no limit, 0 off); counted in the runner's memory estimate under a RAM budget; applies when a runner starts",
