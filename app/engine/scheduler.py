@@ -116,33 +116,73 @@ class CostModel:
         self._xx = [[0.0] * 3 for _ in range(3)]
         self._xy = [0.0] * 3
         self.num_samples = 0
-        self.base_ms, self.decode_ms, self.prefill_ms = prior_ms
+        self._base_ms, self._decode_ms, self._prefill_ms = prior_ms
+        # Observations folded in since the last solve: the fit is solved when a cost is read (or every
+        # SOLVE_EVERY observations), not after every iteration (a runner without SLO targets never reads it).
+        self._unsolved = 0
 
     # Once the fit has its warm samples, an iteration counts as at most this many times its prediction: a runner
     # paused for seconds (another process on the cores, a page fault) would otherwise move the paces for the next
     # hundred iterations, while a machine that really slows down still pulls the fit up step by step.
     MAX_SURPRISE = 3.0
+    # The surprise cap above reads the fit as last solved: at most this many observations old.
+    SOLVE_EVERY = 16
 
     def observe(self, num_decode: int, num_prefill: int, iteration_ms: float) -> None:
         """Fold one measured iteration into the fit."""
         if self.num_samples >= PACE_MIN_SAMPLES:
-            iteration_ms = min(iteration_ms, self.MAX_SURPRISE * self.iteration_ms(num_decode, num_prefill))
+            predicted = self._base_ms + self._decode_ms * num_decode + self._prefill_ms * num_prefill
+            iteration_ms = min(iteration_ms, self.MAX_SURPRISE * predicted)
         x = (1.0, float(num_decode), float(num_prefill))
         f = self.forget
         for i in range(3):
             self._xy[i] = f * self._xy[i] + x[i] * iteration_ms
+            row, xi = self._xx[i], x[i]
             for j in range(3):
-                self._xx[i][j] = f * self._xx[i][j] + x[i] * x[j]
+                row[j] = f * row[j] + xi * x[j]
         self.num_samples += 1
-        self._solve()
+        self._unsolved += 1
+        if self._unsolved >= self.SOLVE_EVERY:
+            self._solve()
+
+    @property
+    def base_ms(self) -> float:
+        if self._unsolved:
+            self._solve()
+        return self._base_ms
+
+    @base_ms.setter
+    def base_ms(self, value: float) -> None:
+        self._base_ms = value
+
+    @property
+    def decode_ms(self) -> float:
+        if self._unsolved:
+            self._solve()
+        return self._decode_ms
+
+    @decode_ms.setter
+    def decode_ms(self, value: float) -> None:
+        self._decode_ms = value
+
+    @property
+    def prefill_ms(self) -> float:
+        if self._unsolved:
+            self._solve()
+        return self._prefill_ms
+
+    @prefill_ms.setter
+    def prefill_ms(self, value: float) -> None:
+        self._prefill_ms = value
 
     def _solve(self) -> None:
+        self._unsolved = 0
         # (XᵀX + wI) θ = Xᵀy + w θ₀. The matrix is symmetric positive definite (the ridge term), so a Cholesky
         # solve written out for 3 × 3 is stable without pivoting; it runs every iteration, and the general
         # elimination with pivoting cost the engine thread some 3 % of a free-decode iteration (issue 44).
         (a11, a12, a13), (_, a22, a23), (_, _, a33) = self._xx
-        w, p = self.prior_weight, self.prior_ms
-        b1, b2, b3 = (self._xy[i] + w * p[i] for i in range(3))
+        w, p, xy = self.prior_weight, self.prior_ms, self._xy
+        b1, b2, b3 = xy[0] + w * p[0], xy[1] + w * p[1], xy[2] + w * p[2]
         d1 = a11 + w
         if d1 < 1e-12:
             return
@@ -164,9 +204,9 @@ class CostModel:
         t2 = (y2 - l32 * t3) / l22
         t1 = (y1 - l21 * t2 - l31 * t3) / l11
         # A cost is never negative; a per-token cost of 0 would make the budget unbounded.
-        self.base_ms = max(t1, 0.0)
-        self.decode_ms = max(t2, 1e-3)
-        self.prefill_ms = max(t3, 1e-3)
+        self._base_ms = max(t1, 0.0)
+        self._decode_ms = max(t2, 1e-3)
+        self._prefill_ms = max(t3, 1e-3)
 
     def iteration_ms(self, num_decode: int, num_prefill: int) -> float:
         """Predicted time of an iteration with these tokens (the linear fit; see ChunkCosts for chunk sizes)."""

@@ -716,6 +716,22 @@ def test_without_targets_or_with_the_budget_off_prefill_takes_the_whole_token_bu
         assert step(sched).num_prompt_tokens == 63  # the budget less the decode token
 
 
+def test_cost_model_solved_when_read_gives_the_fit_solved_every_iteration():
+    # The fit is solved when a cost is read (and every SOLVE_EVERY observations), not after each iteration: the
+    # answer must be the one an every-iteration solve gives, whenever it is read.
+    lazy, eager = CostModel(), CostModel()
+    rng = random.Random(3)
+    for i in range(100):
+        n_decode, n_prefill = rng.randint(0, 8), rng.choice([0, 16, 64])
+        ms = 4.0 + 1.5 * n_decode + 0.3 * n_prefill + rng.uniform(-0.5, 0.5)
+        lazy.observe(n_decode, n_prefill, ms)
+        eager.observe(n_decode, n_prefill, ms)
+        eager._solve()
+        if i % 37 == 0:
+            assert lazy.decode_ms == eager.decode_ms
+    assert (lazy.base_ms, lazy.decode_ms, lazy.prefill_ms) == (eager.base_ms, eager.decode_ms, eager.prefill_ms)
+
+
 def test_cost_model_fits_the_measured_iterations():
     cost = CostModel(prior_ms=(1.0, 1.0, 1.0))
     rng = random.Random(7)
