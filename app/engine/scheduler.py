@@ -577,9 +577,10 @@ class Scheduler:
             num_prompt += n
             if urgent is None and self.config.slo_budget and r.slo.tpot_ms:
                 # Less urgent prompts behind this one would lengthen the iteration it computes in (its
-                # first token's): they get what its TPOT target leaves; its own tokens are never cut.
+                # first token's): they get what its TPOT target leaves; its own tokens are never cut. In the
+                # iteration that ends its prompt (its first token comes out of it) they get nothing at all.
                 within = self.cost.prefill_within(r.slo.tpot_ms * self.config.slo_headroom, num_decode)
-                urgent = (r.priority, max(within, num_prompt))
+                urgent = (r.priority, num_prompt if n == r.num_pending else max(within, num_prompt))
         num_draft = 0
         self.draft_ms = 0.0
         if self.config.spec.enabled:

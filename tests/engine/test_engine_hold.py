@@ -38,16 +38,19 @@ def test_held_background_work_waits_and_goes_on_when_the_hold_is_lifted(engine):
 
 
 def test_a_request_the_hold_does_not_cover_runs_at_once_and_the_held_work_with_it(engine):
-    background = engine.submit(prompt(10), greedy(4, ignore_eos=True), priority=3, slo=BACKGROUND)
+    background = engine.submit(prompt(10), greedy(40, ignore_eos=True), priority=3, slo=BACKGROUND)
     engine.hold(1, 30)
     engine.start()
     _held_a_while(engine)
-    # As urgent as the hold (a chat question on this runner too): served now, and the background sequence decodes
-    # in the same batches rather than idling them.
-    chat = engine.submit(prompt(11), greedy(4, ignore_eos=True), priority=1, slo=VOICE)
+    # As urgent as the hold (a chat question on this runner too): served now, under the hold, and the background
+    # sequence is computed in the same batches rather than idling them.
+    chat = engine.submit(prompt(11), greedy(12, ignore_eos=True), priority=1, slo=VOICE)
     collect(chat)
+    assert len(chat.output_tokens) == 12 and background.num_computed > 0
+    # Alone again under the hold: paused until it is lifted.
+    engine.hold(None)
     collect(background)
-    assert len(chat.output_tokens) == len(background.output_tokens) == 4
+    assert len(background.output_tokens) == 40
 
 
 def test_non_preemptible_work_is_never_held(engine):

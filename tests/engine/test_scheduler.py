@@ -638,9 +638,8 @@ def test_prefill_budget_follows_the_tightest_tpot_target_among_decoding_sequence
     voice = slo_request(VOICE, 4, priority=0, arrival_s=1, max_tokens=3, tag=2)
     sched.add_request(voice)
     s = step(sched, now=1.0)
-    # The voice prompt first; the document only as much as voice's target allows beside it (its first
-    # token comes out of this iteration): (0.9 × 100 ms − 10 ms base) / 0.5 = 160 prefill tokens in all.
-    assert layout(s) == [(voice.request_id, 0, 4, True), (doc.request_id, 512, 156, False)]
+    # The voice prompt alone: its first token comes out of this iteration, which waits on no less urgent prompt.
+    assert layout(s) == [(voice.request_id, 0, 4, True)]
     # Voice decoding, its first token out at 1.0 s: its second is due by 1.09 s. At 1.0 s that leaves
     # 0.9 × 100 ms − 10 ms base − 2 ms for its token: (90 − 12) / 0.5 prefill tokens.
     s = step(sched, now=1.0)
@@ -877,11 +876,15 @@ def test_less_urgent_prompts_behind_an_urgent_prefill_get_only_what_its_target_l
     # Alone, background prompts fill the batch: one class's own tokens are never held back.
     assert layout(step(sched)) == [(bg[0].request_id, 0, 512, False)]
     # A voice prompt longer than its target's share: all of it goes (its TTFT gains from big chunks) and
-    # nothing less urgent rides along; a short one leaves (0.9 × 100 − 10) / 0.5 = 160 tokens in all.
+    # nothing less urgent rides along; a short one, ending in this iteration, has it to itself too: its first
+    # token waits on nothing less urgent (the household mix at 8 through serve: voice TTFT p95 0.133x -> 0.078x of
+    # llama-server's, tok/s 1.26x -> 1.21x).
     long_voice = slo_request(VOICE, 300, priority=0, arrival_s=5, tag=9)
     sched.add_request(long_voice)
     assert layout(step(sched)) == [(long_voice.request_id, 0, 300, True)]
     sched.finish(long_voice, RequestStatus.FINISHED_LENGTH)
     voice = slo_request(VOICE, 20, priority=0, arrival_s=6, tag=10)
     sched.add_request(voice)
-    assert layout(step(sched)) == [(voice.request_id, 0, 20, True), (bg[0].request_id, 512, 140, False)]
+    assert layout(step(sched)) == [(voice.request_id, 0, 20, True)]
+    # Its next iteration, decoding, leaves the background prompt what its TPOT target allows again.
+    assert layout(step(sched))[1][0] == bg[0].request_id
