@@ -99,6 +99,26 @@ class SchedulerConfig:
             )
 
 
+class _Solved:
+    """One cost of CostModel's fit, read as if the fit were solved after every observation: observations folded in
+    since the last solve are solved first, both before it is read and before it is set by hand."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = f"_{name}"
+
+    def __get__(self, model, owner=None):
+        if model is None:
+            return self
+        if model._unsolved:
+            model._solve()
+        return getattr(model, self.slot)
+
+    def __set__(self, model, value: float) -> None:
+        if model._unsolved:
+            model._solve()
+        setattr(model, self.slot, value)
+
+
 class CostModel:
     """The measured cost of one iteration on this model and machine: ms = base + per decode token + per prefill token.
 
@@ -145,35 +165,9 @@ class CostModel:
         if self._unsolved >= self.SOLVE_EVERY:
             self._solve()
 
-    @property
-    def base_ms(self) -> float:
-        if self._unsolved:
-            self._solve()
-        return self._base_ms
-
-    @base_ms.setter
-    def base_ms(self, value: float) -> None:
-        self._base_ms = value
-
-    @property
-    def decode_ms(self) -> float:
-        if self._unsolved:
-            self._solve()
-        return self._decode_ms
-
-    @decode_ms.setter
-    def decode_ms(self, value: float) -> None:
-        self._decode_ms = value
-
-    @property
-    def prefill_ms(self) -> float:
-        if self._unsolved:
-            self._solve()
-        return self._prefill_ms
-
-    @prefill_ms.setter
-    def prefill_ms(self, value: float) -> None:
-        self._prefill_ms = value
+    base_ms = _Solved()
+    decode_ms = _Solved()
+    prefill_ms = _Solved()
 
     def _solve(self) -> None:
         self._unsolved = 0

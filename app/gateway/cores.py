@@ -71,7 +71,6 @@ class CoreShare:
         # One lock around planning and sending: two changes' messages must reach a runner in the order planned
         # (a late "hold" after a "go on" would pause it for HOLD_S).
         self._lock = threading.Lock()
-        self.holds_sent = 0
 
     def enter(self, priority: int, preemptible: bool, where: str) -> int:
         """A request starts on `where` (a local runner's URL, or SERVE); returns the key to leave() with."""
@@ -99,7 +98,6 @@ class CoreShare:
                 continue
             try:
                 self._send(url, wanted.get(url), HOLD_S)
-                self.holds_sent += 1
             except Exception as exc:  # a runner that is gone or slow is left alone; its own work goes on
                 log.info("hold of %s not sent: %s", url, exc)
         self._held = wanted

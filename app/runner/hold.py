@@ -4,7 +4,7 @@
     {"priority": null}             go on now
 
 The engine decides per iteration (app.engine.engine.Engine.hold): a request here that is not preemptible, or as
-urgent, runs at once. The answer says whether the engine is paused right now and for how long it has been in all."""
+urgent, runs at once. The answer repeats the hold and says how long the engine has been paused in all."""
 
 from __future__ import annotations
 

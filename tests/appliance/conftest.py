@@ -1,5 +1,6 @@
-"""Fixtures for the appliance tests: folders and ids for a throwaway unprivileged user."""
+"""Fixtures for the appliance tests: folders and ids for a throwaway unprivileged user, the container engine."""
 
+import os
 import shutil
 import sys
 import sysconfig
@@ -52,3 +53,18 @@ def unprivileged_env(open_tmp):
     return {"PATH": f"{bin_dir}:/usr/bin:/bin",
             "PYTHONPATH": f"{repo}:{sysconfig.get_paths()['purelib']}",
             "HOME": str(open_tmp)}
+
+
+@pytest.fixture(scope="session")
+def engine_bases():
+    """For the container tier: a running engine (started if none runs) and the base-image build arguments (the local
+    stand-ins where the hub cannot be reached). Root only: the tier starts dockerd and chowns ./data."""
+    from app.devtools import container as engine
+
+    if os.geteuid() != 0:
+        pytest.skip("the container tier runs as root (it starts dockerd and chowns ./data)")
+    try:
+        engine.ensure_engine()
+        return engine.base_image_args(log=lambda line: print(f"[container] {line}"))
+    except engine.EngineUnavailable as exc:
+        pytest.fail(f"the container tier needs an engine: {exc}")

@@ -4,7 +4,6 @@ container; and the CUDA image, as far as a box that cannot reach the hub's nvidi
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from pathlib import Path
@@ -19,20 +18,9 @@ REPO = engine.REPO
 VULKAN_IMAGE = yaml.safe_load((REPO / "compose.vulkan.yaml").read_text())["services"]["hearth"]["image"]
 
 
-@pytest.fixture(scope="module")
-def base_args():
-    if os.geteuid() != 0:
-        pytest.skip("the container tier runs as root (it starts dockerd)")
-    try:
-        engine.ensure_engine()
-        return engine.base_image_args(log=lambda line: print(f"[container] {line}"))
-    except engine.EngineUnavailable as exc:
-        pytest.fail(f"the container tier needs an engine: {exc}")
-
-
-def test_the_vulkan_image_runs_the_greedy_check_on_lavapipe_inside_the_container(base_args):
+def test_the_vulkan_image_runs_the_greedy_check_on_lavapipe_inside_the_container(engine_bases):
     log = Path(tempfile.gettempdir()) / "hearth-image-build-vulkan.log"
-    seconds = engine.build(REPO, VULKAN_IMAGE, build_args={**base_args, "ACCEL": "vulkan"}, log_path=log)
+    seconds = engine.build(REPO, VULKAN_IMAGE, build_args={**engine_bases, "ACCEL": "vulkan"}, log_path=log)
     print(f"[container] {VULKAN_IMAGE} built in {seconds:.0f} s; size {engine.image_size_bytes(VULKAN_IMAGE) / 1e6:.0f} MB")
     # lavapipe is a CPU device, which ggml skips unless named (GGML_VK_VISIBLE_DEVICES): a real GPU needs /dev/dri
     # (compose.vulkan.yaml) and nothing else. `hearth bench vulkan` exits 1 when a check misses.
@@ -46,16 +34,16 @@ def test_the_vulkan_image_runs_the_greedy_check_on_lavapipe_inside_the_container
     assert "after freeing 0 B" in out
 
 
-def test_the_cuda_image_builds_up_to_the_hubs_cuda_base_and_stops_there_saying_so(base_args):
+def test_the_cuda_image_builds_up_to_the_hubs_cuda_base_and_stops_there_saying_so(engine_bases):
     """Every CUDA stage starts from nvidia/cuda (the toolkit and its runtime libraries are NVIDIA's to ship), which has
     no local stand-in: the stages every accelerator shares are built with ACCEL=cuda, then the image's own build is
     shown to stop at that base, and at nothing before it."""
-    if not any(arg in base_args for arg in ("PYTHON_IMAGE", "NODE_IMAGE")):
+    if not any(arg in engine_bases for arg in ("PYTHON_IMAGE", "NODE_IMAGE")):
         pytest.skip("the hub is reachable here: the CUDA image builds as the README says (a long compile)")
     for target in ("assets", "requirements"):
-        engine.build(REPO, f"hearth-cuda-{target}:test", build_args={**base_args, "ACCEL": "cuda"}, target=target)
+        engine.build(REPO, f"hearth-cuda-{target}:test", build_args={**engine_bases, "ACCEL": "cuda"}, target=target)
     with pytest.raises(RuntimeError) as failed:
-        engine.build(REPO, "hearth-cuda:test", build_args={**base_args, "ACCEL": "cuda"}, timeout_s=600)
+        engine.build(REPO, "hearth-cuda:test", build_args={**engine_bases, "ACCEL": "cuda"}, timeout_s=600)
     message = str(failed.value)
     args = engine.dockerfile_args()
     cuda_bases = {f"docker.io/{args[a]}" for a in ("CUDA_DEVEL_IMAGE", "CUDA_RUNTIME_IMAGE")}

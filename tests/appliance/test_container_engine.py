@@ -48,15 +48,9 @@ def _port_free(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def image():
+def image(engine_bases):
     """The CPU image, built from the repository's Dockerfile (local base images where the hub is unreachable)."""
-    if os.geteuid() != 0:
-        pytest.skip("the container tier runs as root (it starts dockerd and chowns ./data)")
-    try:
-        engine.ensure_engine()
-        base_args = engine.base_image_args(log=lambda line: print(f"[container] {line}"))
-    except engine.EngineUnavailable as exc:
-        pytest.fail(f"the container tier needs an engine: {exc}")
+    base_args = engine_bases
     log = Path(tempfile.gettempdir()) / "hearth-image-build.log"
     seconds = engine.build(REPO, IMAGE, build_args=base_args, log_path=log)
     size = engine.image_size_bytes(IMAGE)

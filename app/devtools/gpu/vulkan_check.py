@@ -136,8 +136,9 @@ def oracle(model: str, ctx: int, env: dict[str, str], prompts: tuple[str, ...], 
     """Step 3: Hearth's runner and stock llama-server, both on the Vulkan device, same greedy prompts."""
     # The llama-server of the very build the runner loads: beside its libraries where that folder holds one (the
     # Vulkan image's /opt/hearth/llama-lib), else the cached Vulkan build's.
-    beside = Path(env.get("LLAMA_CPP_LIB_PATH") or "/nonexistent") / "llama-server"
-    server = beside if beside.is_file() else vulkan_llama_server()
+    lib_dir = env.get("LLAMA_CPP_LIB_PATH")
+    beside = Path(lib_dir) / "llama-server" if lib_dir else None
+    server = beside if beside is not None and beside.is_file() else vulkan_llama_server()
     if server is None:
         raise LlamaToolsNotFound("stock llama-server of the Vulkan build is not built: scripts/build_llama_tools.sh --vulkan")
     threads = str(min(os.cpu_count() or 2, 4))
