@@ -133,8 +133,9 @@ def _add_bench_spec(bench_sub: argparse._SubParsersAction) -> None:
     spc.add_argument("--rounds", type=int, default=1, help="interleaved rounds of every arm (default %(default)s)")
     spc.add_argument("--best-of", type=int, default=2, help="requests per server start, the best rate taken "
                                                             "(default %(default)s)")
-    spc.add_argument("--prompts", default="code,prose", help="code (copying with a rename), prose (free story), "
-                                                             "functions (copied unchanged) (default %(default)s)")
+    spc.add_argument("--prompts", default="code,prose,free",
+                     help="code (copying with a rename), prose (a story, greedy: the model loops on it), free (the "
+                          "story sampled: drafts mostly fail), functions (copied unchanged) (default %(default)s)")
     spc.add_argument("--llama-server", help="stock llama-server binary to compare with (scripts/build_llama_tools.sh)")
     spc.add_argument("--hearth-types", default="none,ngram-lookup,ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,"
                                                "draft-simple", help="hearth runner --spec-type arms (draft-simple: "

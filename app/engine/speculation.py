@@ -178,7 +178,8 @@ class Acceptance:
         self.trials = 0.0
         # The cost rule's record of this source (see decide): its exploration schedule and what it decided.
         self.explore_every = EXPLORE_FIRST  # cuts between two full-length tries
-        self.num_cuts_since_try = 0
+        # Never tried: its first cut is a try (nothing measured yet to say it would not pay).
+        self.num_cuts_since_try = EXPLORE_FIRST - 1
         self.decisions = {DRAFT: 0, CUT: 0, EXPLORE: 0}  # how often each was decided
         self.last: Decision | None = None
 
@@ -232,10 +233,12 @@ def new_stats() -> dict[str, Acceptance]:
 #    and the powers of two between. The best is drafted when its gain is positive: DRAFT.
 # 5. Otherwise the draft is cut to nothing (CUT), and the source's evidence ages toward its prior — except that a
 #    source that copies verbatim (prior ≥ EXPLORE_MIN_PRIOR: long n-gram matches, ngram-mod, ngram-simple/map-k)
-#    goes out at full length L once `explore_every` cuts have passed since its last try (EXPLORE): so a prior or
-#    an old failure that says "not worth it" is measured again instead of assumed. explore_every starts at
-#    EXPLORE_FIRST, doubles after each exploration (up to EXPLORE_MAX), and returns to EXPLORE_FIRST as soon as
-#    the source drafts on its merits, so a source that keeps failing is retried ever more rarely.
+#    goes out at full length L at its very first cut, when nothing about it is measured yet (llama-server drafts
+#    from the first match; a prior is not a measurement), and then once `explore_every` cuts have passed since its
+#    last try (EXPLORE): so a prior or an old failure that says "not worth it" is measured again instead of
+#    assumed. explore_every starts at EXPLORE_FIRST, doubles after each exploration (up to EXPLORE_MAX), and
+#    returns to EXPLORE_FIRST as soon as the source drafts on its merits, so a source that keeps failing is
+#    retried ever more rarely.
 # Short matches (prior below EXPLORE_MIN_PRIOR) are not explored: their full length is long and usually wrong, and
 # their acceptance is measured anyway by the short drafts the rule gives them whenever those pay.
 
@@ -431,7 +434,7 @@ class Drafter:
     num_drafted: int = 0
     num_accepted: int = 0
     last_source: str = ""
-    _mod_done: int = 0
+    _mod_next: int = -1  # ngram-mod: the first n-gram start not yet in the table (-1: nothing added yet)
 
     def __post_init__(self):
         c = self.config
@@ -473,9 +476,14 @@ class Drafter:
     def _propose_mod(self, tokens: list[int], limit: int) -> list[int]:
         c, mod = self.config, self.mod
         assert mod is not None
-        if self._mod_done + 32 < len(tokens) or self._mod_done == 0:
-            mod.add_range(tokens, self._mod_done - mod.n, len(tokens))
-            self._mod_done = len(tokens)
+        # The table learns the sequence as llama.cpp's does: every n-gram before the last sampled token (its
+        # "prompt" there), first all of them, then in chunks once 32 tokens have passed the first n-gram start not
+        # yet added. That start trails the end by n_match, so a chunk is added every 33 - n_match tokens (9 at
+        # n_match 24): a loop a few dozen tokens long is drafted from its second turn.
+        known = len(tokens) - 1
+        if self._mod_next < 0 or self._mod_next + 32 < known:
+            mod.add_range(tokens, max(self._mod_next, 0), known)
+            self._mod_next = max(known - mod.n, 0)
         draft = mod.chain(tokens, min(limit, c.mod_n_max))
         # llama.cpp proposes nothing shorter than n_min (when the limit allows that many at all).
         if len(draft) < min(c.mod_n_min, limit):

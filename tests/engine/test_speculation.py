@@ -183,11 +183,49 @@ def test_ngram_mod_chains_a_shared_table():
     cfg = SpecConfig(type="ngram-mod", mod_n_match=3, mod_n_min=2, mod_n_max=5)
     a = Drafter(cfg, mod=table)
     assert a.propose([1, 2, 3, 4, 5, 6, 7, 8], 5)[0] == []  # nothing seen before
-    # Another sequence of the same model finds what the first one added.
+    # Another sequence of the same model finds what the first one added: the n-grams before its last sampled
+    # token (llama.cpp's "prompt" there; the token itself is context, not yet table).
     b = Drafter(cfg, mod=table)
-    assert b.propose([9, 1, 2, 3], 5)[0] == [4, 5, 6, 7, 8]
+    assert b.propose([9, 1, 2, 3], 5)[0] == [4, 5, 6, 7]
     # Shorter than n_min: nothing.
     assert Drafter(cfg, mod=table).propose([6, 7, 8], 5)[0] == []
+
+
+def _llama_cpp_ngram_mod_first_draft(tokens: list[int], prompt_len: int, n: int, n_min: int) -> int | None:
+    """common_speculative_impl_ngram_mod of the pinned llama.cpp, as its begin() and draft_one() add and chain
+    (exact keys instead of its hash): the generated length at which it first drafts, or None."""
+    table: dict[tuple[int, ...], int] = {}
+    for i in range(prompt_len - n):
+        table[tuple(tokens[i:i + n])] = tokens[i + n]
+    i_last = prompt_len - n
+    for end in range(prompt_len + 1, len(tokens) + 1):  # tokens[:end]: the cached tokens and id_last
+        cur_len = end - 1
+        if i_last + 32 < cur_len:
+            for i in range(i_last, cur_len - n):
+                table[tuple(tokens[i:i + n])] = tokens[i + n]
+            i_last = cur_len - n
+        window, out = list(tokens[end - n:end]), []
+        while len(out) < 64 and (nxt := table.get(tuple(window[-n:]))) is not None:
+            out.append(nxt)
+            window.append(nxt)
+        if len(out) >= n_min:
+            return end - prompt_len
+    return None
+
+
+def test_ngram_mod_learns_the_sequence_on_llama_cpps_cadence():
+    """A loop of 17 tokens after a prompt (Gemma 270M's greedy prose, issue 52): ngram-mod's table takes the new
+    n-grams in chunks as llama.cpp's does (every 9 tokens at n_match 24), so the first 48-token draft comes where
+    llama-server's does; adding only every 33 tokens drafted 20 tokens later and kept 186 against llama-server's 206."""
+    prompt = list(range(1000, 1060))
+    loop = list(range(2000, 2017))
+    tokens = prompt + loop * 12
+    cfg = SpecConfig(type="ngram-mod")
+    d = Drafter(cfg, mod=ModTable(cfg.mod_n_match))
+    first = next((end - len(prompt) for end in range(len(prompt) + 1, len(tokens) + 1)
+                  if d.propose(tokens[:end], 64)[0]), None)
+    expected = _llama_cpp_ngram_mod_first_draft(tokens, len(prompt), cfg.mod_n_match, cfg.mod_n_min)
+    assert expected is not None and first == expected
 
 
 def test_cost_ratio_grows_as_the_batch_fills():
@@ -258,9 +296,11 @@ def test_decide_cuts_then_explores_on_a_doubling_schedule_and_resets_on_merit():
 
     a = Acceptance(prior=0.9)
     price = VerifyPrice(lambda m: 13.0 + 10.0 * m, 1)
-    kinds = [(decide(a, 64, 48, price), a.last.kind) for _ in range(EXPLORE_FIRST + 2 * EXPLORE_FIRST)]
-    assert [k for _, k in kinds] == ([CUT] * (EXPLORE_FIRST - 1) + [EXPLORE] + [CUT] * (2 * EXPLORE_FIRST - 1)
-                                     + [EXPLORE])
+    kinds = [(decide(a, 64, 48, price), a.last.kind) for _ in range(1 + 2 * EXPLORE_FIRST + 4 * EXPLORE_FIRST)]
+    # Never measured: the first cut is tried at once (as llama-server drafts from the first match); then after
+    # EXPLORE_FIRST cuts, then twice as many.
+    assert [k for _, k in kinds] == ([EXPLORE] + [CUT] * (2 * EXPLORE_FIRST - 1) + [EXPLORE]
+                                     + [CUT] * (4 * EXPLORE_FIRST - 1) + [EXPLORE])
     assert all(n == (64 if k == EXPLORE else 0) for n, k in kinds)  # an exploration goes out at full length
     assert "full length 64" in a.last.as_dict()["why"]
     for _ in range(3):

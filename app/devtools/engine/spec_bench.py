@@ -1,8 +1,10 @@
 """`hearth bench spec`: speculation per --spec-type, hearth runner against stock llama-server with the same type.
 
-Two prompts (raw completions, greedy): `code`, a stream copying code (twelve short Python handlers, then "The same
-code with `event` renamed to `payload`:"), where drafts from the context are mostly kept, and `prose`, a free story
-where they mostly fail, so the cost rule's cost side shows. One runner at a time, started afresh per arm and prompt
+Prompts (raw completions): `code`, a stream copying code (twelve short Python handlers, then "The same code with
+`event` renamed to `payload`:"), where drafts from the context are mostly kept; `prose`, the start of a story,
+greedy (Gemma 270M falls into a loop on it under greedy decoding, so drafts are kept there too); and `free`, the same
+story sampled (temperature 1, top-k 64, top-p 0.95, a fixed seed), where the text does not repeat and most drafts
+fail, so the cost rule's cost side shows. One runner at a time, started afresh per arm and prompt
 with the same model, context, slots and threads; per start a short warm-up, then the request sent `--best-of`
 times, the best rate taken; `--rounds` rounds with the arms interleaved, the median of those. Per arm: generated
 tok/s as the client times it (first to last streamed token), the runner's own draft counts (timings.draft_n /
@@ -93,7 +95,9 @@ PROSE_PROMPT = ("The following is an original short story, never published befor
                 "The Lighthouse at Corran Point\n\nMaren had kept the light for eleven winters when the letter "
                 "came, folded twice and smelling faintly of tar. She read it standing in the doorway, the wind "
                 "pulling at the paper, and then she read it again by the stove. ")
-PROMPTS = {"code": CODE_PROMPT, "prose": PROSE_PROMPT}
+PROMPTS = {"code": CODE_PROMPT, "prose": PROSE_PROMPT, "free": PROSE_PROMPT}
+# Sampling per prompt (greedy where absent): `free` is sampled so that the text does not repeat.
+SAMPLING = {"free": {"temperature": 1.0, "top_k": 64, "top_p": 0.95, "min_p": 0.0, "seed": 7}}
 # The old single prompt (a function list copied unchanged), kept for --prompts functions.
 PROMPTS["functions"] = CODE + "\n\n# The same functions again, unchanged:\n\n" + CODE.splitlines()[0] + "\n"
 PROMPT = PROMPTS["functions"]  # the runner tests' copying prompt
@@ -119,9 +123,9 @@ class Arm:
 
 
 def _one(url: str, max_tokens: int, prompt: str) -> tuple[float, str, int, dict]:
-    """One streamed raw completion: (tok/s first→last token, text, tokens, final timings)."""
-    body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "stream": True, "cache_prompt": False,
-            "ignore_eos": True}
+    """One streamed raw completion of a named prompt: (tok/s first→last token, text, tokens, final timings)."""
+    body = {"prompt": PROMPTS[prompt], "n_predict": max_tokens, "temperature": 0, "stream": True,
+            "cache_prompt": False, "ignore_eos": True, **SAMPLING.get(prompt, {})}
     times: list[float] = []
     text, timings = [], {}
     with httpx.stream("POST", f"{url}/completion", json=body, timeout=600) as r:
@@ -172,8 +176,8 @@ def measure(arm: Arm, max_tokens: int, best_of: int) -> tuple[float, str, int, d
     try:
         wait_healthy(url, lambda: None if proc.poll() is None else f"code {proc.returncode}", 120, arm.name,
                      interval_s=0.2)
-        _one(url, 16, PROMPTS[arm.prompt])  # warm-up: page cache, threads
-        best = max((_one(url, max_tokens, PROMPTS[arm.prompt]) for _ in range(max(best_of, 1))),
+        _one(url, 16, arm.prompt)  # warm-up: page cache, threads
+        best = max((_one(url, max_tokens, arm.prompt) for _ in range(max(best_of, 1))),
                    key=lambda one: one[0])
         if arm.name.startswith("hearth "):
             spec = httpx.get(f"{url}/props", timeout=10).json().get("speculative") or {}
@@ -254,7 +258,7 @@ def main(args) -> int:
                     hearth_arms=tuple(args.hearth_types.split(",")), llama_arms=tuple(args.llama_types.split(",")),
                     hearth_extra=tuple(args.hearth_args.split()), draft_model=args.draft_model)
     run(arms, args.max_tokens, args.rounds, args.best_of)
-    print(f"raw completions, greedy, {args.max_tokens} tokens, best of {args.best_of} per start, median of "
+    print(f"raw completions, greedy (free: sampled, {SAMPLING['free']}), {args.max_tokens} tokens, best of {args.best_of} per start, median of "
           f"{args.rounds} rounds; ctx {args.ctx}, {args.parallel} slots, {args.threads} threads; model {model}; "
           f"CPU {cpu_model()} (lab figure: runners driven directly)")
     if not args.draft_model:
