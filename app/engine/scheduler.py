@@ -21,8 +21,7 @@ from app.engine.speculation import (
     SpecConfig,
     VerifyCosts,
     VerifyPrice,
-    cost_ratio,
-    draft_length,
+    decide,
     new_stats,
 )
 from app.policy import Mode
@@ -663,16 +662,12 @@ class Scheduler:
             return 0, "no draft: no sequence may draft now"
         stats = self.spec_stats["draft"]
         if spec.draft_by_cost:
+            # The cost rule (speculation.decide), as for every source: verification at this box's measured batch
+            # costs, plus the draft model's own step (measured once it has run), shared by the n sequences drafting.
             n = len(candidates)
-            decode_only_ms = self.cost.iteration_ms(num_decode, 0)
-            step_ms = dm.step_ms(n, self.cost.iteration_ms(n, 0))
-            # Verification as for every source (capped, see cost_ratio), then the draft step, which is no fit's
-            # noise but the draft model's own measured time: uncapped, so a draft too slow to pay stands aside.
-            ratio = (cost_ratio(num_decode, decode_only_ms, self.cost.decode_ms)
-                     + step_ms / n * num_decode / decode_only_ms)
-            worth = draft_length(stats.p, ratio, max(limit for _, limit in candidates))
-            if worth < max(spec.n_min, 1):
-                stats.age()
+            price = VerifyPrice(self.verify_ms, num_decode, dm.step_ms(n, self.cost.iteration_ms(n, 0)) / n)
+            worth = decide(stats, max(limit for _, limit in candidates), max(spec.n_min, 1), price)
+            if worth <= 0:
                 return 0, "standing aside: the draft model's tokens are not worth their cost at this load"
             candidates = [(c, min(limit, worth)) for c, limit in candidates]
         drafts = dm.propose([(c.request.slot, c.request.all_tokens, limit) for c, limit in candidates])

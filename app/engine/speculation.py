@@ -178,8 +178,8 @@ class Acceptance:
         self.trials = 0.0
         # The cost rule's record of this source (see decide): its exploration schedule and what it decided.
         self.explore_every = EXPLORE_FIRST  # cuts between two full-length tries
-        # Never tried: its first cut is a try (nothing measured yet to say it would not pay).
-        self.num_cuts_since_try = EXPLORE_FIRST - 1
+        self.num_cuts_since_try = 0
+        self.tried = False  # whether any draft of this source was verified yet (else its first cut is a try)
         self.decisions = {DRAFT: 0, CUT: 0, EXPLORE: 0}  # how often each was decided
         self.last: Decision | None = None
 
@@ -191,6 +191,7 @@ class Acceptance:
     def observe(self, drafted: int, kept: int) -> None:
         """Fold in one verified draft."""
         f = self.forget
+        self.tried = True
         self.kept = f * self.kept + kept
         self.trials = f * self.trials + kept + (1 if kept < drafted else 0)
 
@@ -227,8 +228,10 @@ def new_stats() -> dict[str, Acceptance]:
 # 3. The price (VerifyPrice) is this box's own: T(m), the measured ms of an iteration that computes m tokens with
 #    logits (VerifyCosts: decode-only iterations binned by m, the cost fit's slope between and beyond the measured
 #    sizes), and the plain rate r = n / T(n) tokens per ms of the n decoding sequences. A draft of k is worth
-#        gain(k) = E(k) − r · (T(m0 + k) − T(m0))   tokens
-#    (m0: tokens with logits already in the batch): what it keeps, less what the same time decodes without it.
+#        gain(k) = E(k) − r · (T(m0 + k) − T(m0) + k · D)   tokens
+#    (m0: tokens with logits already in the batch; D: the ms of making one draft token, a draft model's measured
+#    step shared by the sequences it drafts for, 0 for n-grams): what it keeps, less what the same time decodes
+#    without it.
 # 4. The lengths weighed are n_min..L (ngram-mod: mod_n_min..L, all or nothing, as llama.cpp drafts it): both ends
 #    and the powers of two between. The best is drafted when its gain is positive: DRAFT.
 # 5. Otherwise the draft is cut to nothing (CUT), and the source's evidence ages toward its prior — except that a
@@ -240,7 +243,9 @@ def new_stats() -> dict[str, Acceptance]:
 #    returns to EXPLORE_FIRST as soon as the source drafts on its merits, so a source that keeps failing is
 #    retried ever more rarely.
 # Short matches (prior below EXPLORE_MIN_PRIOR) are not explored: their full length is long and usually wrong, and
-# their acceptance is measured anyway by the short drafts the rule gives them whenever those pay.
+# their acceptance is measured anyway by the short drafts the rule gives them whenever those pay. A draft model
+# (prior app.engine.draft_model.DRAFT_PRIOR) goes through the same rule, its source "draft", and is not explored
+# either: its drafts are guesses, not copies.
 
 DRAFT, CUT, EXPLORE = "draft", "cut", "explore"
 EXPLORE_FIRST = 4
@@ -330,19 +335,22 @@ class VerifyCosts:
 
 
 class VerifyPrice:
-    """One iteration's price of draft tokens (see the cost rule): T(m) and the batch's plain rate r = n / T(n)."""
+    """One iteration's price of draft tokens (see the cost rule): T(m) and the batch's plain rate r = n / T(n), plus
+    what making a draft token costs besides its verification (a draft model's step, shared by the sequences it
+    drafts for; nothing for an n-gram)."""
 
-    __slots__ = ("ms", "base", "rate")
+    __slots__ = ("ms", "base", "rate", "make_ms")
 
-    def __init__(self, ms: Callable[[int], float], num_decode: int):
+    def __init__(self, ms: Callable[[int], float], num_decode: int, make_ms: float = 0.0):
         self.ms = ms
         self.base = num_decode  # tokens with logits in the batch so far
         t = ms(num_decode)
         self.rate = num_decode / t if t > 0 else 0.0
+        self.make_ms = make_ms
 
     def cost_tokens(self, k: int) -> float:
-        """Plain tokens the time of k more verified tokens would have decoded: r · (T(m0 + k) − T(m0))."""
-        return self.rate * max(0.0, self.ms(self.base + k) - self.ms(self.base))
+        """Plain tokens the time of k more draft tokens would have decoded: r · (T(m0 + k) − T(m0) + k · make)."""
+        return self.rate * (max(0.0, self.ms(self.base + k) - self.ms(self.base)) + k * self.make_ms)
 
 
 def _lengths(shortest: int, longest: int) -> list[int]:
@@ -375,7 +383,7 @@ def decide(stats: Acceptance, proposed: int, shortest: int, price: VerifyPrice |
     if best_gain > 0:
         kind, length = DRAFT, best
         stats.explore_every, stats.num_cuts_since_try = EXPLORE_FIRST, 0
-    elif stats.prior >= EXPLORE_MIN_PRIOR and stats.num_cuts_since_try + 1 >= stats.explore_every:
+    elif stats.prior >= EXPLORE_MIN_PRIOR and (not stats.tried or stats.num_cuts_since_try + 1 >= stats.explore_every):
         kind, length = EXPLORE, proposed
         stats.explore_every, stats.num_cuts_since_try = min(2 * stats.explore_every, EXPLORE_MAX), 0
     else:
@@ -385,39 +393,6 @@ def decide(stats: Acceptance, proposed: int, shortest: int, price: VerifyPrice |
     stats.decisions[kind] += 1
     stats.last = Decision(kind, length, proposed, best, p, best_kept, best_cost)
     return length
-
-
-def draft_length(p: float, cost_ratio: float, limit: int) -> int:
-    """Draft tokens worth verifying: the i-th pays while its chance of being kept, p**i, beats cost_ratio.
-
-    cost_ratio is what a verified token costs in the batch's own output: (ms per token in an iteration) ×
-    (tokens the batch yields without drafts) / (ms of such an iteration)."""
-    if limit <= 0 or p <= cost_ratio:
-        return 0
-    if p >= 0.999 or cost_ratio <= 0:
-        return limit
-    return min(limit, int(math.log(cost_ratio) / math.log(p)))
-
-
-MAX_COST_RATIO = 0.85  # below the longest lookup's prior (0.9): a verbatim match is always tried
-
-
-# A draft token's cost as a share of a plain iteration's yield while the fit cannot say (a small model on a CPU:
-# a logits row of a big vocabulary is a fair part of a decode step).
-PRIOR_COST_RATIO = 0.3
-
-
-def cost_ratio(num_decode: int, decode_only_ms: float, token_ms: float) -> float:
-    """A verified draft token's cost as a share of what the batch yields per ms without drafts (see draft_length)."""
-    if num_decode <= 0:
-        return 0.0
-    if decode_only_ms <= 0 or token_ms <= 0:
-        # The fit right after a long prompt's chunks can put a decode iteration at 0 ms or less: drafts are not
-        # free then (a first answer verified 9 tokens of a 2-token match that way, all rejected).
-        return PRIOR_COST_RATIO
-    # At most MAX_COST_RATIO: a fit that finds no fixed cost per iteration (a loaded machine's noisy samples)
-    # would otherwise say no draft ever pays, and the acceptance of a reliable source would never be tried again.
-    return min(MAX_COST_RATIO, token_ms * num_decode / decode_only_ms)
 
 
 @dataclass

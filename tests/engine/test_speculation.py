@@ -6,7 +6,7 @@ from fake_model import FakeModel
 
 from app.engine.engine import Engine
 from app.engine.request import Finished, SamplingParams
-from app.engine.speculation import Acceptance, Drafter, ModTable, SpecConfig, cost_ratio, draft_length
+from app.engine.speculation import Acceptance, Drafter, ModTable, SpecConfig, VerifyPrice, decide
 
 TIMEOUT_S = 10.0
 EOS = 2
@@ -147,7 +147,8 @@ def test_acceptance_is_a_chain_estimate_that_returns_to_its_prior():
     for _ in range(20):
         a.observe(8, 0)  # every draft rejected at its first token
     assert a.p < 0.3
-    assert draft_length(a.p, 0.53, 16) == 0  # a lone stream stops drafting from this source
+    # A lone stream on a box where a verified token costs about half a plain one stops drafting from this source.
+    assert decide(a, 16, 1, VerifyPrice(lambda m: 13.0 + 10.0 * m, 1)) == 0
     for _ in range(400):
         a.age()
     assert a.p == pytest.approx(0.8, abs=0.02)
@@ -155,13 +156,6 @@ def test_acceptance_is_a_chain_estimate_that_returns_to_its_prior():
     for _ in range(20):
         full.observe(16, 16)
     assert full.p > 0.95
-
-
-def test_draft_length_pays_while_p_to_the_i_beats_the_cost():
-    assert draft_length(0.5, 0.6, 16) == 0  # a token kept half the time costs more than it yields
-    assert draft_length(0.9, 0.53, 16) == 6  # 0.9**6 = 0.53
-    assert draft_length(0.999, 0.5, 16) == 16
-    assert draft_length(0.95, 0.0, 7) == 7
 
 
 def test_ngram_simple_needs_size_n_tokens_of_match():
@@ -228,17 +222,15 @@ def test_ngram_mod_learns_the_sequence_on_llama_cpps_cadence():
     assert expected is not None and first == expected
 
 
-def test_cost_ratio_grows_as_the_batch_fills():
-    # A 1.9-token iteration (base 0.9 d, d per token): one sequence pays 0.53 per verified token, eight 0.9.
-    lone = cost_ratio(1, 1.9, 1.0)
-    full = cost_ratio(8, 8.9, 1.0)
-    assert lone == pytest.approx(0.526, abs=0.01)
-    assert full == pytest.approx(0.85)  # capped: a reliable source is still tried on a machine the fit finds slow
-    # Copying at p = 0.95 drafts 12 tokens alone and 3 in a full batch.
-    assert draft_length(0.95, lone, 64) == 12
-    assert draft_length(0.95, full, 64) == 3
-    # The longest lookup's prior (0.9) drafts one token even then.
-    assert draft_length(0.9, full, 64) == 1
+def test_a_draft_models_step_counts_in_the_price():
+    """A draft token costs its verification plus its share of the draft model's step: a step as dear as a target
+    iteration makes a draft that an n-gram source would send not worth it."""
+    ms = lambda m: 13.0 + 10.0 * m  # noqa: E731
+    p9 = Acceptance(prior=0.9)
+    assert decide(p9, 8, 1, VerifyPrice(ms, 1)) > 0
+    # Four sequences share a 20 ms step: 5 ms per draft token on top of its 10 ms verification.
+    assert VerifyPrice(ms, 1, 20.0 / 4).cost_tokens(2) == pytest.approx((20.0 + 2 * 5.0) / 23.0)
+    assert decide(Acceptance(prior=0.7), 8, 1, VerifyPrice(ms, 1, 23.0)) == 0
 
 
 @pytest.mark.parametrize("bad", [dict(type="draft-eagle3"), dict(type="draft-simple", p_min=1.5), dict(type="nope"), dict(type="ngram-mod", n_max=-1)])
@@ -296,14 +288,18 @@ def test_decide_cuts_then_explores_on_a_doubling_schedule_and_resets_on_merit():
 
     a = Acceptance(prior=0.9)
     price = VerifyPrice(lambda m: 13.0 + 10.0 * m, 1)
-    kinds = [(decide(a, 64, 48, price), a.last.kind) for _ in range(1 + 2 * EXPLORE_FIRST + 4 * EXPLORE_FIRST)]
+    kinds = []
+    for _ in range(1 + 2 * EXPLORE_FIRST + 4 * EXPLORE_FIRST):
+        kinds.append((decide(a, 64, 48, price), a.last.kind))
+        if a.last.kind == EXPLORE:
+            a.observe(64, 0)  # the try was rejected at its first token
     # Never measured: the first cut is tried at once (as llama-server drafts from the first match); then after
-    # EXPLORE_FIRST cuts, then twice as many.
+    # twice EXPLORE_FIRST cuts, then twice as many.
     assert [k for _, k in kinds] == ([EXPLORE] + [CUT] * (2 * EXPLORE_FIRST - 1) + [EXPLORE]
                                      + [CUT] * (4 * EXPLORE_FIRST - 1) + [EXPLORE])
     assert all(n == (64 if k == EXPLORE else 0) for n, k in kinds)  # an exploration goes out at full length
     assert "full length 64" in a.last.as_dict()["why"]
-    for _ in range(3):
+    for _ in range(5):
         a.observe(64, 64)
     assert decide(a, 64, 48, price) == 64 and a.last.kind == DRAFT
     assert a.explore_every == EXPLORE_FIRST
