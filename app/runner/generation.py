@@ -29,11 +29,14 @@ from app.sockets import client_gone
 log = logging.getLogger(__name__)
 
 CLIENT_CHECK_S = 0.2  # how often a waiting request looks whether its client is still there
-# One write per stream per this long at most: tokens that come faster (a tiny model, a fast GPU: thousands a second)
-# are gathered for up to 1 ms and go out together; slower ones, every token of a model that takes more than a
-# millisecond per token, go out the moment they are ready. Each write wakes this thread and takes the GIL and a core
-# from llama.cpp's threads while they decode: one per token costs the engine more than the 1 ms a burst waits.
-COALESCE_S = 0.001
+# One write per stream per this long at most (vLLM's --stream-interval does the like by token count): tokens that
+# come faster, more than 250 a second per stream (a tiny model, a small one on a fast GPU), are gathered for up to
+# 4 ms, a quarter of one 60 Hz frame, and go out together; slower ones, every token of a model that takes 4 ms or more
+# per token (any model on a NAS CPU), go out the moment they are ready, and the first token always does. Each write
+# wakes this thread, which takes the GIL and a core from llama.cpp's threads mid-decode and costs serve's relay a
+# read and a write: on the tiny random model (`hearth bench ceiling`, 2 cores) the runner went from 0.76x to 0.98x
+# of llama-server at 1 stream and serve from 0.65x to 0.94x at 8.
+COALESCE_S = 0.004
 # Between a request's events: the engine has nothing more ready for it now (what came before goes out together).
 FLUSH = object()
 
