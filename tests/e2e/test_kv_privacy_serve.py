@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from app.engine.kv_tiers import entry_owner
+from app.engine.kv_tiers import TMP_PREFIX, entry_owner
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.model
@@ -18,9 +18,14 @@ def prompt(topic: str) -> str:
             + "".join(f"- {topic} device {i} in room {i % 7}: {'on' if i % 2 else 'off'}\n" for i in range(24)))
 
 
+def entries(data) -> list:
+    """The disk tier's written entries: not one still being written (its temporary file is renamed when whole)."""
+    return [p for p in (data / "kv-cache").glob("*/*.kv") if not p.name.startswith(TMP_PREFIX)]
+
+
 def owners(data) -> list:
     """The owners of the disk tier's entries."""
-    return sorted(str(entry_owner(p)) for p in (data / "kv-cache").glob("*/*.kv"))
+    return sorted(str(entry_owner(p)) for p in entries(data))
 
 
 def test_the_disk_tier_is_owner_only_knows_whose_words_and_keeps_private_classes_out(start_serve, models_dir):
@@ -41,7 +46,7 @@ def test_the_disk_tier_is_owner_only_knows_whose_words_and_keeps_private_classes
     # Written when the runner goes idle, after the private prompt was cached: alice's file proves the writer has
     # caught up with both.
     wait_until(lambda: owners(s.data) == ["alice"], 60, lambda: f"owners of the written prefixes: {owners(s.data)}")
-    (entry,) = (s.data / "kv-cache").glob("*/*.kv")
+    (entry,) = entries(s.data)
     for path, mode in ((s.data, 0o700), (s.data / "kv-cache", 0o700), (entry.parent, 0o700), (entry, 0o600),
                        (s.data / "hearth.db", 0o600)):
         assert stat.S_IMODE(path.stat().st_mode) == mode, path
