@@ -35,7 +35,8 @@ CLIENT_CHECK_S = 0.2  # how often a waiting request looks whether its client is 
 # per token (any model on a NAS CPU), go out the moment they are ready, and the first token always does. Each write
 # wakes this thread, which takes the GIL and a core from llama.cpp's threads mid-decode and costs serve's relay a
 # read and a write: on the tiny random model (`hearth bench ceiling`, 2 cores) the runner went from 0.76x to 0.98x
-# of llama-server at 1 stream and serve from 0.65x to 0.94x at 8.
+# of llama-server at 1 stream and serve from 0.65x to 0.94x at 8. A whole answer's wait (watched serves both) skips
+# the same wake-ups; its end comes at most COALESCE_S after its last token.
 COALESCE_S = 0.004
 # Between a request's events: the engine has nothing more ready for it now (what came before goes out together).
 FLUSH = object()

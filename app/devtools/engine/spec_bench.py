@@ -258,8 +258,9 @@ def main(args) -> int:
                     hearth_arms=tuple(args.hearth_types.split(",")), llama_arms=tuple(args.llama_types.split(",")),
                     hearth_extra=tuple(args.hearth_args.split()), draft_model=args.draft_model)
     run(arms, args.max_tokens, args.rounds, args.best_of)
-    print(f"raw completions, greedy (free: sampled, {SAMPLING['free']}), {args.max_tokens} tokens, best of {args.best_of} per start, median of "
-          f"{args.rounds} rounds; ctx {args.ctx}, {args.parallel} slots, {args.threads} threads; model {model}; "
+    print(f"raw completions, greedy (free: sampled, {SAMPLING['free']}), {args.max_tokens} tokens, best of "
+          f"{args.best_of} per start, median of {args.rounds} rounds; ctx {args.ctx}, {args.parallel} slots, "
+          f"{args.threads} threads; model {model}; "
           f"CPU {cpu_model()} (lab figure: runners driven directly)")
     if not args.draft_model:
         print("draft-simple: left out (no --draft-model; `hearth models truncate` writes one)")
